@@ -1,0 +1,37 @@
+// One 64-byte-aligned allocation of elements. Parameters, gradients,
+// optimizer moments and activations each live in one; layers get raw
+// pointers into it, so a training step allocates nothing.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/dtype.h"
+
+namespace dpt {
+
+class FlatBuffer {
+ public:
+  FlatBuffer() = default;
+  explicit FlatBuffer(size_t numel, DType dtype = DType::F32);
+
+  // Grows (never shrinks) to at least numel elements, zero-filled.
+  void reserve(size_t numel);
+  void zero();
+
+  float* f32() { return reinterpret_cast<float*>(data_.get()); }
+  const float* f32() const { return reinterpret_cast<const float*>(data_.get()); }
+  size_t numel() const { return numel_; }
+  size_t bytes() const { return numel_ * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, Free> data_;
+  size_t numel_ = 0;
+  DType dtype_ = DType::F32;
+};
+
+}  // namespace dpt

@@ -1,0 +1,49 @@
+#include "tensor/layout.h"
+
+#include "core/error.h"
+
+namespace dpt {
+
+void Layout::begin_unit(const std::string& name) {
+  Unit u;
+  u.name = name;
+  u.offset = numel_;
+  u.first_slot = static_cast<int>(slots_.size());
+  units_.push_back(u);
+}
+
+int Layout::add(const std::string& name, std::vector<int64_t> shape, bool decay) {
+  DPT_CHECK(!units_.empty(), "add '{}' before any begin_unit", name);
+  DPT_CHECK(find(name) < 0, "duplicate slot '{}'", name);
+  size_t n = 1;
+  for (int64_t d : shape) {
+    DPT_CHECK(d > 0, "slot '{}' has a non-positive dimension", name);
+    n *= static_cast<size_t>(d);
+  }
+  Slot s;
+  s.name = name;
+  s.shape = std::move(shape);
+  s.offset = numel_;
+  s.numel = n;
+  s.unit = static_cast<int>(units_.size()) - 1;
+  s.decay = decay;
+  slots_.push_back(std::move(s));
+  numel_ += n;
+  units_.back().numel += n;
+  units_.back().slot_count += 1;
+  return static_cast<int>(slots_.size()) - 1;
+}
+
+int Layout::find(const std::string& name) const {
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace dpt
