@@ -33,9 +33,12 @@ struct SafetensorsFile {
 // tensors, or an unsupported dtype.
 SafetensorsFile load_safetensors(const std::string& path);
 
-// Writes F32 tensors and string metadata. Writes to "<path>.tmp.<pid>",
-// fsyncs, then renames over path, so a crash never leaves a half-written
-// file. Throws IoError if the directory is not writable.
+// Writes tensors and string metadata, in the order given. F32 tensors are
+// written as is; BF16 ones are rounded (to nearest even) from their float
+// values. Writes to "<path>.tmp.<pid>", fsyncs, then renames over path, so a
+// crash never leaves a half-written file. Throws IoError if the directory is
+// not writable, InputError for an empty, reserved or repeated tensor name or a
+// shape that disagrees with the number of values.
 void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata);
 
