@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""Times the reference training workloads in PyTorch on the CPU.
+
+Usage: /usr/bin/python3 bench/torch_workloads.py --workload mlp|gpt
+           --threads N --steps S [--warmup W] [--json FILE]
+
+W-MLP: 784-1024-1024-10 ReLU MLP, cross-entropy, SGD (lr 0.05, momentum 0.9),
+       batch 256, fp32.
+W-GPT: GPT (tied head, pre-LN, GELU-tanh) with vocab 256, 4 layers, 4 heads,
+       width 256, context 128, batch 16 sequences, AdamW (lr 3e-4,
+       betas 0.9/0.95, weight decay 0.1 on parameters with dim >= 2), fp32.
+
+Data is synthetic and generated before timing, so data loading costs nothing.
+Each step (forward, backward, optimizer step, zero_grad(set_to_none=True)) is
+timed with time.perf_counter; `steps` counts all steps, of which the first
+`warmup` are not measured. Reports the median step time, throughput and
+achieved GFLOP/s against a model-FLOP count (see mlp_flops / gpt_flops).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+# The GPT and MLP definitions are shared with the parity reference, so the
+# benchmark times the same model that the parity test checks.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
+from make_reference import GPT, GPTConfig, gpt_param_groups, make_mlp, reference_init  # noqa: E402
+
+MLP_SIZES = [784, 1024, 1024, 10]
+MLP_BATCH = 256
+GPT_CONFIG = dict(vocab_size=256, n_layer=4, n_head=4, n_embd=256, block_size=128)
+GPT_BATCH = 16
+N_BATCHES = 8  # distinct synthetic batches, cycled through
+
+
+def mlp_flops(sizes, batch):
+    """Model FLOPs of one training step: forward GEMMs, weight-gradient GEMMs,
+    and input-gradient GEMMs for every layer but the first (its input gradient
+    is not needed): 2*batch*(2*sum(in*out) + sum(in*out except layer 0))."""
+    mac = [a * b for a, b in zip(sizes[:-1], sizes[1:])]
+    return 2 * batch * (2 * sum(mac) + sum(mac[1:]))
+
+
+def gpt_flops(n_params, n_layer, n_embd, context, tokens):
+    """PaLM estimate: 6*N*tokens + 12*n_layer*C*T*tokens, N = all parameters
+    (the tied embedding counted once)."""
+    return 6 * n_params * tokens + 12 * n_layer * n_embd * context * tokens
+
+
+def setup_mlp():
+    """Returns (model, optimizer, step_loss(i), flops per step, samples per step)."""
+    model = make_mlp(MLP_SIZES)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    xs = torch.rand(N_BATCHES, MLP_BATCH, MLP_SIZES[0])
+    ys = torch.randint(0, MLP_SIZES[-1], (N_BATCHES, MLP_BATCH))
+
+    def step_loss(i):
+        return F.cross_entropy(model(xs[i % N_BATCHES]), ys[i % N_BATCHES])
+
+    return model, opt, step_loss, mlp_flops(MLP_SIZES, MLP_BATCH), MLP_BATCH
+
+
+def setup_gpt():
+    """Returns (model, optimizer, step_loss(i), flops per step, tokens per step)."""
+    cfg = GPTConfig(**GPT_CONFIG)
+    model = GPT(cfg)
+    reference_init(model)
+    opt = torch.optim.AdamW(gpt_param_groups(model, 0.1), lr=3e-4, betas=(0.9, 0.95))
+    T = cfg.block_size
+    data = torch.randint(0, cfg.vocab_size, (N_BATCHES, GPT_BATCH, T + 1))
+
+    def step_loss(i):
+        seq = data[i % N_BATCHES]
+        return model(seq[:, :-1], seq[:, 1:])
+
+    tokens = GPT_BATCH * T
+    n_params = sum(p.numel() for p in model.parameters())
+    flops = gpt_flops(n_params, cfg.n_layer, cfg.n_embd, T, tokens)
+    return model, opt, step_loss, flops, tokens
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Time the reference workloads in PyTorch (CPU).")
+    ap.add_argument("--workload", choices=["mlp", "gpt"], required=True)
+    ap.add_argument("--threads", type=int, required=True, help="torch intra-op threads")
+    ap.add_argument("--steps", type=int, default=60, help="total steps, warmup included")
+    ap.add_argument("--warmup", type=int, default=20, help="leading steps not measured")
+    ap.add_argument("--json", metavar="FILE", help="write the result as JSON")
+    args = ap.parse_args()
+    if args.threads < 1:
+        ap.error("--threads must be >= 1")
+    if not 0 <= args.warmup < args.steps:
+        ap.error("need 0 <= --warmup < --steps")
+
+    # Inter-op threads must be set before any parallel work starts.
+    torch.set_num_interop_threads(1)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    setup = setup_mlp if args.workload == "mlp" else setup_gpt
+    model, opt, step_loss, flops, per_step = setup()
+    model.train()
+
+    times = []
+    for i in range(args.steps):
+        t0 = time.perf_counter()
+        loss = step_loss(i)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t1 = time.perf_counter()
+        if i >= args.warmup:
+            times.append(t1 - t0)
+    if not torch.isfinite(loss):
+        print(f"torch_workloads.py: non-finite loss {loss.item()}", file=sys.stderr)
+        return 1
+
+    median = statistics.median(times)
+    unit = "samples_per_s" if args.workload == "mlp" else "tokens_per_s"
+    result = {
+        "framework": "pytorch",
+        "version": torch.__version__,
+        "workload": args.workload,
+        "threads": args.threads,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "step_ms_median": median * 1e3,
+        "step_ms_min": min(times) * 1e3,
+        unit: per_step / median,
+        "flops_per_step": flops,
+        "gflops": flops / median / 1e9,
+        "final_loss": loss.item(),
+        "data": "synthetic",
+        "env": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
+    }
+    print(f"pytorch {torch.__version__} {args.workload}: threads {args.threads}, "
+          f"median step {result['step_ms_median']:.2f} ms over {len(times)} steps, "
+          f"{result[unit]:.1f} {unit.replace('_per_s', '/s')}, {result['gflops']:.1f} GFLOP/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
