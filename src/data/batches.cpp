@@ -1,0 +1,110 @@
+#include "data/batches.h"
+
+#include "core/error.h"
+#include "models/gpt.h"
+#include "models/mlp.h"
+
+namespace dpt {
+
+void fill_image_batch(const ImageSet& set, const int64_t* indices, int64_t B, Batch& batch) {
+  const int64_t D = static_cast<int64_t>(set.rows) * set.cols;
+  batch.B = B;
+  batch.T = 1;
+  batch.features.resize(static_cast<size_t>(B * D));
+  batch.targets.resize(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const uint8_t* px = set.pixels.data() + indices[b] * D;
+    float* f = batch.features.data() + b * D;
+    for (int64_t i = 0; i < D; ++i) f[i] = static_cast<float>(px[i]) * (1.0f / 255.0f);
+    batch.targets[static_cast<size_t>(b)] = set.labels[static_cast<size_t>(indices[b])];
+  }
+}
+
+ImageEpochs::ImageEpochs(const ImageSet& set, int64_t batch, uint64_t seed)
+    : set_(set), batch_(batch), seed_(seed) {
+  if (batch <= 0 || batch > set.count)
+    throw InputError(fmt::format("batch size {} must be between 1 and the {} images", batch, set.count));
+  order_.resize(static_cast<size_t>(set.count));
+  shuffle();
+}
+
+int64_t ImageEpochs::steps_per_epoch() const { return set_.count / batch_; }
+
+void ImageEpochs::shuffle() {
+  // Fisher-Yates with a generator seeded per epoch: epoch e's order depends
+  // only on (seed, e), whatever happened before.
+  for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int64_t>(i);
+  Rng rng(seed_ * 1000003ULL + static_cast<uint64_t>(epoch_));
+  for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[rng.below(i)]);
+  pos_ = 0;
+}
+
+void ImageEpochs::next(Batch& out) {
+  if (pos_ + batch_ > set_.count) {
+    ++epoch_;
+    shuffle();
+  }
+  fill_image_batch(set_, order_.data() + pos_, batch_, out);
+  pos_ += batch_;
+}
+
+WindowSampler::WindowSampler(const uint8_t* data, size_t n, int64_t T, uint64_t seed)
+    : data_(data), n_(n), T_(T), rng_(seed) {
+  if (n < static_cast<size_t>(T + 1))
+    throw InputError(fmt::format("text of {} bytes is shorter than one window of {}", n, T + 1));
+}
+
+void WindowSampler::next(Batch& out, int64_t B) {
+  out.B = B;
+  out.T = T_;
+  out.tokens.resize(static_cast<size_t>(B * T_));
+  out.targets.resize(static_cast<size_t>(B * T_));
+  const uint64_t starts = n_ - static_cast<size_t>(T_);  // window [s, s + T] inclusive
+  for (int64_t b = 0; b < B; ++b) {
+    const uint8_t* w = data_ + rng_.below(starts);
+    for (int64_t t = 0; t < T_; ++t) {
+      out.tokens[static_cast<size_t>(b * T_ + t)] = w[t];
+      out.targets[static_cast<size_t>(b * T_ + t)] = w[t + 1];
+    }
+  }
+}
+
+int64_t fill_sequential_windows(const uint8_t* data, size_t n, int64_t T, int64_t first, int64_t B,
+                                Batch& batch) {
+  const int64_t total = static_cast<int64_t>(n) / (T + 1);
+  const int64_t count = std::max<int64_t>(0, std::min(B, total - first));
+  batch.B = count;
+  batch.T = T;
+  batch.tokens.resize(static_cast<size_t>(count * T));
+  batch.targets.resize(static_cast<size_t>(count * T));
+  for (int64_t b = 0; b < count; ++b) {
+    const uint8_t* w = data + (first + b) * (T + 1);
+    for (int64_t t = 0; t < T; ++t) {
+      batch.tokens[static_cast<size_t>(b * T + t)] = w[t];
+      batch.targets[static_cast<size_t>(b * T + t)] = w[t + 1];
+    }
+  }
+  return count;
+}
+
+void fill_synthetic(const Model& model, int64_t B, uint64_t seed, Batch& batch) {
+  Rng rng(seed);
+  batch.B = B;
+  if (const auto* mlp = dynamic_cast<const Mlp*>(&model)) {
+    const auto& s = mlp->config().sizes;
+    batch.T = 1;
+    batch.features.resize(static_cast<size_t>(B * s.front()));
+    for (float& f : batch.features) f = rng.uniform();
+    batch.targets.resize(static_cast<size_t>(B));
+    for (int32_t& t : batch.targets) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(s.back())));
+    return;
+  }
+  const auto& g = dynamic_cast<const Gpt&>(model).config();
+  batch.T = g.context;
+  batch.tokens.resize(static_cast<size_t>(B * g.context));
+  batch.targets.resize(static_cast<size_t>(B * g.context));
+  for (int32_t& t : batch.tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(g.vocab)));
+  for (int32_t& t : batch.targets) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(g.vocab)));
+}
+
+}  // namespace dpt

@@ -1,0 +1,60 @@
+// Turning datasets into training batches: seeded and reproducible.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/rng.h"
+#include "data/fashion_mnist.h"
+#include "models/model.h"
+
+namespace dpt {
+
+// Copies images indices[0..B) into batch.features (scaled to [0, 1]) and
+// their labels into batch.targets.
+void fill_image_batch(const ImageSet& set, const int64_t* indices, int64_t B, Batch& batch);
+
+// Epochs over an image set in a seeded random order, `batch` images at a
+// time. The tail of an epoch that does not fill a batch is dropped (as
+// PyTorch's DataLoader with drop_last=True), so every step sees a full batch.
+class ImageEpochs {
+ public:
+  ImageEpochs(const ImageSet& set, int64_t batch, uint64_t seed);
+  void next(Batch& out);  // reshuffles when an epoch runs out
+  int64_t epoch() const { return epoch_; }
+  int64_t steps_per_epoch() const;
+
+ private:
+  void shuffle();
+  const ImageSet& set_;
+  int64_t batch_;
+  uint64_t seed_;
+  std::vector<int64_t> order_;
+  int64_t pos_ = 0, epoch_ = 0;
+};
+
+// Random windows of T+1 bytes from [data, data + n): inputs are the first
+// T bytes, targets the last T (the next byte at every position).
+class WindowSampler {
+ public:
+  WindowSampler(const uint8_t* data, size_t n, int64_t T, uint64_t seed);
+  void next(Batch& out, int64_t B);
+
+ private:
+  const uint8_t* data_;
+  size_t n_;
+  int64_t T_;
+  Rng rng_;
+};
+
+// Fills batch with consecutive, non-overlapping windows of T+1 bytes
+// starting at window `first` (window w covers bytes [w(T+1), (w+1)(T+1))).
+// Returns how many windows were filled (fewer than B at the end).
+int64_t fill_sequential_windows(const uint8_t* data, size_t n, int64_t T, int64_t first, int64_t B,
+                                Batch& batch);
+
+// Random batches of the right shape for benchmarks that must not measure
+// data loading.
+void fill_synthetic(const Model& model, int64_t B, uint64_t seed, Batch& batch);
+
+}  // namespace dpt

@@ -1,0 +1,44 @@
+#include "io/atomic_file.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace dpt {
+
+AtomicFile::AtomicFile(std::string path)
+    : path_(std::move(path)), tmp_(path_ + ".tmp." + std::to_string(::getpid())) {
+  f_ = std::fopen(tmp_.c_str(), "wb");
+  if (!f_) throw IoError(fmt::format("{}: cannot create file: {}", path_, std::strerror(errno)));
+}
+
+AtomicFile::~AtomicFile() {
+  if (f_) {
+    std::fclose(f_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  if (n && std::fwrite(data, 1, n, f_) != n)
+    throw IoError(fmt::format("{}: write failed: {}", path_, std::strerror(errno)));
+}
+
+void AtomicFile::flush() { std::fflush(f_); }
+
+void AtomicFile::commit() {
+  bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
+  int err = errno;
+  ok = (std::fclose(f_) == 0) && ok;
+  f_ = nullptr;
+  if (!ok || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    if (ok) err = errno;
+    std::remove(tmp_.c_str());
+    throw IoError(fmt::format("{}: cannot write file: {}", path_, std::strerror(err)));
+  }
+}
+
+}  // namespace dpt

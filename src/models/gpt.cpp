@@ -1,0 +1,224 @@
+#include "models/gpt.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "nn/activations.h"
+#include "nn/attention.h"
+#include "nn/cross_entropy.h"
+#include "nn/embedding.h"
+#include "nn/layernorm.h"
+#include "nn/linear.h"
+#include "nn/residual.h"
+
+namespace dpt {
+
+GptConfig GptConfig::from(const std::map<std::string, std::string>& hparams) {
+  GptConfig c;
+  c.vocab = hparam_int(hparams, "vocab_size", c.vocab);
+  c.layers = hparam_int(hparams, "n_layer", c.layers);
+  c.heads = hparam_int(hparams, "n_head", c.heads);
+  c.width = hparam_int(hparams, "n_embd", c.width);
+  c.context = hparam_int(hparams, "block_size", c.context);
+  if (c.width % c.heads != 0)
+    throw InputError(fmt::format("GPT width {} is not divisible by {} heads", c.width, c.heads));
+  return c;
+}
+
+Gpt::Gpt(GptConfig config) : config_(config) {
+  const int64_t C = config_.width, V = config_.vocab, T = config_.context;
+  // Matrices (embeddings included) get weight decay; biases and LayerNorm
+  // parameters do not, as in GPT-2 / nanoGPT training.
+  layout_.begin_unit("transformer.embed");
+  wte_ = layout_.add("transformer.wte.weight", {V, C}, true);
+  wpe_ = layout_.add("transformer.wpe.weight", {T, C}, true);
+  for (int64_t l = 0; l < config_.layers; ++l) {
+    std::string p = "transformer.h." + std::to_string(l);
+    layout_.begin_unit(p);
+    BlockSlots b;
+    b.ln1_w = layout_.add(p + ".ln_1.weight", {C}, false);
+    b.ln1_b = layout_.add(p + ".ln_1.bias", {C}, false);
+    b.qkv_w = layout_.add(p + ".attn.c_attn.weight", {3 * C, C}, true);
+    b.qkv_b = layout_.add(p + ".attn.c_attn.bias", {3 * C}, false);
+    b.proj_w = layout_.add(p + ".attn.c_proj.weight", {C, C}, true);
+    b.proj_b = layout_.add(p + ".attn.c_proj.bias", {C}, false);
+    b.ln2_w = layout_.add(p + ".ln_2.weight", {C}, false);
+    b.ln2_b = layout_.add(p + ".ln_2.bias", {C}, false);
+    b.fc_w = layout_.add(p + ".mlp.c_fc.weight", {4 * C, C}, true);
+    b.fc_b = layout_.add(p + ".mlp.c_fc.bias", {4 * C}, false);
+    b.fcproj_w = layout_.add(p + ".mlp.c_proj.weight", {C, 4 * C}, true);
+    b.fcproj_b = layout_.add(p + ".mlp.c_proj.bias", {C}, false);
+    blocks_.push_back(b);
+  }
+  layout_.begin_unit("transformer.ln_f");
+  lnf_w_ = layout_.add("transformer.ln_f.weight", {C}, false);
+  lnf_b_ = layout_.add("transformer.ln_f.bias", {C}, false);
+  allocate_state();
+}
+
+std::map<std::string, std::string> Gpt::metadata() const {
+  return {{"dpt.model", "gpt"},
+          {"vocab_size", std::to_string(config_.vocab)},
+          {"n_layer", std::to_string(config_.layers)},
+          {"n_head", std::to_string(config_.heads)},
+          {"n_embd", std::to_string(config_.width)},
+          {"block_size", std::to_string(config_.context)}};
+}
+
+void Gpt::init_params(uint64_t seed) {
+  // GPT-2: N(0, 0.02) for matrices and embeddings, the residual projections
+  // scaled by 1/sqrt(2 * layers); zero biases; LayerNorm weight 1, bias 0.
+  Rng rng(seed);
+  const float std_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.layers));
+  params_.zero();
+  for (const Slot& s : layout_.slots()) {
+    float* p = params_.f32() + s.offset;
+    bool is_ln_weight = s.name.find("ln_") != std::string::npos && s.name.ends_with(".weight");
+    if (is_ln_weight) {
+      for (size_t i = 0; i < s.numel; ++i) p[i] = 1.0f;
+    } else if (s.shape.size() == 2) {
+      float sd = s.name.ends_with("c_proj.weight") ? std_proj : 0.02f;
+      for (size_t i = 0; i < s.numel; ++i) p[i] = sd * rng.normal();
+    }
+  }
+}
+
+void Gpt::plan_activations(int64_t B, int64_t T) {
+  if (B == batch_ && T == seq_) return;
+  const int64_t C = config_.width, V = config_.vocab, NH = config_.heads, N = B * T;
+  const int64_t per_block = N * (16 * C + 4) + B * NH * T * T;
+  const int64_t total = N * C + config_.layers * per_block + N * (C + 2) + N * V +
+                        N * (C + C + 3 * C + 4 * C);
+  acts_.reserve(static_cast<size_t>(total));
+  float* p = acts_.f32();
+  auto take = [&p](int64_t n) {
+    float* r = p;
+    p += n;
+    return r;
+  };
+  encoded_ = take(N * C);
+  acts_of_.assign(static_cast<size_t>(config_.layers), BlockActs{});
+  for (auto& a : acts_of_) {
+    a.ln1 = take(N * C);
+    a.ln1_mean = take(N);
+    a.ln1_rstd = take(N);
+    a.qkv = take(N * 3 * C);
+    a.atty = take(N * C);
+    a.att = take(B * NH * T * T);
+    a.res2 = take(N * C);
+    a.ln2 = take(N * C);
+    a.ln2_mean = take(N);
+    a.ln2_rstd = take(N);
+    a.fch = take(N * 4 * C);
+    a.fch_gelu = take(N * 4 * C);
+    a.res3 = take(N * C);
+  }
+  lnf_ = take(N * C);
+  lnf_mean_ = take(N);
+  lnf_rstd_ = take(N);
+  logits_ = take(N * V);
+  dres_ = take(N * C);
+  dC_ = take(N * C);
+  d3C_ = take(N * 3 * C);
+  d4C_ = take(N * 4 * C);
+  DPT_CHECK(p - acts_.f32() == total, "activation plan is {} floats, arena {}", p - acts_.f32(), total);
+  tokens_.resize(static_cast<size_t>(N));
+  targets_.resize(static_cast<size_t>(N));
+  batch_ = B;
+  seq_ = T;
+}
+
+ForwardStats Gpt::forward(const Batch& batch) {
+  const int64_t B = batch.B, T = batch.T, C = config_.width, V = config_.vocab, NH = config_.heads;
+  const int64_t N = B * T;
+  if (T < 1 || T > config_.context)
+    throw InputError(fmt::format("GPT sequence length {} is outside 1..{}", T, config_.context));
+  if (static_cast<int64_t>(batch.tokens.size()) < N || static_cast<int64_t>(batch.targets.size()) < N)
+    throw InputError(fmt::format("GPT batch of {}x{} needs {} tokens and targets", B, T, N));
+  plan_activations(B, T);
+  std::copy(batch.tokens.begin(), batch.tokens.begin() + N, tokens_.begin());
+  std::copy(batch.targets.begin(), batch.targets.begin() + N, targets_.begin());
+  for (int64_t i = 0; i < N; ++i)
+    if (tokens_[i] < 0 || tokens_[i] >= V || targets_[i] < 0 || targets_[i] >= V)
+      throw InputError(fmt::format("GPT token {} is outside the vocabulary 0..{}", tokens_[i], V - 1));
+
+  embedding_forward(encoded_, tokens_.data(), param(wte_), N, C);
+  position_embedding_forward(encoded_, param(wpe_), B, T, C);
+  const float* x = encoded_;  // the residual stream entering each block
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const BlockSlots& s = blocks_[l];
+    BlockActs& a = acts_of_[l];
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, param(s.ln1_w), param(s.ln1_b), N, C);
+    linear_forward(a.qkv, a.ln1, param(s.qkv_w), param(s.qkv_b), N, C, 3 * C);
+    attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
+    linear_forward(a.res2, a.atty, param(s.proj_w), param(s.proj_b), N, C, C);
+    residual_forward(a.res2, a.res2, x, N * C);
+    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(s.ln2_w), param(s.ln2_b), N, C);
+    linear_forward(a.fch, a.ln2, param(s.fc_w), param(s.fc_b), N, C, 4 * C);
+    gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+    linear_forward(a.res3, a.fch_gelu, param(s.fcproj_w), param(s.fcproj_b), N, 4 * C, C);
+    residual_forward(a.res3, a.res3, a.res2, N * C);
+    x = a.res3;
+  }
+  layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, param(lnf_w_), param(lnf_b_), N, C);
+  // Output projection tied to the token embedding: logits = lnf @ wte^T.
+  linear_forward(logits_, lnf_, param(wte_), nullptr, N, C, V);
+  ForwardStats st;
+  st.count = N;
+  st.loss = cross_entropy_forward(logits_, logits_, targets_.data(), N, V, &st.correct);
+  return st;
+}
+
+void Gpt::backward(float loss_scale) {
+  const int64_t B = batch_, T = seq_, C = config_.width, V = config_.vocab, NH = config_.heads;
+  const int64_t N = B * T;
+  cross_entropy_backward(logits_, logits_, targets_.data(), N, V, loss_scale / static_cast<float>(N));
+  // The tied weight gets the output projection's gradient here and the
+  // embedding's at the very end, so its unit is ready last.
+  linear_backward(dC_, grad(wte_), nullptr, logits_, lnf_, param(wte_), N, C, V);
+  // dres_ is the gradient of the residual stream; every LayerNorm backward
+  // adds its input gradient into it, which is how the skip connections'
+  // identity backward is carried (see nn/residual.h).
+  std::memset(dres_, 0, sizeof(float) * static_cast<size_t>(N * C));
+  const float* last = blocks_.empty() ? encoded_ : acts_of_.back().res3;
+  layernorm_backward(dres_, grad(lnf_w_), grad(lnf_b_), dC_, last, param(lnf_w_), lnf_mean_,
+                     lnf_rstd_, N, C);
+  unit_ready(layout_.slot(lnf_w_).unit);
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    const BlockSlots& s = blocks_[l];
+    const BlockActs& a = acts_of_[l];
+    const float* x = l > 0 ? acts_of_[l - 1].res3 : encoded_;
+    // MLP branch: its output gradient is the residual stream's gradient.
+    linear_backward(d4C_, grad(s.fcproj_w), grad(s.fcproj_b), dres_, a.fch_gelu, param(s.fcproj_w),
+                    N, 4 * C, C);
+    gelu_backward(d4C_, d4C_, a.fch, N * 4 * C);
+    linear_backward(dC_, grad(s.fc_w), grad(s.fc_b), d4C_, a.ln2, param(s.fc_w), N, C, 4 * C);
+    layernorm_backward(dres_, grad(s.ln2_w), grad(s.ln2_b), dC_, a.res2, param(s.ln2_w), a.ln2_mean,
+                       a.ln2_rstd, N, C);
+    // Attention branch.
+    linear_backward(dC_, grad(s.proj_w), grad(s.proj_b), dres_, a.atty, param(s.proj_w), N, C, C);
+    attention_backward(d3C_, dC_, a.qkv, a.att, B, T, C, NH);
+    linear_backward(dC_, grad(s.qkv_w), grad(s.qkv_b), d3C_, a.ln1, param(s.qkv_w), N, C, 3 * C);
+    layernorm_backward(dres_, grad(s.ln1_w), grad(s.ln1_b), dC_, x, param(s.ln1_w), a.ln1_mean,
+                       a.ln1_rstd, N, C);
+    unit_ready(layout_.slot(s.ln1_w).unit);
+  }
+  position_embedding_backward(grad(wpe_), dres_, B, T, C);
+  embedding_backward(grad(wte_), dres_, tokens_.data(), N, C);
+  unit_ready(layout_.slot(wte_).unit);
+}
+
+double Gpt::train_flops(int64_t B) const {
+  // PaLM's estimate: 6 FLOPs per parameter per token for the GEMMs (the
+  // tied output projection counts as V*C; position embeddings are lookups)
+  // plus 12 * layers * T * C per token for attention's two products.
+  const double C = static_cast<double>(config_.width), T = static_cast<double>(config_.context);
+  const double L = static_cast<double>(config_.layers), V = static_cast<double>(config_.vocab);
+  const double gemm_params = L * 12.0 * C * C + V * C;
+  const double tokens = static_cast<double>(B) * T;
+  return tokens * (6.0 * gemm_params + 12.0 * L * T * C);
+}
+
+}  // namespace dpt

@@ -1,0 +1,63 @@
+// GPT-2-style byte-level transformer (W-GPT): token + learned position
+// embedding, pre-LayerNorm blocks of causal self-attention and a GELU MLP of
+// 4x width, a final LayerNorm, and an output projection tied to the token
+// embedding. Parameter names are nanoGPT's ("transformer.h.0.attn.c_attn.weight").
+//
+// Units: "transformer.embed" (wte, wpe), one per block "transformer.h.{i}",
+// and "transformer.ln_f".
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+
+namespace dpt {
+
+struct GptConfig {
+  int64_t vocab = 256;   // vocab_size
+  int64_t layers = 4;    // n_layer
+  int64_t heads = 4;     // n_head
+  int64_t width = 256;   // n_embd (C)
+  int64_t context = 128; // block_size (T_max)
+  static GptConfig from(const std::map<std::string, std::string>& hparams);
+};
+
+class Gpt : public Model {
+ public:
+  explicit Gpt(GptConfig config);
+
+  std::string kind() const override { return "gpt"; }
+  std::map<std::string, std::string> metadata() const override;
+  void init_params(uint64_t seed) override;
+  ForwardStats forward(const Batch& batch) override;
+  void backward(float loss_scale) override;
+  double train_flops(int64_t B) const override;
+  int64_t positions() const override { return config_.context; }
+  const GptConfig& config() const { return config_; }
+
+ private:
+  struct BlockSlots {
+    int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+  };
+  // Activations of one block for the current batch (pointers into acts_).
+  struct BlockActs {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2;
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
+  };
+  void plan_activations(int64_t B, int64_t T);
+
+  GptConfig config_;
+  int wte_, wpe_, lnf_w_, lnf_b_;
+  std::vector<BlockSlots> blocks_;
+  int64_t batch_ = 0, seq_ = 0;  // the arena's layout (B, T)
+  std::vector<BlockActs> acts_of_;
+  float *encoded_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
+  float* logits_ = nullptr;  // [B*T, V]; probabilities after forward
+  // Backward scratch, reused by every block.
+  float *dres_ = nullptr, *dC_ = nullptr, *d3C_ = nullptr, *d4C_ = nullptr;
+  std::vector<int32_t> tokens_, targets_;
+};
+
+}  // namespace dpt

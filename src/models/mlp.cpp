@@ -1,0 +1,148 @@
+#include "models/mlp.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "nn/activations.h"
+#include "nn/cross_entropy.h"
+#include "nn/linear.h"
+
+namespace dpt {
+
+MlpConfig MlpConfig::from(const std::map<std::string, std::string>& hparams) {
+  MlpConfig c;
+  auto it = hparams.find("sizes");
+  if (it == hparams.end()) return c;
+  c.sizes.clear();
+  std::stringstream ss(it->second);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != part.size() || v <= 0)
+      throw InputError(fmt::format("MLP sizes '{}' must be positive integers separated by commas",
+                                   it->second));
+    c.sizes.push_back(v);
+  }
+  if (c.sizes.size() < 2)
+    throw InputError(fmt::format("MLP sizes '{}' need at least inputs and classes", it->second));
+  return c;
+}
+
+Mlp::Mlp(MlpConfig config) : config_(std::move(config)) {
+  const auto& s = config_.sizes;
+  for (size_t l = 0; l + 1 < s.size(); ++l) {
+    // nn.Sequential numbers a Linear every second module (ReLUs between).
+    std::string name = std::to_string(2 * l);
+    layout_.begin_unit(name);
+    weight_.push_back(layout_.add(name + ".weight", {s[l + 1], s[l]}, true));
+    bias_.push_back(layout_.add(name + ".bias", {s[l + 1]}, false));
+  }
+  allocate_state();
+}
+
+std::map<std::string, std::string> Mlp::metadata() const {
+  std::string sizes;
+  for (size_t i = 0; i < config_.sizes.size(); ++i)
+    sizes += (i ? "," : "") + std::to_string(config_.sizes[i]);
+  return {{"dpt.model", "mlp"}, {"sizes", sizes}};
+}
+
+void Mlp::init_params(uint64_t seed) {
+  // PyTorch's nn.Linear default: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)).
+  Rng rng(seed);
+  for (size_t l = 0; l < weight_.size(); ++l) {
+    float bound = 1.0f / std::sqrt(static_cast<float>(config_.sizes[l]));
+    for (int slot : {weight_[l], bias_[l]}) {
+      float* p = param(slot);
+      for (size_t i = 0; i < layout_.slot(slot).numel; ++i) p[i] = (2.0f * rng.uniform() - 1.0f) * bound;
+    }
+  }
+}
+
+void Mlp::plan_activations(int64_t B) {
+  if (B == batch_) return;
+  const auto& s = config_.sizes;
+  int64_t widest = 0, total = 0;
+  for (size_t l = 1; l < s.size(); ++l) {
+    total += B * s[l];
+    widest = std::max(widest, s[l]);
+  }
+  acts_.reserve(static_cast<size_t>(total + 2 * B * widest));
+  float* p = acts_.f32();
+  out_.clear();
+  for (size_t l = 1; l < s.size(); ++l) {
+    out_.push_back(p);
+    p += B * s[l];
+  }
+  dbuf_[0] = p;
+  dbuf_[1] = p + B * widest;
+  targets_.resize(static_cast<size_t>(B));
+  batch_ = B;
+}
+
+ForwardStats Mlp::forward(const Batch& batch) {
+  const auto& s = config_.sizes;
+  const int64_t B = batch.B;
+  if (static_cast<int64_t>(batch.features.size()) < B * s[0] ||
+      static_cast<int64_t>(batch.targets.size()) < B)
+    throw InputError(fmt::format("MLP batch of {} needs {} features and {} labels", B, B * s[0], B));
+  plan_activations(B);
+  input_ = batch.features.data();
+  std::copy(batch.targets.begin(), batch.targets.begin() + B, targets_.begin());
+  const size_t L = weight_.size();
+  const float* x = input_;
+  for (size_t l = 0; l < L; ++l) {
+    // x [B, s[l]] -> out [B, s[l+1]]
+    linear_forward(out_[l], x, param(weight_[l]), param(bias_[l]), B, s[l], s[l + 1]);
+    if (l + 1 < L) relu_forward(out_[l], out_[l], B * s[l + 1]);
+    x = out_[l];
+  }
+  ForwardStats st;
+  st.count = B;
+  // logits -> probabilities in place
+  st.loss = cross_entropy_forward(out_[L - 1], out_[L - 1], targets_.data(), B, s[L], &st.correct);
+  return st;
+}
+
+void Mlp::backward(float loss_scale) {
+  const auto& s = config_.sizes;
+  const int64_t B = batch_;
+  const size_t L = weight_.size();
+  // dlogits [B, classes] written over the probabilities.
+  float* dout = out_[L - 1];
+  cross_entropy_backward(dout, dout, targets_.data(), B, s[L], loss_scale / static_cast<float>(B));
+  for (size_t l = L; l-- > 0;) {
+    const float* inp = l > 0 ? out_[l - 1] : input_;
+    // The first layer's input is data: it needs no gradient.
+    float* dinp = l > 0 ? dbuf_[l % 2] : nullptr;
+    linear_backward(dinp, grad(weight_[l]), grad(bias_[l]), dout, inp, param(weight_[l]), B, s[l],
+                    s[l + 1]);
+    unit_ready(static_cast<int>(l));
+    if (l > 0) {
+      relu_backward(dinp, dinp, out_[l - 1], B * s[l]);
+      dout = dinp;
+    }
+  }
+}
+
+double Mlp::train_flops(int64_t B) const {
+  // forward + weight gradient: 2 GEMMs per layer; input gradient for all
+  // layers but the first. Each GEMM is 2 * B * in * out FLOPs.
+  const auto& s = config_.sizes;
+  double f = 0.0;
+  for (size_t l = 0; l + 1 < s.size(); ++l) {
+    double mn = static_cast<double>(s[l]) * static_cast<double>(s[l + 1]);
+    f += 2.0 * 2.0 * B * mn + (l > 0 ? 2.0 * B * mn : 0.0);
+  }
+  return f;
+}
+
+}  // namespace dpt

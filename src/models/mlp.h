@@ -1,0 +1,46 @@
+// Multi-layer perceptron classifier (W-MLP): Linear, ReLU, ..., Linear,
+// softmax cross-entropy. Parameter names are those of PyTorch's
+// nn.Sequential(Linear, ReLU, Linear, ReLU, Linear): "0.weight", "0.bias",
+// "2.weight", ...; every Linear is one unit.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+
+namespace dpt {
+
+struct MlpConfig {
+  std::vector<int64_t> sizes{784, 1024, 1024, 10};  // inputs, hidden..., classes
+  static MlpConfig from(const std::map<std::string, std::string>& hparams);
+};
+
+class Mlp : public Model {
+ public:
+  explicit Mlp(MlpConfig config);
+
+  std::string kind() const override { return "mlp"; }
+  std::map<std::string, std::string> metadata() const override;
+  void init_params(uint64_t seed) override;
+  ForwardStats forward(const Batch& batch) override;
+  void backward(float loss_scale) override;
+  double train_flops(int64_t B) const override;
+  int64_t positions() const override { return 1; }
+  const MlpConfig& config() const { return config_; }
+
+ private:
+  // Points the activation pointers into acts_ for a batch of B rows.
+  void plan_activations(int64_t B);
+
+  MlpConfig config_;
+  std::vector<int> weight_, bias_;  // slot per layer
+  int64_t batch_ = 0;               // rows the arena is laid out for
+  const float* input_ = nullptr;    // the last forward's features (caller's)
+  std::vector<float*> out_;         // per layer: [B, sizes[l+1]]; last = probs
+  float* dbuf_[2] = {nullptr, nullptr};
+  std::vector<int32_t> targets_;
+};
+
+}  // namespace dpt

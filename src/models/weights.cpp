@@ -1,0 +1,66 @@
+#include "models/weights.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace dpt {
+
+void save_weights(const Model& model, const std::string& path) {
+  std::vector<NamedTensor> tensors;
+  for (const Slot& s : model.layout().slots()) {
+    NamedTensor t;
+    t.name = s.name;
+    t.shape = s.shape;
+    t.data.assign(model.params() + s.offset, model.params() + s.offset + s.numel);
+    tensors.push_back(std::move(t));
+  }
+  save_safetensors(path, tensors, model.metadata());
+}
+
+namespace {
+// Buffers PyTorch checkpoints may carry that are not parameters: nanoGPT's
+// causal mask. They hold no learned state, so they are skipped.
+bool is_known_buffer(const std::string& name) {
+  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+}
+}  // namespace
+
+void load_weights(Model& model, const SafetensorsFile& file, const std::string& path) {
+  const Layout& layout = model.layout();
+  for (const Slot& s : layout.slots()) {
+    const NamedTensor* t = file.find(s.name);
+    if (!t) throw InputError(fmt::format("{}: tensor '{}' is missing", path, s.name));
+    if (t->shape != s.shape)
+      throw InputError(fmt::format("{}: tensor '{}' has shape {} but the model expects {}", path,
+                                   s.name, shape_str(t->shape), shape_str(s.shape)));
+    std::memcpy(model.params() + s.offset, t->data.data(), sizeof(float) * s.numel);
+  }
+  for (const NamedTensor& t : file.tensors) {
+    if (layout.find(t.name) >= 0 || is_known_buffer(t.name)) continue;
+    if (t.name == "lm_head.weight" && model.kind() == "gpt") {
+      const Slot& wte = layout.slot(layout.find("transformer.wte.weight"));
+      if (t.shape != wte.shape ||
+          std::memcmp(t.data.data(), model.params() + wte.offset, sizeof(float) * wte.numel) != 0)
+        throw InputError(fmt::format(
+            "{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them", path));
+      continue;
+    }
+    throw InputError(fmt::format("{}: unexpected tensor '{}' for a {} model", path, t.name,
+                                 model.kind()));
+  }
+}
+
+std::unique_ptr<Model> model_from_file(const std::string& path,
+                                       const std::map<std::string, std::string>& overrides) {
+  SafetensorsFile file = load_safetensors(path);
+  std::map<std::string, std::string> hp = file.metadata;
+  for (const auto& [k, v] : overrides) hp[k] = v;
+  if (!hp.count("dpt.model"))
+    throw InputError(fmt::format("{}: no dpt.model in the metadata; pass --model", path));
+  auto model = make_model(hp);
+  load_weights(*model, file, path);
+  return model;
+}
+
+}  // namespace dpt

@@ -1,0 +1,30 @@
+// Model weights in safetensors, under PyTorch's names and layouts, so they
+// move between this engine and PyTorch both ways. The hyper-parameters go
+// into __metadata__ (see make_model), so a file alone rebuilds its model.
+//
+// The GPT's output projection is tied to transformer.wte.weight; files are
+// written without lm_head.weight (safetensors refuses shared tensors), and a
+// file that has one is accepted when it equals wte.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "io/safetensors.h"
+#include "models/model.h"
+
+namespace dpt {
+
+void save_weights(const Model& model, const std::string& path);
+
+// Copies every parameter from the file into the model. Throws InputError
+// naming the tensor for a missing tensor, a shape that differs (both shapes
+// given), an unexpected tensor, or an lm_head.weight unequal to wte.
+void load_weights(Model& model, const SafetensorsFile& file, const std::string& path);
+
+// Builds the model the file's metadata describes (flags in `overrides` win)
+// and loads its weights.
+std::unique_ptr<Model> model_from_file(const std::string& path,
+                                       const std::map<std::string, std::string>& overrides);
+
+}  // namespace dpt

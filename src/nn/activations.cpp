@@ -1,0 +1,47 @@
+#include "nn/activations.h"
+
+#include <cmath>
+
+namespace dpt {
+
+void relu_forward(float* out, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+}
+
+void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+// tanh through exp keeps the loop vectorisable (glibc has a vector expf,
+// not a vector tanhf); tanh(u) = 1 - 2 / (exp(2u) + 1) is exact at both ends.
+inline float fast_tanh(float u) { return 1.0f - 2.0f / (std::exp(2.0f * u) + 1.0f); }
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    out[i] = 0.5f * x * (1.0f + fast_tanh(u));
+  }
+}
+
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    float t = fast_tanh(u);
+    float sech2 = 1.0f - t * t;
+    float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    dinp[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * x * sech2 * du);
+  }
+}
+
+}  // namespace dpt

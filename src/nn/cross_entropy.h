@@ -1,0 +1,19 @@
+// Fused softmax + cross-entropy, averaged over the N rows.
+//   logits [N, V] -> probs [N, V] (may alias logits), targets [N] in [0, V)
+// Returns the mean loss; `correct` (if not null) gets the number of rows
+// whose argmax equals the target.
+#pragma once
+
+#include <cstdint>
+
+namespace dpt {
+
+float cross_entropy_forward(float* probs, const float* logits, const int32_t* targets, int64_t N,
+                            int64_t V, int64_t* correct);
+
+// dlogits = (probs - onehot(targets)) * scale, written; scale is 1/N for a
+// mean over this batch. dlogits may alias probs.
+void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int64_t N,
+                            int64_t V, float scale);
+
+}  // namespace dpt

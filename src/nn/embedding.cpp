@@ -1,0 +1,47 @@
+#include "nn/embedding.h"
+
+#include <cstring>
+
+namespace dpt {
+
+void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    std::memcpy(out + n * C, table + static_cast<int64_t>(ids[n]) * C, sizeof(float) * C);
+}
+
+void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C) {
+  // Rows may repeat an id, so threads split the channels, not the rows: no
+  // two threads ever write the same element.
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += 16) {
+    int64_t c1 = c0 + 16 < C ? c0 + 16 : C;
+    for (int64_t n = 0; n < N; ++n) {
+      float* d = dtable + static_cast<int64_t>(ids[n]) * C;
+      const float* g = dout + n * C;
+      for (int64_t c = c0; c < c1; ++c) d[c] += g[c];
+    }
+  }
+}
+
+void position_embedding_forward(float* out, const float* pos, int64_t B, int64_t T, int64_t C) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      float* o = out + (b * T + t) * C;
+      const float* p = pos + t * C;
+      for (int64_t c = 0; c < C; ++c) o[c] += p[c];
+    }
+}
+
+void position_embedding_backward(float* dpos, const float* dout, int64_t B, int64_t T, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b) {
+      const float* g = dout + (b * T + t) * C;
+      float* d = dpos + t * C;
+      for (int64_t c = 0; c < C; ++c) d[c] += g[c];
+    }
+}
+
+}  // namespace dpt

@@ -1,0 +1,74 @@
+#include "nn/layernorm.h"
+
+#include <omp.h>
+
+#include <cmath>
+#include <vector>
+
+namespace dpt {
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    float* y = out + n * C;
+    float m = 0.0f;
+    for (int64_t c = 0; c < C; ++c) m += x[c];
+    m /= static_cast<float>(C);
+    float v = 0.0f;
+    for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= static_cast<float>(C);
+    float s = 1.0f / std::sqrt(v + kLayerNormEps);
+    for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int64_t N, int64_t C) {
+  // Each thread sums its rows' dweight/dbias privately, then the partial
+  // sums are added in thread order, so the result does not depend on timing.
+  // The scratch is kept between calls so a training step allocates nothing.
+  int nt = omp_get_max_threads();
+  static thread_local std::vector<float> partial;
+  partial.assign(static_cast<size_t>(nt) * 2 * C, 0.0f);
+#pragma omp parallel num_threads(nt)
+  {
+    float* dw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * C;
+    float* db = dw + C;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const float* x = inp + n * C;
+      const float* dy = dout + n * C;
+      float* dx = dinp + n * C;
+      float m = mean[n], s = rstd[n];
+      // dxhat = dy * w; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+      float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
+      for (int64_t c = 0; c < C; ++c) {
+        float xhat = (x[c] - m) * s;
+        float dxhat = dy[c] * weight[c];
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += dxhat * xhat;
+        dw[c] += dy[c] * xhat;
+        db[c] += dy[c];
+      }
+      float a = sum_dxhat / static_cast<float>(C), b = sum_dxhat_xhat / static_cast<float>(C);
+      for (int64_t c = 0; c < C; ++c) {
+        float xhat = (x[c] - m) * s;
+        dx[c] += s * (dy[c] * weight[c] - a - xhat * b);
+      }
+    }
+  }
+  for (int t = 0; t < nt; ++t) {
+    const float* dw = partial.data() + static_cast<size_t>(t) * 2 * C;
+    for (int64_t c = 0; c < C; ++c) {
+      dweight[c] += dw[c];
+      dbias[c] += dw[C + c];
+    }
+  }
+}
+
+}  // namespace dpt

@@ -1,0 +1,23 @@
+// LayerNorm over the last dimension (PyTorch nn.LayerNorm, eps 1e-5).
+//   inp [N, C], weight [C], bias [C] -> out [N, C]
+//   mean [N], rstd [N]: saved for backward (rstd = 1 / sqrt(var + eps))
+#pragma once
+
+#include <cstdint>
+
+namespace dpt {
+
+constexpr float kLayerNormEps = 1e-5f;
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int64_t N, int64_t C);
+
+// dinp    += gradient w.r.t. inp. Accumulated, not written: a LayerNorm's
+//            input is always the residual stream, whose gradient already
+//            holds the skip connection's share (see models/gpt.cpp).
+// dweight += sum_n dout * xhat;  dbias += sum_n dout
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int64_t N, int64_t C);
+
+}  // namespace dpt

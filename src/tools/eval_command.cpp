@@ -1,0 +1,41 @@
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "data/byte_corpus.h"
+#include "data/fashion_mnist.h"
+#include "models/weights.h"
+#include "tools/commands.h"
+#include "train/evaluate.h"
+
+namespace dpt {
+
+EvalCommand::EvalCommand(CLI::App& app) {
+  cmd_ = app.add_subcommand("eval", "evaluate saved weights");
+  model_.add(cmd_);
+  cmd_->add_option("--weights", weights_, "safetensors file to evaluate")->required();
+  cmd_->add_option("--data", data_,
+                   "mlp: Fashion-MNIST directory (its 10,000 test images); gpt: any file, read as bytes");
+  cmd_->add_option("--batch", batch_, "samples per forward pass")->check(CLI::PositiveNumber);
+  cmd_->add_option("--threads", threads_, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+}
+
+int EvalCommand::run() {
+  set_threads(threads_);
+  auto model = model_from_file(weights_, model_.hparams());
+  if (model->kind() == "mlp") {
+    ImageSet test = load_fashion_mnist(data_.empty() ? kFashionMnistDir : data_, "test");
+    EvalResult r = evaluate_images(*model, test, batch_ > 0 ? batch_ : 1000);
+    std::printf("loss %.4f accuracy %.2f%% (%lld images)\n", r.loss, 100.0 * r.accuracy,
+                static_cast<long long>(r.count));
+  } else {
+    // The whole file: every non-overlapping window of context+1 bytes.
+    ByteCorpus text = ByteCorpus::load(data_.empty() ? kFortunesDir : data_, 0.0,
+                                       static_cast<size_t>(model->positions() + 1));
+    EvalResult r = evaluate_text(*model, text.train(), text.train_size(), batch_ > 0 ? batch_ : 16, 0);
+    std::printf("loss %.4f (%lld positions)\n", r.loss, static_cast<long long>(r.count));
+  }
+  return 0;
+}
+
+}  // namespace dpt

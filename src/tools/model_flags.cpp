@@ -1,0 +1,31 @@
+#include "tools/commands.h"
+
+namespace dpt {
+
+void ModelFlags::add(CLI::App* cmd) {
+  cmd->add_option("--model", model, "mlp (W-MLP) or gpt (W-GPT)")
+      ->check(CLI::IsMember({"mlp", "gpt"}));
+  cmd->add_option("--sizes", sizes, "mlp: layer sizes, inputs to classes (784,1024,1024,10)");
+  cmd->add_option("--vocab", vocab, "gpt: vocabulary size (256)")->check(CLI::PositiveNumber);
+  cmd->add_option("--layers", layers, "gpt: transformer blocks (4)")->check(CLI::PositiveNumber);
+  cmd->add_option("--heads", heads, "gpt: attention heads (4)")->check(CLI::PositiveNumber);
+  cmd->add_option("--width", width, "gpt: embedding width (256)")->check(CLI::PositiveNumber);
+  cmd->add_option("--context", context, "gpt: context length (128)")->check(CLI::PositiveNumber);
+}
+
+std::map<std::string, std::string> ModelFlags::hparams() const {
+  std::map<std::string, std::string> hp;
+  if (!model.empty()) hp["dpt.model"] = model;
+  if (!sizes.empty()) hp["sizes"] = sizes;
+  auto put = [&hp](const char* key, int64_t v) {
+    if (v > 0) hp[key] = std::to_string(v);
+  };
+  put("vocab_size", vocab);
+  put("n_layer", layers);
+  put("n_head", heads);
+  put("n_embd", width);
+  put("block_size", context);
+  return hp;
+}
+
+}  // namespace dpt

@@ -1,0 +1,72 @@
+#include "core/error.h"
+#include "core/threads.h"
+#include "io/safetensors.h"
+#include "tools/commands.h"
+
+namespace dpt {
+
+TrainCommand::TrainCommand(CLI::App& app) {
+  cmd_ = app.add_subcommand("train", "train a model on one process");
+  model_.add(cmd_);
+  auto& o = opts_;
+  o.optimizer.name = "";
+  o.optimizer.weight_decay = -1.0f;  // -1: the optimizer's default
+  o.schedule.lr = 0.0f;
+  cmd_->add_option("--data", o.data, "mlp: Fashion-MNIST IDX directory; gpt: text file or directory");
+  cmd_->add_flag("--synthetic", o.synthetic, "random batches (measures compute, not data)");
+  cmd_->add_option("--steps", o.steps, "optimizer steps (default: 3 epochs for mlp, 200 for gpt)")
+      ->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--epochs", o.epochs, "mlp: epochs when --steps is not given")->check(CLI::PositiveNumber);
+  cmd_->add_option("--batch", o.batch, "samples per step (default 256 mlp, 16 gpt)")->check(CLI::PositiveNumber);
+  cmd_->add_option("--grad-accum", o.grad_accum, "micro-batches per step")->check(CLI::PositiveNumber);
+  cmd_->add_option("--optimizer", o.optimizer.name, "sgd or adamw (default sgd mlp, adamw gpt)")
+      ->check(CLI::IsMember({"sgd", "adamw"}));
+  cmd_->add_option("--lr", o.schedule.lr, "learning rate (default 0.05 sgd, 3e-4 adamw)")
+      ->check(CLI::PositiveNumber);
+  cmd_->add_option("--momentum", o.optimizer.momentum, "sgd momentum")->check(CLI::Range(0.0, 1.0));
+  cmd_->add_option("--beta1", o.optimizer.beta1, "adamw beta1")->check(CLI::Range(0.0, 1.0));
+  cmd_->add_option("--beta2", o.optimizer.beta2, "adamw beta2")->check(CLI::Range(0.0, 1.0));
+  cmd_->add_option("--eps", o.optimizer.eps, "adamw epsilon")->check(CLI::PositiveNumber);
+  cmd_->add_option("--weight-decay", o.optimizer.weight_decay,
+                   "weight decay on matrices (default 0.1 adamw, 0 sgd)")
+      ->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--schedule", o.schedule.kind, "constant or cosine (after --warmup)")
+      ->check(CLI::IsMember({"constant", "cosine"}));
+  cmd_->add_option("--warmup", o.schedule.warmup, "steps of linear warm-up")->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--min-lr", o.schedule.min_lr, "cosine: final learning rate")->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--seed", o.seed, "seed of initialisation and sampling");
+  cmd_->add_option("--threads", threads_, "threads for GEMM and kernels (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--val-fraction", o.val_fraction, "gpt: held-out tail of the corpus")
+      ->check(CLI::Range(0.0, 0.99));
+  cmd_->add_option("--eval-every", o.eval_every, "steps between evaluations (0: at the end only)")
+      ->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--eval-windows", o.eval_windows, "gpt: validation windows per evaluation (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--log-every", o.log_every, "steps between progress updates")->check(CLI::PositiveNumber);
+  cmd_->add_option("--load", o.load, "start from these safetensors weights");
+  cmd_->add_option("--save", o.save, "write the trained weights (safetensors)");
+  cmd_->add_option("--metrics-out", o.metrics_out, "write one JSON line per logged step");
+  cmd_->add_option("--summary-out", o.summary_out, "write the end-of-run summary as JSON");
+  cmd_->add_flag("--quiet", o.quiet, "print nothing but errors");
+}
+
+int TrainCommand::run() {
+  opts_.hparams = model_.hparams();
+  opts_.hparams.erase("dpt.model");
+  opts_.model = model_.model;
+  if (opts_.model.empty()) {
+    if (opts_.load.empty()) throw InputError("--model is required (mlp or gpt) unless --load gives a file");
+    auto meta = load_safetensors(opts_.load).metadata;
+    if (!meta.count("dpt.model"))
+      throw InputError(fmt::format("{}: no dpt.model in the metadata; pass --model", opts_.load));
+    opts_.model = meta["dpt.model"];
+  }
+  set_threads(threads_);
+  run_training(opts_);
+  return 0;
+}
+
+}  // namespace dpt

@@ -1,0 +1,56 @@
+// The single-process training loop behind `dpt train`: data, model,
+// optimizer, schedule, clipping, progress, periodic evaluation, metrics and
+// a summary. Strategies across ranks build on the same pieces.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+namespace dpt {
+
+struct TrainOptions {
+  std::string model = "mlp";                 // "mlp" or "gpt"
+  std::map<std::string, std::string> hparams;  // model sizes (see make_model)
+  std::string data;         // mlp: IDX directory; gpt: corpus file or directory
+  bool synthetic = false;   // random batches; measures compute only
+  int64_t steps = 0;        // optimizer steps; 0: from epochs (mlp) or 200 (gpt)
+  int64_t epochs = 3;       // mlp, when steps == 0
+  int64_t batch = 0;        // samples per step; 0: 256 (mlp) or 16 (gpt)
+  int64_t grad_accum = 1;   // micro-batches per step (batch is split evenly)
+  OptimizerConfig optimizer;  // name empty: sgd (mlp) or adamw (gpt)
+  Schedule schedule;        // lr <= 0: 0.05 (mlp) or 3e-4 (gpt)
+  float clip = 0.0f;        // max global gradient norm; 0 = off
+  uint64_t seed = 0;
+  double val_fraction = 0.1;  // gpt: held-out tail of the corpus
+  int64_t eval_every = 0;     // steps between evaluations; 0 = only at the end
+  int64_t eval_windows = 256; // gpt: windows per periodic evaluation (0 = all)
+  int64_t log_every = 10;
+  std::string load;         // safetensors to start from
+  std::string save;         // safetensors to write at the end
+  std::string metrics_out;  // one JSON line per logged step
+  std::string summary_out;  // one JSON object at the end
+  bool quiet = false;       // no progress or summary on stdout
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double first_loss = 0.0, final_loss = 0.0;  // training loss, first and last step
+  double eval_loss = 0.0, eval_accuracy = 0.0;  // final evaluation (not synthetic)
+  double step_ms_median = 0.0;  // steady state: steps after the first 20 (or after 1)
+  double samples_per_s = 0.0;   // images (mlp) or sequences (gpt)
+  double tokens_per_s = 0.0;    // gpt
+  double gflops = 0.0, mfu = 0.0, sgemm_gflops = 0.0;
+  size_t peak_rss = 0;
+};
+
+// Fills the model-dependent defaults of opts (see the comments above).
+void apply_defaults(TrainOptions& opts);
+
+// Runs training; throws Error subclasses for bad input.
+TrainResult run_training(TrainOptions opts);
+
+}  // namespace dpt
