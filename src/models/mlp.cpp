@@ -50,8 +50,10 @@ Mlp::Mlp(MlpConfig config) : config_(std::move(config)) {
 
 std::map<std::string, std::string> Mlp::metadata() const {
   std::string sizes;
-  for (size_t i = 0; i < config_.sizes.size(); ++i)
-    sizes += (i ? "," : "") + std::to_string(config_.sizes[i]);
+  for (size_t i = 0; i < config_.sizes.size(); ++i) {
+    if (i) sizes += ',';
+    sizes += std::to_string(config_.sizes[i]);
+  }
   return {{"dpt.model", "mlp"}, {"sizes", sizes}};
 }
 

@@ -31,13 +31,16 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         int64_t N, int64_t C) {
   // Each thread sums its rows' dweight/dbias privately, then the partial
   // sums are added in thread order, so the result does not depend on timing.
-  // The scratch is kept between calls so a training step allocates nothing.
+  // The scratch is kept between calls so a training step allocates nothing;
+  // it belongs to the calling thread (replicas on other threads have their
+  // own), and the team reaches it through `base`.
   int nt = omp_get_max_threads();
   static thread_local std::vector<float> partial;
   partial.assign(static_cast<size_t>(nt) * 2 * C, 0.0f);
+  float* base = partial.data();
 #pragma omp parallel num_threads(nt)
   {
-    float* dw = partial.data() + static_cast<size_t>(omp_get_thread_num()) * 2 * C;
+    float* dw = base + static_cast<size_t>(omp_get_thread_num()) * 2 * C;
     float* db = dw + C;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
@@ -63,7 +66,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     }
   }
   for (int t = 0; t < nt; ++t) {
-    const float* dw = partial.data() + static_cast<size_t>(t) * 2 * C;
+    const float* dw = base + static_cast<size_t>(t) * 2 * C;
     for (int64_t c = 0; c < C; ++c) {
       dweight[c] += dw[c];
       dbias[c] += dw[C + c];

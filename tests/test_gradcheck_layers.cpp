@@ -1,0 +1,226 @@
+// Finite-difference gradient checks of every layer's backward.
+#include <cmath>
+#include <vector>
+
+#include "core/threads.h"
+#include "gradcheck.h"
+#include "nn/activations.h"
+#include "nn/attention.h"
+#include "nn/cross_entropy.h"
+#include "nn/embedding.h"
+#include "nn/layernorm.h"
+#include "nn/linear.h"
+#include "nn/residual.h"
+
+namespace dpt {
+namespace {
+
+using test::dot;
+using test::expect_gradient;
+using test::random_vector;
+
+class LayerGrad : public ::testing::TestWithParam<int> {
+ protected:
+  // Layers must give the same gradients on one thread and on several.
+  void SetUp() override { set_threads(GetParam()); }
+  Rng rng{42};
+};
+
+TEST_P(LayerGrad, Linear) {
+  const int64_t N = 6, C = 5, OC = 7;
+  auto x = random_vector(N * C, rng), w = random_vector(OC * C, rng), b = random_vector(OC, rng);
+  auto R = random_vector(N * OC, rng);
+  std::vector<float> out(N * OC);
+  auto loss = [&] {
+    linear_forward(out.data(), x.data(), w.data(), b.data(), N, C, OC);
+    return dot(out, R);
+  };
+  std::vector<float> dx(N * C), dw(OC * C, 0.0f), db(OC, 0.0f);
+  linear_backward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), N, C, OC);
+  expect_gradient("linear dinp", x, dx, loss);
+  expect_gradient("linear dweight", w, dw, loss);
+  expect_gradient("linear dbias", b, db, loss);
+}
+
+TEST_P(LayerGrad, LinearAccumulatesWeightGradients) {
+  // Backward adds into dweight/dbias: two calls give twice the gradient.
+  const int64_t N = 4, C = 3, OC = 2;
+  auto x = random_vector(N * C, rng), w = random_vector(OC * C, rng), R = random_vector(N * OC, rng);
+  std::vector<float> dw1(OC * C, 0.0f), db1(OC, 0.0f), dw2(OC * C, 0.0f), db2(OC, 0.0f);
+  linear_backward(nullptr, dw1.data(), db1.data(), R.data(), x.data(), w.data(), N, C, OC);
+  for (int rep = 0; rep < 2; ++rep)
+    linear_backward(nullptr, dw2.data(), db2.data(), R.data(), x.data(), w.data(), N, C, OC);
+  for (size_t i = 0; i < dw1.size(); ++i) EXPECT_FLOAT_EQ(dw2[i], 2.0f * dw1[i]);
+  for (size_t i = 0; i < db1.size(); ++i) EXPECT_FLOAT_EQ(db2[i], 2.0f * db1[i]);
+}
+
+TEST_P(LayerGrad, Relu) {
+  const int64_t n = 40;
+  auto x = random_vector(n, rng), R = random_vector(n, rng);
+  // Keep inputs away from the kink, where the derivative is undefined.
+  for (float& v : x) v += (v >= 0 ? 0.05f : -0.05f);
+  std::vector<float> out(n), dx(n);
+  auto loss = [&] {
+    relu_forward(out.data(), x.data(), n);
+    return dot(out, R);
+  };
+  loss();
+  relu_backward(dx.data(), R.data(), out.data(), n);
+  expect_gradient("relu", x, dx, loss, 1e-3);
+}
+
+TEST_P(LayerGrad, Gelu) {
+  const int64_t n = 50;
+  auto x = random_vector(n, rng, 2.0f), R = random_vector(n, rng);
+  std::vector<float> out(n), dx(n);
+  auto loss = [&] {
+    gelu_forward(out.data(), x.data(), n);
+    return dot(out, R);
+  };
+  gelu_backward(dx.data(), R.data(), x.data(), n);
+  expect_gradient("gelu", x, dx, loss, 1e-3);
+}
+
+TEST_P(LayerGrad, GeluMatchesTanhFormula) {
+  const float xs[] = {-6.0f, -1.5f, -0.1f, 0.0f, 0.3f, 2.0f, 9.0f};
+  for (float x : xs) {
+    float y;
+    gelu_forward(&y, &x, 1);
+    double ref = 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    EXPECT_NEAR(y, ref, 1e-6 + 1e-6 * std::fabs(ref)) << "x = " << x;
+  }
+}
+
+TEST_P(LayerGrad, LayerNorm) {
+  const int64_t N = 5, C = 8;
+  auto x = random_vector(N * C, rng), w = random_vector(C, rng), b = random_vector(C, rng);
+  auto R = random_vector(N * C, rng);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  auto loss = [&] {
+    layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    return dot(out, R);
+  };
+  loss();
+  std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
+  layernorm_backward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  expect_gradient("layernorm dinp", x, dx, loss);
+  expect_gradient("layernorm dweight", w, dw, loss);
+  expect_gradient("layernorm dbias", b, db, loss);
+}
+
+TEST_P(LayerGrad, LayerNormNormalises) {
+  const int64_t N = 3, C = 16;
+  auto x = random_vector(N * C, rng, 5.0f);
+  std::vector<float> w(C, 1.0f), b(C, 0.0f), out(N * C), mean(N), rstd(N);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  for (int64_t n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int64_t c = 0; c < C; ++c) m += out[n * C + c];
+    m /= C;
+    for (int64_t c = 0; c < C; ++c) v += (out[n * C + c] - m) * (out[n * C + c] - m);
+    EXPECT_NEAR(m, 0.0, 1e-5);
+    EXPECT_NEAR(v / C, 1.0, 1e-3);
+  }
+}
+
+TEST_P(LayerGrad, Embedding) {
+  const int64_t V = 6, C = 4, N = 9;
+  std::vector<int32_t> ids = {0, 3, 3, 5, 1, 3, 0, 2, 5};  // repeats on purpose
+  auto table = random_vector(V * C, rng), R = random_vector(N * C, rng);
+  std::vector<float> out(N * C), dtable(V * C, 0.0f);
+  auto loss = [&] {
+    embedding_forward(out.data(), ids.data(), table.data(), N, C);
+    return dot(out, R);
+  };
+  embedding_backward(dtable.data(), R.data(), ids.data(), N, C);
+  expect_gradient("embedding", table, dtable, loss);
+}
+
+TEST_P(LayerGrad, PositionEmbedding) {
+  const int64_t B = 3, T = 4, Tmax = 6, C = 5;
+  auto pos = random_vector(Tmax * C, rng), base = random_vector(B * T * C, rng);
+  auto R = random_vector(B * T * C, rng);
+  std::vector<float> out(B * T * C), dpos(Tmax * C, 0.0f);
+  auto loss = [&] {
+    out = base;
+    position_embedding_forward(out.data(), pos.data(), B, T, C);
+    return dot(out, R);
+  };
+  position_embedding_backward(dpos.data(), R.data(), B, T, C);
+  expect_gradient("position embedding", pos, dpos, loss);
+  // Positions past T get no gradient.
+  for (int64_t i = T * C; i < Tmax * C; ++i) EXPECT_EQ(dpos[i], 0.0f);
+}
+
+TEST_P(LayerGrad, Residual) {
+  const int64_t n = 10;
+  auto a = random_vector(n, rng), b = random_vector(n, rng), R = random_vector(n, rng);
+  std::vector<float> out(n);
+  auto loss = [&] {
+    residual_forward(out.data(), a.data(), b.data(), n);
+    return dot(out, R);
+  };
+  // The backward of a + b is the identity into both inputs.
+  expect_gradient("residual a", a, R, loss);
+  expect_gradient("residual b", b, R, loss);
+}
+
+TEST_P(LayerGrad, Attention) {
+  const int64_t B = 2, T = 5, C = 8, NH = 2;
+  auto qkv = random_vector(B * T * 3 * C, rng), R = random_vector(B * T * C, rng);
+  std::vector<float> out(B * T * C), att(B * NH * T * T), dqkv(B * T * 3 * C);
+  auto loss = [&] {
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    return dot(out, R);
+  };
+  loss();
+  attention_backward(dqkv.data(), R.data(), qkv.data(), att.data(), B, T, C, NH);
+  expect_gradient("attention dqkv", qkv, dqkv, loss, 1e-2, 2e-3, 2e-2, 1000);
+}
+
+TEST_P(LayerGrad, AttentionIsCausal) {
+  // Changing a later position never changes an earlier output.
+  const int64_t B = 1, T = 6, C = 4, NH = 2;
+  auto qkv = random_vector(B * T * 3 * C, rng);
+  std::vector<float> out1(B * T * C), out2(B * T * C), att(B * NH * T * T);
+  attention_forward(out1.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (int64_t c = 0; c < 3 * C; ++c) qkv[(T - 1) * 3 * C + c] += 1.0f;
+  attention_forward(out2.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (int64_t i = 0; i < (T - 1) * C; ++i) EXPECT_EQ(out1[i], out2[i]);
+  bool last_changed = false;
+  for (int64_t c = 0; c < C; ++c) last_changed |= out1[(T - 1) * C + c] != out2[(T - 1) * C + c];
+  EXPECT_TRUE(last_changed);
+}
+
+TEST_P(LayerGrad, CrossEntropy) {
+  const int64_t N = 4, V = 7;
+  auto logits = random_vector(N * V, rng, 2.0f);
+  std::vector<int32_t> targets = {0, 6, 3, 3};
+  std::vector<float> probs(N * V), dlogits(N * V);
+  auto loss = [&] {
+    return static_cast<double>(
+        cross_entropy_forward(probs.data(), logits.data(), targets.data(), N, V, nullptr));
+  };
+  loss();
+  cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), N, V, 1.0f / N);
+  expect_gradient("cross entropy", logits, dlogits, loss, 1e-2, 5e-4, 1e-2);
+}
+
+TEST_P(LayerGrad, CrossEntropyValueAndAccuracy) {
+  // Uniform logits: loss ln(V); a row with a clear winner counts as correct.
+  const int64_t V = 5;
+  std::vector<float> logits = {0, 0, 0, 0, 0, 0, 0, 9, 0, 0}, probs(10);
+  std::vector<int32_t> targets = {1, 2};
+  int64_t correct = -1;
+  float l = cross_entropy_forward(probs.data(), logits.data(), targets.data(), 1, V, &correct);
+  EXPECT_NEAR(l, std::log(5.0), 1e-6);
+  cross_entropy_forward(probs.data(), logits.data(), targets.data(), 2, V, &correct);
+  EXPECT_EQ(correct, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, LayerGrad, ::testing::Values(1, 2),
+                         [](const auto& info) { return "threads" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace dpt
