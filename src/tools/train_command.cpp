@@ -9,9 +9,6 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_ = app.add_subcommand("train", "train a model on one process");
   model_.add(cmd_);
   auto& o = opts_;
-  o.optimizer.name = "";
-  o.optimizer.weight_decay = -1.0f;  // -1: the optimizer's default
-  o.schedule.lr = 0.0f;
   cmd_->add_option("--data", o.data, "mlp: Fashion-MNIST IDX directory; gpt: text file or directory");
   cmd_->add_flag("--synthetic", o.synthetic, "random batches (measures compute, not data)");
   cmd_->add_option("--steps", o.steps, "optimizer steps (default: 3 epochs for mlp, 200 for gpt)")

@@ -21,8 +21,10 @@ struct TrainOptions {
   int64_t epochs = 3;       // mlp, when steps == 0
   int64_t batch = 0;        // samples per step; 0: 256 (mlp) or 16 (gpt)
   int64_t grad_accum = 1;   // micro-batches per step (batch is split evenly)
-  OptimizerConfig optimizer;  // name empty: sgd (mlp) or adamw (gpt)
-  Schedule schedule;        // lr <= 0: 0.05 (mlp) or 3e-4 (gpt)
+  // Unset fields take the model's defaults: name sgd (mlp) or adamw (gpt);
+  // weight decay 0 (sgd) or 0.1 (adamw); lr 0.05 (sgd) or 3e-4 (adamw).
+  OptimizerConfig optimizer{.name = "", .weight_decay = -1.0f};
+  Schedule schedule{.lr = 0.0f};
   float clip = 0.0f;        // max global gradient norm; 0 = off
   uint64_t seed = 0;
   double val_fraction = 0.1;  // gpt: held-out tail of the corpus
