@@ -18,9 +18,14 @@ namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
-// tanh through exp keeps the loop vectorisable (glibc has a vector expf,
-// not a vector tanhf); tanh(u) = 1 - 2 / (exp(2u) + 1) is exact at both ends.
-inline float fast_tanh(float u) { return 1.0f - 2.0f / (std::exp(2.0f * u) + 1.0f); }
+// tanh through exp keeps the loop vectorisable: this file is compiled with
+// -ffast-math (see CMakeLists.txt) so glibc's vector expf is used, and glibc
+// has no vector tanhf. |u| is clamped at 10, where tanh is +-1 in fp32, so
+// exp never overflows.
+inline float fast_tanh(float u) {
+  u = u > 10.0f ? 10.0f : (u < -10.0f ? -10.0f : u);
+  return 1.0f - 2.0f / (std::exp(2.0f * u) + 1.0f);
+}
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, int64_t n) {
