@@ -24,8 +24,24 @@ import statistics
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+
+def _pin_blas_threads():
+    """Debian's torch does its GEMMs in OpenBLAS's own pthread pool, which
+    torch.set_num_threads does not limit: without this a "1 thread" run uses
+    every core for GEMM. The pool reads OPENBLAS_NUM_THREADS when the library
+    loads, so it is set from --threads before torch is imported."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--threads", type=int)
+    known, _ = pre.parse_known_args()
+    if known.threads and known.threads > 0:
+        os.environ["OPENBLAS_NUM_THREADS"] = str(known.threads)
+        os.environ["OMP_NUM_THREADS"] = str(known.threads)
+
+
+_pin_blas_threads()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 # The GPT and MLP definitions are shared with the parity reference, so the
 # benchmark times the same model that the parity test checks.
@@ -137,7 +153,7 @@ def main():
         "gflops": flops / median / 1e9,
         "final_loss": loss.item(),
         "data": "synthetic",
-        "env": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY")},
+        "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
     }
     print(f"pytorch {torch.__version__} {args.workload}: threads {args.threads}, "
           f"median step {result['step_ms_median']:.2f} ms over {len(times)} steps, "
