@@ -1,0 +1,325 @@
+// Micro-benchmarks of the engine's CPU kernels at the shapes of the
+// reference workloads:
+//   W-GPT: B=16, T=128, C=256, NH=4, V=256 (N = B*T = 2048 rows),
+//          3,257,856 parameters, AdamW
+//   W-MLP: batch 256, 784 -> 1024 -> 1024 -> 10, SGD
+//
+// Every benchmark takes the thread count as its argument (threads:1 and
+// threads:2) and calls dpt::set_threads with it first, so GEMM and the
+// kernels' OpenMP loops use that many threads. Times are wall-clock
+// (UseRealTime): the default, the main thread's CPU time, would leave out
+// the other threads' work and overstate every rate at 2 threads.
+//
+// Counters:
+//   FLOPS           GEMM benchmarks: floating-point operations per second,
+//                   2*M*N*K per GEMM (bias adds and sums not counted).
+//   bytes_per_second the other kernels: the bytes each kernel must read and
+//                   write at minimum (every input read once, every output
+//                   written once, accumulated outputs read and written),
+//                   per second. Caches hold some of these buffers, so this
+//                   is a lower bound on traffic, not a DRAM bandwidth.
+//
+// Inputs are allocated and filled (deterministic pseudo-random values) once,
+// outside the timed loop. Buffers are FlatBuffers, 64-byte aligned as in the
+// engine. Outputs never alias inputs here (the engine runs gelu_backward and
+// cross_entropy in place), so every iteration sees the same input values.
+//
+// Build and run (see bench/README.md):
+//   cmake -S . -B build && cmake --build build --target bench_kernels
+//   build/bench/bench_kernels --benchmark_filter=gelu
+
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/threads.h"
+#include "nn/activations.h"
+#include "nn/attention.h"
+#include "nn/cross_entropy.h"
+#include "nn/layernorm.h"
+#include "nn/linear.h"
+#include "optim/optimizer.h"
+#include "tensor/flat_buffer.h"
+#include "tensor/layout.h"
+
+namespace {
+
+// W-GPT
+constexpr int64_t kB = 16, kT = 128, kC = 256, kNH = 4, kV = 256;
+constexpr int64_t kN = kB * kT;
+constexpr int64_t kGptParams = 3'257'856;
+// W-MLP
+constexpr int64_t kMlpBatch = 256, kMlpIn = 784, kMlpHidden = 1024;
+
+constexpr int64_t kF32 = sizeof(float), kI32 = sizeof(int32_t);
+
+// n floats uniform in [lo, hi), the same for the same seed.
+dpt::FlatBuffer random_buffer(int64_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  dpt::FlatBuffer buf(static_cast<size_t>(n));
+  dpt::Rng rng(seed);
+  float* p = buf.f32();
+  for (int64_t i = 0; i < n; ++i) p[i] = lo + (hi - lo) * rng.uniform();
+  return buf;
+}
+
+dpt::FlatBuffer zero_buffer(int64_t n) { return dpt::FlatBuffer(static_cast<size_t>(n)); }
+
+std::vector<int32_t> random_targets(int64_t n, int64_t V, uint64_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  dpt::Rng rng(seed);
+  for (auto& x : t) x = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
+  return t;
+}
+
+void thread_counts(benchmark::internal::Benchmark* b) {
+  b->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+}
+
+void start(benchmark::State& state) { dpt::set_threads(static_cast<int>(state.range(0))); }
+
+void report_flops(benchmark::State& state, double flops_per_iteration) {
+  state.counters["FLOPS"] =
+      benchmark::Counter(flops_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void report_bytes(benchmark::State& state, int64_t bytes_per_iteration) {
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes_per_iteration);
+}
+
+// ---------------------------------------------------------------- GEMM
+
+// The raw OpenBLAS sgemm rate, C = A B with square 1024 matrices: the
+// ceiling the linear layers are measured against.
+void BM_sgemm(benchmark::State& state) {
+  start(state);
+  constexpr int64_t n = 1024;
+  auto a = random_buffer(n * n, 1), b = random_buffer(n * n, 2);
+  auto c = zero_buffer(n * n);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.f32(), n, b.f32(), n,
+                0.0f, c.f32(), n);
+    benchmark::DoNotOptimize(c.f32());
+    benchmark::ClobberMemory();
+  }
+  report_flops(state, 2.0 * n * n * n);
+}
+BENCHMARK(BM_sgemm)->Apply(thread_counts);
+
+// out [N, OC] = inp [N, C] @ weight [OC, C]^T + bias: one GEMM.
+void BM_linear_forward(benchmark::State& state, int64_t N, int64_t C, int64_t OC) {
+  start(state);
+  auto inp = random_buffer(N * C, 11), weight = random_buffer(OC * C, 12, -0.05f, 0.05f);
+  auto bias = random_buffer(OC, 13, -0.05f, 0.05f);
+  auto out = zero_buffer(N * OC);
+  for (auto _ : state) {
+    dpt::linear_forward(out.f32(), inp.f32(), weight.f32(), bias.f32(), N, C, OC);
+    benchmark::DoNotOptimize(out.f32());
+    benchmark::ClobberMemory();
+  }
+  report_flops(state, 2.0 * N * C * OC);
+}
+BENCHMARK_CAPTURE(BM_linear_forward, gpt_c_fc, kN, kC, 4 * kC)->Apply(thread_counts);
+BENCHMARK_CAPTURE(BM_linear_forward, mlp_fc1, kMlpBatch, kMlpIn, kMlpHidden)->Apply(thread_counts);
+
+// dinp = dout @ weight (skipped when need_dinp is false, as for the MLP's
+// first layer, whose input is data), dweight += dout^T @ inp, dbias += sums:
+// two GEMMs or one.
+void BM_linear_backward(benchmark::State& state, int64_t N, int64_t C, int64_t OC,
+                        bool need_dinp) {
+  start(state);
+  auto dout = random_buffer(N * OC, 21, -0.01f, 0.01f), inp = random_buffer(N * C, 22);
+  auto weight = random_buffer(OC * C, 23, -0.05f, 0.05f);
+  auto dinp = zero_buffer(N * C), dweight = zero_buffer(OC * C), dbias = zero_buffer(OC);
+  float* dinp_ptr = need_dinp ? dinp.f32() : nullptr;
+  for (auto _ : state) {
+    dpt::linear_backward(dinp_ptr, dweight.f32(), dbias.f32(), dout.f32(), inp.f32(),
+                         weight.f32(), N, C, OC);
+    benchmark::DoNotOptimize(dweight.f32());
+    benchmark::DoNotOptimize(dinp_ptr);
+    benchmark::ClobberMemory();
+  }
+  report_flops(state, (need_dinp ? 4.0 : 2.0) * N * C * OC);
+}
+BENCHMARK_CAPTURE(BM_linear_backward, gpt_c_fc, kN, kC, 4 * kC, true)->Apply(thread_counts);
+BENCHMARK_CAPTURE(BM_linear_backward, mlp_fc1, kMlpBatch, kMlpIn, kMlpHidden, false)
+    ->Apply(thread_counts);
+
+// ---------------------------------------------------------------- GELU
+// Over W-GPT's MLP hidden activations, N * 4C elements.
+
+void BM_gelu_forward(benchmark::State& state) {
+  start(state);
+  const int64_t n = kN * 4 * kC;
+  auto inp = random_buffer(n, 31, -4.0f, 4.0f);
+  auto out = zero_buffer(n);
+  for (auto _ : state) {
+    dpt::gelu_forward(out.f32(), inp.f32(), n);
+    benchmark::DoNotOptimize(out.f32());
+    benchmark::ClobberMemory();
+  }
+  // read inp, write out
+  report_bytes(state, 2 * n * kF32);
+}
+BENCHMARK(BM_gelu_forward)->Apply(thread_counts);
+
+void BM_gelu_backward(benchmark::State& state) {
+  start(state);
+  const int64_t n = kN * 4 * kC;
+  auto inp = random_buffer(n, 32, -4.0f, 4.0f), dout = random_buffer(n, 33);
+  auto dinp = zero_buffer(n);
+  for (auto _ : state) {
+    dpt::gelu_backward(dinp.f32(), dout.f32(), inp.f32(), n);
+    benchmark::DoNotOptimize(dinp.f32());
+    benchmark::ClobberMemory();
+  }
+  // read dout and inp, write dinp
+  report_bytes(state, 3 * n * kF32);
+}
+BENCHMARK(BM_gelu_backward)->Apply(thread_counts);
+
+// ---------------------------------------------------------------- LayerNorm
+// [N, C] = [2048, 256].
+
+void BM_layernorm_forward(benchmark::State& state) {
+  start(state);
+  const int64_t N = kN, C = kC;
+  auto inp = random_buffer(N * C, 41, -2.0f, 2.0f);
+  auto weight = random_buffer(C, 42, 0.5f, 1.5f), bias = random_buffer(C, 43, -0.1f, 0.1f);
+  auto out = zero_buffer(N * C), mean = zero_buffer(N), rstd = zero_buffer(N);
+  for (auto _ : state) {
+    dpt::layernorm_forward(out.f32(), mean.f32(), rstd.f32(), inp.f32(), weight.f32(), bias.f32(),
+                           N, C);
+    benchmark::DoNotOptimize(out.f32());
+    benchmark::ClobberMemory();
+  }
+  // read inp [N, C], weight and bias [C]; write out [N, C], mean and rstd [N]
+  report_bytes(state, (2 * N * C + 2 * C + 2 * N) * kF32);
+}
+BENCHMARK(BM_layernorm_forward)->Apply(thread_counts);
+
+void BM_layernorm_backward(benchmark::State& state) {
+  start(state);
+  const int64_t N = kN, C = kC;
+  auto inp = random_buffer(N * C, 44, -2.0f, 2.0f), dout = random_buffer(N * C, 45, -0.01f, 0.01f);
+  auto weight = random_buffer(C, 46, 0.5f, 1.5f), bias = random_buffer(C, 47, -0.1f, 0.1f);
+  auto out = zero_buffer(N * C), mean = zero_buffer(N), rstd = zero_buffer(N);
+  dpt::layernorm_forward(out.f32(), mean.f32(), rstd.f32(), inp.f32(), weight.f32(), bias.f32(), N,
+                         C);
+  auto dinp = zero_buffer(N * C), dweight = zero_buffer(C), dbias = zero_buffer(C);
+  for (auto _ : state) {
+    dpt::layernorm_backward(dinp.f32(), dweight.f32(), dbias.f32(), dout.f32(), inp.f32(),
+                            weight.f32(), mean.f32(), rstd.f32(), N, C);
+    benchmark::DoNotOptimize(dinp.f32());
+    benchmark::ClobberMemory();
+  }
+  // read dout, inp [N, C], weight [C], mean, rstd [N];
+  // read and write (accumulated) dinp [N, C], dweight and dbias [C]
+  report_bytes(state, (4 * N * C + 5 * C + 2 * N) * kF32);
+}
+BENCHMARK(BM_layernorm_backward)->Apply(thread_counts);
+
+// ---------------------------------------------------------------- attention
+// qkv [B, T, 3C], out [B, T, C], att [B, NH, T, T].
+
+void BM_attention_forward(benchmark::State& state) {
+  start(state);
+  const int64_t B = kB, T = kT, C = kC, NH = kNH;
+  auto qkv = random_buffer(B * T * 3 * C, 51);
+  auto out = zero_buffer(B * T * C), att = zero_buffer(B * NH * T * T);
+  for (auto _ : state) {
+    dpt::attention_forward(out.f32(), att.f32(), qkv.f32(), B, T, C, NH);
+    benchmark::DoNotOptimize(out.f32());
+    benchmark::ClobberMemory();
+  }
+  // read qkv; write out and att (all of it: the masked half is written as 0)
+  report_bytes(state, (3 * B * T * C + B * T * C + B * NH * T * T) * kF32);
+}
+BENCHMARK(BM_attention_forward)->Apply(thread_counts);
+
+void BM_attention_backward(benchmark::State& state) {
+  start(state);
+  const int64_t B = kB, T = kT, C = kC, NH = kNH;
+  auto qkv = random_buffer(B * T * 3 * C, 52), dout = random_buffer(B * T * C, 53, -0.01f, 0.01f);
+  auto out = zero_buffer(B * T * C), att = zero_buffer(B * NH * T * T);
+  dpt::attention_forward(out.f32(), att.f32(), qkv.f32(), B, T, C, NH);
+  auto dqkv = zero_buffer(B * T * 3 * C);
+  for (auto _ : state) {
+    dpt::attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), att.f32(), B, T, C, NH);
+    benchmark::DoNotOptimize(dqkv.f32());
+    benchmark::ClobberMemory();
+  }
+  // read dout [B, T, C], qkv [B, T, 3C], att [B, NH, T, T]; write dqkv [B, T, 3C]
+  report_bytes(state, (B * T * C + 3 * B * T * C + B * NH * T * T + 3 * B * T * C) * kF32);
+}
+BENCHMARK(BM_attention_backward)->Apply(thread_counts);
+
+// ---------------------------------------------------------------- cross-entropy
+// logits [N, V] = [2048, 256], targets [N].
+
+void BM_cross_entropy_forward(benchmark::State& state) {
+  start(state);
+  const int64_t N = kN, V = kV;
+  auto logits = random_buffer(N * V, 61, -3.0f, 3.0f);
+  auto targets = random_targets(N, V, 62);
+  auto probs = zero_buffer(N * V);
+  int64_t correct = 0;
+  for (auto _ : state) {
+    float loss =
+        dpt::cross_entropy_forward(probs.f32(), logits.f32(), targets.data(), N, V, &correct);
+    benchmark::DoNotOptimize(loss);
+    benchmark::DoNotOptimize(correct);
+    benchmark::ClobberMemory();
+  }
+  // read logits [N, V] and targets [N] (int32); write probs [N, V]
+  report_bytes(state, 2 * N * V * kF32 + N * kI32);
+}
+BENCHMARK(BM_cross_entropy_forward)->Apply(thread_counts);
+
+void BM_cross_entropy_backward(benchmark::State& state) {
+  start(state);
+  const int64_t N = kN, V = kV;
+  auto logits = random_buffer(N * V, 63, -3.0f, 3.0f);
+  auto targets = random_targets(N, V, 64);
+  auto probs = zero_buffer(N * V), dlogits = zero_buffer(N * V);
+  dpt::cross_entropy_forward(probs.f32(), logits.f32(), targets.data(), N, V, nullptr);
+  const float scale = 1.0f / static_cast<float>(N);
+  for (auto _ : state) {
+    dpt::cross_entropy_backward(dlogits.f32(), probs.f32(), targets.data(), N, V, scale);
+    benchmark::DoNotOptimize(dlogits.f32());
+    benchmark::ClobberMemory();
+  }
+  // read probs [N, V] and targets [N] (int32); write dlogits [N, V]
+  report_bytes(state, 2 * N * V * kF32 + N * kI32);
+}
+BENCHMARK(BM_cross_entropy_backward)->Apply(thread_counts);
+
+// ---------------------------------------------------------------- AdamW
+// One step over W-GPT's parameter count, as one 2-D slot with weight decay.
+
+void BM_adamw_step(benchmark::State& state) {
+  start(state);
+  static_assert(kGptParams % kC == 0);
+  dpt::Layout layout;
+  layout.begin_unit("all");
+  layout.add("weight", {kGptParams / kC, kC}, true);
+  dpt::OptimizerConfig config;
+  config.name = "adamw";
+  config.weight_decay = 0.1f;
+  auto opt = dpt::make_optimizer(config, layout, 0, layout.numel());
+  const auto n = static_cast<int64_t>(layout.numel());
+  auto params = random_buffer(n, 71, -0.1f, 0.1f), grads = random_buffer(n, 72, -0.01f, 0.01f);
+  for (auto _ : state) {
+    opt->step(params.f32(), grads.f32(), 3e-4f);
+    benchmark::DoNotOptimize(params.f32());
+    benchmark::ClobberMemory();
+  }
+  // read grads; read and write params and the two moments m, v
+  report_bytes(state, 7 * n * kF32);
+}
+BENCHMARK(BM_adamw_step)->Apply(thread_counts);
+
+}  // namespace
