@@ -8,6 +8,7 @@ packages=(
   libopenblas-openmp-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
+  openmpi-bin libopenmpi-dev
   dataset-fashion-mnist fortunes
   python3 python3-numpy python3-torch
 )

@@ -1,0 +1,89 @@
+#include "comm/peer.h"
+
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "comm/types.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define DPT_CPU_RELAX() _mm_pause()
+#else
+#define DPT_CPU_RELAX() ((void)0)
+#endif
+
+namespace dpt::comm {
+
+void combine_bytes(void* dst, const void* src, size_t n, Combine c) {
+  if (c == Combine::Copy) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  float* d = static_cast<float*>(dst);
+  const float* s = static_cast<const float*>(src);
+  const size_t m = n / sizeof(float);
+  if (c == Combine::Sum) {
+#pragma omp simd
+    for (size_t i = 0; i < m; ++i) d[i] += s[i];
+  } else {
+#pragma omp simd
+    for (size_t i = 0; i < m; ++i) d[i] = d[i] > s[i] ? d[i] : s[i];
+  }
+}
+
+void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size_t send_bytes,
+              Peer* from, int from_rank, void* dst, size_t recv_bytes, Combine c) {
+  bool sent = to == nullptr, received = from == nullptr;
+  if (!sent) to->start_send(src, send_bytes);
+  if (!received) from->start_recv(dst, recv_bytes, c);
+  // Spin briefly (a partner is usually microseconds away), then yield the
+  // core (ranks may outnumber cores), then sleep; check the clock and the
+  // peers' health every so often.
+  uint64_t idle = 0;
+  auto last_health = std::chrono::steady_clock::now();
+  while (!(sent && received)) {
+    bool moved = false;
+    if (!sent) {
+      sent = to->progress_send();
+      moved |= sent;
+    }
+    if (!received) {
+      received = from->progress_recv();
+      moved |= received;
+    }
+    if (moved) {
+      idle = 0;
+      continue;
+    }
+    ++idle;
+    if (idle < 256) {
+      DPT_CPU_RELAX();
+    } else if (idle < 20000) {
+      sched_yield();
+    } else {
+      timespec ts{0, 50000};
+      nanosleep(&ts, nullptr);
+    }
+    if (idle % 256 == 0) {
+      auto now = std::chrono::steady_clock::now();
+      Peer* waiting_on = !received ? from : to;
+      int peer_rank = !received ? from_rank : to_rank;
+      if (now - last_health > std::chrono::milliseconds(100)) {
+        last_health = now;
+        if (!waiting_on->alive())
+          throw CommError(fmt::format("{} #{} of {} bytes failed: rank {} has exited", ctx.op,
+                                      ctx.seq, ctx.bytes, peer_rank));
+      }
+      if (now > ctx.deadline)
+        throw CommError(fmt::format(
+            "{} #{} of {} bytes timed out after {:.1f} s waiting for rank {} (dead, or not issuing "
+            "the same collective)",
+            ctx.op, ctx.seq, ctx.bytes, static_cast<double>(ctx.timeout.count()) / 1000.0, peer_rank));
+    }
+  }
+}
+
+}  // namespace dpt::comm

@@ -1,0 +1,55 @@
+// Point-to-point links between two ranks, the ground the ring algorithms
+// stand on. A Peer is how this rank reaches one other rank: through shared
+// memory on the same host, or MPI point-to-point across hosts.
+//
+// A peer carries at most one outgoing and one incoming message at a time
+// (the ring algorithms never need more), so its state lives in the Peer and
+// nothing is allocated per message. Both ends issue the same messages in the
+// same order, so messages need no tags.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace dpt::comm {
+
+// What a receive does with the incoming bytes: copy them, or combine them
+// elementwise (fp32) into what the destination already holds.
+enum class Combine { Copy, Sum, Max };
+
+// Applies a Combine to n bytes.
+void combine_bytes(void* dst, const void* src, size_t n, Combine c);
+
+class Peer {
+ public:
+  virtual ~Peer() = default;
+  virtual void start_send(const void* src, size_t bytes) = 0;
+  // Moves what can be moved without blocking; true once the send is done.
+  virtual bool progress_send() = 0;
+  virtual void start_recv(void* dst, size_t bytes, Combine c) = 0;
+  virtual bool progress_recv() = 0;
+  // False once the peer is known to have died (shared memory checks its pid).
+  virtual bool alive() { return true; }
+  virtual const char* kind() const = 0;  // "shm" or "mpi"
+};
+
+// The operation a transfer belongs to, for its error message and deadline.
+struct OpContext {
+  const char* op = "";
+  uint64_t seq = 0;
+  size_t bytes = 0;
+  std::chrono::steady_clock::time_point deadline;
+  std::chrono::milliseconds timeout{0};
+};
+
+// Sends [src, src + send_bytes) to `to` while receiving recv_bytes from
+// `from` into dst, progressing both together (so a ring of ranks all sending
+// first cannot deadlock on full buffers). Either side may be null or empty.
+// Throws CommError naming ctx's operation when a peer dies or the deadline
+// passes.
+void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size_t send_bytes,
+              Peer* from, int from_rank, void* dst, size_t recv_bytes, Combine c);
+
+}  // namespace dpt::comm

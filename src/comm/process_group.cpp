@@ -1,0 +1,447 @@
+#include "comm/process_group.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "comm/mpi_env.h"
+#include "comm/mpi_transport.h"
+#include "comm/ring.h"
+#include "comm/shm_transport.h"
+
+namespace dpt::comm {
+
+namespace {
+
+enum class OpCode : int64_t { AllReduce = 1, ReduceScatter, AllGather, Broadcast, Reduce, Barrier, Send, Recv };
+
+const char* op_name(OpCode c) {
+  switch (c) {
+    case OpCode::AllReduce: return "all_reduce";
+    case OpCode::ReduceScatter: return "reduce_scatter";
+    case OpCode::AllGather: return "all_gather";
+    case OpCode::Broadcast: return "broadcast";
+    case OpCode::Reduce: return "reduce";
+    case OpCode::Barrier: return "barrier";
+    case OpCode::Send: return "send";
+    case OpCode::Recv: return "recv";
+  }
+  return "?";
+}
+
+// What every rank must agree on for one collective (check_order mode).
+struct Signature {
+  int64_t op, count, dtype, root;
+  bool operator==(const Signature&) const = default;
+};
+
+std::string describe(const Signature& s) {
+  std::string d = fmt::format("{} of {} {}", op_name(static_cast<OpCode>(s.op)), s.count,
+                              dtype_name(static_cast<DType>(s.dtype)));
+  if (s.root >= 0) d += fmt::format(" (root {})", s.root);
+  return d;
+}
+
+void mpi_check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw CommError(fmt::format("{} failed: {}", what, std::string(msg, static_cast<size_t>(len))));
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Max ? MPI_MAX : MPI_SUM; }
+
+}  // namespace
+
+struct ProcessGroup::Impl {
+  ProcessGroup* pg = nullptr;
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::unique_ptr<ShmSegment> shm;
+  std::vector<std::unique_ptr<Peer>> peers;  // by rank; null for self
+  std::unique_ptr<Ring> ring;
+
+  // The communication thread and its queue.
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<std::function<void(OpContext&)>, std::shared_ptr<Work>>> queue;
+  std::vector<std::string> queue_ops;
+  bool stopping = false;
+  std::exception_ptr broken;  // first failure: later operations fail at once
+  uint64_t next_seq = 0;      // issue order (caller's thread)
+
+  void run();
+  std::shared_ptr<Work> submit(OpCode code, size_t count, DType dtype, int root,
+                               std::function<void(OpContext&)> body);
+  void check_signature(const OpContext& ctx, const Signature& mine);
+  // Waits for an MPI request, polling against the operation's deadline.
+  void mpi_wait(const OpContext& ctx, MPI_Request* req);
+};
+
+void ProcessGroup::Impl::run() {
+  for (;;) {
+    std::function<void(OpContext&)> body;
+    std::shared_ptr<Work> work;
+    std::string op;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [this] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;
+      body = std::move(queue.front().first);
+      work = std::move(queue.front().second);
+      queue.pop_front();
+    }
+    if (broken) {
+      work->finish(broken);
+      continue;
+    }
+    OpContext ctx;
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      body(ctx);
+      pg->ledger_.add_op(ctx.op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      work->finish(nullptr);
+    } catch (...) {
+      broken = std::current_exception();
+      work->finish(broken);
+    }
+  }
+}
+
+std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DType dtype, int root,
+                                                 std::function<void(OpContext&)> body) {
+  const uint64_t seq = next_seq++;
+  const char* name = op_name(code);
+  auto work = std::make_shared<Work>(name, &pg->ledger_);
+  const size_t bytes = count * dtype_size(dtype);
+  const Signature sig{static_cast<int64_t>(code), static_cast<int64_t>(count),
+                      static_cast<int64_t>(dtype), root};
+  const bool check = pg->config_.check_order && pg->size_ > 1 && code != OpCode::Send && code != OpCode::Recv;
+  auto timeout = pg->config_.timeout;
+  auto wrapped = [this, name, seq, bytes, sig, check, timeout, body = std::move(body)](OpContext& ctx) {
+    ctx.op = name;
+    ctx.seq = seq;
+    ctx.bytes = bytes;
+    ctx.timeout = timeout;
+    ctx.deadline = std::chrono::steady_clock::now() + timeout;
+    if (check) check_signature(ctx, sig);
+    body(ctx);
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    queue.emplace_back(std::move(wrapped), work);
+  }
+  cv.notify_one();
+  return work;
+}
+
+void ProcessGroup::Impl::check_signature(const OpContext& ctx, const Signature& mine) {
+  const size_t n = static_cast<size_t>(pg->size_);
+  std::vector<Signature> all(n);
+  all[static_cast<size_t>(pg->rank_)] = mine;
+  OpContext check_ctx = ctx;
+  check_ctx.op = "order check";
+  // Bytes of check traffic are not the collective's: keep them out of its entry.
+  ring->all_gather(check_ctx, reinterpret_cast<char*>(all.data()), n, sizeof(Signature));
+  for (size_t r = 0; r < n; ++r)
+    if (!(all[r] == mine))
+      throw CommError(fmt::format("collective #{} differs across ranks: rank {} issued {}, rank {} issued {}",
+                                  ctx.seq, pg->rank_, describe(mine), r, describe(all[r])));
+}
+
+void ProcessGroup::Impl::mpi_wait(const OpContext& ctx, MPI_Request* req) {
+  for (uint64_t spins = 0;; ++spins) {
+    int flag = 0;
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      mpi_check(MPI_Test(req, &flag, MPI_STATUS_IGNORE), ctx.op);
+    }
+    if (flag) return;
+    if (spins > 1000) std::this_thread::yield();
+    if (spins % 256 == 0 && std::chrono::steady_clock::now() > ctx.deadline)
+      throw CommError(fmt::format("{} #{} of {} bytes (MPI's) timed out after {:.1f} s", ctx.op, ctx.seq,
+                                  ctx.bytes, static_cast<double>(ctx.timeout.count()) / 1000.0));
+  }
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config) {
+  auto pg = std::unique_ptr<ProcessGroup>(new ProcessGroup);
+  pg->config_ = config;
+  pg->impl_ = std::make_unique<Impl>();
+  Impl& im = *pg->impl_;
+  im.pg = pg.get();
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+
+  if (launched_by_mpi()) {
+    mpi_ensure_init();
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    MPI_Comm_dup(MPI_COMM_WORLD, &im.comm);
+    MPI_Comm_set_errhandler(im.comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(im.comm, &pg->rank_);
+    MPI_Comm_size(im.comm, &pg->size_);
+  }
+  const int n = pg->size_, rank = pg->rank_;
+
+  // Every rank's host name, by an all-gather of fixed-size records.
+  std::vector<char> names(static_cast<size_t>(n) * sizeof host);
+  std::copy(host, host + sizeof host, names.begin() + static_cast<long>(rank) * static_cast<long>(sizeof host));
+  if (n > 1) {
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, names.data(), sizeof host, MPI_BYTE, im.comm),
+              "host exchange");
+  }
+  for (int r = 0; r < n; ++r) pg->hosts_.emplace_back(names.data() + static_cast<size_t>(r) * sizeof host);
+
+  // The ring: hosts in order of their lowest rank, ranks in order within.
+  std::vector<int> rank_at(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) rank_at[static_cast<size_t>(r)] = r;
+  auto first_rank = [&](const std::string& h) {
+    return static_cast<int>(std::find(pg->hosts_.begin(), pg->hosts_.end(), h) - pg->hosts_.begin());
+  };
+  std::stable_sort(rank_at.begin(), rank_at.end(), [&](int a, int b) {
+    return first_rank(pg->hosts_[static_cast<size_t>(a)]) < first_rank(pg->hosts_[static_cast<size_t>(b)]);
+  });
+
+  // Peers: shared memory on this host unless told otherwise, MPI elsewhere.
+  std::vector<int> local;  // ranks on this host, ascending
+  for (int r = 0; r < n; ++r)
+    if (pg->hosts_[static_cast<size_t>(r)] == pg->hosts_[static_cast<size_t>(rank)]) local.push_back(r);
+  if (config.transport == Transport::Shm && static_cast<int>(local.size()) != n)
+    throw InputError("--transport shm needs every rank on one host; use auto to add MPI between hosts");
+  const bool use_shm = n > 1 && config.transport != Transport::Mpi && local.size() > 1;
+  if (use_shm) {
+    // A name unique to this job and group: rank 0's pid and a random tag.
+    static std::atomic<int> groups{0};
+    uint64_t tag[2] = {static_cast<uint64_t>(::getpid()), std::random_device{}()};
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      mpi_check(MPI_Bcast(tag, 2, MPI_UINT64_T, 0, im.comm), "shared memory setup");
+    }
+    const int local_index = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+    const std::string name = fmt::format("/dpt-{}-{:x}-{}-{}", tag[0], tag[1] & 0xffffff, groups++, local.front());
+    const int lc = static_cast<int>(local.size());
+    std::string error;
+    if (local_index == 0) {
+      try {
+        im.shm = ShmSegment::create(name, lc);
+      } catch (const CommError& e) {
+        error = e.what();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      MPI_Barrier(im.comm);
+    }
+    if (local_index != 0 && error.empty()) im.shm = ShmSegment::open(name, lc);
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      MPI_Barrier(im.comm);  // everyone mapped: the name can go
+    }
+    if (local_index == 0 && im.shm) im.shm->unlink();
+    if (!error.empty()) throw CommError(error);
+    im.shm->set_pid(local_index, ::getpid());
+  }
+  im.peers.resize(static_cast<size_t>(n));
+  std::vector<Peer*> raw(static_cast<size_t>(n), nullptr);
+  for (int r = 0; r < n; ++r) {
+    if (r == rank) continue;
+    auto it = std::find(local.begin(), local.end(), r);
+    if (use_shm && it != local.end()) {
+      const int mine = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+      im.peers[static_cast<size_t>(r)] = std::make_unique<ShmPeer>(im.shm.get(), mine, static_cast<int>(it - local.begin()));
+    } else {
+      im.peers[static_cast<size_t>(r)] = std::make_unique<MpiPeer>(im.comm, r);
+    }
+    raw[static_cast<size_t>(r)] = im.peers[static_cast<size_t>(r)].get();
+  }
+  im.ring = std::make_unique<Ring>(rank, rank_at, raw, &pg->ledger_);
+  im.thread = std::thread([&im] { im.run(); });
+  return pg;
+}
+
+ProcessGroup::~ProcessGroup() {
+  if (!impl_) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->ring.reset();
+  impl_->peers.clear();
+  if (impl_->comm != MPI_COMM_NULL && !impl_->broken) {
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    MPI_Comm_free(&impl_->comm);
+  }
+}
+
+std::string ProcessGroup::transport_to(int peer) const {
+  if (peer == rank_) return "self";
+  if (peer < 0 || peer >= size_) throw InputError(fmt::format("rank {} is outside 0..{}", peer, size_ - 1));
+  return impl_->peers[static_cast<size_t>(peer)]->kind();
+}
+
+namespace {
+void require_fp32(DType dtype, const char* op) {
+  if (dtype != DType::F32)
+    throw InputError(fmt::format("{} reduces fp32 only (got {})", op, dtype_name(dtype)));
+}
+
+void check_rank(int r, int size, const char* what) {
+  if (r < 0 || r >= size) throw InputError(fmt::format("{} rank {} is outside 0..{}", what, r, size - 1));
+}
+}  // namespace
+
+std::shared_ptr<Work> ProcessGroup::all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op) {
+  require_fp32(dtype, "all_reduce");
+  char* d = static_cast<char*>(data);
+  const int n = size_;
+  return impl_->submit(OpCode::AllReduce, count, dtype, -1, [this, d, count, op, n](OpContext& ctx) {
+    if (n == 1) return;
+    if (config_.algo == Algo::Ring) return impl_->ring->all_reduce(ctx, d, count, 4, op);
+    MPI_Request req;
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, d, static_cast<int>(count), MPI_FLOAT, mpi_op(op), impl_->comm, &req),
+                "MPI_Iallreduce");
+    }
+    impl_->mpi_wait(ctx, &req);
+    if (op == ReduceOp::Avg) {
+      float* f = reinterpret_cast<float*>(d);
+      for (size_t i = 0; i < count; ++i) f[i] /= static_cast<float>(n);
+    }
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(void* data, size_t count, DType dtype, ReduceOp op) {
+  require_fp32(dtype, "reduce_scatter");
+  char* d = static_cast<char*>(data);
+  const int n = size_, rank = rank_;
+  return impl_->submit(OpCode::ReduceScatter, count, dtype, -1, [this, d, count, op, n, rank](OpContext& ctx) {
+    if (n == 1) return;
+    if (config_.algo == Algo::Ring) return impl_->ring->reduce_scatter(ctx, d, count, 4, op);
+    // MPI puts this rank's result at the start of the buffer; move it to
+    // its chunk, where the engine's contract has it.
+    std::vector<int> counts(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = static_cast<int>(chunk_range(count, n, r).size);
+    MPI_Request req;
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      mpi_check(MPI_Ireduce_scatter(MPI_IN_PLACE, d, counts.data(), MPI_FLOAT, mpi_op(op), impl_->comm, &req),
+                "MPI_Ireduce_scatter");
+    }
+    impl_->mpi_wait(ctx, &req);
+    Range mine = chunk_range(count, n, rank);
+    float* f = reinterpret_cast<float*>(d);
+    std::memmove(f + mine.begin, f, mine.size * sizeof(float));
+    if (op == ReduceOp::Avg)
+      for (size_t i = 0; i < mine.size; ++i) f[mine.begin + i] /= static_cast<float>(n);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::all_gather_async(void* data, size_t count, DType dtype) {
+  char* d = static_cast<char*>(data);
+  const size_t es = dtype_size(dtype);
+  const int n = size_;
+  return impl_->submit(OpCode::AllGather, count, dtype, -1, [this, d, count, es, n](OpContext& ctx) {
+    if (n == 1) return;
+    if (config_.algo == Algo::Ring) return impl_->ring->all_gather(ctx, d, count, es);
+    std::vector<int> counts(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      Range c = chunk_range(count, n, r);
+      counts[static_cast<size_t>(r)] = static_cast<int>(c.size * es);
+      displs[static_cast<size_t>(r)] = static_cast<int>(c.begin * es);
+    }
+    MPI_Request req;
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, d, counts.data(), displs.data(), MPI_BYTE,
+                                impl_->comm, &req),
+                "MPI_Iallgatherv");
+    }
+    impl_->mpi_wait(ctx, &req);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::broadcast_async(void* data, size_t count, DType dtype, int root) {
+  check_rank(root, size_, "broadcast root");
+  char* d = static_cast<char*>(data);
+  const size_t bytes = count * dtype_size(dtype);
+  return impl_->submit(OpCode::Broadcast, count, dtype, root, [this, d, bytes, root](OpContext& ctx) {
+    if (size_ == 1) return;
+    if (config_.algo == Algo::Ring) return impl_->ring->broadcast(ctx, d, bytes, root);
+    MPI_Request req;
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      mpi_check(MPI_Ibcast(d, static_cast<int>(bytes), MPI_BYTE, root, impl_->comm, &req), "MPI_Ibcast");
+    }
+    impl_->mpi_wait(ctx, &req);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::reduce_async(void* data, size_t count, DType dtype, ReduceOp op, int root) {
+  require_fp32(dtype, "reduce");
+  check_rank(root, size_, "reduce root");
+  char* d = static_cast<char*>(data);
+  return impl_->submit(OpCode::Reduce, count, dtype, root, [this, d, count, op, root](OpContext& ctx) {
+    if (size_ == 1) return;
+    if (config_.algo == Algo::Ring) return impl_->ring->reduce(ctx, d, count, 4, op, root);
+    MPI_Request req;
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      void* send = rank_ == root ? MPI_IN_PLACE : d;
+      mpi_check(MPI_Ireduce(send, rank_ == root ? d : nullptr, static_cast<int>(count), MPI_FLOAT, mpi_op(op),
+                            root, impl_->comm, &req),
+                "MPI_Ireduce");
+    }
+    impl_->mpi_wait(ctx, &req);
+    if (op == ReduceOp::Avg && rank_ == root) {
+      float* f = reinterpret_cast<float*>(d);
+      for (size_t i = 0; i < count; ++i) f[i] /= static_cast<float>(size_);
+    }
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::barrier_async() {
+  return impl_->submit(OpCode::Barrier, 0, DType::F32, -1, [this](OpContext& ctx) {
+    if (size_ == 1) return;
+    if (config_.algo == Algo::Ring) return impl_->ring->barrier(ctx);
+    MPI_Request req;
+    {
+      std::lock_guard<std::mutex> lock(mpi_mutex());
+      mpi_check(MPI_Ibarrier(impl_->comm, &req), "MPI_Ibarrier");
+    }
+    impl_->mpi_wait(ctx, &req);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::send_async(const void* data, size_t count, DType dtype, int peer) {
+  check_rank(peer, size_, "send to");
+  if (peer == rank_) throw InputError(fmt::format("rank {} cannot send to itself", rank_));
+  const char* d = static_cast<const char*>(data);
+  const size_t bytes = count * dtype_size(dtype);
+  return impl_->submit(OpCode::Send, count, dtype, peer,
+                       [this, d, bytes, peer](OpContext& ctx) { impl_->ring->send(ctx, d, bytes, peer); });
+}
+
+std::shared_ptr<Work> ProcessGroup::recv_async(void* data, size_t count, DType dtype, int peer) {
+  check_rank(peer, size_, "receive from");
+  if (peer == rank_) throw InputError(fmt::format("rank {} cannot receive from itself", rank_));
+  char* d = static_cast<char*>(data);
+  const size_t bytes = count * dtype_size(dtype);
+  return impl_->submit(OpCode::Recv, count, dtype, peer,
+                       [this, d, bytes, peer](OpContext& ctx) { impl_->ring->recv(ctx, d, bytes, peer); });
+}
+
+}  // namespace dpt::comm

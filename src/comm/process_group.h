@@ -1,0 +1,101 @@
+// ProcessGroup: the ranks of a job and the collectives between them.
+//
+// One process per rank, launched by mpirun (or `dpt launch`, or srun). A
+// process started without a launcher is a world of one and touches no MPI.
+//
+// Every collective is issued from the caller's thread and runs on one
+// background communication thread, strictly in issue order, so every rank
+// executes the same sequence (DESIGN.md: collectives issued in a
+// rank-dependent order hang). The non-blocking forms return a Work handle;
+// the blocking forms are `issue(...)->wait()`.
+//
+// Collectives work in place on flat buffers, which is what DDP buckets and
+// ZeRO shards are:
+//   all_reduce      data[0, count) becomes the reduction over ranks
+//   reduce_scatter  data[chunk(rank)] becomes the reduction of that chunk;
+//                   the rest of data is scratch afterwards
+//   all_gather      data[chunk(r)] holds rank r's contribution on entry;
+//                   all of data holds every rank's chunk on exit
+//   broadcast       data[0, count) of root is copied to every rank
+//   reduce          root's data becomes the reduction; others' is scratch
+// where chunk(r) = chunk_range(count, size, r): uneven chunks, no padding.
+// Reductions are fp32 (Sum, Avg, Max); all_gather, broadcast, send and recv
+// move any dtype.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/ledger.h"
+#include "comm/types.h"
+#include "comm/work.h"
+
+namespace dpt::comm {
+
+class Backend;
+
+class ProcessGroup {
+ public:
+  // Joins the job the launcher started (MPI), or makes a world of one.
+  static std::unique_ptr<ProcessGroup> create(const Config& config = Config::from_env());
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Host name of each rank; ranks sharing one use shared memory.
+  const std::vector<std::string>& hosts() const { return hosts_; }
+  const Config& config() const { return config_; }
+  // The transport actually used to reach `peer` ("shm", "mpi", "self").
+  std::string transport_to(int peer) const;
+
+  std::shared_ptr<Work> all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op);
+  std::shared_ptr<Work> reduce_scatter_async(void* data, size_t count, DType dtype, ReduceOp op);
+  std::shared_ptr<Work> all_gather_async(void* data, size_t count, DType dtype);
+  std::shared_ptr<Work> broadcast_async(void* data, size_t count, DType dtype, int root);
+  std::shared_ptr<Work> reduce_async(void* data, size_t count, DType dtype, ReduceOp op, int root);
+  std::shared_ptr<Work> barrier_async();
+  std::shared_ptr<Work> send_async(const void* data, size_t count, DType dtype, int peer);
+  std::shared_ptr<Work> recv_async(void* data, size_t count, DType dtype, int peer);
+
+  void all_reduce(void* data, size_t count, DType dtype, ReduceOp op) {
+    all_reduce_async(data, count, dtype, op)->wait();
+  }
+  void reduce_scatter(void* data, size_t count, DType dtype, ReduceOp op) {
+    reduce_scatter_async(data, count, dtype, op)->wait();
+  }
+  void all_gather(void* data, size_t count, DType dtype) { all_gather_async(data, count, dtype)->wait(); }
+  void broadcast(void* data, size_t count, DType dtype, int root) {
+    broadcast_async(data, count, dtype, root)->wait();
+  }
+  void reduce(void* data, size_t count, DType dtype, ReduceOp op, int root) {
+    reduce_async(data, count, dtype, op, root)->wait();
+  }
+  void barrier() { barrier_async()->wait(); }
+  void send(const void* data, size_t count, DType dtype, int peer) {
+    send_async(data, count, dtype, peer)->wait();
+  }
+  void recv(void* data, size_t count, DType dtype, int peer) {
+    recv_async(data, count, dtype, peer)->wait();
+  }
+
+  Ledger& ledger() { return ledger_; }
+
+ private:
+  ProcessGroup() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, size_ = 1;
+  std::vector<std::string> hosts_;
+  Config config_;
+  Ledger ledger_;
+};
+
+// True when this process was started by a launcher (mpirun, srun) that
+// expects it to join a job.
+bool launched_by_mpi();
+
+}  // namespace dpt::comm

@@ -1,0 +1,45 @@
+#include "comm/types.h"
+
+#include <cstdlib>
+
+namespace dpt::comm {
+
+Algo parse_algo(const std::string& s) {
+  if (s == "ring") return Algo::Ring;
+  if (s == "mpi") return Algo::Mpi;
+  throw InputError(fmt::format("unknown collective algorithm '{}' (expected ring or mpi)", s));
+}
+
+Transport parse_transport(const std::string& s) {
+  if (s == "auto") return Transport::Auto;
+  if (s == "shm") return Transport::Shm;
+  if (s == "mpi") return Transport::Mpi;
+  throw InputError(fmt::format("unknown transport '{}' (expected auto, shm or mpi)", s));
+}
+
+const char* algo_name(Algo a) { return a == Algo::Ring ? "ring" : "mpi"; }
+
+const char* transport_name(Transport t) {
+  return t == Transport::Auto ? "auto" : (t == Transport::Shm ? "shm" : "mpi");
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  return op == ReduceOp::Sum ? "sum" : (op == ReduceOp::Avg ? "avg" : "max");
+}
+
+Config Config::from_env() {
+  Config c;
+  if (const char* v = std::getenv("DPT_COMM_ALGO")) c.algo = parse_algo(v);
+  if (const char* v = std::getenv("DPT_COMM_TRANSPORT")) c.transport = parse_transport(v);
+  if (const char* v = std::getenv("DPT_COMM_TIMEOUT")) {
+    char* end = nullptr;
+    double s = std::strtod(v, &end);
+    if (end == v || *end != '\0' || !(s > 0))
+      throw InputError(fmt::format("DPT_COMM_TIMEOUT='{}' is not a positive number of seconds", v));
+    c.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
+  }
+  if (const char* v = std::getenv("DPT_COMM_CHECK")) c.check_order = std::string(v) == "1";
+  return c;
+}
+
+}  // namespace dpt::comm
