@@ -22,7 +22,7 @@ namespace dpt::comm {
 class ShmSegment {
  public:
   static constexpr size_t kSlots = 8;
-  static constexpr size_t kSlotBytes = 256 * 1024;
+  static constexpr size_t kSlotBytes = 64 * 1024;
 
   struct alignas(64) Channel {
     std::atomic<uint64_t> head;  // slots written (producer)
