@@ -1,6 +1,7 @@
 #include "core/threads.h"
 
 #include <omp.h>
+#include <cstdlib>
 #include <thread>
 
 extern "C" void openblas_set_num_threads(int);
@@ -18,5 +19,11 @@ void set_threads(int n) {
 }
 
 int threads() { return g_threads; }
+
+int omp_threads_from_env() {
+  const char* v = std::getenv("OMP_NUM_THREADS");
+  int n = v ? std::atoi(v) : 0;
+  return n > 0 ? n : 0;
+}
 
 }  // namespace dpt

@@ -8,5 +8,7 @@ namespace dpt {
 // Sets the threads used by GEMM and by the engine's loops. n <= 0: all cores.
 void set_threads(int n);
 int threads();
+// OMP_NUM_THREADS if set to a positive number, else 0 (meaning all cores).
+int omp_threads_from_env();
 
 }  // namespace dpt

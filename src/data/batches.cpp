@@ -20,36 +20,30 @@ void fill_image_batch(const ImageSet& set, const int64_t* indices, int64_t B, Ba
   }
 }
 
-ImageEpochs::ImageEpochs(const ImageSet& set, int64_t batch, uint64_t seed)
-    : set_(set), batch_(batch), seed_(seed) {
-  if (batch <= 0 || batch > set.count)
-    throw InputError(fmt::format("batch size {} must be between 1 and the {} images", batch, set.count));
-  order_.resize(static_cast<size_t>(set.count));
-  shuffle();
+ImageEpochs::ImageEpochs(const ImageSet& set, int64_t batch, uint64_t seed, int rank, int world,
+                         DistributedSampler::Tail tail)
+    : set_(set), batch_(batch), sampler_(set.count, rank, world, seed, tail) {
+  const int64_t share = static_cast<int64_t>(sampler_.indices().size());
+  if (batch <= 0 || batch > share)
+    throw InputError(fmt::format("batch size {} per rank must be between 1 and the {} images of a rank's share",
+                                 batch, share));
 }
 
-int64_t ImageEpochs::steps_per_epoch() const { return set_.count / batch_; }
-
-void ImageEpochs::shuffle() {
-  // Fisher-Yates with a generator seeded per epoch: epoch e's order depends
-  // only on (seed, e), whatever happened before.
-  for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int64_t>(i);
-  Rng rng(seed_ * 1000003ULL + static_cast<uint64_t>(epoch_));
-  for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[rng.below(i)]);
-  pos_ = 0;
+int64_t ImageEpochs::steps_per_epoch() const {
+  return static_cast<int64_t>(sampler_.indices().size()) / batch_;
 }
 
 void ImageEpochs::next(Batch& out) {
-  if (pos_ + batch_ > set_.count) {
-    ++epoch_;
-    shuffle();
+  if (pos_ + batch_ > static_cast<int64_t>(sampler_.indices().size())) {
+    sampler_.set_epoch(sampler_.epoch() + 1);
+    pos_ = 0;
   }
-  fill_image_batch(set_, order_.data() + pos_, batch_, out);
+  fill_image_batch(set_, sampler_.indices().data() + pos_, batch_, out);
   pos_ += batch_;
 }
 
-WindowSampler::WindowSampler(const uint8_t* data, size_t n, int64_t T, uint64_t seed)
-    : data_(data), n_(n), T_(T), rng_(seed) {
+WindowSampler::WindowSampler(const uint8_t* data, size_t n, int64_t T, uint64_t seed, int rank, int world)
+    : data_(data), n_(n), T_(T), rng_(seed), rank_(rank), world_(world) {
   if (n < static_cast<size_t>(T + 1))
     throw InputError(fmt::format("text of {} bytes is shorter than one window of {}", n, T + 1));
 }
@@ -60,8 +54,11 @@ void WindowSampler::next(Batch& out, int64_t B) {
   out.tokens.resize(static_cast<size_t>(B * T_));
   out.targets.resize(static_cast<size_t>(B * T_));
   const uint64_t starts = n_ - static_cast<size_t>(T_);  // window [s, s + T] inclusive
-  for (int64_t b = 0; b < B; ++b) {
-    const uint8_t* w = data_ + rng_.below(starts);
+  for (int64_t g = 0; g < world_ * B; ++g) {
+    const uint64_t start = rng_.below(starts);  // drawn on every rank, kept by one
+    if (g / B != rank_) continue;
+    const int64_t b = g % B;
+    const uint8_t* w = data_ + start;
     for (int64_t t = 0; t < T_; ++t) {
       out.tokens[static_cast<size_t>(b * T_ + t)] = w[t];
       out.targets[static_cast<size_t>(b * T_ + t)] = w[t + 1];

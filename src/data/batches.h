@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "data/distributed_sampler.h"
 #include "data/fashion_mnist.h"
 #include "models/model.h"
 
@@ -14,30 +15,35 @@ namespace dpt {
 // their labels into batch.targets.
 void fill_image_batch(const ImageSet& set, const int64_t* indices, int64_t B, Batch& batch);
 
-// Epochs over an image set in a seeded random order, `batch` images at a
-// time. The tail of an epoch that does not fill a batch is dropped (as
-// PyTorch's DataLoader with drop_last=True), so every step sees a full batch.
+// Epochs over an image set, `batch` images at a time from this rank's share
+// (see DistributedSampler; a single process is rank 0 of 1). When fewer than
+// `batch` images are left in the share, the epoch ends (the tail is dropped,
+// as PyTorch's DataLoader with drop_last=True), so every step sees a full batch.
 class ImageEpochs {
  public:
-  ImageEpochs(const ImageSet& set, int64_t batch, uint64_t seed);
-  void next(Batch& out);  // reshuffles when an epoch runs out
-  int64_t epoch() const { return epoch_; }
+  ImageEpochs(const ImageSet& set, int64_t batch, uint64_t seed, int rank = 0, int world = 1,
+              DistributedSampler::Tail tail = DistributedSampler::Tail::Drop);
+  void next(Batch& out);  // moves to the next epoch when this one runs out
+  int64_t epoch() const { return sampler_.epoch(); }
   int64_t steps_per_epoch() const;
 
  private:
-  void shuffle();
   const ImageSet& set_;
   int64_t batch_;
-  uint64_t seed_;
-  std::vector<int64_t> order_;
-  int64_t pos_ = 0, epoch_ = 0;
+  DistributedSampler sampler_;
+  int64_t pos_ = 0;
 };
 
 // Random windows of T+1 bytes from [data, data + n): inputs are the first
 // T bytes, targets the last T (the next byte at every position).
+//
+// Across ranks, every rank draws the offsets of the whole global batch
+// (world x B) from the same generator and keeps its own slice, so rank r of
+// N sees exactly the windows a single process with batch N x B sees at
+// positions [rB, (r+1)B).
 class WindowSampler {
  public:
-  WindowSampler(const uint8_t* data, size_t n, int64_t T, uint64_t seed);
+  WindowSampler(const uint8_t* data, size_t n, int64_t T, uint64_t seed, int rank = 0, int world = 1);
   void next(Batch& out, int64_t B);
 
  private:
@@ -45,6 +51,7 @@ class WindowSampler {
   size_t n_;
   int64_t T_;
   Rng rng_;
+  int rank_, world_;
 };
 
 // Fills batch with consecutive, non-overlapping windows of T+1 bytes

@@ -26,14 +26,14 @@ int EvalCommand::run() {
   if (model->kind() == "mlp") {
     ImageSet test = load_fashion_mnist(data_.empty() ? kFashionMnistDir : data_, "test");
     EvalResult r = evaluate_images(*model, test, batch_ > 0 ? batch_ : 1000);
-    std::printf("loss %.4f accuracy %.2f%% (%lld images)\n", r.loss, 100.0 * r.accuracy,
+    std::printf("loss %.4f accuracy %.2f%% (%lld images)\n", r.loss(), 100.0 * r.accuracy(),
                 static_cast<long long>(r.count));
   } else {
     // The whole file: every non-overlapping window of context+1 bytes.
     ByteCorpus text = ByteCorpus::load(data_.empty() ? kFortunesDir : data_, 0.0,
                                        static_cast<size_t>(model->positions() + 1));
     EvalResult r = evaluate_text(*model, text.train(), text.train_size(), batch_ > 0 ? batch_ : 16, 0);
-    std::printf("loss %.4f (%lld positions)\n", r.loss, static_cast<long long>(r.count));
+    std::printf("loss %.4f (%lld positions)\n", r.loss(), static_cast<long long>(r.count));
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "core/error.h"
 #include "core/threads.h"
+#include "comm/process_group.h"
 #include "io/safetensors.h"
 #include "tools/commands.h"
 
@@ -48,6 +49,26 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--metrics-out", o.metrics_out, "write one JSON line per logged step");
   cmd_->add_option("--summary-out", o.summary_out, "write the end-of-run summary as JSON");
   cmd_->add_flag("--quiet", o.quiet, "print nothing but errors");
+  // Strategy and communication.
+  cmd_->add_option("--strategy", o.strategy, "local, ddp (default with several ranks) or dp (threads)")
+      ->check(CLI::IsMember({"local", "ddp", "dp"}));
+  cmd_->add_option("--dp-replicas", o.dp_replicas, "dp: replica threads")->check(CLI::PositiveNumber);
+  cmd_->add_option("--bucket-mb", bucket_mb_, "ddp: bucket cap in MiB")->check(CLI::PositiveNumber);
+  cmd_->add_option("--first-bucket-mb", first_bucket_mb_, "ddp: cap of the first bucket in MiB")
+      ->check(CLI::PositiveNumber);
+  cmd_->add_flag("--no-overlap", no_overlap_, "ddp: all-reduce the buckets after backward, not during it");
+  cmd_->add_flag("--per-param", o.ddp.per_param, "ddp: one all-reduce per parameter tensor, no buckets");
+  cmd_->add_option("--sampler-tail", o.sampler_tail,
+                   "samples left when the dataset does not divide by the ranks: drop or pad")
+      ->check(CLI::IsMember({"drop", "pad"}));
+  cmd_->add_option("--verify-every", o.verify_every, "steps between checks that all replicas are identical")
+      ->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--comm-algo", comm_algo_, "collectives: ring (the engine's) or mpi (MPI's)")
+      ->check(CLI::IsMember({"ring", "mpi"}));
+  cmd_->add_option("--transport", transport_, "ring links: auto, shm or mpi")
+      ->check(CLI::IsMember({"auto", "shm", "mpi"}));
+  cmd_->add_option("--comm-timeout", comm_timeout_s_, "seconds before a stalled collective is an error")
+      ->check(CLI::PositiveNumber);
 }
 
 int TrainCommand::run() {
@@ -61,8 +82,18 @@ int TrainCommand::run() {
       throw InputError(fmt::format("{}: no dpt.model in the metadata; pass --model", opts_.load));
     opts_.model = meta["dpt.model"];
   }
-  set_threads(threads_);
-  run_training(opts_);
+  opts_.ddp.bucket_bytes = static_cast<size_t>(bucket_mb_ * (1 << 20));
+  opts_.ddp.first_bucket_bytes = static_cast<size_t>(first_bucket_mb_ * (1 << 20));
+  opts_.ddp.overlap = !no_overlap_;
+  comm::Config config = comm::Config::from_env();
+  if (!comm_algo_.empty()) config.algo = comm::parse_algo(comm_algo_);
+  if (!transport_.empty()) config.transport = comm::parse_transport(transport_);
+  if (comm_timeout_s_ > 0) config.timeout = std::chrono::milliseconds(static_cast<int64_t>(comm_timeout_s_ * 1000));
+  auto pg = comm::ProcessGroup::create(config);
+  // Threads per rank: all cores for one process; with several ranks on a
+  // host, the launcher's OMP_NUM_THREADS (dpt launch sets cores / ranks).
+  set_threads(threads_ > 0 ? threads_ : (pg->size() > 1 ? omp_threads_from_env() : 0));
+  run_training(opts_, *pg);
   return 0;
 }
 

@@ -1,27 +1,36 @@
-// Evaluation passes (forward only) over held-out data.
+// Evaluation passes (forward only) over held-out data, split across ranks.
+//
+// Each rank evaluates a contiguous share of the samples (chunk_range of
+// them) and the shares' sums are combined, so every sample is counted exactly
+// once and a distributed evaluation equals a single-process one.
 #pragma once
 
 #include <cstdint>
 
+#include "comm/process_group.h"
 #include "data/fashion_mnist.h"
 #include "models/model.h"
 
 namespace dpt {
 
 struct EvalResult {
-  double loss = 0.0;      // mean cross-entropy over every target
-  double accuracy = 0.0;  // fraction of targets that are the argmax
+  double loss_sum = 0.0;  // cross-entropy summed over targets
+  int64_t correct = 0;    // targets that are the argmax
   int64_t count = 0;      // targets evaluated
+  double loss() const { return count ? loss_sum / static_cast<double>(count) : 0.0; }
+  double accuracy() const { return count ? static_cast<double>(correct) / static_cast<double>(count) : 0.0; }
 };
 
-// Every image of the set once, in order, `batch` at a time (the last batch
-// may be smaller).
-EvalResult evaluate_images(Model& model, const ImageSet& set, int64_t batch);
+// Images [chunk(rank)] of the set, in order, `batch` at a time.
+EvalResult evaluate_images(Model& model, const ImageSet& set, int64_t batch, int rank = 0, int world = 1);
 
 // Consecutive non-overlapping windows of T+1 bytes from the start of
 // [data, data + n), the last partial window dropped; at most max_windows of
-// them when max_windows > 0.
-EvalResult evaluate_text(Model& model, const uint8_t* data, size_t n, int64_t batch,
-                         int64_t max_windows);
+// them when max_windows > 0; this rank takes its chunk of those windows.
+EvalResult evaluate_text(Model& model, const uint8_t* data, size_t n, int64_t batch, int64_t max_windows,
+                         int rank = 0, int world = 1);
+
+// Sums the ranks' results in rank order (exact: the sums travel as doubles).
+EvalResult combine(const EvalResult& mine, comm::ProcessGroup& pg);
 
 }  // namespace dpt

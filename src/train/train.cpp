@@ -1,7 +1,5 @@
 #include "train/train.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,13 +14,10 @@
 #include "core/gemm_peak.h"
 #include "core/memory.h"
 #include "core/threads.h"
-#include "data/batches.h"
-#include "data/byte_corpus.h"
-#include "data/fashion_mnist.h"
 #include "io/atomic_file.h"
-#include "models/mlp.h"
 #include "models/weights.h"
-#include "train/evaluate.h"
+#include "parallel/replicas.h"
+#include "train/data_source.h"
 #include "train/progress.h"
 
 namespace dpt {
@@ -39,34 +34,12 @@ void apply_defaults(TrainOptions& o) {
   if (o.schedule.lr <= 0.0f) o.schedule.lr = o.optimizer.name == "sgd" ? 0.05f : 3e-4f;
   if (o.optimizer.weight_decay < 0.0f) o.optimizer.weight_decay = o.optimizer.name == "adamw" ? 0.1f : 0.0f;
   if (o.batch < 1) throw InputError(fmt::format("batch size {} must be positive", o.batch));
-  if (o.grad_accum < 1 || o.batch % o.grad_accum != 0)
-    throw InputError(fmt::format("batch {} does not split into {} equal micro-batches", o.batch,
-                                 o.grad_accum));
+  if (o.grad_accum < 1) throw InputError(fmt::format("--grad-accum {} must be positive", o.grad_accum));
   if (o.steps < 0) throw InputError(fmt::format("steps {} must not be negative", o.steps));
   if (o.log_every < 1) o.log_every = 1;
 }
 
 namespace {
-
-// Where batches come from: the dataset of the model, or synthetic ones.
-struct DataSource {
-  std::optional<ImageSet> train_images, test_images;
-  std::optional<ByteCorpus> corpus;
-  std::unique_ptr<ImageEpochs> epochs;
-  std::unique_ptr<WindowSampler> windows;
-  Batch synthetic;
-  bool is_synthetic = false;
-
-  void next(Batch& b, int64_t micro) {
-    if (is_synthetic) {
-      b = synthetic;  // same sizes every step: copying reuses b's storage
-    } else if (epochs) {
-      epochs->next(b);
-    } else {
-      windows->next(b, micro);
-    }
-  }
-};
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -74,10 +47,45 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+double since_ms(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Every rank's values, gathered as doubles (an all-gather moves bytes).
+std::vector<double> gather(comm::ProcessGroup& pg, const std::vector<double>& mine) {
+  const size_t k = mine.size();
+  std::vector<double> all(k * static_cast<size_t>(pg.size()));
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<long>(k * static_cast<size_t>(pg.rank())));
+  pg.all_gather(all.data(), all.size() * 2, DType::F32);
+  return all;
+}
+
 }  // namespace
 
 TrainResult run_training(TrainOptions o) {
+  auto pg = comm::ProcessGroup::create();
+  return run_training(std::move(o), *pg);
+}
+
+TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   apply_defaults(o);
+  const int rank = pg.rank(), world = pg.size();
+  const bool lead = rank == 0;
+  if (o.strategy.empty()) o.strategy = world > 1 ? "ddp" : "local";
+  if (o.strategy == "dp") {
+    if (world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
+    return run_dp_training(o);
+  }
+  if (o.strategy != "local" && o.strategy != "ddp")
+    throw InputError(fmt::format("unknown strategy '{}' (expected local, ddp or dp)", o.strategy));
+  if (o.strategy == "local" && world > 1)
+    throw InputError(fmt::format("--strategy local trains one process, but {} ranks were launched; use ddp", world));
+  if (o.batch % (world * o.grad_accum) != 0)
+    throw InputError(fmt::format("global batch {} does not split into {} ranks x {} equal micro-batches",
+                                 o.batch, world, o.grad_accum));
+  const int64_t micro = o.batch / world / o.grad_accum;
+  const bool ddp = o.strategy == "ddp";
+
   std::map<std::string, std::string> hp = o.hparams;
   hp["dpt.model"] = o.model;
   std::unique_ptr<Model> model;
@@ -85,160 +93,214 @@ TrainResult run_training(TrainOptions o) {
     model = model_from_file(o.load, hp);
   } else {
     model = make_model(hp);
-    model->init_params(o.seed);
+    // Ranks other than 0 start from other weights on purpose: DDP's initial
+    // broadcast must make them equal, and the replica check proves it did.
+    model->init_params(o.seed + (ddp ? 1000003ULL * static_cast<uint64_t>(rank) : 0));
   }
   const bool mlp = o.model == "mlp";
-  const int64_t micro = o.batch / o.grad_accum;
-
-  DataSource data;
-  data.is_synthetic = o.synthetic;
-  if (o.synthetic) {
-    fill_synthetic(*model, micro, o.seed, data.synthetic);
-  } else if (mlp) {
-    std::string dir = o.data.empty() ? kFashionMnistDir : o.data;
-    data.train_images = load_fashion_mnist(dir, "train");
-    data.test_images = load_fashion_mnist(dir, "test");
-    const int64_t pixels = static_cast<int64_t>(data.train_images->rows) * data.train_images->cols;
-    const int64_t inputs = dynamic_cast<const Mlp&>(*model).config().sizes.front();
-    if (inputs != pixels)
-      throw InputError(fmt::format("the MLP takes {} inputs but the images have {} pixels", inputs, pixels));
-    data.epochs = std::make_unique<ImageEpochs>(*data.train_images, micro, o.seed);
-  } else {
-    std::string path = o.data.empty() ? kFortunesDir : o.data;
-    const int64_t T = model->positions();
-    data.corpus = ByteCorpus::load(path, o.val_fraction, static_cast<size_t>(T + 1));
-    data.windows = std::make_unique<WindowSampler>(data.corpus->train(), data.corpus->train_size(), T,
-                                                   o.seed);
+  std::unique_ptr<Reducer> reducer;
+  if (ddp) {
+    pg.broadcast(model->params(), model->param_count(), DType::F32, 0);
+    verify_replicas(*model, pg, 0);
+    reducer = std::make_unique<Reducer>(*model, pg, o.ddp);
   }
-  int64_t steps = o.steps;
-  if (steps == 0) steps = (mlp && data.epochs) ? o.epochs * data.epochs->steps_per_epoch() / o.grad_accum
-                                               : (mlp ? 702 : 200);
-  o.schedule.total_steps = steps;
 
+  DataSource data(o, *model, micro, rank, world);
+  int64_t steps = o.steps;
+  if (steps == 0) steps = mlp ? data.steps_for_epochs(o.epochs, o.grad_accum) : 200;
+  if (steps == 0) steps = mlp ? 702 : 200;  // synthetic: W-MLP's 3 epochs
+  o.schedule.total_steps = steps;
   auto opt = make_optimizer(o.optimizer, model->layout(), 0, model->param_count());
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
-    if (o.synthetic) return std::nullopt;
-    if (mlp) return evaluate_images(*model, *data.test_images, 1000);
-    return evaluate_text(*model, data.corpus->val(), data.corpus->val_size(), o.batch, o.eval_windows);
+    if (!data.evaluable()) return std::nullopt;
+    return combine(data.evaluate(*model, micro, o.eval_windows, rank, world), pg);
   };
 
   std::unique_ptr<AtomicFile> metrics;
-  if (!o.metrics_out.empty()) metrics = std::make_unique<AtomicFile>(o.metrics_out);
-  Progress progress(steps, o.quiet, mlp ? "samples/s" : "tokens/s");
-  if (!o.quiet)
-    std::printf("dpt train: %s, %zu parameters, %s, batch %lld%s, %lld steps, %d thread%s\n",
-                o.model.c_str(), model->param_count(), o.optimizer.name.c_str(),
-                static_cast<long long>(o.batch),
-                o.grad_accum > 1 ? fmt::format(" ({} x {})", o.grad_accum, micro).c_str() : "",
+  if (lead && !o.metrics_out.empty()) metrics = std::make_unique<AtomicFile>(o.metrics_out);
+  const bool quiet = o.quiet || !lead;
+  Progress progress(steps, quiet, mlp ? "samples/s" : "tokens/s");
+  if (!quiet)
+    std::printf("dpt train: %s, %zu parameters, %s, %s on %d rank%s, global batch %lld (%lld per rank%s), "
+                "%lld steps, %d thread%s per rank\n",
+                o.model.c_str(), model->param_count(), o.optimizer.name.c_str(), o.strategy.c_str(), world,
+                world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / world),
+                o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
                 static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
+  if (!quiet && reducer)
+    std::printf("ddp: %zu buckets (first %.2f MiB, cap %.1f MiB)%s\n", reducer->buckets().size(),
+                reducer->buckets().front().numel * 4.0 / (1 << 20), o.ddp.bucket_bytes / double(1 << 20),
+                o.ddp.per_param ? ", one per parameter" : (o.ddp.overlap ? ", overlapped with backward" : ", after backward"));
 
   TrainResult r;
   Batch batch;
-  std::vector<double> step_ms;
-  step_ms.reserve(static_cast<size_t>(steps));
+  std::vector<double> step_ms, fwd_ms, bwd_ms, wait_ms, opt_ms;
+  for (auto* v : {&step_ms, &fwd_ms, &bwd_ms, &wait_ms, &opt_ms}) v->reserve(static_cast<size_t>(steps));
   const double per_step = static_cast<double>(o.batch * (mlp ? 1 : model->positions()));
+  // Under DDP the loss scale carries the 1/world of the average, so the
+  // all-reduce is a plain sum and every gradient element is scaled once.
+  const float loss_scale = 1.0f / static_cast<float>(o.grad_accum * (ddp ? world : 1));
+  const uint64_t bytes_at_start = pg.ledger().total().bytes_sent;
   auto run_start = Clock::now();
   for (int64_t step = 0; step < steps; ++step) {
     auto t0 = Clock::now();
+    double f_ms = 0, b_ms = 0, w_ms = 0;
     model->zero_grads();
     double loss = 0.0;
     for (int64_t k = 0; k < o.grad_accum; ++k) {
-      data.next(batch, micro);
+      data.next(batch);
+      if (reducer) reducer->prepare(k == o.grad_accum - 1);  // no_sync before the last
+      auto tf = Clock::now();
       loss += model->forward(batch).loss;
-      model->backward(1.0f / static_cast<float>(o.grad_accum));
+      f_ms += since_ms(tf);
+      auto tb = Clock::now();
+      model->backward(loss_scale);
+      b_ms += since_ms(tb);
     }
     loss /= static_cast<double>(o.grad_accum);
+    if (reducer) w_ms = reducer->finish() * 1000.0;
+    auto to = Clock::now();
     // The global gradient norm is needed to clip, and logged; it costs a
-    // pass over the gradients, so it is skipped on other steps.
+    // pass over the gradients, so it is skipped on other steps. After the
+    // all-reduce every rank holds the same gradients: the norm is global.
     const bool log_step = (step + 1) % o.log_every == 0 || step + 1 == steps;
     double grad_norm = 0.0;
     if (o.clip > 0.0f || log_step) grad_norm = std::sqrt(sum_of_squares(model->grads(), model->param_count()));
     if (o.clip > 0.0f) scale(model->grads(), model->param_count(), clip_factor(grad_norm, o.clip));
     const float lr = o.schedule.at(step);
     opt->step(model->params(), model->grads(), lr);
-    double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    const double o_ms = since_ms(to);
+    const double ms = since_ms(t0);
     step_ms.push_back(ms);
-    if (step == 0) r.first_loss = loss;
-    r.final_loss = loss;
+    fwd_ms.push_back(f_ms);
+    bwd_ms.push_back(b_ms);
+    wait_ms.push_back(w_ms);
+    opt_ms.push_back(o_ms);
     if (!std::isfinite(loss))
       throw InputError(fmt::format("training diverged: loss is {} at step {}", loss, step));
+    if (o.verify_every > 0 && world > 1 && (step + 1) % o.verify_every == 0) verify_replicas(*model, pg, step + 1);
 
     std::optional<EvalResult> ev;
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < steps) ev = evaluate();
     if (log_step || ev) {
+      if (world > 1) {  // the loss of the global batch: the mean of the ranks'
+        float l = static_cast<float>(loss);
+        pg.all_reduce(&l, 1, DType::F32, comm::ReduceOp::Avg);
+        loss = l;
+      }
       double rate = per_step * 1000.0 / ms;
       progress.update(step + 1, loss, rate);
       if (ev) progress.line(mlp ? fmt::format("step {}: test loss {:.4f}, accuracy {:.2f}%", step + 1,
-                                              ev->loss, 100.0 * ev->accuracy)
-                                : fmt::format("step {}: validation loss {:.4f}", step + 1, ev->loss));
+                                              ev->loss(), 100.0 * ev->accuracy())
+                                : fmt::format("step {}: validation loss {:.4f}", step + 1, ev->loss()));
       if (metrics) {
         json j = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                  {"step_ms", ms}, {mlp ? "samples_per_s" : "tokens_per_s", rate}};
+                  {"step_ms", ms}, {"forward_ms", f_ms}, {"backward_ms", b_ms},
+                  {"comm_wait_ms", w_ms}, {"optimizer_ms", o_ms},
+                  {mlp ? "samples_per_s" : "tokens_per_s", rate}};
         if (ev) {
-          j[mlp ? "test_loss" : "val_loss"] = ev->loss;
-          if (mlp) j["test_accuracy"] = ev->accuracy;
+          j[mlp ? "test_loss" : "val_loss"] = ev->loss();
+          if (mlp) j["test_accuracy"] = ev->accuracy();
         }
         metrics->write(j.dump() + "\n");
         metrics->flush();
       }
     }
+    if (step == 0) r.first_loss = loss;
+    r.final_loss = loss;
   }
   progress.finish();
   const double total_s = std::chrono::duration<double>(Clock::now() - run_start).count();
   r.steps = steps;
+  r.comm_bytes_per_step = (pg.ledger().total().bytes_sent - bytes_at_start) / static_cast<uint64_t>(steps);
 
   // Steady state: skip the first 20 steps (warm-up of caches and allocator)
   // when there are enough steps, else just the first.
-  size_t skip = step_ms.size() > 40 ? 20 : (step_ms.size() > 1 ? 1 : 0);
-  r.step_ms_median = median(std::vector<double>(step_ms.begin() + static_cast<long>(skip), step_ms.end()));
-  if (r.step_ms_median > 0) {
-    r.samples_per_s = static_cast<double>(o.batch) * 1000.0 / r.step_ms_median;
+  const size_t skip = step_ms.size() > 40 ? 20 : (step_ms.size() > 1 ? 1 : 0);
+  auto steady = [skip](const std::vector<double>& v) {
+    return median(std::vector<double>(v.begin() + static_cast<long>(skip), v.end()));
+  };
+  r.step_ms_median = steady(step_ms);
+  r.breakdown = {steady(fwd_ms), steady(bwd_ms), steady(wait_ms), steady(opt_ms), r.step_ms_median};
+  // Throughput of the job: the slowest rank sets the pace.
+  const std::vector<double> all = gather(pg, {r.breakdown.forward_ms, r.breakdown.backward_ms,
+                                              r.breakdown.comm_wait_ms, r.breakdown.optimizer_ms,
+                                              r.breakdown.step_ms, static_cast<double>(peak_rss_bytes())});
+  double slowest = 0.0;
+  for (int q = 0; q < world; ++q) slowest = std::max(slowest, all[static_cast<size_t>(q) * 6 + 4]);
+  if (slowest > 0) {
+    r.samples_per_s = static_cast<double>(o.batch) * 1000.0 / slowest;
     if (!mlp) r.tokens_per_s = r.samples_per_s * static_cast<double>(model->positions());
-    r.gflops = model->train_flops(o.batch) / (r.step_ms_median * 1e-3) / 1e9;
+    r.gflops = model->train_flops(o.batch) / (slowest * 1e-3) / 1e9;
   }
-  r.sgemm_gflops = measure_sgemm_gflops();
+  r.sgemm_gflops = measure_sgemm_gflops() * world;
   r.mfu = r.sgemm_gflops > 0 ? r.gflops / r.sgemm_gflops : 0.0;
 
   if (auto ev = evaluate()) {
-    r.eval_loss = ev->loss;
-    r.eval_accuracy = ev->accuracy;
+    r.eval_loss = ev->loss();
+    r.eval_accuracy = ev->accuracy();
   }
-  if (!o.save.empty()) save_weights(*model, o.save);
+  if (lead && !o.save.empty()) save_weights(*model, o.save);
   if (metrics) metrics->commit();
   r.peak_rss = peak_rss_bytes();
 
   const double MB = 1.0 / (1 << 20);
   const size_t param_bytes = model->param_count() * sizeof(float);
-  if (!o.quiet) {
-    std::printf("done: %lld steps in %.1f s, train loss %.4f -> %.4f", static_cast<long long>(steps),
-                total_s, r.first_loss, r.final_loss);
+  if (!quiet) {
+    std::printf("done: %lld steps in %.1f s, train loss %.4f -> %.4f", static_cast<long long>(steps), total_s,
+                r.first_loss, r.final_loss);
     if (!o.synthetic) {
       if (mlp)
         std::printf(", test accuracy %.2f%% (loss %.4f)", 100.0 * r.eval_accuracy, r.eval_loss);
       else
         std::printf(", validation loss %.4f", r.eval_loss);
     }
-    std::printf("\nthroughput: %.0f %s (median step %.2f ms after step %zu), %.1f GFLOP/s = %.0f%% "
-                "of measured sgemm peak %.1f GFLOP/s\n",
-                mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s",
-                r.step_ms_median, skip, r.gflops, 100.0 * r.mfu, r.sgemm_gflops);
-    std::printf("memory: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, activations "
+    std::printf("\nthroughput: %.0f %s (median step %.2f ms after step %zu), %.1f GFLOP/s = %.0f%% of "
+                "measured sgemm peak %.1f GFLOP/s (%d rank%s)\n",
+                mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s", slowest, skip, r.gflops,
+                100.0 * r.mfu, r.sgemm_gflops, world, world == 1 ? "" : "s");
+    std::printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, activations "
                 "%.1f MiB, peak RSS %.1f MiB\n",
-                param_bytes * MB, param_bytes * MB, opt->state_bytes() * MB,
-                model->activation_bytes() * MB, r.peak_rss * MB);
+                param_bytes * MB, param_bytes * MB, opt->state_bytes() * MB, model->activation_bytes() * MB,
+                r.peak_rss * MB);
+    if (world > 1) {
+      std::printf("step breakdown (median ms)   forward  backward  comm wait  optimizer    step\n");
+      for (int q = 0; q < world; ++q) {
+        const double* v = all.data() + static_cast<size_t>(q) * 6;
+        std::printf("  rank %-3d                   %8.2f  %8.2f  %9.2f  %9.2f  %7.2f\n", q, v[0], v[1], v[2],
+                    v[3], v[4]);
+      }
+      std::printf("communication: %.2f MiB sent per step per rank (gradients %.2f MiB: 2(N-1)/N = %.3f of "
+                  "them); exposed %.1f%% of the step on rank 0\n",
+                  r.comm_bytes_per_step * MB, param_bytes * MB,
+                  static_cast<double>(r.comm_bytes_per_step) / static_cast<double>(param_bytes),
+                  r.step_ms_median > 0 ? 100.0 * r.breakdown.comm_wait_ms / r.step_ms_median : 0.0);
+    }
     if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
   }
-  if (!o.summary_out.empty()) {
-    json j = {{"model", o.model}, {"threads", threads()}, {"steps", steps}, {"batch", o.batch},
-              {"grad_accum", o.grad_accum}, {"params", model->param_count()},
-              {"first_loss", r.first_loss}, {"final_loss", r.final_loss},
-              {"step_ms_median", r.step_ms_median}, {"samples_per_s", r.samples_per_s},
-              {"gflops", r.gflops}, {"sgemm_gflops", r.sgemm_gflops}, {"mfu", r.mfu},
-              {"seconds", total_s}, {"synthetic", o.synthetic},
+  if (lead && !o.summary_out.empty()) {
+    json ranks = json::array();
+    for (int q = 0; q < world; ++q) {
+      const double* v = all.data() + static_cast<size_t>(q) * 6;
+      ranks.push_back({{"forward_ms", v[0]}, {"backward_ms", v[1]}, {"comm_wait_ms", v[2]},
+                       {"optimizer_ms", v[3]}, {"step_ms", v[4]}, {"peak_rss", v[5]}});
+    }
+    json j = {{"model", o.model}, {"strategy", o.strategy}, {"world", world}, {"threads", threads()},
+              {"steps", steps}, {"batch", o.batch}, {"grad_accum", o.grad_accum},
+              {"params", model->param_count()}, {"first_loss", r.first_loss}, {"final_loss", r.final_loss},
+              {"step_ms_median", slowest}, {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
+              {"sgemm_gflops", r.sgemm_gflops}, {"mfu", r.mfu}, {"seconds", total_s},
+              {"synthetic", o.synthetic}, {"ranks", ranks},
+              {"comm_bytes_per_step", r.comm_bytes_per_step}, {"comm", pg.ledger().to_json()},
               {"bytes", {{"parameters", param_bytes}, {"gradients", param_bytes},
                          {"optimizer", opt->state_bytes()}, {"activations", model->activation_bytes()},
                          {"peak_rss", r.peak_rss}}}};
+    if (reducer) {
+      json buckets = json::array();
+      for (const Bucket& b : reducer->buckets()) buckets.push_back({{"offset", b.offset}, {"numel", b.numel}});
+      j["ddp"] = {{"buckets", buckets}, {"overlap", o.ddp.overlap}, {"per_param", o.ddp.per_param}};
+    }
     if (!mlp) j["tokens_per_s"] = r.tokens_per_s;
     if (!o.synthetic) {
       j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;

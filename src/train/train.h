@@ -7,8 +7,10 @@
 #include <map>
 #include <string>
 
+#include "comm/process_group.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "parallel/reducer.h"
 
 namespace dpt {
 
@@ -19,8 +21,15 @@ struct TrainOptions {
   bool synthetic = false;   // random batches; measures compute only
   int64_t steps = 0;        // optimizer steps; 0: from epochs (mlp) or 200 (gpt)
   int64_t epochs = 3;       // mlp, when steps == 0
-  int64_t batch = 0;        // samples per step; 0: 256 (mlp) or 16 (gpt)
-  int64_t grad_accum = 1;   // micro-batches per step (batch is split evenly)
+  int64_t batch = 0;        // global samples per step; 0: 256 (mlp) or 16 (gpt)
+  int64_t grad_accum = 1;   // micro-batches per step (each rank's share split evenly)
+  // "local" (one process), "ddp" (the default on more than one rank), or
+  // "dp" (naive single-process data parallelism over dp_replicas threads).
+  std::string strategy;
+  int dp_replicas = 2;
+  ReducerOptions ddp;       // buckets, overlap, per-parameter mode
+  std::string sampler_tail = "drop";  // DistributedSampler: drop or pad
+  int64_t verify_every = 0; // steps between cross-rank replica checks (0: at start only)
   // Unset fields take the model's defaults: name sgd (mlp) or adamw (gpt);
   // weight decay 0 (sgd) or 0.1 (adamw); lr 0.05 (sgd) or 3e-4 (adamw).
   OptimizerConfig optimizer{.name = "", .weight_decay = -1.0f};
@@ -38,8 +47,15 @@ struct TrainOptions {
   bool quiet = false;       // no progress or summary on stdout
 };
 
+// Per-step time of one rank, split by phase (medians over the steady state).
+struct StepBreakdown {
+  double forward_ms = 0, backward_ms = 0, comm_wait_ms = 0, optimizer_ms = 0, step_ms = 0;
+};
+
 struct TrainResult {
   int64_t steps = 0;
+  StepBreakdown breakdown;       // this rank
+  uint64_t comm_bytes_per_step = 0;  // sent by this rank (ledger)
   double first_loss = 0.0, final_loss = 0.0;  // training loss, first and last step
   double eval_loss = 0.0, eval_accuracy = 0.0;  // final evaluation (not synthetic)
   double step_ms_median = 0.0;  // steady state: steps after the first 20 (or after 1)
@@ -52,7 +68,10 @@ struct TrainResult {
 // Fills the model-dependent defaults of opts (see the comments above).
 void apply_defaults(TrainOptions& opts);
 
-// Runs training; throws Error subclasses for bad input.
+// Runs training on the group's ranks (a group of one for a single process);
+// throws Error subclasses for bad input and CommError when a peer fails.
+TrainResult run_training(TrainOptions opts, comm::ProcessGroup& pg);
+// The same on a fresh world of one.
 TrainResult run_training(TrainOptions opts);
 
 }  // namespace dpt

@@ -1,0 +1,188 @@
+// Naive data parallelism (PyTorch's nn.DataParallel, the scheme DDP
+// replaced), kept to be measured against DDP: one process, one thread per
+// replica. Every step each replica runs forward and backward on its share of
+// the batch; then replica 0 alone gathers every gradient into its own, steps
+// the optimizer and copies the new weights back into every replica, while
+// the other threads wait. The gather and the copy are serial work on one
+// thread that grows with the replica count: the bottleneck DDP removes by
+// all-reducing in parallel and stepping every replica itself.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "io/atomic_file.h"
+#include "models/weights.h"
+#include "parallel/replicas.h"
+#include "train/data_source.h"
+#include "train/progress.h"
+
+namespace dpt {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+}  // namespace
+
+TrainResult run_dp_training(const TrainOptions& o) {
+  const int R = o.dp_replicas;
+  if (R < 1) throw InputError(fmt::format("--dp-replicas {} must be positive", R));
+  if (o.batch % (R * o.grad_accum) != 0)
+    throw InputError(fmt::format("global batch {} does not split into {} replicas x {} equal micro-batches",
+                                 o.batch, R, o.grad_accum));
+  const int64_t micro = o.batch / R / o.grad_accum;
+  const bool mlp = o.model == "mlp";
+  std::map<std::string, std::string> hp = o.hparams;
+  hp["dpt.model"] = o.model;
+
+  std::vector<std::unique_ptr<Model>> replicas;
+  std::vector<std::unique_ptr<DataSource>> data;
+  for (int i = 0; i < R; ++i) {
+    replicas.push_back(o.load.empty() ? make_model(hp) : model_from_file(o.load, hp));
+    data.push_back(std::make_unique<DataSource>(o, *replicas.back(), micro, i, R));
+  }
+  Model& master = *replicas[0];
+  if (o.load.empty()) master.init_params(o.seed);
+  const size_t n = master.param_count();
+  for (int i = 1; i < R; ++i) std::memcpy(replicas[static_cast<size_t>(i)]->params(), master.params(), n * sizeof(float));
+
+  int64_t steps = o.steps;
+  if (steps == 0) steps = mlp ? data[0]->steps_for_epochs(o.epochs, o.grad_accum) : 200;
+  if (steps == 0) steps = mlp ? 702 : 200;
+  Schedule schedule = o.schedule;
+  schedule.total_steps = steps;
+  auto opt = make_optimizer(o.optimizer, master.layout(), 0, n);
+  const float loss_scale = 1.0f / static_cast<float>(o.grad_accum * R);
+  Progress progress(steps, o.quiet, mlp ? "samples/s" : "tokens/s");
+  if (!o.quiet)
+    std::printf("dpt train: %s, %zu parameters, %s, dp with %d replica threads, global batch %lld, %lld steps\n",
+                o.model.c_str(), n, o.optimizer.name.c_str(), R, static_cast<long long>(o.batch),
+                static_cast<long long>(steps));
+
+  TrainResult r;
+  std::vector<double> step_ms, compute_ms, gather_ms, opt_ms, bcast_ms, losses(static_cast<size_t>(R));
+  std::vector<Batch> batches(static_cast<size_t>(R));
+  std::string error;
+  const double per_step = static_cast<double>(o.batch * (mlp ? 1 : master.positions()));
+  Clock::time_point t_step;
+  // Replicas are the threads of one OpenMP team: inside it, the engine's own
+  // parallel loops and OpenBLAS run single-threaded on each replica's thread.
+#pragma omp parallel num_threads(R)
+  {
+    const size_t i = static_cast<size_t>(omp_get_thread_num());
+    Model& mine = *replicas[i];
+    for (int64_t step = 0; step < steps; ++step) {
+#pragma omp master
+      t_step = Clock::now();
+      auto tc = Clock::now();
+      double loss = 0.0;
+      try {
+        mine.zero_grads();
+        for (int64_t k = 0; k < o.grad_accum; ++k) {
+          data[i]->next(batches[i]);
+          loss += mine.forward(batches[i]).loss;
+          mine.backward(loss_scale);
+        }
+      } catch (const std::exception& e) {
+#pragma omp critical
+        error = e.what();
+      }
+      losses[i] = loss / static_cast<double>(o.grad_accum);
+      const double c_ms = ms_since(tc);
+#pragma omp barrier
+#pragma omp master
+      {
+        compute_ms.push_back(c_ms);
+        // Gather: replica 0 adds every other replica's gradients to its own.
+        auto tg = Clock::now();
+        float* g = master.grads();
+        for (int q = 1; q < R; ++q) {
+          const float* gq = replicas[static_cast<size_t>(q)]->grads();
+#pragma omp simd
+          for (size_t e = 0; e < n; ++e) g[e] += gq[e];
+        }
+        gather_ms.push_back(ms_since(tg));
+        auto to = Clock::now();
+        if (o.clip > 0.0f) scale(g, n, clip_factor(std::sqrt(sum_of_squares(g, n)), o.clip));
+        opt->step(master.params(), g, schedule.at(step));
+        opt_ms.push_back(ms_since(to));
+        // Broadcast: copy the new weights into every other replica.
+        auto tb = Clock::now();
+        for (int q = 1; q < R; ++q)
+          std::memcpy(replicas[static_cast<size_t>(q)]->params(), master.params(), n * sizeof(float));
+        bcast_ms.push_back(ms_since(tb));
+        double mean = 0.0;
+        for (double l : losses) mean += l / R;
+        if (step == 0) r.first_loss = mean;
+        r.final_loss = mean;
+        const double ms = ms_since(t_step);
+        step_ms.push_back(ms);
+        if ((step + 1) % o.log_every == 0 || step + 1 == steps) progress.update(step + 1, mean, per_step * 1000.0 / ms);
+      }
+#pragma omp barrier
+      if (!error.empty()) break;
+    }
+  }
+  if (!error.empty()) throw InputError(error);
+  progress.finish();
+  r.steps = steps;
+  const size_t skip = step_ms.size() > 40 ? 20 : (step_ms.size() > 1 ? 1 : 0);
+  auto steady = [skip](const std::vector<double>& v) {
+    return median(std::vector<double>(v.begin() + static_cast<long>(skip), v.end()));
+  };
+  r.step_ms_median = steady(step_ms);
+  r.breakdown = {0.0, steady(compute_ms), steady(gather_ms) + steady(bcast_ms), steady(opt_ms), r.step_ms_median};
+  r.samples_per_s = static_cast<double>(o.batch) * 1000.0 / r.step_ms_median;
+  if (!mlp) r.tokens_per_s = r.samples_per_s * static_cast<double>(master.positions());
+  r.gflops = master.train_flops(o.batch) / (r.step_ms_median * 1e-3) / 1e9;
+  if (data[0]->evaluable()) {
+    EvalResult ev = data[0]->evaluate(master, micro, o.eval_windows, 0, 1);
+    r.eval_loss = ev.loss();
+    r.eval_accuracy = ev.accuracy();
+  }
+  if (!o.save.empty()) save_weights(master, o.save);
+  r.peak_rss = peak_rss_bytes();
+  if (!o.quiet) {
+    std::printf("done: %lld steps, train loss %.4f -> %.4f", static_cast<long long>(steps), r.first_loss, r.final_loss);
+    if (data[0]->evaluable())
+      std::printf(mlp ? ", test accuracy %.2f%%" : ", validation loss %.4f",
+                  mlp ? 100.0 * r.eval_accuracy : r.eval_loss);
+    std::printf("\nthroughput: %.0f %s (median step %.2f ms): replicas' forward+backward %.2f ms, then on "
+                "replica 0 alone: gather %.2f ms, optimizer %.2f ms, broadcast %.2f ms\n",
+                mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s", r.step_ms_median,
+                steady(compute_ms), steady(gather_ms), steady(opt_ms), steady(bcast_ms));
+  }
+  if (!o.summary_out.empty()) {
+    nlohmann::json j = {{"model", o.model}, {"strategy", "dp"}, {"world", 1}, {"replicas", R},
+                        {"steps", steps}, {"batch", o.batch}, {"first_loss", r.first_loss},
+                        {"final_loss", r.final_loss}, {"step_ms_median", r.step_ms_median},
+                        {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
+                        {"compute_ms", steady(compute_ms)}, {"gather_ms", steady(gather_ms)},
+                        {"optimizer_ms", steady(opt_ms)}, {"broadcast_ms", steady(bcast_ms)},
+                        {"peak_rss", r.peak_rss}};
+    if (!mlp) j["tokens_per_s"] = r.tokens_per_s;
+    if (data[0]->evaluable()) {
+      j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;
+      if (mlp) j["test_accuracy"] = r.eval_accuracy;
+    }
+    AtomicFile f(o.summary_out);
+    f.write(j.dump(2) + "\n");
+    f.commit();
+  }
+  return r;
+}
+
+}  // namespace dpt

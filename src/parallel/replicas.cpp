@@ -1,0 +1,42 @@
+#include "parallel/replicas.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+
+namespace dpt {
+
+namespace {
+uint64_t mix(uint64_t x) {  // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+uint64_t params_hash(const Model& model) {
+  // Each 32-bit word mixed with its position, then summed: order-free, so
+  // threads can split the buffer.
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(model.params());
+  const size_t n = model.param_count();
+  uint64_t h = 0;
+#pragma omp parallel for reduction(+ : h) schedule(static)
+  for (size_t i = 0; i < n; ++i) h += mix((static_cast<uint64_t>(i) << 32) | w[i]);
+  return h;
+}
+
+void verify_replicas(const Model& model, comm::ProcessGroup& pg, int64_t step) {
+  if (pg.size() == 1) return;
+  std::vector<uint64_t> all(static_cast<size_t>(pg.size()));
+  all[static_cast<size_t>(pg.rank())] = params_hash(model);
+  pg.all_gather(all.data(), all.size() * 2, DType::F32);
+  for (size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0])
+      throw InternalError(fmt::format("replicas differ after step {}: rank {}'s parameters hash {:016x}, rank 0's {:016x}",
+                                      step, r, all[r], all[0]));
+}
+
+}  // namespace dpt

@@ -1,0 +1,23 @@
+// Replicated-model helpers of the data-parallel strategies.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/process_group.h"
+#include "models/model.h"
+#include "train/train.h"
+
+namespace dpt {
+
+// A 64-bit hash of the model's parameter bytes (bitwise: equal hashes mean
+// identical replicas, barring a 2^-64 accident).
+uint64_t params_hash(const Model& model);
+
+// Compares every rank's parameter hash with rank 0's; throws InternalError
+// naming the first rank that differs. `step` is for the message.
+void verify_replicas(const Model& model, comm::ProcessGroup& pg, int64_t step);
+
+// Naive data parallelism in one process (src/parallel/dp.cpp).
+TrainResult run_dp_training(const TrainOptions& opts);
+
+}  // namespace dpt
