@@ -1,0 +1,627 @@
+// Multi-rank tests of the communication layer (src/comm/process_group.h).
+//
+// Run under a launcher, one process per rank:
+//   DPT_COMM_ALGO=ring mpirun -n 3 dist_comm
+// Every rank runs every test in the same order, so each test issues the same
+// collectives on every rank whatever its checks find (EXPECT, never ASSERT,
+// between collectives: an early return on one rank would desynchronise the
+// group). Ranks other than 0 print only their failures; at the end the ranks
+// agree (all_reduce Max of a failure flag) so every rank exits non-zero when
+// any rank failed.
+//
+// Values are chosen so every expected result is exact in fp32: rank r holds
+// (r + 1) * ((i % 5) + 1) at element i, so the sum over n ranks is
+// n(n+1)/2 * ((i % 5) + 1) and the max n * ((i % 5) + 1).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/process_group.h"
+
+namespace {
+
+using dpt::DType;
+using dpt::InputError;
+using dpt::comm::Algo;
+using dpt::comm::chunk_range;
+using dpt::comm::OpStats;
+using dpt::comm::ProcessGroup;
+using dpt::comm::Range;
+using dpt::comm::ReduceOp;
+using dpt::comm::Work;
+
+ProcessGroup* g_pg = nullptr;
+ProcessGroup& pg() { return *g_pg; }
+int world() { return g_pg->size(); }
+int me() { return g_pg->rank(); }
+bool ring() { return g_pg->config().algo == Algo::Ring; }
+
+constexpr size_t kBig = (size_t{1} << 20) + 3;
+constexpr float kGuard = -777.25f;      // one element past `count`: must survive
+constexpr uint16_t kGuard16 = 0xBEEF;
+
+float contrib(int r, size_t i) { return static_cast<float>(r + 1) * static_cast<float>(i % 5 + 1); }
+float sum_over_ranks(size_t i) {
+  const int n = world();
+  return static_cast<float>(n * (n + 1) / 2) * static_cast<float>(i % 5 + 1);
+}
+float max_over_ranks(size_t i) { return static_cast<float>(world()) * static_cast<float>(i % 5 + 1); }
+
+// count elements of this rank's contribution, then one guard element.
+std::vector<float> contribution(size_t count) {
+  std::vector<float> v(count + 1, kGuard);
+  for (size_t i = 0; i < count; ++i) v[i] = contrib(me(), i);
+  return v;
+}
+
+// Checks got[i] against expected(i) for i in [begin, end): exact when
+// rel_tol == 0. One failure message (count, first mismatch) however many
+// elements differ.
+template <class T, class F>
+::testing::AssertionResult matches(const T* got, size_t begin, size_t end, F expected,
+                                   double rel_tol = 0.0) {
+  size_t bad = 0, first = 0;
+  double first_got = 0, first_want = 0;
+  for (size_t i = begin; i < end; ++i) {
+    const double g = static_cast<double>(got[i]), w = static_cast<double>(expected(i));
+    const bool ok = rel_tol == 0.0 ? got[i] == static_cast<T>(expected(i))
+                                   : std::fabs(g - w) <= rel_tol * std::fabs(w);
+    if (!ok) {
+      if (bad++ == 0) first = i, first_got = g, first_want = w;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "rank " << me() << ": " << bad << " of " << (end - begin)
+                                       << " elements in [" << begin << ", " << end
+                                       << ") differ; first at " << first << ": got " << first_got
+                                       << ", expected " << first_want;
+}
+
+std::string count_name(const ::testing::TestParamInfo<size_t>& info) {
+  return fmt::format("n{}", info.param);
+}
+
+// Ledger entry for one op in a difference (zero when absent).
+OpStats entry(const std::map<std::string, OpStats>& d, const std::string& op) {
+  auto it = d.find(op);
+  return it == d.end() ? OpStats{} : it->second;
+}
+
+// Every rank's (bytes_sent, bytes_recv), gathered as raw bytes: each rank's
+// chunk is two uint64 = four fp32-sized elements, which all_gather moves
+// without looking at them. Issues one all_gather (outside any measured
+// interval).
+std::vector<uint64_t> gather_bytes(const OpStats& s) {
+  const int n = world();
+  std::vector<uint64_t> all(2 * static_cast<size_t>(n), 0);
+  all[2 * static_cast<size_t>(me())] = s.bytes_sent;
+  all[2 * static_cast<size_t>(me()) + 1] = s.bytes_recv;
+  pg().all_gather(all.data(), 4 * static_cast<size_t>(n), DType::F32);
+  return all;
+}
+
+// ---------------------------------------------------------------- the group
+
+TEST(Group, RanksHostsTransports) {
+  EXPECT_GE(world(), 1);
+  EXPECT_GE(me(), 0);
+  EXPECT_LT(me(), world());
+  EXPECT_EQ(pg().hosts().size(), static_cast<size_t>(world()));
+  EXPECT_EQ(pg().transport_to(me()), "self");
+  const char* env = std::getenv("DPT_COMM_ALGO");
+  if (env) {
+    EXPECT_EQ(pg().config().algo, dpt::comm::parse_algo(env));
+  }
+  bool one_host = true;
+  for (const auto& h : pg().hosts()) one_host = one_host && h == pg().hosts()[0];
+  // One host (mpirun on this machine): ring peers go through shared memory
+  // unless DPT_COMM_TRANSPORT=mpi says otherwise.
+  const auto transport = pg().config().transport;
+  if (ring() && one_host && transport != dpt::comm::Transport::Shm) {
+    const char* want = transport == dpt::comm::Transport::Mpi ? "mpi" : "shm";
+    for (int p = 0; p < world(); ++p) {
+      if (p == me()) continue;
+      EXPECT_EQ(pg().transport_to(p), want) << "peer " << p;
+    }
+  }
+}
+
+// ------------------------------------------------- collectives over all sizes
+
+class Collective : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(Collective, AllReduceSum) {
+  const size_t count = GetParam();
+  auto v = contribution(count);
+  pg().all_reduce(v.data(), count, DType::F32, ReduceOp::Sum);
+  EXPECT_TRUE(matches(v.data(), 0, count, sum_over_ranks));
+  EXPECT_EQ(v[count], kGuard) << "wrote past count";
+}
+
+TEST_P(Collective, AllReduceAvg) {
+  const size_t count = GetParam();
+  auto v = contribution(count);
+  pg().all_reduce(v.data(), count, DType::F32, ReduceOp::Avg);
+  auto avg = [](size_t i) { return static_cast<double>(sum_over_ranks(i)) / world(); };
+  EXPECT_TRUE(matches(v.data(), 0, count, avg, 1e-6));
+  EXPECT_EQ(v[count], kGuard) << "wrote past count";
+}
+
+TEST_P(Collective, AllReduceMax) {
+  const size_t count = GetParam();
+  auto v = contribution(count);
+  pg().all_reduce(v.data(), count, DType::F32, ReduceOp::Max);
+  EXPECT_TRUE(matches(v.data(), 0, count, max_over_ranks));
+  EXPECT_EQ(v[count], kGuard) << "wrote past count";
+}
+
+TEST_P(Collective, ReduceScatterSum) {
+  const size_t count = GetParam();
+  auto v = contribution(count);
+  pg().reduce_scatter(v.data(), count, DType::F32, ReduceOp::Sum);
+  const Range c = chunk_range(count, world(), me());
+  EXPECT_TRUE(matches(v.data(), c.begin, c.begin + c.size, sum_over_ranks));
+  EXPECT_EQ(v[count], kGuard) << "wrote past count";
+}
+
+TEST_P(Collective, AllGatherF32) {
+  const size_t count = GetParam();
+  const int n = world();
+  std::vector<float> v(count + 1, -1.0f);
+  v[count] = kGuard;
+  std::vector<int> owner(count);
+  for (int r = 0; r < n; ++r) {
+    const Range c = chunk_range(count, n, r);
+    for (size_t i = c.begin; i < c.begin + c.size; ++i) owner[i] = r;
+  }
+  auto want = [&](size_t i) { return static_cast<float>(owner[i]) * 1e4f + static_cast<float>(i % 97); };
+  const Range mine = chunk_range(count, n, me());
+  for (size_t i = mine.begin; i < mine.begin + mine.size; ++i) v[i] = want(i);
+  pg().all_gather(v.data(), count, DType::F32);
+  EXPECT_TRUE(matches(v.data(), 0, count, want));
+  EXPECT_EQ(v[count], kGuard) << "wrote past count";
+}
+
+// bf16-sized elements: all_gather moves bytes, so arbitrary bit patterns
+// (NaNs and denormals included) arrive unchanged.
+uint16_t pattern16(int r, size_t i) {
+  return static_cast<uint16_t>((static_cast<uint32_t>(r) * 40503u + static_cast<uint32_t>(i) * 2654435761u) >> 7);
+}
+
+TEST_P(Collective, AllGatherBF16) {
+  const size_t count = GetParam();
+  const int n = world();
+  std::vector<uint16_t> v(count + 1, 0);
+  v[count] = kGuard16;
+  std::vector<int> owner(count);
+  for (int r = 0; r < n; ++r) {
+    const Range c = chunk_range(count, n, r);
+    for (size_t i = c.begin; i < c.begin + c.size; ++i) owner[i] = r;
+  }
+  const Range mine = chunk_range(count, n, me());
+  for (size_t i = mine.begin; i < mine.begin + mine.size; ++i) v[i] = pattern16(me(), i);
+  pg().all_gather(v.data(), count, DType::BF16);
+  EXPECT_TRUE(matches(v.data(), 0, count, [&](size_t i) { return pattern16(owner[i], i); }));
+  EXPECT_EQ(v[count], kGuard16) << "wrote past count";
+}
+
+INSTANTIATE_TEST_SUITE_P(Counts, Collective,
+                         ::testing::Values(size_t{0}, size_t{1}, size_t{2}, size_t{7}, size_t{1000}, kBig),
+                         count_name);
+
+// ---------------------------------------- rooted and point-to-point, small
+
+class Rooted : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(Rooted, BroadcastFromEveryRoot) {
+  const size_t count = GetParam();
+  for (int root = 0; root < world(); ++root) {
+    auto want = [root](size_t i) { return static_cast<float>(root) * 1000.0f + static_cast<float>(i % 101) + 0.5f; };
+    std::vector<float> v(count + 1, -1.0f);
+    v[count] = kGuard;
+    if (me() == root)
+      for (size_t i = 0; i < count; ++i) v[i] = want(i);
+    pg().broadcast(v.data(), count, DType::F32, root);
+    EXPECT_TRUE(matches(v.data(), 0, count, want)) << "root " << root;
+    EXPECT_EQ(v[count], kGuard) << "root " << root << ": wrote past count";
+  }
+}
+
+TEST_P(Rooted, BroadcastBF16FromEveryRoot) {
+  const size_t count = GetParam();
+  for (int root = 0; root < world(); ++root) {
+    std::vector<uint16_t> v(count + 1, 0);
+    v[count] = kGuard16;
+    if (me() == root)
+      for (size_t i = 0; i < count; ++i) v[i] = pattern16(root + 17, i);
+    pg().broadcast(v.data(), count, DType::BF16, root);
+    EXPECT_TRUE(matches(v.data(), 0, count, [root](size_t i) { return pattern16(root + 17, i); }))
+        << "root " << root;
+    EXPECT_EQ(v[count], kGuard16) << "root " << root << ": wrote past count";
+  }
+}
+
+TEST_P(Rooted, ReduceSumToEveryRoot) {
+  const size_t count = GetParam();
+  for (int root = 0; root < world(); ++root) {
+    auto v = contribution(count);
+    pg().reduce(v.data(), count, DType::F32, ReduceOp::Sum, root);
+    if (me() == root) {
+      EXPECT_TRUE(matches(v.data(), 0, count, sum_over_ranks)) << "root " << root;
+    }
+    EXPECT_EQ(v[count], kGuard) << "root " << root << ": wrote past count";
+  }
+}
+
+TEST_P(Rooted, ReduceMaxToEveryRoot) {
+  const size_t count = GetParam();
+  for (int root = 0; root < world(); ++root) {
+    auto v = contribution(count);
+    pg().reduce(v.data(), count, DType::F32, ReduceOp::Max, root);
+    if (me() == root) {
+      EXPECT_TRUE(matches(v.data(), 0, count, max_over_ranks)) << "root " << root;
+    }
+    EXPECT_EQ(v[count], kGuard) << "root " << root << ": wrote past count";
+  }
+}
+
+// Ring exchange: rank r sends to r+1 (async) and receives from r-1.
+// Rank r sends to r+1 (async) and receives from r-1; the ledger has one
+// send of B bytes sent and one recv of B bytes received.
+void send_recv_ring(size_t count) {
+  const int n = world();
+  const int to = (me() + 1) % n, from = (me() + n - 1) % n;
+  auto value = [](int r, size_t i) { return static_cast<float>(r) * 1e5f + static_cast<float>(i % 1013); };
+  std::vector<float> out(count), in(count + 1, -1.0f);
+  for (size_t i = 0; i < count; ++i) out[i] = value(me(), i);
+  in[count] = kGuard;
+  const auto before = pg().ledger().snapshot();
+  auto send = pg().send_async(out.data(), count, DType::F32, to);
+  pg().recv(in.data(), count, DType::F32, from);
+  send->wait();
+  const auto d = dpt::comm::difference(pg().ledger().snapshot(), before);
+  EXPECT_TRUE(send->is_completed());
+  EXPECT_TRUE(matches(in.data(), 0, count, [&](size_t i) { return value(from, i); }));
+  EXPECT_EQ(in[count], kGuard) << "wrote past count";
+  EXPECT_EQ(entry(d, "send").count, 1);
+  EXPECT_EQ(entry(d, "recv").count, 1);
+  EXPECT_EQ(entry(d, "send").bytes_sent, count * 4);
+  EXPECT_EQ(entry(d, "recv").bytes_recv, count * 4);
+}
+
+TEST_P(Rooted, SendRecvRing) {
+  if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  send_recv_ring(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Counts, Rooted,
+                         ::testing::Values(size_t{0}, size_t{1}, size_t{2}, size_t{7}, size_t{1000}),
+                         count_name);
+
+// Messages of several pipeline pieces (1 MiB) and shared-memory slots, with a
+// short last piece: one root each, to keep the run short.
+TEST(Big, BroadcastPipelined) {
+  const size_t count = kBig;
+  const int root = 1 % world();
+  auto want = [](size_t i) { return static_cast<float>(i % 8191) * 0.25f; };
+  std::vector<float> v(count + 1, -1.0f);
+  v[count] = kGuard;
+  if (me() == root)
+    for (size_t i = 0; i < count; ++i) v[i] = want(i);
+  pg().broadcast(v.data(), count, DType::F32, root);
+  EXPECT_TRUE(matches(v.data(), 0, count, want));
+  EXPECT_EQ(v[count], kGuard) << "wrote past count";
+}
+
+TEST(Big, BroadcastBF16OddBytes) {
+  const size_t count = (size_t{1} << 19) + 1;  // 1 MiB + 2 bytes
+  const int root = world() - 1;
+  std::vector<uint16_t> v(count + 1, 0);
+  v[count] = kGuard16;
+  if (me() == root)
+    for (size_t i = 0; i < count; ++i) v[i] = pattern16(5, i);
+  pg().broadcast(v.data(), count, DType::BF16, root);
+  EXPECT_TRUE(matches(v.data(), 0, count, [](size_t i) { return pattern16(5, i); }));
+  EXPECT_EQ(v[count], kGuard16) << "wrote past count";
+}
+
+TEST(Big, ReduceSumPipelined) {
+  const size_t count = kBig;
+  const int root = world() / 2;
+  auto v = contribution(count);
+  pg().reduce(v.data(), count, DType::F32, ReduceOp::Sum, root);
+  if (me() == root) {
+    EXPECT_TRUE(matches(v.data(), 0, count, sum_over_ranks));
+  }
+  EXPECT_EQ(v[count], kGuard) << "wrote past count";
+}
+
+// A message larger than the transport's buffering (shared memory: 8 slots of
+// 64 KiB) completes only once the receiver's communication thread reaches the
+// matching recv: the comm thread runs sends and receives one at a time, in
+// issue order, so the ring exchange above is only safe for small messages.
+// Large ones go in matched order: rank 0 sends to rank 1, then rank 1 back.
+TEST(Big, SendRecvPair) {
+  if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  const size_t count = kBig;
+  auto value = [](int r, size_t i) { return static_cast<float>(r) * 1e5f + static_cast<float>(i % 1013); };
+  std::vector<float> out(count), in(count + 1, -1.0f);
+  in[count] = kGuard;
+  if (me() <= 1) {
+    const int peer = 1 - me();
+    for (size_t i = 0; i < count; ++i) out[i] = value(me(), i);
+    const auto before = pg().ledger().snapshot();
+    if (me() == 0) {
+      pg().send(out.data(), count, DType::F32, peer);
+      pg().recv(in.data(), count, DType::F32, peer);
+    } else {
+      pg().recv(in.data(), count, DType::F32, peer);
+      pg().send(out.data(), count, DType::F32, peer);
+    }
+    const auto d = dpt::comm::difference(pg().ledger().snapshot(), before);
+    EXPECT_TRUE(matches(in.data(), 0, count, [&](size_t i) { return value(peer, i); }));
+    EXPECT_EQ(in[count], kGuard) << "wrote past count";
+    EXPECT_EQ(entry(d, "send").bytes_sent, count * 4);
+    EXPECT_EQ(entry(d, "recv").bytes_recv, count * 4);
+  }
+}
+
+// ------------------------------------------------------ ordering and Work
+
+TEST(Async, FiveAllReducesWaitedInReverse) {
+  constexpr int kOps = 5;
+  std::vector<std::vector<float>> bufs(kOps);
+  std::vector<std::shared_ptr<Work>> works;
+  for (int k = 0; k < kOps; ++k) {
+    const size_t count = 1000 + 37 * static_cast<size_t>(k);
+    bufs[k].assign(count + 1, kGuard);
+    for (size_t i = 0; i < count; ++i) bufs[k][i] = contrib(me(), i) * static_cast<float>(k + 1);
+    works.push_back(pg().all_reduce_async(bufs[k].data(), count, DType::F32, ReduceOp::Sum));
+  }
+  // The communication thread runs them in issue order: once the last is
+  // done, every earlier one is too.
+  works[kOps - 1]->wait();
+  for (int k = 0; k < kOps - 1; ++k) EXPECT_TRUE(works[k]->is_completed()) << "op " << k;
+  for (int k = kOps - 1; k >= 0; --k) {
+    works[k]->wait();
+    const size_t count = bufs[k].size() - 1;
+    EXPECT_TRUE(matches(bufs[k].data(), 0, count,
+                        [k](size_t i) { return sum_over_ranks(i) * static_cast<float>(k + 1); }))
+        << "op " << k;
+    EXPECT_EQ(bufs[k][count], kGuard) << "op " << k << ": wrote past count";
+  }
+}
+
+TEST(Async, WorkCompletesWithoutError) {
+  auto v = contribution(64);
+  auto w = pg().all_reduce_async(v.data(), 64, DType::F32, ReduceOp::Sum);
+  w->wait();
+  EXPECT_TRUE(w->is_completed());
+  EXPECT_EQ(w->error(), nullptr);
+  EXPECT_NO_THROW(w->wait());  // a second wait returns at once
+  EXPECT_TRUE(matches(v.data(), 0, 64, sum_over_ranks));
+
+  auto b = pg().barrier_async();
+  b->wait();
+  EXPECT_TRUE(b->is_completed());
+  EXPECT_EQ(b->error(), nullptr);
+}
+
+// Rank 0 enters the barrier 300 ms late: nobody leaves it before rank 0
+// arrives.
+TEST(Async, BarrierWaitsForTheLastRank) {
+  pg().barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (me() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  pg().barrier();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (world() > 1) {
+    EXPECT_GE(ms, 100.0) << "left the barrier before rank 0 entered it";
+  }
+}
+
+// ----------------------------------------------------------------- ledger
+
+// Ledger cases: which count to use, given the number of ranks.
+struct LedgerCase {
+  const char* name;
+  size_t (*count)(int n);
+};
+const LedgerCase kLedgerCases[] = {
+    {"zero", [](int) { return size_t{0}; }},
+    {"one", [](int) { return size_t{1}; }},
+    {"seven", [](int) { return size_t{7}; }},
+    {"thousand_per_rank", [](int n) { return 1000 * static_cast<size_t>(n); }},
+    {"mib_divisible", [](int n) { return ((size_t{1} << 20) / static_cast<size_t>(n)) * static_cast<size_t>(n); }},
+    {"mib_plus_3", [](int) { return kBig; }},
+};
+
+class LedgerTest : public ::testing::TestWithParam<LedgerCase> {
+ protected:
+  // Runs `op` and returns the ledger difference for `name` on this rank.
+  template <class F>
+  OpStats measure(const std::string& name, F op) {
+    const auto before = pg().ledger().snapshot();
+    op();
+    const auto after = pg().ledger().snapshot();
+    return entry(dpt::comm::difference(after, before), name);
+  }
+  // Checks one op's byte counts: `per_rank` (when the count divides) and
+  // `total` (over ranks, always); Mpi: the count only.
+  void check(const char* op, size_t count, const OpStats& s, uint64_t per_rank, uint64_t total) {
+    EXPECT_EQ(s.count, 1) << op;
+    EXPECT_GE(s.seconds, 0.0) << op;
+    const auto all = gather_bytes(s);  // every rank joins, whatever the algo
+    if (!ring()) return;
+    const int n = world();
+    if (count % static_cast<size_t>(n) == 0) {
+      EXPECT_EQ(s.bytes_sent, per_rank) << op << " count " << count;
+      EXPECT_EQ(s.bytes_recv, per_rank) << op << " count " << count;
+    }
+    uint64_t sent = 0, recv = 0;
+    for (int r = 0; r < n; ++r) sent += all[2 * static_cast<size_t>(r)], recv += all[2 * static_cast<size_t>(r) + 1];
+    EXPECT_EQ(sent, total) << op << " count " << count << ": bytes sent over all ranks";
+    EXPECT_EQ(recv, total) << op << " count " << count << ": bytes received over all ranks";
+  }
+};
+
+TEST_P(LedgerTest, AllReduce) {
+  const int n = world();
+  const size_t count = GetParam().count(n);
+  const uint64_t B = count * 4, nn = static_cast<uint64_t>(n);
+  auto v = contribution(count);
+  auto s = measure("all_reduce", [&] { pg().all_reduce(v.data(), count, DType::F32, ReduceOp::Sum); });
+  check("all_reduce", count, s, 2 * B * (nn - 1) / nn, 2 * (nn - 1) * B);
+}
+
+TEST_P(LedgerTest, ReduceScatter) {
+  const int n = world();
+  const size_t count = GetParam().count(n);
+  const uint64_t B = count * 4, nn = static_cast<uint64_t>(n);
+  auto v = contribution(count);
+  auto s = measure("reduce_scatter", [&] { pg().reduce_scatter(v.data(), count, DType::F32, ReduceOp::Sum); });
+  check("reduce_scatter", count, s, B * (nn - 1) / nn, (nn - 1) * B);
+}
+
+TEST_P(LedgerTest, AllGather) {
+  const int n = world();
+  const size_t count = GetParam().count(n);
+  const uint64_t B = count * 4, nn = static_cast<uint64_t>(n);
+  auto v = contribution(count);
+  auto s = measure("all_gather", [&] { pg().all_gather(v.data(), count, DType::F32); });
+  check("all_gather", count, s, B * (nn - 1) / nn, (nn - 1) * B);
+}
+
+// A pipelined chain: every rank but the last forwards the B bytes; the split
+// between ranks is the implementation's, the total is not.
+TEST_P(LedgerTest, Broadcast) {
+  const int n = world();
+  const size_t count = GetParam().count(n);
+  const uint64_t B = count * 4, nn = static_cast<uint64_t>(n);
+  auto v = contribution(count);
+  const int root = n - 1;
+  auto s = measure("broadcast", [&] { pg().broadcast(v.data(), count, DType::F32, root); });
+  EXPECT_EQ(s.count, 1);
+  const auto all = gather_bytes(s);
+  if (!ring()) return;
+  uint64_t sent = 0, recv = 0;
+  for (int r = 0; r < n; ++r) sent += all[2 * static_cast<size_t>(r)], recv += all[2 * static_cast<size_t>(r) + 1];
+  EXPECT_EQ(sent, (nn - 1) * B) << "bytes sent over all ranks";
+  EXPECT_EQ(recv, (nn - 1) * B) << "bytes received over all ranks";
+  EXPECT_EQ(all[2 * static_cast<size_t>(root) + 1], 0u) << "the root receives nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(Counts, LedgerTest, ::testing::ValuesIn(kLedgerCases),
+                         [](const ::testing::TestParamInfo<LedgerCase>& info) { return std::string(info.param.name); });
+
+TEST(Ledger, CountsOtherOps) {
+  std::vector<float> v(100, 1.0f);
+  auto count_of = [](const char* op, auto fn) {
+    const auto before = pg().ledger().snapshot();
+    fn();
+    return entry(dpt::comm::difference(pg().ledger().snapshot(), before), op).count;
+  };
+  EXPECT_EQ(count_of("reduce", [&] { pg().reduce(v.data(), 100, DType::F32, ReduceOp::Sum, 0); }), 1);
+  EXPECT_EQ(count_of("barrier", [&] { pg().barrier(); }), 1);
+}
+
+// ---------------------------------------------------------- bad arguments
+
+// Each is rejected with InputError, by the *_async call or by wait(), and
+// leaves the group usable.
+TEST(BadArguments, RootsAndPeersOutOfRange) {
+  const int n = world();
+  std::vector<float> v(8, 1.0f);
+  EXPECT_THROW(pg().broadcast(v.data(), 8, DType::F32, n), InputError);
+  EXPECT_THROW(pg().broadcast(v.data(), 8, DType::F32, -1), InputError);
+  EXPECT_THROW(pg().reduce(v.data(), 8, DType::F32, ReduceOp::Sum, n), InputError);
+  EXPECT_THROW(pg().reduce(v.data(), 8, DType::F32, ReduceOp::Sum, -1), InputError);
+  EXPECT_THROW(pg().send(v.data(), 8, DType::F32, n), InputError);
+  EXPECT_THROW(pg().send(v.data(), 8, DType::F32, -1), InputError);
+  EXPECT_THROW(pg().recv(v.data(), 8, DType::F32, n), InputError);
+  EXPECT_THROW(pg().recv(v.data(), 8, DType::F32, -1), InputError);
+  EXPECT_THROW(pg().send(v.data(), 8, DType::F32, me()), InputError);
+
+  auto ok = contribution(8);
+  EXPECT_NO_THROW(pg().all_reduce(ok.data(), 8, DType::F32, ReduceOp::Sum));
+  EXPECT_TRUE(matches(ok.data(), 0, 8, sum_over_ranks));
+}
+
+// Reductions are fp32 only (process_group.h).
+TEST(BadArguments, ReductionOfBF16) {
+  std::vector<uint16_t> v(8, 0);
+  EXPECT_THROW(pg().all_reduce(v.data(), 8, DType::BF16, ReduceOp::Sum), InputError);
+  auto ok = contribution(8);
+  EXPECT_NO_THROW(pg().all_reduce(ok.data(), 8, DType::F32, ReduceOp::Max));
+  EXPECT_TRUE(matches(ok.data(), 0, 8, max_over_ranks));
+}
+
+// Ranks other than 0: failures only, prefixed with the rank.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
+                   r.line_number(), r.message());
+  }
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (info.result()->Failed())
+      std::fprintf(stderr, "[rank %d] FAILED %s.%s\n", rank_, info.test_suite_name(), info.name());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::unique_ptr<ProcessGroup> group;
+  try {
+    group = ProcessGroup::create();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dist_comm: cannot create the process group: %s\n", e.what());
+    return 1;
+  }
+  g_pg = group.get();
+  ::testing::InitGoogleTest(&argc, argv);
+  if (me() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new RankFailurePrinter(me()));
+  }
+  const int rc = RUN_ALL_TESTS();
+
+  float failed = rc != 0 ? 1.0f : 0.0f;
+  try {
+    pg().all_reduce(&failed, 1, DType::F32, ReduceOp::Max);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dist_comm: rank %d: final agreement failed: %s\n", me(), e.what());
+    std::fflush(nullptr);
+    _exit(1);
+  }
+  if (me() == 0) {
+    if (failed == 0.0f)
+      std::printf("dist_comm: %d ranks (%s), all tests passed\n", world(), dpt::comm::algo_name(pg().config().algo));
+    else
+      std::printf("dist_comm: %d ranks (%s), FAILED on at least one rank\n", world(),
+                  dpt::comm::algo_name(pg().config().algo));
+    std::fflush(stdout);
+  }
+  g_pg = nullptr;
+  group.reset();
+  return failed == 0.0f ? 0 : 1;
+}

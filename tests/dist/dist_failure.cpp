@@ -1,0 +1,101 @@
+// A job that goes wrong on purpose, for tests/dist/test_dist_failure.cpp.
+//
+//   mpirun -n 3 dist_failure --mode die|skip|mismatch|none [--timeout-ms 3000]
+//
+// Every rank runs five all_reduces; the third is where rank 1 misbehaves:
+//   die       rank 1 exits (_exit(0)) before it
+//   skip      rank 1 skips it, sleeps 20 s and exits 0
+//   mismatch  rank 1 issues an all_gather of the same count instead, with
+//             the order check on (config.check_order)
+//   none      nobody misbehaves
+// A rank that catches an error prints "rank R: <what()>" on stderr and
+// leaves with _exit(1) (MPI finalisation could hang with a dead peer); a rank
+// that saw none prints "rank R: no error" and exits 0.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/process_group.h"
+
+namespace {
+
+[[noreturn]] void usage(const char* msg) {
+  std::fprintf(stderr, "dist_failure: %s\nusage: dist_failure --mode die|skip|mismatch|none [--timeout-ms N]\n", msg);
+  std::exit(2);
+}
+
+// The rank from the launcher's environment, for messages before the group
+// exists.
+int env_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode;
+  long timeout_ms = 3000;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--mode" && i + 1 < argc) {
+      mode = argv[++i];
+    } else if (a == "--timeout-ms" && i + 1 < argc) {
+      char* end = nullptr;
+      timeout_ms = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || timeout_ms <= 0) usage("--timeout-ms needs a positive integer");
+    } else {
+      usage(("unknown argument '" + a + "'").c_str());
+    }
+  }
+  if (mode != "die" && mode != "skip" && mode != "mismatch" && mode != "none") usage("--mode is required");
+
+  int rank = env_rank();
+  try {
+    dpt::comm::Config config = dpt::comm::Config::from_env();
+    config.timeout = std::chrono::milliseconds(timeout_ms);
+    if (mode == "mismatch") config.check_order = true;
+    auto pg = dpt::comm::ProcessGroup::create(config);
+    rank = pg->rank();
+    if (pg->size() < 2 && mode != "none") {
+      std::fprintf(stderr, "rank %d: mode %s needs at least two ranks\n", rank, mode.c_str());
+      std::fflush(nullptr);
+      _exit(2);
+    }
+
+    constexpr size_t kCount = 1000;
+    std::vector<float> data(kCount);
+    for (int op = 1; op <= 5; ++op) {
+      for (size_t i = 0; i < kCount; ++i) data[i] = static_cast<float>(rank + op);
+      if (op == 3 && rank == 1) {
+        if (mode == "die") {
+          _exit(0);
+        } else if (mode == "skip") {
+          std::this_thread::sleep_for(std::chrono::seconds(20));
+          _exit(0);
+        } else if (mode == "mismatch") {
+          pg->all_gather(data.data(), kCount, dpt::DType::F32);
+          continue;
+        }
+      }
+      pg->all_reduce(data.data(), kCount, dpt::DType::F32, dpt::comm::ReduceOp::Sum);
+    }
+    std::fprintf(stderr, "rank %d: no error\n", rank);
+    std::fflush(nullptr);
+    pg.reset();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    std::fflush(nullptr);
+    _exit(1);
+  }
+}
