@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "train/train.h"
 
@@ -31,6 +32,9 @@ class TrainCommand {
   ModelFlags model_;
   TrainOptions opts_;
   int threads_ = 0;
+  double bucket_mb_ = 25.0, first_bucket_mb_ = 1.0, comm_timeout_s_ = 0.0;
+  bool no_overlap_ = false;
+  std::string comm_algo_, transport_;
 };
 
 class EvalCommand {
@@ -45,6 +49,37 @@ class EvalCommand {
   std::string weights_, data_;
   int64_t batch_ = 0;
   int threads_ = 0;
+};
+
+// `dpt launch`: runs a command as N ranks under mpirun (docs/launch.md).
+class LaunchCommand {
+ public:
+  explicit LaunchCommand(CLI::App& app);
+  bool chosen() const { return cmd_->parsed(); }
+  int run();
+  std::vector<std::string> mpirun_args() const;  // the command line run() execs
+
+ private:
+  CLI::App* cmd_;
+  int ranks_ = 0;
+  std::string hostfile_, bind_ = "none";
+  bool dry_run_ = false;
+  std::vector<std::string> command_;
+};
+
+// `dpt bench comm`: times and checks the collectives (W-COMM).
+class BenchCommCommand {
+ public:
+  explicit BenchCommCommand(CLI::App& app);
+  bool chosen() const { return cmd_->parsed(); }
+  int run();
+
+ private:
+  CLI::App* cmd_;
+  std::string ops_ = "all_reduce,reduce_scatter,all_gather,broadcast", algos_ = "ring,mpi";
+  std::string sizes_ = "4K,64K,1M,16M,64M,256M", transport_, json_;
+  int iters_ = 20, warmup_ = 5;
+  double timeout_s_ = 0;
 };
 
 }  // namespace dpt

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   dpt::TrainCommand train(app);
   dpt::EvalCommand eval(app);
+  dpt::LaunchCommand launch(app);
+  dpt::BenchCommCommand bench_comm(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -23,6 +25,8 @@ int main(int argc, char** argv) {
   try {
     if (train.chosen()) return train.run();
     if (eval.chosen()) return eval.run();
+    if (launch.chosen()) return launch.run();
+    if (bench_comm.chosen()) return bench_comm.run();
   } catch (const dpt::InternalError& e) {
     std::fprintf(stderr, "dpt: %s\n", e.what());
     return 2;

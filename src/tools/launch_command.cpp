@@ -1,0 +1,182 @@
+// `dpt launch`: mpirun with the defaults a dptrain job wants (docs/launch.md
+// says why each one is there).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "core/error.h"
+#include "tools/commands.h"
+
+extern char** environ;
+
+namespace dpt {
+
+namespace {
+
+constexpr const char* kMpirun = "mpirun";
+
+int logical_cpus() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+
+// Physical cores, which is what Open MPI counts as slots on a host: with SMT
+// two hardware threads share one core, and `mpirun -n <logical cpus>` would
+// refuse to start without --oversubscribe.
+int physical_cores() {
+  namespace fs = std::filesystem;
+  std::set<std::pair<std::string, std::string>> cores;  // (package, core id)
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/sys/devices/system/cpu", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() < 4 || name.compare(0, 3, "cpu") != 0 ||
+        !std::all_of(name.begin() + 3, name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    std::ifstream core(e.path() / "topology/core_id"), pkg(e.path() / "topology/physical_package_id");
+    std::string c, p;
+    if (core >> c && pkg >> p) cores.emplace(p, c);
+  }
+  int n = static_cast<int>(cores.size());
+  return n > 0 ? std::min(n, logical_cpus()) : logical_cpus();
+}
+
+struct Host {
+  std::string name;
+  int slots = 0;
+};
+
+// An Open MPI hostfile: "name [slots=N] [max_slots=N]" per line, '#'
+// comments. A host without slots= gets as many as it has cores (Open MPI's
+// rule); remote hosts are assumed to have as many as this one.
+std::vector<Host> read_hostfile(const std::string& path, int default_slots) {
+  std::ifstream in(path);
+  if (!in) throw IoError(fmt::format("{}: cannot open hostfile: {}", path, std::strerror(errno)));
+  std::vector<Host> hosts;
+  std::string line;
+  for (int lineno = 1; std::getline(in, line); ++lineno) {
+    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    Host h;
+    if (!(words >> h.name)) continue;
+    h.slots = default_slots;
+    for (std::string w; words >> w;) {
+      if (w.rfind("slots=", 0) != 0) continue;  // max_slots= and others: mpirun's business
+      const std::string v = w.substr(6);
+      char* end = nullptr;
+      long s = v.empty() ? 0 : std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || s < 1 || s > 1 << 20)
+        throw InputError(fmt::format("{}:{}: bad slot count '{}'", path, lineno, w));
+      h.slots = static_cast<int>(s);
+    }
+    hosts.push_back(h);
+  }
+  if (hosts.empty()) throw InputError(fmt::format("{}: the hostfile names no host", path));
+  return hosts;
+}
+
+// The most ranks mpirun puts on one host when it fills hosts slot by slot
+// (its default mapping); past the total slots, the rest go round-robin.
+int max_ranks_per_host(const std::vector<Host>& hosts, int ranks) {
+  std::vector<int> placed(hosts.size(), 0);
+  int left = ranks;
+  for (size_t i = 0; i < hosts.size() && left > 0; ++i) {
+    placed[i] = std::min(left, hosts[i].slots);
+    left -= placed[i];
+  }
+  for (size_t i = 0; left > 0; i = (i + 1) % hosts.size(), --left) ++placed[i];
+  return *std::max_element(placed.begin(), placed.end());
+}
+
+std::string shell_quote(const std::string& s) {
+  const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_./=:,+@%", c);
+  });
+  if (plain) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+LaunchCommand::LaunchCommand(CLI::App& app) {
+  cmd_ = app.add_subcommand("launch", "run a command as N ranks under mpirun (docs/launch.md)");
+  cmd_->add_option("-n,--np", ranks_, "number of ranks")->required();
+  cmd_->add_option("--hostfile", hostfile_, "Open MPI hostfile (default: all ranks on this host)");
+  cmd_->add_option("--bind", bind_, "none (default): ranks float over all cores; core: pin each rank to one")
+      ->check(CLI::IsMember({"none", "core"}));
+  cmd_->add_flag("--dry-run", dry_run_, "print the mpirun command instead of running it");
+  cmd_->add_option("command", command_, "the command each rank runs, after --");
+  cmd_->footer("Example: dpt launch -n 2 -- build/dpt train --model mlp");
+}
+
+std::vector<std::string> LaunchCommand::mpirun_args() const {
+  if (ranks_ < 1) throw InputError(fmt::format("-n must be at least 1 (got {})", ranks_));
+  if (command_.empty())
+    throw InputError(
+        "no command to launch: give it after --, as in: dpt launch -n 2 -- build/dpt train --model mlp");
+
+  const int cores = physical_cores();
+  int slots = cores, per_host = ranks_;
+  if (!hostfile_.empty()) {
+    auto hosts = read_hostfile(hostfile_, cores);
+    slots = 0;
+    for (const auto& h : hosts) slots += h.slots;
+    per_host = max_ranks_per_host(hosts, ranks_);
+  }
+
+  std::vector<std::string> args{kMpirun, "-n", std::to_string(ranks_)};
+  if (::geteuid() == 0) args.push_back("--allow-run-as-root");
+  if (ranks_ > slots) args.push_back("--oversubscribe");
+  if (!hostfile_.empty()) args.insert(args.end(), {"--hostfile", hostfile_});
+  if (bind_ == "core")
+    args.insert(args.end(), {"--bind-to", "core", "--map-by", "core"});
+  else
+    args.insert(args.end(), {"--bind-to", "none"});
+
+  // Share the cores of a host between its ranks, unless the user chose.
+  if (std::getenv("OMP_NUM_THREADS"))
+    args.insert(args.end(), {"-x", "OMP_NUM_THREADS"});
+  else
+    args.insert(args.end(),
+                {"-x", fmt::format("OMP_NUM_THREADS={}", std::max(1, logical_cpus() / per_host))});
+  // The engine's settings (DPT_COMM_*, ...) reach every rank, remote ones too.
+  std::vector<std::string> dpt_vars;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    if (kv.rfind("DPT_", 0) == 0 && kv.find('=') != std::string::npos)
+      dpt_vars.push_back(kv.substr(0, kv.find('=')));
+  }
+  std::sort(dpt_vars.begin(), dpt_vars.end());
+  for (const auto& v : dpt_vars) args.insert(args.end(), {"-x", v});
+
+  args.insert(args.end(), command_.begin(), command_.end());
+  return args;
+}
+
+int LaunchCommand::run() {
+  const auto args = mpirun_args();
+  if (dry_run_) {
+    std::string line;
+    for (const auto& a : args) line += (line.empty() ? "" : " ") + shell_quote(a);
+    std::printf("%s\n", line.c_str());
+    return 0;
+  }
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::execvp(kMpirun, argv.data());
+  throw InputError(fmt::format("cannot run {}: {} (install openmpi-bin)", kMpirun, std::strerror(errno)));
+}
+
+}  // namespace dpt
