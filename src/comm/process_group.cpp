@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <atomic>
 #include <condition_variable>
@@ -84,8 +85,19 @@ struct ProcessGroup::Impl {
   std::shared_ptr<Work> submit(OpCode code, size_t count, DType dtype, int root,
                                std::function<void(OpContext&)> body);
   void check_signature(const OpContext& ctx, const Signature& mine);
-  // Waits for an MPI request, polling against the operation's deadline.
-  void mpi_wait(const OpContext& ctx, MPI_Request* req);
+  // Runs one of MPI's blocking collectives. MPI's blocking collectives are
+  // its fast ones (its non-blocking forms progress only when polled), but a
+  // blocking call cannot be given a deadline: a watchdog thread watches it,
+  // and if it outlasts the timeout the process reports the operation and
+  // leaves with exit status 1, which ends the job (never a silent hang).
+  void mpi_blocking(const OpContext& ctx, const char* call, const std::function<int()>& fn);
+  void watch();
+  std::thread watchdog;
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  bool watch_stop = false;  // under watch_mu
+  std::string watched;  // the operation in a blocking MPI call, or empty
+  std::chrono::steady_clock::time_point watched_deadline;
 };
 
 void ProcessGroup::Impl::run() {
@@ -159,18 +171,39 @@ void ProcessGroup::Impl::check_signature(const OpContext& ctx, const Signature& 
                                   ctx.seq, pg->rank_, describe(mine), r, describe(all[r])));
 }
 
-void ProcessGroup::Impl::mpi_wait(const OpContext& ctx, MPI_Request* req) {
-  for (uint64_t spins = 0;; ++spins) {
-    int flag = 0;
-    {
-      std::lock_guard<std::mutex> lock(mpi_mutex());
-      mpi_check(MPI_Test(req, &flag, MPI_STATUS_IGNORE), ctx.op);
+void ProcessGroup::Impl::mpi_blocking(const OpContext& ctx, const char* call, const std::function<int()>& fn) {
+  {
+    std::lock_guard<std::mutex> lock(watch_mu);
+    watched = fmt::format("{} #{} of {} bytes ({}) timed out after {:.1f} s", ctx.op, ctx.seq, ctx.bytes, call,
+                          static_cast<double>(ctx.timeout.count()) / 1000.0);
+    watched_deadline = ctx.deadline;
+  }
+  watch_cv.notify_all();
+  int rc;
+  {
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    rc = fn();
+  }
+  {
+    std::lock_guard<std::mutex> lock(watch_mu);
+    watched.clear();
+  }
+  mpi_check(rc, call);
+}
+
+void ProcessGroup::Impl::watch() {
+  std::unique_lock<std::mutex> lock(watch_mu);
+  while (!watch_stop) {
+    if (watched.empty()) {
+      watch_cv.wait(lock);
+      continue;
     }
-    if (flag) return;
-    if (spins > 1000) std::this_thread::yield();
-    if (spins % 256 == 0 && std::chrono::steady_clock::now() > ctx.deadline)
-      throw CommError(fmt::format("{} #{} of {} bytes (MPI's) timed out after {:.1f} s", ctx.op, ctx.seq,
-                                  ctx.bytes, static_cast<double>(ctx.timeout.count()) / 1000.0));
+    if (std::chrono::steady_clock::now() > watched_deadline) {
+      std::fprintf(stderr, "dpt[rank %d]: error: %s\n", pg->rank_, watched.c_str());
+      std::fflush(stderr);
+      ::_exit(1);
+    }
+    watch_cv.wait_for(lock, std::chrono::milliseconds(100));
   }
 }
 
@@ -267,6 +300,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config) {
   }
   im.ring = std::make_unique<Ring>(rank, rank_at, raw, &pg->ledger_);
   im.thread = std::thread([&im] { im.run(); });
+  if (config.algo == Algo::Mpi && n > 1) im.watchdog = std::thread([&im] { im.watch(); });
   return pg;
 }
 
@@ -278,6 +312,12 @@ ProcessGroup::~ProcessGroup() {
   }
   impl_->cv.notify_all();
   if (impl_->thread.joinable()) impl_->thread.join();
+  {
+    std::lock_guard<std::mutex> lock(impl_->watch_mu);
+    impl_->watch_stop = true;
+  }
+  impl_->watch_cv.notify_all();
+  if (impl_->watchdog.joinable()) impl_->watchdog.join();
   impl_->ring.reset();
   impl_->peers.clear();
   if (impl_->comm != MPI_COMM_NULL && !impl_->broken) {
@@ -310,13 +350,9 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_async(void* data, size_t count, D
   return impl_->submit(OpCode::AllReduce, count, dtype, -1, [this, d, count, op, n](OpContext& ctx) {
     if (n == 1) return;
     if (config_.algo == Algo::Ring) return impl_->ring->all_reduce(ctx, d, count, 4, op);
-    MPI_Request req;
-    {
-      std::lock_guard<std::mutex> lock(mpi_mutex());
-      mpi_check(MPI_Iallreduce(MPI_IN_PLACE, d, static_cast<int>(count), MPI_FLOAT, mpi_op(op), impl_->comm, &req),
-                "MPI_Iallreduce");
-    }
-    impl_->mpi_wait(ctx, &req);
+    impl_->mpi_blocking(ctx, "MPI_Allreduce", [&] {
+      return MPI_Allreduce(MPI_IN_PLACE, d, static_cast<int>(count), MPI_FLOAT, mpi_op(op), impl_->comm);
+    });
     if (op == ReduceOp::Avg) {
       float* f = reinterpret_cast<float*>(d);
       for (size_t i = 0; i < count; ++i) f[i] /= static_cast<float>(n);
@@ -335,13 +371,9 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(void* data, size_t coun
     // its chunk, where the engine's contract has it.
     std::vector<int> counts(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = static_cast<int>(chunk_range(count, n, r).size);
-    MPI_Request req;
-    {
-      std::lock_guard<std::mutex> lock(mpi_mutex());
-      mpi_check(MPI_Ireduce_scatter(MPI_IN_PLACE, d, counts.data(), MPI_FLOAT, mpi_op(op), impl_->comm, &req),
-                "MPI_Ireduce_scatter");
-    }
-    impl_->mpi_wait(ctx, &req);
+    impl_->mpi_blocking(ctx, "MPI_Reduce_scatter", [&] {
+      return MPI_Reduce_scatter(MPI_IN_PLACE, d, counts.data(), MPI_FLOAT, mpi_op(op), impl_->comm);
+    });
     Range mine = chunk_range(count, n, rank);
     float* f = reinterpret_cast<float*>(d);
     std::memmove(f + mine.begin, f, mine.size * sizeof(float));
@@ -363,14 +395,10 @@ std::shared_ptr<Work> ProcessGroup::all_gather_async(void* data, size_t count, D
       counts[static_cast<size_t>(r)] = static_cast<int>(c.size * es);
       displs[static_cast<size_t>(r)] = static_cast<int>(c.begin * es);
     }
-    MPI_Request req;
-    {
-      std::lock_guard<std::mutex> lock(mpi_mutex());
-      mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, d, counts.data(), displs.data(), MPI_BYTE,
-                                impl_->comm, &req),
-                "MPI_Iallgatherv");
-    }
-    impl_->mpi_wait(ctx, &req);
+    impl_->mpi_blocking(ctx, "MPI_Allgatherv", [&] {
+      return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_BYTE, d, counts.data(), displs.data(), MPI_BYTE,
+                                impl_->comm);
+    });
   });
 }
 
@@ -381,12 +409,9 @@ std::shared_ptr<Work> ProcessGroup::broadcast_async(void* data, size_t count, DT
   return impl_->submit(OpCode::Broadcast, count, dtype, root, [this, d, bytes, root](OpContext& ctx) {
     if (size_ == 1) return;
     if (config_.algo == Algo::Ring) return impl_->ring->broadcast(ctx, d, bytes, root);
-    MPI_Request req;
-    {
-      std::lock_guard<std::mutex> lock(mpi_mutex());
-      mpi_check(MPI_Ibcast(d, static_cast<int>(bytes), MPI_BYTE, root, impl_->comm, &req), "MPI_Ibcast");
-    }
-    impl_->mpi_wait(ctx, &req);
+    impl_->mpi_blocking(ctx, "MPI_Bcast", [&] {
+      return MPI_Bcast(d, static_cast<int>(bytes), MPI_BYTE, root, impl_->comm);
+    });
   });
 }
 
@@ -397,15 +422,11 @@ std::shared_ptr<Work> ProcessGroup::reduce_async(void* data, size_t count, DType
   return impl_->submit(OpCode::Reduce, count, dtype, root, [this, d, count, op, root](OpContext& ctx) {
     if (size_ == 1) return;
     if (config_.algo == Algo::Ring) return impl_->ring->reduce(ctx, d, count, 4, op, root);
-    MPI_Request req;
-    {
-      std::lock_guard<std::mutex> lock(mpi_mutex());
+    impl_->mpi_blocking(ctx, "MPI_Reduce", [&] {
       void* send = rank_ == root ? MPI_IN_PLACE : d;
-      mpi_check(MPI_Ireduce(send, rank_ == root ? d : nullptr, static_cast<int>(count), MPI_FLOAT, mpi_op(op),
-                            root, impl_->comm, &req),
-                "MPI_Ireduce");
-    }
-    impl_->mpi_wait(ctx, &req);
+      return MPI_Reduce(send, rank_ == root ? d : nullptr, static_cast<int>(count), MPI_FLOAT, mpi_op(op), root,
+                        impl_->comm);
+    });
     if (op == ReduceOp::Avg && rank_ == root) {
       float* f = reinterpret_cast<float*>(d);
       for (size_t i = 0; i < count; ++i) f[i] /= static_cast<float>(size_);
@@ -417,12 +438,7 @@ std::shared_ptr<Work> ProcessGroup::barrier_async() {
   return impl_->submit(OpCode::Barrier, 0, DType::F32, -1, [this](OpContext& ctx) {
     if (size_ == 1) return;
     if (config_.algo == Algo::Ring) return impl_->ring->barrier(ctx);
-    MPI_Request req;
-    {
-      std::lock_guard<std::mutex> lock(mpi_mutex());
-      mpi_check(MPI_Ibarrier(impl_->comm, &req), "MPI_Ibarrier");
-    }
-    impl_->mpi_wait(ctx, &req);
+    impl_->mpi_blocking(ctx, "MPI_Barrier", [&] { return MPI_Barrier(impl_->comm); });
   });
 }
 

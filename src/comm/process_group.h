@@ -21,6 +21,11 @@
 // where chunk(r) = chunk_range(count, size, r): uneven chunks, no padding.
 // Reductions are fp32 (Sum, Avg, Max); all_gather, broadcast, send and recv
 // move any dtype.
+//
+// send and recv are queued like every other operation, and a send completes
+// only once the peer receives it (MPI_Ssend's semantics): two ranks that
+// both send first, then receive, wait on each other until the deadline.
+// Pair them in matched order (one sends while the other receives).
 #pragma once
 
 #include <cstddef>

@@ -136,6 +136,10 @@ std::vector<std::string> LaunchCommand::mpirun_args() const {
   std::vector<std::string> args{kMpirun, "-n", std::to_string(ranks_)};
   if (::geteuid() == 0) args.push_back("--allow-run-as-root");
   if (ranks_ > slots) args.push_back("--oversubscribe");
+  // When a rank dies, let the survivors report their error (each names the
+  // collective that failed) before the job ends: without this, mpirun kills
+  // them within a second of the first exit. The job still exits non-zero.
+  args.insert(args.end(), {"--mca", "orte_allowed_exit_without_sync", "1"});
   if (!hostfile_.empty()) args.insert(args.end(), {"--hostfile", hostfile_});
   if (bind_ == "core")
     args.insert(args.end(), {"--bind-to", "core", "--map-by", "core"});

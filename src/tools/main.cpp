@@ -1,14 +1,40 @@
 // The `dpt` command: train and evaluate models.
 //
 // Every error the user can cause ends here as one sentence on stderr and a
-// non-zero exit: 1 for bad input or files, 2 for a bug in the engine.
+// non-zero exit: 1 for bad input, files or a failed peer, 2 for a bug in the
+// engine. Under a launcher the sentence names the rank, and a failing rank
+// leaves with _exit: finalising MPI beside a dead or waiting peer can hang,
+// and the launcher ends the job on the first non-zero exit.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <new>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
+#include "comm/process_group.h"
 #include "core/error.h"
 #include "tools/commands.h"
+
+namespace {
+
+std::string who() {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* r = std::getenv(v)) return std::string("dpt[rank ") + r + "]";
+  return "dpt";
+}
+
+int fail(int code, const char* kind, const char* what) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "%s: %s%s\n", who().c_str(), kind, what);
+  std::fflush(stderr);
+  if (dpt::comm::launched_by_mpi()) ::_exit(code);
+  return code;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"dpt: data-parallel training engine"};
@@ -28,17 +54,13 @@ int main(int argc, char** argv) {
     if (launch.chosen()) return launch.run();
     if (bench_comm.chosen()) return bench_comm.run();
   } catch (const dpt::InternalError& e) {
-    std::fprintf(stderr, "dpt: %s\n", e.what());
-    return 2;
+    return fail(2, "", e.what());
   } catch (const dpt::Error& e) {
-    std::fprintf(stderr, "dpt: error: %s\n", e.what());
-    return 1;
+    return fail(1, "error: ", e.what());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "dpt: error: out of memory\n");
-    return 1;
+    return fail(1, "error: ", "out of memory");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dpt: internal error: %s\n", e.what());
-    return 2;
+    return fail(2, "internal error: ", e.what());
   }
   return 0;
 }
