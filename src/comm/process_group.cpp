@@ -207,7 +207,11 @@ void ProcessGroup::Impl::watch() {
   }
 }
 
-std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config) {
+std::unique_ptr<ProcessGroup> ProcessGroup::create_self() { return create(Config{}, true); }
+
+std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config) { return create(config, false); }
+
+std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config, bool self_only) {
   auto pg = std::unique_ptr<ProcessGroup>(new ProcessGroup);
   pg->config_ = config;
   pg->impl_ = std::make_unique<Impl>();
@@ -216,7 +220,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config) {
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
 
-  if (launched_by_mpi()) {
+  if (!self_only && launched_by_mpi()) {
     mpi_ensure_init();
     std::lock_guard<std::mutex> lock(mpi_mutex());
     MPI_Comm_dup(MPI_COMM_WORLD, &im.comm);

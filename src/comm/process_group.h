@@ -45,6 +45,9 @@ class ProcessGroup {
  public:
   // Joins the job the launcher started (MPI), or makes a world of one.
   static std::unique_ptr<ProcessGroup> create(const Config& config = Config::from_env());
+  // A world of one even inside a launched job (a reference run beside a
+  // distributed one, in tests).
+  static std::unique_ptr<ProcessGroup> create_self();
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -91,6 +94,7 @@ class ProcessGroup {
 
  private:
   ProcessGroup() = default;
+  static std::unique_ptr<ProcessGroup> create(const Config& config, bool self_only);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
