@@ -39,9 +39,11 @@ void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size
   bool sent = to == nullptr, received = from == nullptr;
   if (!sent) to->start_send(src, send_bytes);
   if (!received) from->start_recv(dst, recv_bytes, c);
-  // Spin briefly (a partner is usually microseconds away), then yield the
-  // core (ranks may outnumber cores), then sleep; check the clock and the
-  // peers' health every so often.
+  // Spin briefly (a partner that is ready is microseconds away), yield a
+  // little, then sleep in short naps: a peer that is still computing must
+  // not find this rank's communication thread burning a core its own compute
+  // thread (or, with ranks sharing cores, its neighbour) needs. Check the
+  // clock and the peers' health every so often.
   uint64_t idle = 0;
   auto last_health = std::chrono::steady_clock::now();
   while (!(sent && received)) {
@@ -59,15 +61,15 @@ void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size
       continue;
     }
     ++idle;
-    if (idle < 256) {
+    if (idle < 512) {
       DPT_CPU_RELAX();
-    } else if (idle < 20000) {
+    } else if (idle < 640) {
       sched_yield();
     } else {
-      timespec ts{0, 50000};
+      timespec ts{0, 20000};
       nanosleep(&ts, nullptr);
     }
-    if (idle % 256 == 0) {
+    if (idle % 128 == 0) {
       auto now = std::chrono::steady_clock::now();
       Peer* waiting_on = !received ? from : to;
       int peer_rank = !received ? from_rank : to_rank;
