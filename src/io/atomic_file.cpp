@@ -1,9 +1,11 @@
 #include "io/atomic_file.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 
@@ -38,6 +40,14 @@ void AtomicFile::commit() {
     if (ok) err = errno;
     std::remove(tmp_.c_str());
     throw IoError(fmt::format("{}: cannot write file: {}", path_, std::strerror(err)));
+  }
+  // Make the rename itself durable. A failure here loses nothing already
+  // written, so it is not an error.
+  std::string dir = std::filesystem::path(path_).parent_path().string();
+  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "io/safetensors.h"
 
+#include "io/atomic_file.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -259,23 +261,11 @@ std::string make_header(const std::string& path, const std::vector<NamedTensor>&
   return header;
 }
 
-bool write_all(std::FILE* f, const void* p, size_t n) { return n == 0 || std::fwrite(p, 1, n, f) == n; }
-
-bool write_tensor(std::FILE* f, const NamedTensor& t) {
-  if (t.dtype == DType::F32) return write_all(f, t.data.data(), t.data.size() * sizeof(float));
+void write_tensor(AtomicFile& f, const NamedTensor& t) {
+  if (t.dtype == DType::F32) return f.write(t.data.data(), t.data.size() * sizeof(float));
   std::vector<uint16_t> raw(t.data.size());
   std::transform(t.data.begin(), t.data.end(), raw.begin(), float_to_bf16);
-  return write_all(f, raw.data(), raw.size() * sizeof(uint16_t));
-}
-
-// Makes the rename itself durable; failure here loses nothing already
-// written, so it is not an error.
-void sync_parent_dir(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
+  f.write(raw.data(), raw.size() * sizeof(uint16_t));
 }
 
 }  // namespace
@@ -283,28 +273,12 @@ void sync_parent_dir(const std::string& path) {
 void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   const std::string header = make_header(path, tensors, metadata);
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw IoError(fmt::format("{}: cannot write ({})", path, std::strerror(errno)));
-
+  AtomicFile f(path);  // temporary name, fsync, rename: never half-written
   const uint64_t header_len = header.size();
-  bool ok = write_all(f, &header_len, 8) && write_all(f, header.data(), header.size());
-  for (size_t i = 0; ok && i < tensors.size(); ++i) ok = write_tensor(f, tensors[i]);
-  ok = ok && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
-  int err = ok ? 0 : errno;
-  if (std::fclose(f) != 0 && ok) {
-    ok = false;
-    err = errno;
-  }
-  if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ok = false;
-    err = errno;
-  }
-  if (!ok) {
-    std::remove(tmp.c_str());
-    throw IoError(fmt::format("{}: cannot write ({})", path, std::strerror(err)));
-  }
-  sync_parent_dir(path);
+  f.write(&header_len, 8);
+  f.write(header);
+  for (const NamedTensor& t : tensors) write_tensor(f, t);
+  f.commit();
 }
 
 }  // namespace dpt
