@@ -48,6 +48,7 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--save", o.save, "write the trained weights (safetensors)");
   cmd_->add_option("--metrics-out", o.metrics_out, "write one JSON line per logged step");
   cmd_->add_option("--summary-out", o.summary_out, "write the end-of-run summary as JSON");
+  cmd_->add_option("--baseline", o.baseline, "a 1-rank run's --summary-out: report scaling efficiency against it");
   cmd_->add_flag("--quiet", o.quiet, "print nothing but errors");
   // Strategy and communication.
   cmd_->add_option("--strategy", o.strategy, "local, ddp (default with several ranks) or dp (threads)")

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -58,6 +59,23 @@ std::vector<double> gather(comm::ProcessGroup& pg, const std::vector<double>& mi
   std::copy(mine.begin(), mine.end(), all.begin() + static_cast<long>(k * static_cast<size_t>(pg.rank())));
   pg.all_gather(all.data(), all.size() * 2, DType::F32);
   return all;
+}
+
+// samples_per_s of a 1-rank run's summary.
+double read_baseline_throughput(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw IoError(fmt::format("{}: cannot read the baseline summary", path));
+  json j;
+  try {
+    in >> j;
+  } catch (const json::exception&) {
+    throw IoError(fmt::format("{}: the baseline summary is not JSON", path));
+  }
+  if (!j.contains("samples_per_s") || !j["samples_per_s"].is_number() || j["samples_per_s"].get<double>() <= 0)
+    throw InputError(fmt::format("{}: no positive samples_per_s in the baseline summary", path));
+  if (j.value("world", 1) != 1)
+    throw InputError(fmt::format("{}: the baseline must be a 1-rank run", path));
+  return j["samples_per_s"].get<double>();
 }
 
 }  // namespace
@@ -234,6 +252,10 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     if (!mlp) r.tokens_per_s = r.samples_per_s * static_cast<double>(model->positions());
     r.gflops = model->train_flops(o.batch) / (slowest * 1e-3) / 1e9;
   }
+  if (!o.baseline.empty()) {
+    const double base = read_baseline_throughput(o.baseline);
+    r.scaling_efficiency = r.samples_per_s / (world * base);
+  }
   r.sgemm_gflops = measure_sgemm_gflops() * world;
   r.mfu = r.sgemm_gflops > 0 ? r.gflops / r.sgemm_gflops : 0.0;
 
@@ -264,6 +286,10 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
                 "%.1f MiB, peak RSS %.1f MiB\n",
                 param_bytes * MB, param_bytes * MB, opt->state_bytes() * MB, model->activation_bytes() * MB,
                 r.peak_rss * MB);
+    if (r.scaling_efficiency > 0)
+      std::printf("scaling efficiency: %.1f%% of %d x the baseline's %.0f samples/s (%s)\n",
+                  100.0 * r.scaling_efficiency, world, r.samples_per_s / (world * r.scaling_efficiency),
+                  o.baseline.c_str());
     if (world > 1) {
       std::printf("step breakdown (median ms)   forward  backward  comm wait  optimizer    step\n");
       for (int q = 0; q < world; ++q) {
@@ -302,6 +328,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
       j["ddp"] = {{"buckets", buckets}, {"overlap", o.ddp.overlap}, {"per_param", o.ddp.per_param}};
     }
     if (!mlp) j["tokens_per_s"] = r.tokens_per_s;
+    if (r.scaling_efficiency > 0) j["scaling_efficiency"] = r.scaling_efficiency;
     if (!o.synthetic) {
       j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;
       if (mlp) j["test_accuracy"] = r.eval_accuracy;

@@ -44,6 +44,9 @@ struct TrainOptions {
   std::string save;         // safetensors to write at the end
   std::string metrics_out;  // one JSON line per logged step
   std::string summary_out;  // one JSON object at the end
+  // A 1-rank run's --summary-out: the summary then reports scaling
+  // efficiency, throughput / (ranks x that run's throughput).
+  std::string baseline;
   bool quiet = false;       // no progress or summary on stdout
 };
 
@@ -62,6 +65,7 @@ struct TrainResult {
   double samples_per_s = 0.0;   // images (mlp) or sequences (gpt)
   double tokens_per_s = 0.0;    // gpt
   double gflops = 0.0, mfu = 0.0, sgemm_gflops = 0.0;
+  double scaling_efficiency = 0.0;  // with a baseline, else 0
   size_t peak_rss = 0;
 };
 
