@@ -1,0 +1,354 @@
+// `dpt launch` end to end, from one test process: the mpirun line it builds
+// (--dry-run), real 2-rank jobs through it (bench comm, DDP training), naive
+// DP without a launcher, and a rank killed mid-training (the job must end,
+// non-zero, with an error that names the collective, not hang).
+//
+// Every job runs under `timeout`, so a hang fails the test instead of
+// stalling the run; ranks use one thread each (the machine may have 2 cores).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace dpt {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct RunResult {
+  int code = -1;  // exit status; 128 + signal if killed
+  std::string out, err;
+  double seconds = 0;
+  std::string all() const { return out + err; }
+};
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// Quotes a path for /bin/sh.
+std::string q(const fs::path& p) { return fmt::format("'{}'", p.string()); }
+
+bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+// The binary under test.
+std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
+
+// MLP of --sizes 784,64,10: two Linear layers, weights and biases.
+constexpr const char* kSizes = "784,64,10";
+constexpr int64_t kParams = 784 * 64 + 64 + 64 * 10 + 10;
+const std::multiset<int64_t> kTensorNumels = {784 * 64, 64, 64 * 10, 10};
+
+class MultirankCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / fmt::format("dpt_multirank_cli_{}", ::getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // Runs the shell command line `cmd` (under `timeout`, killed after
+  // `limit_s`), capturing stdout, stderr, the exit code and the wall time.
+  static RunResult sh(const std::string& cmd, int limit_s = 60) {
+    static int counter = 0;
+    const fs::path err_path = dir_ / fmt::format("stderr_{}.txt", counter++);
+    const std::string full = fmt::format("timeout -k 5 {} {} 2> {}", limit_s, cmd, q(err_path));
+    RunResult r;
+    const auto t0 = std::chrono::steady_clock::now();
+    FILE* pipe = ::popen(full.c_str(), "r");
+    if (!pipe) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+    const int status = ::pclose(pipe);
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
+    else if (WIFSIGNALED(status)) r.code = 128 + WTERMSIG(status);
+    r.err = read_file(err_path);
+    fs::remove(err_path);
+    return r;
+  }
+
+  // `dpt <args>`, with the engine's settings from the test's own environment
+  // removed so they cannot change what is checked. `env` is what env(1)
+  // gets before the command: "-u NAME" options first, then NAME=value.
+  static constexpr const char* kOneThread = "OMP_NUM_THREADS=1";
+  static RunResult dpt(const std::string& args, const std::string& env = kOneThread, int limit_s = 60) {
+    return sh(fmt::format("env -u DPT_COMM_ALGO -u DPT_COMM_TRANSPORT -u DPT_COMM_TIMEOUT -u DPT_COMM_CHECK "
+                          "{} {} {}",
+                          env, q(dpt_bin()), args),
+              limit_s);
+  }
+
+  // `dpt launch -n 2 -- dpt <args>`.
+  static RunResult launch2(const std::string& args, int limit_s = 60) {
+    return dpt(fmt::format("launch -n 2 -- {} {}", q(dpt_bin()), args), kOneThread, limit_s);
+  }
+
+  // The one line `dpt launch --dry-run` prints, without its newline.
+  static std::string dry_run(const std::string& args, const std::string& env = kOneThread) {
+    SCOPED_TRACE("dpt launch " + args);
+    RunResult r = dpt("launch --dry-run " + args, env);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.err, "");
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    if (!r.out.empty() && r.out.back() == '\n') r.out.pop_back();
+    return r.out;
+  }
+
+  static std::vector<std::string> words(const std::string& line) {
+    std::istringstream in(line);
+    return {std::istream_iterator<std::string>(in), {}};
+  }
+
+  // Checks a DDP summary of `steps` steps of the kSizes MLP on 2 ranks and
+  // returns its buckets' sizes.
+  static std::vector<int64_t> check_ddp_summary(const json& j) {
+    EXPECT_EQ(j["world"], 2);
+    EXPECT_EQ(j["strategy"], "ddp");
+    EXPECT_EQ(j["params"], kParams);
+    EXPECT_TRUE(j["ranks"].is_array());
+    EXPECT_EQ(j["ranks"].size(), 2u);
+    for (const auto& rank : j["ranks"]) EXPECT_GT(rank["step_ms"].get<double>(), 0.0) << rank;
+    // A ring all-reduce sends 2(N-1)/N of the gradients, all of them for
+    // N = 2; the loss of the last step (one float) adds a few bytes.
+    const auto grad_bytes = static_cast<int64_t>(kParams * 4);
+    const auto sent = j["comm_bytes_per_step"].get<int64_t>();
+    EXPECT_GE(sent, grad_bytes);
+    EXPECT_LE(sent, grad_bytes + 16);
+    // The buckets tile the flat gradient buffer exactly.
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // (offset, numel)
+    std::vector<int64_t> numels;
+    EXPECT_FALSE(j["ddp"]["buckets"].empty());
+    for (const auto& b : j["ddp"]["buckets"]) {
+      ranges.emplace_back(b["offset"].get<int64_t>(), b["numel"].get<int64_t>());
+      numels.push_back(b["numel"].get<int64_t>());
+    }
+    std::sort(ranges.begin(), ranges.end());
+    int64_t next = 0;
+    for (const auto& [offset, numel] : ranges) {
+      EXPECT_EQ(offset, next);
+      EXPECT_GT(numel, 0);
+      next = offset + numel;
+    }
+    EXPECT_EQ(next, kParams);
+    return numels;
+  }
+
+  static inline fs::path dir_;
+};
+
+// ---------------------------------------------------------------- dry run
+
+TEST_F(MultirankCliTest, DryRunPrintsTheMpirunLine) {
+  const std::string line = dry_run("-n 2 -- /bin/echo hi");
+  const auto w = words(line);
+  ASSERT_GE(w.size(), 3u) << line;
+  EXPECT_EQ(fs::path(w[0]).filename(), "mpirun") << line;
+  EXPECT_EQ(w[1], "-n") << line;
+  EXPECT_EQ(w[2], "2") << line;
+  EXPECT_TRUE(has(line, " -n 2 ")) << line;
+  if (::geteuid() == 0) EXPECT_TRUE(has(line, " --allow-run-as-root ")) << line;
+  else EXPECT_FALSE(has(line, "--allow-run-as-root")) << line;
+  EXPECT_TRUE(has(line, " --bind-to none ")) << line;
+  EXPECT_FALSE(has(line, "--bind-to core")) << line;
+  EXPECT_TRUE(has(line, " --mca orte_allowed_exit_without_sync 1 ")) << line;
+  // dpt() sets OMP_NUM_THREADS=1, so the launcher passes it on as it is.
+  EXPECT_TRUE(has(line, " -x OMP_NUM_THREADS ")) << line;
+  EXPECT_TRUE(line.ends_with(" /bin/echo hi")) << line;
+  // Ranks that fit in the cores: no oversubscription (one always fits).
+  EXPECT_FALSE(has(dry_run("-n 1 -- /bin/echo hi"), "--oversubscribe"));
+  // DPT_COMM_TIMEOUT is not in the environment: not forwarded.
+  EXPECT_FALSE(has(line, "DPT_COMM_TIMEOUT")) << line;
+}
+
+TEST_F(MultirankCliTest, DryRunSetsOmpThreadsWhenUnset) {
+  const std::string line = dry_run("-n 2 -- /bin/echo hi", "-u OMP_NUM_THREADS");
+  EXPECT_TRUE(has(line, " -x OMP_NUM_THREADS=")) << line;
+  // cores / ranks, at least 1.
+  const auto pos = line.find("OMP_NUM_THREADS=");
+  ASSERT_NE(pos, std::string::npos);
+  EXPECT_GE(std::atoi(line.c_str() + pos + 16), 1) << line;
+}
+
+TEST_F(MultirankCliTest, DryRunForwardsDptVariables) {
+  const std::string line = dry_run("-n 2 -- /bin/echo hi", "OMP_NUM_THREADS=1 DPT_COMM_TIMEOUT=7");
+  EXPECT_TRUE(has(line, " -x DPT_COMM_TIMEOUT ")) << line;
+  EXPECT_FALSE(has(line, "DPT_COMM_TIMEOUT=")) << line;  // by name: the value travels in the environment
+  EXPECT_TRUE(line.ends_with(" /bin/echo hi")) << line;
+}
+
+TEST_F(MultirankCliTest, DryRunOversubscribesPastTheCores) {
+  const std::string line = dry_run("-n 64 -- /bin/echo hi");
+  EXPECT_TRUE(has(line, " -n 64 ")) << line;
+  EXPECT_TRUE(has(line, " --oversubscribe ")) << line;
+  // 64 ranks share the cores: one thread each.
+  EXPECT_TRUE(has(dry_run("-n 64 -- /bin/echo hi", "-u OMP_NUM_THREADS"), " -x OMP_NUM_THREADS=1 "));
+}
+
+TEST_F(MultirankCliTest, DryRunBindCore) {
+  const std::string line = dry_run("-n 2 --bind core -- /bin/echo hi");
+  EXPECT_TRUE(has(line, " --bind-to core ")) << line;
+  EXPECT_FALSE(has(line, "--bind-to none")) << line;
+}
+
+TEST_F(MultirankCliTest, LaunchWithoutCommandIsAUserError) {
+  for (const char* args : {"launch -n 2 --", "launch -n 2 --dry-run --", "launch -n 2"}) {
+    SCOPED_TRACE(args);
+    RunResult r = dpt(args);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_TRUE(r.err.starts_with("dpt: error: ")) << r.err;
+    EXPECT_TRUE(has(r.err, "no command")) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST_F(MultirankCliTest, LaunchOfZeroRanksFails) {
+  for (const char* args : {"launch -n 0 --dry-run -- /bin/echo hi", "launch -n 0 -- /bin/echo hi"}) {
+    SCOPED_TRACE(args);
+    RunResult r = dpt(args);
+    EXPECT_NE(r.code, 0) << r.err;
+    EXPECT_GT(r.code, 0);
+    EXPECT_LT(r.code, 128);  // an error, not a crash
+    EXPECT_TRUE(has(r.err, "-n")) << r.err;
+    EXPECT_FALSE(has(r.out, "/bin/echo")) << r.out;  // nothing launched or printed
+  }
+}
+
+// ---------------------------------------------------------------- real jobs
+
+TEST_F(MultirankCliTest, BenchCommOnTwoRanks) {
+  const fs::path f = dir_ / "bench.json";
+  RunResult r = launch2("bench comm --sizes 4K,64K --iters 2 --warmup 1 --json " + q(f));
+  ASSERT_EQ(r.code, 0) << r.all();
+  ASSERT_TRUE(fs::exists(f)) << r.all();
+  const json j = json::parse(read_file(f));
+  EXPECT_EQ(j["world"], 2);
+  ASSERT_TRUE(j["results"].is_array());
+  ASSERT_FALSE(j["results"].empty());
+  std::set<std::string> ops, algos;
+  std::set<std::tuple<std::string, std::string, int64_t>> seen;
+  for (const auto& res : j["results"]) {
+    SCOPED_TRACE(res.dump());
+    EXPECT_EQ(res["wrong"], 0);
+    EXPECT_GT(res["busbw_gbs"].get<double>(), 0.0);
+    const auto bytes = res["bytes"].get<int64_t>();
+    EXPECT_TRUE(bytes == 4096 || bytes == 65536);
+    ops.insert(res["op"].get<std::string>());
+    algos.insert(res["algo"].get<std::string>());
+    seen.emplace(res["op"].get<std::string>(), res["algo"].get<std::string>(), bytes);
+  }
+  EXPECT_EQ(ops, (std::set<std::string>{"all_reduce", "reduce_scatter", "all_gather", "broadcast"}));
+  EXPECT_EQ(algos, (std::set<std::string>{"ring", "mpi"}));
+  // Every operation, algorithm and size, once each.
+  EXPECT_EQ(seen.size(), 4u * 2u * 2u);
+  EXPECT_EQ(j["results"].size(), 4u * 2u * 2u);
+}
+
+TEST_F(MultirankCliTest, DdpTrainOnTwoRanks) {
+  const fs::path f = dir_ / "ddp.json";
+  RunResult r = launch2(fmt::format("train --model mlp --synthetic --steps 4 --sizes {} --comm-algo ring "
+                                    "--threads 1 --quiet --summary-out {}",
+                                    kSizes, q(f)));
+  ASSERT_EQ(r.code, 0) << r.all();
+  EXPECT_EQ(r.out, "");  // --quiet, on both ranks
+  const json j = json::parse(read_file(f));
+  EXPECT_EQ(j["steps"], 4);
+  EXPECT_EQ(j["ddp"]["per_param"], false);
+  const auto numels = check_ddp_summary(j);
+  // 200 KB of gradients: fewer buckets than tensors.
+  EXPECT_LT(numels.size(), kTensorNumels.size());
+}
+
+TEST_F(MultirankCliTest, DdpTrainPerParamOnTwoRanks) {
+  const fs::path f = dir_ / "ddp_per_param.json";
+  RunResult r = launch2(fmt::format("train --model mlp --synthetic --steps 4 --sizes {} --comm-algo ring "
+                                    "--per-param --threads 1 --quiet --summary-out {}",
+                                    kSizes, q(f)));
+  ASSERT_EQ(r.code, 0) << r.all();
+  const json j = json::parse(read_file(f));
+  EXPECT_EQ(j["ddp"]["per_param"], true);
+  const auto numels = check_ddp_summary(j);
+  // One "bucket" per parameter tensor.
+  EXPECT_EQ(numels.size(), kTensorNumels.size());
+  EXPECT_EQ(std::multiset<int64_t>(numels.begin(), numels.end()), kTensorNumels);
+}
+
+TEST_F(MultirankCliTest, LocalStrategyUnderLauncherIsAnError) {
+  RunResult r = launch2("train --model mlp --synthetic --steps 2 --sizes 784,64,10 --threads 1 --quiet "
+                        "--strategy local");
+  EXPECT_NE(r.code, 0) << r.all();
+  EXPECT_LT(r.seconds, 55.0);
+  EXPECT_TRUE(has(r.all(), "error: --strategy local")) << r.all();
+  EXPECT_TRUE(has(r.all(), "dpt[rank ")) << r.all();  // the error names the rank
+}
+
+TEST_F(MultirankCliTest, NaiveDpWithoutLauncher) {
+  const fs::path f = dir_ / "dp.json";
+  RunResult r = dpt(fmt::format("train --model mlp --synthetic --steps 3 --sizes {} --strategy dp --dp-replicas 2 "
+                                "--quiet --summary-out {}",
+                                kSizes, q(f)));
+  ASSERT_EQ(r.code, 0) << r.all();
+  EXPECT_EQ(r.out, "");
+  const json j = json::parse(read_file(f));
+  EXPECT_EQ(j["strategy"], "dp");
+  EXPECT_EQ(j["replicas"], 2);
+  EXPECT_EQ(j["world"], 1);
+}
+
+TEST_F(MultirankCliTest, DpUnderLauncherIsAnError) {
+  RunResult r = launch2("train --model mlp --synthetic --steps 2 --sizes 784,64,10 --threads 1 --quiet "
+                        "--strategy dp --dp-replicas 2");
+  EXPECT_NE(r.code, 0) << r.all();
+  EXPECT_TRUE(has(r.all(), "--strategy dp runs in one process")) << r.all();
+}
+
+// ---------------------------------------------------------------- failure
+
+// Rank 1 is killed (SIGKILL, no chance to say goodbye) 6 s into a training
+// run far too long to finish (thousands of steps a second; 6 s leaves MPI
+// start-up far behind); rank 0 is in or between its gradient all-reduces and
+// must notice: the job ends in seconds (at worst after rank 0's 20 s
+// collective timeout), non-zero, with an error that names the collective.
+// (Not more steps: training reserves its per-step timing vectors up front.)
+TEST_F(MultirankCliTest, RankKilledMidTrainingEndsTheJob) {
+  const std::string train = fmt::format("train --model mlp --synthetic --steps 1000000 --sizes {} --threads 1 "
+                                        "--quiet --comm-timeout 20",
+                                        kSizes);
+  // The dpt path reaches the per-rank shell as $1, so no nested quoting.
+  const std::string script = fmt::format(
+      "if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exec timeout -s KILL 6 \"$1\" {0}; else exec \"$1\" {0}; fi",
+      train);
+  RunResult r = dpt(fmt::format("launch -n 2 -- sh -c '{}' sh {}", script, q(dpt_bin())), kOneThread, 90);
+  const std::string out = r.all();
+  // Non-zero: mpirun passes on the status of the first rank that failed
+  // (137 for rank 1's SIGKILL, or rank 0's 1). A hang would show as the
+  // 90 s `timeout` ending it.
+  EXPECT_NE(r.code, 0) << out;
+  EXPECT_LT(r.seconds, 60.0) << "a hang, ended by timeout:\n" << out;
+  EXPECT_TRUE(has(out, "rank 1 has exited") || has(out, "timed out")) << out;
+  EXPECT_TRUE(has(out, "dpt[rank 0]: error: all_reduce #")) << out;
+}
+
+}  // namespace
+}  // namespace dpt
