@@ -144,7 +144,7 @@ TrainResult run_dp_training(const TrainOptions& o) {
     return median(std::vector<double>(v.begin() + static_cast<long>(skip), v.end()));
   };
   r.step_ms_median = steady(step_ms);
-  r.breakdown = {0.0, steady(compute_ms), steady(gather_ms) + steady(bcast_ms), steady(opt_ms), r.step_ms_median};
+  r.breakdown = {0.0, 0.0, steady(compute_ms), steady(gather_ms) + steady(bcast_ms), steady(opt_ms), r.step_ms_median};
   r.samples_per_s = static_cast<double>(o.batch) * 1000.0 / r.step_ms_median;
   if (!mlp) r.tokens_per_s = r.samples_per_s * static_cast<double>(master.positions());
   r.gflops = master.train_flops(o.batch) / (r.step_ms_median * 1e-3) / 1e9;

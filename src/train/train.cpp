@@ -153,8 +153,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
 
   TrainResult r;
   Batch batch;
-  std::vector<double> step_ms, fwd_ms, bwd_ms, wait_ms, opt_ms;
-  for (auto* v : {&step_ms, &fwd_ms, &bwd_ms, &wait_ms, &opt_ms}) v->reserve(static_cast<size_t>(steps));
+  std::vector<double> step_ms, data_ms, fwd_ms, bwd_ms, wait_ms, opt_ms;
+  // Reserved up front so steps allocate nothing (capped: a run of millions
+  // of steps grows these rarely, by doubling, rather than reserving GBs).
+  for (auto* v : {&step_ms, &data_ms, &fwd_ms, &bwd_ms, &wait_ms, &opt_ms})
+    v->reserve(static_cast<size_t>(std::min<int64_t>(steps, 1 << 16)));
   const double per_step = static_cast<double>(o.batch * (mlp ? 1 : model->positions()));
   // Under DDP the loss scale carries the 1/world of the average, so the
   // all-reduce is a plain sum and every gradient element is scaled once.
@@ -163,11 +166,13 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   auto run_start = Clock::now();
   for (int64_t step = 0; step < steps; ++step) {
     auto t0 = Clock::now();
-    double f_ms = 0, b_ms = 0, w_ms = 0;
+    double d_ms = 0, f_ms = 0, b_ms = 0, w_ms = 0;
     model->zero_grads();
     double loss = 0.0;
     for (int64_t k = 0; k < o.grad_accum; ++k) {
+      auto td = Clock::now();
       data.next(batch);
+      d_ms += since_ms(td);
       if (reducer) reducer->prepare(k == o.grad_accum - 1);  // no_sync before the last
       auto tf = Clock::now();
       loss += model->forward(batch).loss;
@@ -191,6 +196,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     const double o_ms = since_ms(to);
     const double ms = since_ms(t0);
     step_ms.push_back(ms);
+    data_ms.push_back(d_ms);
     fwd_ms.push_back(f_ms);
     bwd_ms.push_back(b_ms);
     wait_ms.push_back(w_ms);
@@ -214,7 +220,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
                                 : fmt::format("step {}: validation loss {:.4f}", step + 1, ev->loss()));
       if (metrics) {
         json j = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                  {"step_ms", ms}, {"forward_ms", f_ms}, {"backward_ms", b_ms},
+                  {"step_ms", ms}, {"data_ms", d_ms}, {"forward_ms", f_ms}, {"backward_ms", b_ms},
                   {"comm_wait_ms", w_ms}, {"optimizer_ms", o_ms},
                   {mlp ? "samples_per_s" : "tokens_per_s", rate}};
         if (ev) {
@@ -240,13 +246,15 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     return median(std::vector<double>(v.begin() + static_cast<long>(skip), v.end()));
   };
   r.step_ms_median = steady(step_ms);
-  r.breakdown = {steady(fwd_ms), steady(bwd_ms), steady(wait_ms), steady(opt_ms), r.step_ms_median};
-  // Throughput of the job: the slowest rank sets the pace.
-  const std::vector<double> all = gather(pg, {r.breakdown.forward_ms, r.breakdown.backward_ms,
+  r.breakdown = {steady(data_ms), steady(fwd_ms), steady(bwd_ms), steady(wait_ms), steady(opt_ms), r.step_ms_median};
+  // Throughput of the job: the slowest rank sets the pace. Per rank: data,
+  // forward, backward, comm wait, optimizer, step (ms), peak RSS (bytes).
+  constexpr size_t kPerRank = 7;
+  const std::vector<double> all = gather(pg, {r.breakdown.data_ms, r.breakdown.forward_ms, r.breakdown.backward_ms,
                                               r.breakdown.comm_wait_ms, r.breakdown.optimizer_ms,
                                               r.breakdown.step_ms, static_cast<double>(peak_rss_bytes())});
   double slowest = 0.0;
-  for (int q = 0; q < world; ++q) slowest = std::max(slowest, all[static_cast<size_t>(q) * 6 + 4]);
+  for (int q = 0; q < world; ++q) slowest = std::max(slowest, all[static_cast<size_t>(q) * kPerRank + 5]);
   if (slowest > 0) {
     r.samples_per_s = static_cast<double>(o.batch) * 1000.0 / slowest;
     if (!mlp) r.tokens_per_s = r.samples_per_s * static_cast<double>(model->positions());
@@ -291,11 +299,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
                   100.0 * r.scaling_efficiency, world, r.samples_per_s / (world * r.scaling_efficiency),
                   o.baseline.c_str());
     if (world > 1) {
-      std::printf("step breakdown (median ms)   forward  backward  comm wait  optimizer    step\n");
+      std::printf("step breakdown (median ms)   data  forward  backward  comm wait  optimizer    step\n");
       for (int q = 0; q < world; ++q) {
-        const double* v = all.data() + static_cast<size_t>(q) * 6;
-        std::printf("  rank %-3d                   %8.2f  %8.2f  %9.2f  %9.2f  %7.2f\n", q, v[0], v[1], v[2],
-                    v[3], v[4]);
+        const double* v = all.data() + static_cast<size_t>(q) * kPerRank;
+        std::printf("  rank %-3d                 %6.2f %8.2f  %8.2f  %9.2f  %9.2f  %7.2f\n", q, v[0], v[1], v[2],
+                    v[3], v[4], v[5]);
       }
       std::printf("communication: %.2f MiB sent per step per rank (gradients %.2f MiB: 2(N-1)/N = %.3f of "
                   "them); exposed %.1f%% of the step on rank 0\n",
@@ -308,9 +316,9 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (lead && !o.summary_out.empty()) {
     json ranks = json::array();
     for (int q = 0; q < world; ++q) {
-      const double* v = all.data() + static_cast<size_t>(q) * 6;
-      ranks.push_back({{"forward_ms", v[0]}, {"backward_ms", v[1]}, {"comm_wait_ms", v[2]},
-                       {"optimizer_ms", v[3]}, {"step_ms", v[4]}, {"peak_rss", v[5]}});
+      const double* v = all.data() + static_cast<size_t>(q) * kPerRank;
+      ranks.push_back({{"data_ms", v[0]}, {"forward_ms", v[1]}, {"backward_ms", v[2]}, {"comm_wait_ms", v[3]},
+                       {"optimizer_ms", v[4]}, {"step_ms", v[5]}, {"peak_rss", v[6]}});
     }
     json j = {{"model", o.model}, {"strategy", o.strategy}, {"world", world}, {"threads", threads()},
               {"steps", steps}, {"batch", o.batch}, {"grad_accum", o.grad_accum},

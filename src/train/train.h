@@ -52,7 +52,7 @@ struct TrainOptions {
 
 // Per-step time of one rank, split by phase (medians over the steady state).
 struct StepBreakdown {
-  double forward_ms = 0, backward_ms = 0, comm_wait_ms = 0, optimizer_ms = 0, step_ms = 0;
+  double data_ms = 0, forward_ms = 0, backward_ms = 0, comm_wait_ms = 0, optimizer_ms = 0, step_ms = 0;
 };
 
 struct TrainResult {
