@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_run.h"
 #include "core/rng.h"
 
 namespace dpt {
@@ -25,22 +26,14 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct RunResult {
-  int code = -1;  // exit status; 128 + signal if killed
-  std::string out, err;
-};
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
+using test::q;
+using test::read_file;
+using test::RunResult;
 
 void write_file(const fs::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-// Quotes a path for /bin/sh.
-std::string q(const fs::path& p) { return fmt::format("'{}'", p.string()); }
 
 class CliTest : public ::testing::Test {
  protected:
@@ -67,21 +60,7 @@ class CliTest : public ::testing::Test {
 
   // Runs `dpt <args>`, capturing stdout, stderr and the exit code.
   static RunResult run(const std::string& args) {
-    static int counter = 0;
-    const fs::path err_path = dir_ / fmt::format("stderr_{}.txt", counter++);
-    const std::string cmd = fmt::format("{}/dpt {} 2> {}", DPT_BINARY_DIR, args, q(err_path));
-    RunResult r;
-    FILE* pipe = ::popen(cmd.c_str(), "r");
-    if (!pipe) return r;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-    const int status = ::pclose(pipe);
-    if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
-    else if (WIFSIGNALED(status)) r.code = 128 + WTERMSIG(status);
-    r.err = read_file(err_path);
-    fs::remove(err_path);
-    return r;
+    return test::run_shell(fmt::format("{}/dpt {}", DPT_BINARY_DIR, args), dir_);
   }
 
   // The command must fail the way user errors do: exit code 1 and exactly

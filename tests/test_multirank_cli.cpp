@@ -27,26 +27,17 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_run.h"
+
 namespace dpt {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct RunResult {
-  int code = -1;  // exit status; 128 + signal if killed
-  std::string out, err;
-  double seconds = 0;
-  std::string all() const { return out + err; }
-};
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-// Quotes a path for /bin/sh.
-std::string q(const fs::path& p) { return fmt::format("'{}'", p.string()); }
+using test::q;
+using test::read_file;
+using test::RunResult;
 
 bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
@@ -69,25 +60,7 @@ class MultirankCliTest : public ::testing::Test {
 
   // Runs the shell command line `cmd` (under `timeout`, killed after
   // `limit_s`), capturing stdout, stderr, the exit code and the wall time.
-  static RunResult sh(const std::string& cmd, int limit_s = 60) {
-    static int counter = 0;
-    const fs::path err_path = dir_ / fmt::format("stderr_{}.txt", counter++);
-    const std::string full = fmt::format("timeout -k 5 {} {} 2> {}", limit_s, cmd, q(err_path));
-    RunResult r;
-    const auto t0 = std::chrono::steady_clock::now();
-    FILE* pipe = ::popen(full.c_str(), "r");
-    if (!pipe) return r;
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
-    const int status = ::pclose(pipe);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
-    else if (WIFSIGNALED(status)) r.code = 128 + WTERMSIG(status);
-    r.err = read_file(err_path);
-    fs::remove(err_path);
-    return r;
-  }
+  static RunResult sh(const std::string& cmd, int limit_s = 60) { return test::run_shell(cmd, dir_, limit_s); }
 
   // `dpt <args>`, with the engine's settings from the test's own environment
   // removed so they cannot change what is checked. `env` is what env(1)

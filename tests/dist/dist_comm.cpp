@@ -13,6 +13,8 @@
 // (r + 1) * ((i % 5) + 1) at element i, so the sum over n ranks is
 // n(n+1)/2 * ((i % 5) + 1) and the max n * ((i % 5) + 1).
 #include <gtest/gtest.h>
+
+#include "dist_main.h"
 #include <unistd.h>
 
 #include <chrono>
@@ -568,24 +570,6 @@ TEST(BadArguments, ReductionOfBF16) {
   EXPECT_TRUE(matches(ok.data(), 0, 8, max_over_ranks));
 }
 
-// Ranks other than 0: failures only, prefixed with the rank.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.message());
-  }
-  void OnTestEnd(const ::testing::TestInfo& info) override {
-    if (info.result()->Failed())
-      std::fprintf(stderr, "[rank %d] FAILED %s.%s\n", rank_, info.test_suite_name(), info.name());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -597,31 +581,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   g_pg = group.get();
-  ::testing::InitGoogleTest(&argc, argv);
-  if (me() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new RankFailurePrinter(me()));
-  }
-  const int rc = RUN_ALL_TESTS();
-
-  float failed = rc != 0 ? 1.0f : 0.0f;
-  try {
-    pg().all_reduce(&failed, 1, DType::F32, ReduceOp::Max);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dist_comm: rank %d: final agreement failed: %s\n", me(), e.what());
-    std::fflush(nullptr);
-    _exit(1);
-  }
-  if (me() == 0) {
-    if (failed == 0.0f)
-      std::printf("dist_comm: %d ranks (%s), all tests passed\n", world(), dpt::comm::algo_name(pg().config().algo));
-    else
-      std::printf("dist_comm: %d ranks (%s), FAILED on at least one rank\n", world(),
-                  dpt::comm::algo_name(pg().config().algo));
-    std::fflush(stdout);
-  }
+  const int rc = dpt::test::run_all_ranks(argc, argv, *group,
+                                          std::string("dist_comm (") + dpt::comm::algo_name(group->config().algo) + ")");
   g_pg = nullptr;
   group.reset();
-  return failed == 0.0f ? 0 : 1;
+  return rc;
 }

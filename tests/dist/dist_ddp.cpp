@@ -30,6 +30,8 @@
 // performs it: bucketing, overlap and the DP strategy's gather then do not
 // change a single bit.
 #include <gtest/gtest.h>
+
+#include "dist_main.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -505,24 +507,6 @@ TEST(Evaluation, DistributedEqualsSingleProcessPerSample) {
   }
 }
 
-// Ranks other than 0: failures only, prefixed with the rank.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::fprintf(stderr, "[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.message());
-  }
-  void OnTestEnd(const ::testing::TestInfo& info) override {
-    if (info.result()->Failed())
-      std::fprintf(stderr, "[rank %d] FAILED %s.%s\n", rank_, info.test_suite_name(), info.name());
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace dpt
 
@@ -539,30 +523,10 @@ int main(int argc, char** argv) {
   dpt::g_pg = group.get();
   dpt::g_self = self.get();
   dpt::set_threads(1);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (group->rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new dpt::RankFailurePrinter(group->rank()));
-  }
-  const int rc = RUN_ALL_TESTS();
-
-  float failed = rc != 0 ? 1.0f : 0.0f;
-  try {
-    group->all_reduce(&failed, 1, dpt::DType::F32, dpt::comm::ReduceOp::Max);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dist_ddp: rank %d: final agreement failed: %s\n", group->rank(), e.what());
-    std::fflush(nullptr);
-    _exit(1);
-  }
-  if (group->rank() == 0) {
-    std::printf("dist_ddp: %d ranks, %s\n", group->size(),
-                failed == 0.0f ? "all tests passed" : "FAILED on at least one rank");
-    std::fflush(stdout);
-  }
+  const int rc = dpt::test::run_all_ranks(argc, argv, *group, "dist_ddp");
   dpt::g_pg = nullptr;
   dpt::g_self = nullptr;
   self.reset();
   group.reset();
-  return failed == 0.0f ? 0 : 1;
+  return rc;
 }

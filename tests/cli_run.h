@@ -1,0 +1,58 @@
+// Running a shell command from a test: stdout, stderr, exit status and wall
+// time. Shared by the tests that drive the `dpt` binary.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace dpt::test {
+
+struct RunResult {
+  int code = -1;  // exit status; 128 + signal if killed
+  std::string out, err;
+  double seconds = 0;
+  std::string all() const { return out + err; }
+};
+
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// Quotes a path for /bin/sh.
+inline std::string q(const std::filesystem::path& p) { return fmt::format("'{}'", p.string()); }
+
+// Runs `cmd` with /bin/sh; stderr goes through a file in `scratch`. With
+// limit_s > 0 the command runs under timeout(1) and is killed after it.
+inline RunResult run_shell(const std::string& cmd, const std::filesystem::path& scratch, int limit_s = 0) {
+  static int counter = 0;
+  const std::filesystem::path err_path = scratch / fmt::format("stderr_{}.txt", counter++);
+  const std::string line = limit_s > 0 ? fmt::format("timeout -k 5 {} {} 2> {}", limit_s, cmd, q(err_path))
+                                       : fmt::format("{} 2> {}", cmd, q(err_path));
+  RunResult r;
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* pipe = ::popen(line.c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(pipe);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (WIFEXITED(status))
+    r.code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status))
+    r.code = 128 + WTERMSIG(status);
+  r.err = read_file(err_path);
+  std::filesystem::remove(err_path);
+  return r;
+}
+
+}  // namespace dpt::test
