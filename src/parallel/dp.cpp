@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/stats.h"
 #include "core/memory.h"
 #include "io/atomic_file.h"
 #include "models/weights.h"
@@ -30,11 +31,6 @@ namespace dpt {
 namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
 }  // namespace
 
 TrainResult run_dp_training(const TrainOptions& o) {
@@ -173,14 +169,7 @@ TrainResult run_dp_training(const TrainOptions& o) {
                         {"compute_ms", steady(compute_ms)}, {"gather_ms", steady(gather_ms)},
                         {"optimizer_ms", steady(opt_ms)}, {"broadcast_ms", steady(bcast_ms)},
                         {"peak_rss", r.peak_rss}};
-    if (!mlp) j["tokens_per_s"] = r.tokens_per_s;
-    if (data[0]->evaluable()) {
-      j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;
-      if (mlp) j["test_accuracy"] = r.eval_accuracy;
-    }
-    AtomicFile f(o.summary_out);
-    f.write(j.dump(2) + "\n");
-    f.commit();
+    write_summary(o.summary_out, std::move(j), r, mlp, data[0]->evaluable());
   }
   return r;
 }

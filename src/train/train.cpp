@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/stats.h"
 #include "core/gemm_peak.h"
 #include "core/memory.h"
 #include "core/threads.h"
@@ -42,11 +43,6 @@ void apply_defaults(TrainOptions& o) {
 
 namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
 
 double since_ms(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -79,6 +75,17 @@ double read_baseline_throughput(const std::string& path) {
 }
 
 }  // namespace
+
+void write_summary(const std::string& path, nlohmann::json j, const TrainResult& r, bool mlp, bool evaluated) {
+  if (!mlp) j["tokens_per_s"] = r.tokens_per_s;
+  if (evaluated) {
+    j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;
+    if (mlp) j["test_accuracy"] = r.eval_accuracy;
+  }
+  AtomicFile f(path);
+  f.write(j.dump(2) + "\n");
+  f.commit();
+}
 
 TrainResult run_training(TrainOptions o) {
   auto pg = comm::ProcessGroup::create();
@@ -335,15 +342,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
       for (const Bucket& b : reducer->buckets()) buckets.push_back({{"offset", b.offset}, {"numel", b.numel}});
       j["ddp"] = {{"buckets", buckets}, {"overlap", o.ddp.overlap}, {"per_param", o.ddp.per_param}};
     }
-    if (!mlp) j["tokens_per_s"] = r.tokens_per_s;
     if (r.scaling_efficiency > 0) j["scaling_efficiency"] = r.scaling_efficiency;
-    if (!o.synthetic) {
-      j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;
-      if (mlp) j["test_accuracy"] = r.eval_accuracy;
-    }
-    AtomicFile f(o.summary_out);
-    f.write(j.dump(2) + "\n");
-    f.commit();
+    write_summary(o.summary_out, std::move(j), r, mlp, !o.synthetic);
   }
   return r;
 }

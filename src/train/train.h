@@ -7,6 +7,8 @@
 #include <map>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/process_group.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -68,6 +70,10 @@ struct TrainResult {
   double scaling_efficiency = 0.0;  // with a baseline, else 0
   size_t peak_rss = 0;
 };
+
+// Writes a run's summary JSON `j` (atomically) after adding the fields every
+// strategy shares: tokens/s for the GPT, the final evaluation if there was one.
+void write_summary(const std::string& path, nlohmann::json j, const TrainResult& r, bool mlp, bool evaluated);
 
 // Fills the model-dependent defaults of opts (see the comments above).
 void apply_defaults(TrainOptions& opts);
