@@ -17,38 +17,15 @@ writes all results as one JSON file.
 """
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
+
+from bench_util import RunError, run_and_load, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCH_SCRIPT = os.path.join(HERE, "torch_workloads.py")
 UNIT = {"mlp": "samples_per_s", "gpt": "tokens_per_s"}
-
-
-class RunError(Exception):
-    """A benchmark process failed; the message says which and why."""
-
-
-def run_and_load(name, cmd, summary_path, env=None):
-    """Runs cmd, then returns the JSON it wrote to summary_path.
-
-    On failure raises RunError carrying the command and its stderr."""
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    except OSError as e:
-        raise RunError(f"{name}: cannot run {cmd[0]}: {e}") from e
-    if proc.returncode != 0:
-        raise RunError(f"{name} failed with exit status {proc.returncode}: {' '.join(cmd)}\n"
-                       f"--- stderr ---\n{proc.stderr.rstrip()}")
-    try:
-        with open(summary_path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise RunError(f"{name}: no valid JSON summary at {summary_path}: {e}\n"
-                       f"--- stderr ---\n{proc.stderr.rstrip()}") from e
 
 
 def check_keys(name, summary, keys):
@@ -136,9 +113,7 @@ def main():
         result = {"workload": args.workload, "threads": args.threads, "steps": args.steps,
                   "torch_warmup": args.warmup, "dpt": dpt, "torch": torch_runs,
                   "torch_best": best, "ratio_dpt_over_torch": ratio}
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+        write_json(args.out, result)
     return 0
 
 

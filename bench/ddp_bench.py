@@ -31,11 +31,12 @@ with --workload all and no --out, one file per workload).
 """
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
+
+import bench_util
+from bench_util import RunError, run_and_load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,29 +48,6 @@ TORCH_STEPS = {"mlp": (60, 20), "gpt": (30, 10)}
 BUCKETS_MB = [0.25, 1, 4, 25]
 RANKS = 2
 TIMEOUT_S = 900
-
-
-class RunError(Exception):
-    pass
-
-
-def run_and_load(cmd, summary_path, env=None):
-    """Runs cmd; returns the JSON it wrote to summary_path or raises RunError."""
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except OSError as e:
-        raise RunError(f"cannot run {cmd[0]}: {e}") from e
-    except subprocess.TimeoutExpired as e:
-        raise RunError(f"timed out after {TIMEOUT_S} s: {' '.join(cmd)}") from e
-    if proc.returncode != 0:
-        raise RunError(f"exit status {proc.returncode}: {' '.join(cmd)}\n"
-                       f"--- stderr ---\n{proc.stderr.rstrip()}")
-    try:
-        with open(summary_path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise RunError(f"no valid JSON summary at {summary_path}: {e}\n"
-                       f"--- stderr ---\n{proc.stderr.rstrip()}") from e
 
 
 def configurations(args, workload, tmp):
@@ -185,7 +163,7 @@ def bench_workload(args, workload):
             row = {"key": key, "label": label, "kind": kind, "cmd": cmd,
                    "env": {"OMP_WAIT_POLICY": env.get("OMP_WAIT_POLICY")} if env else None}
             try:
-                row["summary"] = run_and_load(cmd, path, env)
+                row["summary"] = run_and_load(label, cmd, path, env, TIMEOUT_S)
                 row["metrics"] = row_metrics(kind, row["summary"], unit)
                 if row["metrics"]["throughput"] is None:
                     raise RunError(f"summary lacks {unit}")
@@ -236,10 +214,7 @@ def bench_workload(args, workload):
 
 
 def write_json(path, obj):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
+    bench_util.write_json(path, obj)
     print(f"wrote {path}")
 
 

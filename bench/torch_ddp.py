@@ -39,7 +39,6 @@ os.environ["OMP_NUM_THREADS"] = "1"
 
 import argparse  # noqa: E402
 import hashlib  # noqa: E402
-import json  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -55,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_workloads import (  # noqa: E402
     GPT, GPT_BATCH, GPT_CONFIG, MLP_BATCH, MLP_SIZES, N_BATCHES, GPTConfig,
     gpt_flops, gpt_param_groups, make_mlp, mlp_flops, reference_init)
+from bench_util import write_json  # noqa: E402
 
 DEFAULTS = {"mlp": dict(steps=60, warmup=20), "gpt": dict(steps=30, warmup=10)}
 UNIT = {"mlp": "samples_per_s", "gpt": "tokens_per_s"}
@@ -285,9 +285,7 @@ def main():
         print("torch_ddp.py: the ranks' parameters differ after the timed steps", file=sys.stderr)
         return 1
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+        write_json(args.json, result)
     return 0
 
 

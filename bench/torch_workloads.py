@@ -18,7 +18,6 @@ achieved GFLOP/s against a model-FLOP count (see mlp_flops / gpt_flops).
 """
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -47,6 +46,7 @@ import torch.nn.functional as F  # noqa: E402
 # benchmark times the same model that the parity test checks.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
 from make_reference import GPT, GPTConfig, gpt_param_groups, make_mlp, reference_init  # noqa: E402
+from bench_util import write_json  # noqa: E402  (this folder is on sys.path when run as a script)
 
 MLP_SIZES = [784, 1024, 1024, 10]
 MLP_BATCH = 256
@@ -159,9 +159,7 @@ def main():
           f"median step {result['step_ms_median']:.2f} ms over {len(times)} steps, "
           f"{result[unit]:.1f} {unit.replace('_per_s', '/s')}, {result['gflops']:.1f} GFLOP/s")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
+        write_json(args.json, result)
     return 0
 
 
