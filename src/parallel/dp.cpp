@@ -36,28 +36,25 @@ double ms_since(Clock::time_point t) { return std::chrono::duration<double, std:
 TrainResult run_dp_training(const TrainOptions& o) {
   const int R = o.dp_replicas;
   if (R < 1) throw InputError(fmt::format("--dp-replicas {} must be positive", R));
-  if (o.batch % (R * o.grad_accum) != 0)
-    throw InputError(fmt::format("global batch {} does not split into {} replicas x {} equal micro-batches",
-                                 o.batch, R, o.grad_accum));
-  const int64_t micro = o.batch / R / o.grad_accum;
+  const int64_t micro = micro_batch(o, R, "replicas");
   const bool mlp = o.model == "mlp";
-  std::map<std::string, std::string> hp = o.hparams;
-  hp["dpt.model"] = o.model;
 
+  // Replica 0 is built (or loaded) and the others copy its weights; the
+  // data is read once and shared.
   std::vector<std::unique_ptr<Model>> replicas;
+  replicas.push_back(build_model(o, o.seed));
+  Model& master = *replicas[0];
+  const size_t n = master.param_count();
+  const auto sets = load_datasets(o, master);
   std::vector<std::unique_ptr<DataSource>> data;
   for (int i = 0; i < R; ++i) {
-    replicas.push_back(o.load.empty() ? make_model(hp) : model_from_file(o.load, hp));
-    data.push_back(std::make_unique<DataSource>(o, *replicas.back(), micro, i, R));
+    if (i > 0) {
+      replicas.push_back(make_model(master.metadata()));
+      std::memcpy(replicas.back()->params(), master.params(), n * sizeof(float));
+    }
+    data.push_back(std::make_unique<DataSource>(o, *replicas.back(), sets, micro, i, R));
   }
-  Model& master = *replicas[0];
-  if (o.load.empty()) master.init_params(o.seed);
-  const size_t n = master.param_count();
-  for (int i = 1; i < R; ++i) std::memcpy(replicas[static_cast<size_t>(i)]->params(), master.params(), n * sizeof(float));
-
-  int64_t steps = o.steps;
-  if (steps == 0) steps = mlp ? data[0]->steps_for_epochs(o.epochs, o.grad_accum) : 200;
-  if (steps == 0) steps = mlp ? 702 : 200;
+  const int64_t steps = data[0]->steps(o);
   Schedule schedule = o.schedule;
   schedule.total_steps = steps;
   auto opt = make_optimizer(o.optimizer, master.layout(), 0, n);
@@ -135,10 +132,7 @@ TrainResult run_dp_training(const TrainOptions& o) {
   if (!error.empty()) throw InputError(error);
   progress.finish();
   r.steps = steps;
-  const size_t skip = step_ms.size() > 40 ? 20 : (step_ms.size() > 1 ? 1 : 0);
-  auto steady = [skip](const std::vector<double>& v) {
-    return median(std::vector<double>(v.begin() + static_cast<long>(skip), v.end()));
-  };
+  auto steady = [](const std::vector<double>& v) { return steady_median(v); };
   r.step_ms_median = steady(step_ms);
   r.breakdown = {0.0, 0.0, steady(compute_ms), steady(gather_ms) + steady(bcast_ms), steady(opt_ms), r.step_ms_median};
   r.samples_per_s = static_cast<double>(o.batch) * 1000.0 / r.step_ms_median;

@@ -14,13 +14,23 @@
 
 namespace dpt {
 
+// The data of a run, read from disk once and shared by every DataSource
+// (DP's replicas all read the same sets). Empty for synthetic runs.
+struct Datasets {
+  std::optional<ImageSet> train_images, test_images;  // mlp
+  std::optional<ByteCorpus> corpus;                   // gpt
+};
+std::shared_ptr<const Datasets> load_datasets(const TrainOptions& o, const Model& model);
+
 class DataSource {
  public:
   // micro: samples per micro-batch on this rank.
-  DataSource(const TrainOptions& o, const Model& model, int64_t micro, int rank, int world);
+  DataSource(const TrainOptions& o, const Model& model, std::shared_ptr<const Datasets> sets, int64_t micro,
+             int rank, int world);
   void next(Batch& b);
-  // Steps of `o.epochs` epochs (mlp on real data), else 0.
-  int64_t steps_for_epochs(int64_t epochs, int64_t grad_accum) const;
+  // The run's optimizer steps: --steps, else o.epochs epochs (mlp on real
+  // data; W-MLP's 3 epochs, 702 steps, when synthetic), else 200 (gpt).
+  int64_t steps(const TrainOptions& o) const;
   bool evaluable() const { return !synthetic_; }
   // This rank's share of the held-out data; combine() across ranks.
   EvalResult evaluate(Model& model, int64_t batch, int64_t max_windows, int rank, int world) const;
@@ -28,8 +38,7 @@ class DataSource {
  private:
   bool synthetic_ = false;
   int64_t micro_;
-  std::optional<ImageSet> train_images_, test_images_;
-  std::optional<ByteCorpus> corpus_;
+  std::shared_ptr<const Datasets> sets_;
   std::unique_ptr<ImageEpochs> epochs_;
   std::unique_ptr<WindowSampler> windows_;
   Batch synthetic_batch_;

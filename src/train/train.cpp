@@ -76,6 +76,22 @@ double read_baseline_throughput(const std::string& path) {
 
 }  // namespace
 
+int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name) {
+  if (o.batch % (parts * o.grad_accum) != 0)
+    throw InputError(fmt::format("global batch {} does not split into {} {} x {} equal micro-batches", o.batch,
+                                 parts, parts_name, o.grad_accum));
+  return o.batch / parts / o.grad_accum;
+}
+
+std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
+  std::map<std::string, std::string> hp = o.hparams;
+  hp["dpt.model"] = o.model;
+  if (!o.load.empty()) return model_from_file(o.load, hp);
+  auto model = make_model(hp);
+  model->init_params(seed);
+  return model;
+}
+
 void write_summary(const std::string& path, nlohmann::json j, const TrainResult& r, bool mlp, bool evaluated) {
   if (!mlp) j["tokens_per_s"] = r.tokens_per_s;
   if (evaluated) {
@@ -105,23 +121,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     throw InputError(fmt::format("unknown strategy '{}' (expected local, ddp or dp)", o.strategy));
   if (o.strategy == "local" && world > 1)
     throw InputError(fmt::format("--strategy local trains one process, but {} ranks were launched; use ddp", world));
-  if (o.batch % (world * o.grad_accum) != 0)
-    throw InputError(fmt::format("global batch {} does not split into {} ranks x {} equal micro-batches",
-                                 o.batch, world, o.grad_accum));
-  const int64_t micro = o.batch / world / o.grad_accum;
+  const int64_t micro = micro_batch(o, world, "ranks");
   const bool ddp = o.strategy == "ddp";
-
-  std::map<std::string, std::string> hp = o.hparams;
-  hp["dpt.model"] = o.model;
-  std::unique_ptr<Model> model;
-  if (!o.load.empty()) {
-    model = model_from_file(o.load, hp);
-  } else {
-    model = make_model(hp);
-    // Ranks other than 0 start from other weights on purpose: DDP's initial
-    // broadcast must make them equal, and the replica check proves it did.
-    model->init_params(o.seed + (ddp ? 1000003ULL * static_cast<uint64_t>(rank) : 0));
-  }
+  // Ranks other than 0 start from other weights on purpose: DDP's initial
+  // broadcast must make them equal, and the replica check proves it did.
+  auto model = build_model(o, o.seed + (ddp ? 1000003ULL * static_cast<uint64_t>(rank) : 0));
   const bool mlp = o.model == "mlp";
   std::unique_ptr<Reducer> reducer;
   if (ddp) {
@@ -130,10 +134,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     reducer = std::make_unique<Reducer>(*model, pg, o.ddp);
   }
 
-  DataSource data(o, *model, micro, rank, world);
-  int64_t steps = o.steps;
-  if (steps == 0) steps = mlp ? data.steps_for_epochs(o.epochs, o.grad_accum) : 200;
-  if (steps == 0) steps = mlp ? 702 : 200;  // synthetic: W-MLP's 3 epochs
+  DataSource data(o, *model, load_datasets(o, *model), micro, rank, world);
+  const int64_t steps = data.steps(o);
   o.schedule.total_steps = steps;
   auto opt = make_optimizer(o.optimizer, model->layout(), 0, model->param_count());
 
@@ -246,12 +248,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   r.steps = steps;
   r.comm_bytes_per_step = (pg.ledger().total().bytes_sent - bytes_at_start) / static_cast<uint64_t>(steps);
 
-  // Steady state: skip the first 20 steps (warm-up of caches and allocator)
-  // when there are enough steps, else just the first.
-  const size_t skip = step_ms.size() > 40 ? 20 : (step_ms.size() > 1 ? 1 : 0);
-  auto steady = [skip](const std::vector<double>& v) {
-    return median(std::vector<double>(v.begin() + static_cast<long>(skip), v.end()));
-  };
+  const size_t skip = warmup_steps(step_ms.size());  // see core/stats.h
+  auto steady = [](const std::vector<double>& v) { return steady_median(v); };
   r.step_ms_median = steady(step_ms);
   r.breakdown = {steady(data_ms), steady(fwd_ms), steady(bwd_ms), steady(wait_ms), steady(opt_ms), r.step_ms_median};
   // Throughput of the job: the slowest rank sets the pace. Per rank: data,

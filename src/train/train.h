@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "comm/process_group.h"
+#include "models/model.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "parallel/reducer.h"
@@ -74,6 +76,15 @@ struct TrainResult {
 // Writes a run's summary JSON `j` (atomically) after adding the fields every
 // strategy shares: tokens/s for the GPT, the final evaluation if there was one.
 void write_summary(const std::string& path, nlohmann::json j, const TrainResult& r, bool mlp, bool evaluated);
+
+// Samples per micro-batch when the global batch is split over `parts`
+// replicas (ranks or DP threads) and grad_accum micro-batches; throws
+// InputError naming `parts_name` when it does not split evenly.
+int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
+
+// The run's model: loaded from o.load, or built from o.hparams and
+// initialised from `seed`.
+std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
 
 // Fills the model-dependent defaults of opts (see the comments above).
 void apply_defaults(TrainOptions& opts);
