@@ -52,11 +52,6 @@ OpStats Ledger::total() const {
   return t;
 }
 
-void Ledger::reset() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ops_.clear();
-}
-
 nlohmann::json Ledger::to_json() const {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [name, s] : snapshot())

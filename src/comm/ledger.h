@@ -31,7 +31,6 @@ class Ledger {
   // A copy of all entries, keyed by operation ("all_reduce", ...).
   std::map<std::string, OpStats> snapshot() const;
   OpStats total() const;
-  void reset();
   // {"all_reduce": {"count": .., "bytes_sent": .., ...}, ...}
   nlohmann::json to_json() const;
 
