@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/stats.h"
+#include "core/blas_kernel.h"
 #include "core/gemm_peak.h"
 #include "core/memory.h"
 #include "core/threads.h"
@@ -292,9 +293,9 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
         std::printf(", validation loss %.4f", r.eval_loss);
     }
     std::printf("\nthroughput: %.0f %s (median step %.2f ms after step %zu), %.1f GFLOP/s = %.0f%% of "
-                "measured sgemm peak %.1f GFLOP/s (%d rank%s)\n",
+                "measured sgemm peak %.1f GFLOP/s (%d rank%s, OpenBLAS %s kernels)\n",
                 mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s", slowest, skip, r.gflops,
-                100.0 * r.mfu, r.sgemm_gflops, world, world == 1 ? "" : "s");
+                100.0 * r.mfu, r.sgemm_gflops, world, world == 1 ? "" : "s", blas_core().c_str());
     std::printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, activations "
                 "%.1f MiB, peak RSS %.1f MiB\n",
                 param_bytes * MB, param_bytes * MB, opt->state_bytes() * MB, model->activation_bytes() * MB,
@@ -329,7 +330,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
               {"steps", steps}, {"batch", o.batch}, {"grad_accum", o.grad_accum},
               {"params", model->param_count()}, {"first_loss", r.first_loss}, {"final_loss", r.final_loss},
               {"step_ms_median", slowest}, {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
-              {"sgemm_gflops", r.sgemm_gflops}, {"mfu", r.mfu}, {"seconds", total_s},
+              {"sgemm_gflops", r.sgemm_gflops}, {"blas_core", blas_core()}, {"mfu", r.mfu}, {"seconds", total_s},
               {"synthetic", o.synthetic}, {"ranks", ranks},
               {"comm_bytes_per_step", r.comm_bytes_per_step}, {"comm", pg.ledger().to_json()},
               {"bytes", {{"parameters", param_bytes}, {"gradients", param_bytes},
