@@ -117,6 +117,17 @@ TEST_F(CliTest, TrainWritesSummaryJson) {
   EXPECT_EQ(j["bytes"]["optimizer"], 1863690 * 4);
 }
 
+TEST_F(CliTest, SummaryNamesTheBlasKernelsThatRan) {
+  // OPENBLAS_CORETYPE forces OpenBLAS's kernel set; the summary reports it.
+  const fs::path f = dir_ / "summary_blas.json";
+  RunResult r = test::run_shell(fmt::format("OPENBLAS_CORETYPE=Haswell {}/dpt train --model mlp --steps 2 "
+                                            "--threads 1 --synthetic --quiet --summary-out {}",
+                                            DPT_BINARY_DIR, q(f)),
+                                dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(json::parse(read_file(f))["blas_core"], "Haswell");
+}
+
 TEST_F(CliTest, MlpSaveThenEvalPrintsAccuracy) {
   ASSERT_EQ(mlp_train_.code, 0) << mlp_train_.err;
   ASSERT_TRUE(fs::exists(mlp_weights_));

@@ -23,3 +23,12 @@ double measure_sgemm_gflops() {
 }
 
 }  // namespace dpt
+
+namespace dpt {
+
+std::string blas_core() {
+  const char* name = openblas_get_corename();
+  return name ? name : "";
+}
+
+}  // namespace dpt

@@ -15,7 +15,6 @@
 #include <CLI/CLI.hpp>
 
 #include "comm/process_group.h"
-#include "core/blas_kernel.h"
 #include "core/error.h"
 #include "tools/commands.h"
 
@@ -38,8 +37,6 @@ int fail(int code, const char* kind, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Before anything else: may re-execute this program with faster GEMM kernels.
-  dpt::prefer_avx512_blas(argv);
   CLI::App app{"dpt: data-parallel training engine"};
   app.require_subcommand(1);
   dpt::TrainCommand train(app);

@@ -13,7 +13,6 @@
 
 #include "core/error.h"
 #include "core/stats.h"
-#include "core/blas_kernel.h"
 #include "core/gemm_peak.h"
 #include "core/memory.h"
 #include "core/threads.h"
