@@ -2,28 +2,18 @@
 """Runs the dpt engine and PyTorch on the same workload and compares them.
 
 Usage: /usr/bin/python3 bench/compare_torch.py --dpt build/dpt --workload mlp|gpt
-           --threads N [--steps S] [--warmup W] [--torch-passive]
-           [--torch-blas-core same|default|NAME] [--out FILE.json]
+           --threads N [--steps S] [--warmup W] [--torch-passive] [--out FILE.json]
 
 The engine runs as
     DPT train --model W --threads N --steps S --synthetic --summary-out TMP.json
 and must write a JSON summary with "step_ms_median", "samples_per_s" (mlp) or
-"tokens_per_s" (gpt), and "gflops"; its "blas_core" names the OpenBLAS kernel
-set it ran. Then PyTorch runs through bench/torch_workloads.py with the
-inherited OMP_WAIT_POLICY; --torch-passive also runs it with
-OMP_WAIT_POLICY=PASSIVE and compares against the faster of the two. The runs
-are sequential (the engine first), so they do not compete for cores.
+"tokens_per_s" (gpt), and "gflops". PyTorch runs through
+bench/torch_workloads.py with the inherited OMP_WAIT_POLICY; --torch-passive
+also runs it with OMP_WAIT_POLICY=PASSIVE and compares against the faster of
+the two. The runs are sequential, so they do not compete for cores.
 
-Debian's PyTorch does its GEMMs in the same OpenBLAS as the engine, and the
-engine may re-execute itself with OPENBLAS_CORETYPE set to faster kernels, so
-every PyTorch run gets OPENBLAS_CORETYPE per --torch-blas-core: 'same'
-(default) the engine's blas_core, or the user's OPENBLAS_CORETYPE when it is
-already set (both sides inherit it); 'default' removes the variable, so
-OpenBLAS picks for PyTorch by itself (PyTorch out of the box); NAME sets NAME.
-
-Prints the kernel sets, a table and the dpt/torch ratios (> 1 means dpt is
-faster); --out writes all results as one JSON file, the kernel sets under
-"blas_core" (engine: its summary's; torch: the value set, or "default").
+Prints a table and the dpt/torch ratios (> 1 means dpt is faster); --out
+writes all results as one JSON file.
 """
 
 import argparse
@@ -31,8 +21,7 @@ import os
 import sys
 import tempfile
 
-from bench_util import (RunError, add_torch_blas_core_option, blas_core_line, blas_core_record,
-                        run_and_load, torch_blas_core, with_blas_core, write_json)
+from bench_util import RunError, run_and_load, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCH_SCRIPT = os.path.join(HERE, "torch_workloads.py")
@@ -54,10 +43,9 @@ def run_dpt(args, tmp):
     return summary
 
 
-def run_torch(args, tmp, wait_policy, blas_core):
-    """Runs torch_workloads.py; wait_policy None keeps the inherited
-    OMP_WAIT_POLICY; blas_core is OPENBLAS_CORETYPE's value (None: unset)."""
-    env = with_blas_core(None, blas_core)
+def run_torch(args, tmp, wait_policy):
+    """Runs torch_workloads.py; wait_policy None keeps the inherited environment."""
+    env = dict(os.environ)
     if wait_policy is not None:
         env["OMP_WAIT_POLICY"] = wait_policy
     path = os.path.join(tmp, f"torch_{wait_policy or 'inherited'}.json")
@@ -87,7 +75,6 @@ def main():
                     help="unmeasured leading PyTorch steps (the engine has its own)")
     ap.add_argument("--torch-passive", action="store_true",
                     help="also run PyTorch with OMP_WAIT_POLICY=PASSIVE and use the faster run")
-    add_torch_blas_core_option(ap)
     ap.add_argument("--out", metavar="FILE.json", help="write all results here")
     args = ap.parse_args()
     if args.threads < 1:
@@ -99,14 +86,9 @@ def main():
     try:
         with tempfile.TemporaryDirectory(prefix="dpt_compare_") as tmp:
             dpt = run_dpt(args, tmp)
-            core, source = torch_blas_core(args.torch_blas_core, dpt.get("blas_core"))
-            if source == "engine unknown":
-                print("compare_torch.py: warning: the dpt summary has no blas_core; "
-                      "PyTorch runs with OpenBLAS's own kernel choice", file=sys.stderr)
-            blas = blas_core_record(args.torch_blas_core, dpt.get("blas_core"), core, source)
-            torch_runs = {"inherited": run_torch(args, tmp, None, core)}
+            torch_runs = {"inherited": run_torch(args, tmp, None)}
             if args.torch_passive:
-                torch_runs["passive"] = run_torch(args, tmp, "PASSIVE", core)
+                torch_runs["passive"] = run_torch(args, tmp, "PASSIVE")
     except RunError as e:
         print(f"compare_torch.py: {e}", file=sys.stderr)
         return 1
@@ -123,14 +105,13 @@ def main():
         policy = s["env"]["OMP_WAIT_POLICY"] or "unset"
         rows.append((f"pytorch (OMP_WAIT_POLICY={policy})" if len(torch_runs) > 1 else "pytorch", s))
     print(f"workload {args.workload}, {args.threads} threads, {args.steps} steps")
-    print(blas_core_line(blas, engine="dpt", torch="pytorch"))
     print_table(rows, unit)
     print(f"dpt/torch: throughput {ratio['throughput']:.3f}x, GFLOP/s {ratio['gflops']:.3f}x"
           + (f" (torch: {best} run)" if len(torch_runs) > 1 else ""))
 
     if args.out:
         result = {"workload": args.workload, "threads": args.threads, "steps": args.steps,
-                  "torch_warmup": args.warmup, "blas_core": blas, "dpt": dpt, "torch": torch_runs,
+                  "torch_warmup": args.warmup, "dpt": dpt, "torch": torch_runs,
                   "torch_best": best, "ratio_dpt_over_torch": ratio}
         write_json(args.out, result)
     return 0

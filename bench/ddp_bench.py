@@ -3,8 +3,7 @@
 single process and against PyTorch.
 
 Usage: /usr/bin/python3 bench/ddp_bench.py [--dpt build/dpt] [--workload mlp|gpt|all]
-           [--steps N] [--skip-torch] [--torch-blas-core same|default|NAME]
-           [--out FILE.json]
+           [--steps N] [--skip-torch] [--out FILE.json]
 
 For each workload it runs, one after the other (each configuration once):
 
@@ -23,24 +22,12 @@ W-GPT 16), split evenly over the ranks. --steps is the engine's step count
 PyTorch runs 60 steps with 20 warm-up for mlp and 30 with 10 for gpt, or, when
 --steps is given, --steps steps with a quarter of them warm-up.
 
-OpenBLAS kernels: the engine may re-execute itself with OPENBLAS_CORETYPE set
-to faster kernels and reports the set it ran as "blas_core" in its summary.
-Debian's PyTorch does its GEMMs in the same OpenBLAS, so every PyTorch run
-gets OPENBLAS_CORETYPE per --torch-blas-core: 'same' (default) the engine's
-blas_core (from the engine runs above, which come first; from a 2-step probe
-run if none reported it), or the user's OPENBLAS_CORETYPE when it is already
-set (both sides inherit it); 'default' removes the variable, so OpenBLAS picks
-for PyTorch by itself (PyTorch out of the box); NAME sets NAME.
-
-Prints the kernel sets, a table (throughput, median step ms, exposed
-communication as a share of the step, bytes sent per step per rank) and the
-ratios
+Prints a table (throughput, median step ms, exposed communication as a share
+of the step, bytes sent per step per rank) and the ratios
   engine DDP / PyTorch DDP, engine DDP / PyTorch's best single process,
   scaling efficiency = throughput(2 ranks) / (2 * throughput(1 process, 1 thread)),
-and writes every summary, with the kernel sets under "blas_core" (engine: its
-summaries'; torch: the value set, or "default"), to --out (default
-bench/results/ddp_<workload>.json; with --workload all and no --out, one file
-per workload).
+and writes every summary to --out (default bench/results/ddp_<workload>.json;
+with --workload all and no --out, one file per workload).
 """
 
 import argparse
@@ -49,7 +36,7 @@ import sys
 import tempfile
 
 import bench_util
-from bench_util import BLAS_CORE_VAR, RunError, run_and_load
+from bench_util import RunError, run_and_load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -64,9 +51,8 @@ TIMEOUT_S = 900
 
 
 def configurations(args, workload, tmp):
-    """(key, label, kind, cmd, summary path, env) for every run, in order, the
-    engine's first. kind: 'engine' (rank summaries), 'dp', 'torch_ddp' or
-    'torch'. The PyTorch runs' OPENBLAS_CORETYPE is set when they start."""
+    """(key, label, kind, cmd, summary path, env) for every run, in order.
+    kind: 'engine' (rank summaries), 'dp', 'torch_ddp' or 'torch'."""
     dpt = args.dpt
     steps = args.steps or ENGINE_STEPS[workload]
     if args.steps:
@@ -102,7 +88,7 @@ def configurations(args, workload, tmp):
         out.append(("torch_ddp", "PyTorch DDP gloo (2 ranks x 1 thread)", "torch_ddp",
                     [py, TORCH_DDP, "--workload", workload, "--ranks", str(RANKS),
                      "--steps", str(t_steps), "--warmup", str(t_warm), "--json", path("torch_ddp")],
-                    path("torch_ddp"), dict(os.environ)))
+                    path("torch_ddp"), None))
         for t, policy in ((1, None), (2, "PASSIVE")):
             env = dict(os.environ)
             if policy:
@@ -146,14 +132,10 @@ def fmt(v, spec, note=""):
     return "-" if v is None else f"{note}{v:{spec}}"
 
 
-def print_table(workload, rows, unit, blas):
+def print_table(workload, rows, unit):
     label = unit.replace("_per_s", "/s")
     w = max(len("configuration"), *(len(r["label"]) for r in rows))
     print(f"\nworkload {workload}, {RANKS} ranks (1 thread each) unless the row says otherwise")
-    if blas["torch"]:
-        print(bench_util.blas_core_line(blas))
-    else:  # --skip-torch
-        print(f"OpenBLAS kernels: engine {blas['engine'] or 'unknown'}")
     print(f"{'configuration':<{w}} {label:>12} {'step ms':>9} {'exp. comm %':>12} {'MiB sent/step':>14} {'buckets':>8}")
     for r in rows:
         if r.get("error"):
@@ -172,40 +154,14 @@ def ratio(a, b):
     return a / b if a and b else None
 
 
-def engine_core(rows):
-    """The kernel set the engine runs reported (their summaries' blas_core);
-    warns when they disagree. None when none reported one."""
-    cores = []
-    for r in rows:
-        c = (r.get("summary") or {}).get("blas_core")
-        if c and c not in cores:
-            cores.append(c)
-    if len(cores) > 1:
-        print(f"ddp_bench.py: warning: the engine runs reported different kernel sets {cores}; "
-              f"the first is used", file=sys.stderr)
-    return cores[0] if cores else None
-
-
 def bench_workload(args, workload):
     unit = UNIT[workload]
     rows = []
-    blas = None  # set before the first PyTorch run
     with tempfile.TemporaryDirectory(prefix="dpt_ddp_bench_") as tmp:
         for key, label, kind, cmd, path, env in configurations(args, workload, tmp):
-            if kind.startswith("torch"):
-                if blas is None:
-                    core = engine_core(rows)
-                    if core is None and args.torch_blas_core == "same" and not os.environ.get(BLAS_CORE_VAR):
-                        core = bench_util.probe_blas_core(args.dpt)
-                    value, source = bench_util.torch_blas_core(args.torch_blas_core, core)
-                    if source == "engine unknown":
-                        print("ddp_bench.py: warning: the engine's kernel set is unknown; PyTorch runs "
-                              "with OpenBLAS's own choice", file=sys.stderr)
-                    blas = bench_util.blas_core_record(args.torch_blas_core, core, value, source)
-                env = bench_util.with_blas_core(env, None if blas["torch"] == "default" else blas["torch"])
             print(f"[{workload}] {label} ...", file=sys.stderr, flush=True)
             row = {"key": key, "label": label, "kind": kind, "cmd": cmd,
-                   "env": {k: env.get(k) for k in ("OMP_WAIT_POLICY", BLAS_CORE_VAR)} if env else None}
+                   "env": {"OMP_WAIT_POLICY": env.get("OMP_WAIT_POLICY")} if env else None}
             try:
                 row["summary"] = run_and_load(label, cmd, path, env, TIMEOUT_S)
                 row["metrics"] = row_metrics(kind, row["summary"], unit)
@@ -231,10 +187,7 @@ def bench_workload(args, workload):
         "engine_ddp_over_engine_single_t2": ratio(by.get("ddp"), by.get("single_t2")),
     }
 
-    if blas is None:  # --skip-torch
-        blas = {"engine": engine_core(rows), "torch": None, "torch_option": None,
-                "torch_source": None, "user_env": os.environ.get(BLAS_CORE_VAR)}
-    print_table(workload, rows, unit, blas)
+    print_table(workload, rows, unit)
     print("  exp. comm %: max over ranks of comm_wait_ms / step_ms; ~ PyTorch: backward minus "
           "backward under no_sync() (an estimate);\n  (g+b) DP: replica 0's gather + broadcast. "
           "MiB sent/step: per rank, from the engine's ledger; ~ PyTorch: ring model 2(N-1)/N.\n  buckets: the engine's all-reduce buckets (--per-param: one per tensor).")
@@ -255,7 +208,7 @@ def bench_workload(args, workload):
     return {
         "workload": workload, "ranks": RANKS, "unit": unit,
         "engine_steps": args.steps or ENGINE_STEPS[workload],
-        "blas_core": blas, "runs": rows, "ratios": ratios,
+        "runs": rows, "ratios": ratios,
         "failed": [r["key"] for r in rows if r.get("error")],
     }
 
@@ -272,7 +225,6 @@ def main():
     ap.add_argument("--steps", type=int, help="engine steps (default 80 mlp, 40 gpt); "
                     "also PyTorch's, with a quarter warm-up")
     ap.add_argument("--skip-torch", action="store_true", help="run only the engine configurations")
-    bench_util.add_torch_blas_core_option(ap)
     ap.add_argument("--out", metavar="FILE.json",
                     help="results file (default bench/results/ddp_<workload>.json)")
     args = ap.parse_args()
