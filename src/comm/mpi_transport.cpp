@@ -42,8 +42,9 @@ void MpiPeer::start_send(const void* src, size_t bytes) {
   send_posted_ = send_done_ = 0;
 }
 
-bool MpiPeer::progress_send() {
+Progress MpiPeer::progress_send() {
   const size_t total = pieces(send_bytes_);
+  const size_t before = send_done_;
   std::lock_guard<std::mutex> lock(mpi_mutex());
   while (send_done_ < total) {
     // Keep two pieces posted.
@@ -56,10 +57,10 @@ bool MpiPeer::progress_send() {
     }
     int flag = 0;
     check(MPI_Test(&send_req_[send_done_ % 2], &flag, MPI_STATUS_IGNORE), "MPI_Test", peer_);
-    if (!flag) return false;
+    if (!flag) return send_done_ != before ? Progress::Moved : Progress::Idle;
     ++send_done_;
   }
-  return true;
+  return Progress::Done;
 }
 
 void MpiPeer::start_recv(void* dst, size_t bytes, Combine c) {
@@ -76,15 +77,16 @@ void MpiPeer::post_recv(size_t k) {
         "MPI_Irecv", peer_);
 }
 
-bool MpiPeer::progress_recv() {
+Progress MpiPeer::progress_recv() {
   const size_t total = pieces(recv_bytes_);
+  const size_t before = recv_done_;
   while (recv_done_ < total) {
     {
       std::lock_guard<std::mutex> lock(mpi_mutex());
       while (recv_posted_ < total && recv_posted_ < recv_done_ + 2) post_recv(recv_posted_++);
       int flag = 0;
       check(MPI_Test(&recv_req_[recv_done_ % 2], &flag, MPI_STATUS_IGNORE), "MPI_Test", peer_);
-      if (!flag) return false;
+      if (!flag) return recv_done_ != before ? Progress::Moved : Progress::Idle;
     }
     const size_t k = recv_done_;
     if (recv_combine_ != Combine::Copy)
@@ -92,7 +94,7 @@ bool MpiPeer::progress_recv() {
                     recv_combine_);
     ++recv_done_;
   }
-  return true;
+  return Progress::Done;
 }
 
 }  // namespace dpt::comm

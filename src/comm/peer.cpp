@@ -49,12 +49,14 @@ void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size
   while (!(sent && received)) {
     bool moved = false;
     if (!sent) {
-      sent = to->progress_send();
-      moved |= sent;
+      const Progress p = to->progress_send();
+      sent = p == Progress::Done;
+      moved |= p != Progress::Idle;
     }
     if (!received) {
-      received = from->progress_recv();
-      moved |= received;
+      const Progress p = from->progress_recv();
+      received = p == Progress::Done;
+      moved |= p != Progress::Idle;
     }
     if (moved) {
       idle = 0;

@@ -97,17 +97,19 @@ void ShmPeer::start_send(const void* src, size_t bytes) {
   send_off_ = 0;
 }
 
-bool ShmPeer::progress_send() {
+Progress ShmPeer::progress_send() {
   // Fill every free slot; publish each with a release store of head so the
   // receiver's acquire load of head sees the bytes.
   const uint64_t tail = out_->tail.load(std::memory_order_acquire);
+  const size_t before = send_off_;
   while (send_off_ < send_bytes_ && out_head_ - tail < ShmSegment::kSlots) {
     const size_t n = std::min(ShmSegment::kSlotBytes, send_bytes_ - send_off_);
     std::memcpy(out_->slot(out_head_), send_src_ + send_off_, n);
     out_->head.store(++out_head_, std::memory_order_release);
     send_off_ += n;
   }
-  return send_off_ == send_bytes_;
+  if (send_off_ == send_bytes_) return Progress::Done;
+  return send_off_ != before ? Progress::Moved : Progress::Idle;
 }
 
 void ShmPeer::start_recv(void* dst, size_t bytes, Combine c) {
@@ -117,15 +119,17 @@ void ShmPeer::start_recv(void* dst, size_t bytes, Combine c) {
   recv_combine_ = c;
 }
 
-bool ShmPeer::progress_recv() {
+Progress ShmPeer::progress_recv() {
   const uint64_t head = in_->head.load(std::memory_order_acquire);
+  const size_t before = recv_off_;
   while (recv_off_ < recv_bytes_ && in_tail_ < head) {
     const size_t n = std::min(ShmSegment::kSlotBytes, recv_bytes_ - recv_off_);
     combine_bytes(recv_dst_ + recv_off_, in_->slot(in_tail_), n, recv_combine_);
     in_->tail.store(++in_tail_, std::memory_order_release);
     recv_off_ += n;
   }
-  return recv_off_ == recv_bytes_;
+  if (recv_off_ == recv_bytes_) return Progress::Done;
+  return recv_off_ != before ? Progress::Moved : Progress::Idle;
 }
 
 bool ShmPeer::alive() {
