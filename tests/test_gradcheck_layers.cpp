@@ -1,4 +1,5 @@
 // Finite-difference gradient checks of every layer's backward.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -52,6 +53,34 @@ TEST_P(LayerGrad, LinearAccumulatesWeightGradients) {
     linear_backward(nullptr, dw2.data(), db2.data(), R.data(), x.data(), w.data(), N, C, OC);
   for (size_t i = 0; i < dw1.size(); ++i) EXPECT_FLOAT_EQ(dw2[i], 2.0f * dw1[i]);
   for (size_t i = 0; i < db1.size(); ++i) EXPECT_FLOAT_EQ(db2[i], 2.0f * db1[i]);
+}
+
+TEST_P(LayerGrad, LinearWeightGradientInRowBlocks) {
+  // The MLP computes large weight gradients in row blocks, last block first,
+  // to report them ready early. Every block must land on its own rows with
+  // the right values: checked against a double-precision product, to within
+  // fp32 rounding of the sum's terms. (Not bitwise against one whole GEMM:
+  // OpenBLAS's AVX2 kernels round the edge rows of a block differently; the
+  // MLP always uses the same blocks, so runs stay reproducible.)
+  const int64_t N = 128, C = 300, OC = 520;
+  auto x = random_vector(N * C, rng), R = random_vector(N * OC, rng);
+  for (int64_t rows : {1, 7, 128, 256, 520}) {
+    std::vector<float> blocked(OC * C, 0.5f);
+    for (int64_t o1 = OC; o1 > 0; o1 -= rows)
+      linear_backward_weight(blocked.data(), R.data(), x.data(), N, C, OC, std::max<int64_t>(0, o1 - rows), o1);
+    size_t bad = 0;
+    for (int64_t o = 0; o < OC; ++o)
+      for (int64_t c = 0; c < C; ++c) {
+        double sum = 0.5, mag = 0.5;
+        for (int64_t n = 0; n < N; ++n) {
+          const double t = static_cast<double>(R[n * OC + o]) * x[n * C + c];
+          sum += t;
+          mag += std::fabs(t);
+        }
+        if (std::fabs(blocked[o * C + c] - sum) > 1e-5 * mag) ++bad;
+      }
+    EXPECT_EQ(bad, 0u) << "blocks of " << rows << " rows";
+  }
 }
 
 TEST_P(LayerGrad, Relu) {

@@ -229,53 +229,62 @@ TEST(GptLayout, SmallConfigFromHyperParameters) {
   EXPECT_EQ(g->param_count(), static_cast<size_t>(V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C));
 }
 
-// ---------------------------------------------------------------- on_unit_ready
+// ---------------------------------------------------------------- on_grads_ready
 
-// Runs one forward/backward and records, for every unit as it fires, a copy
-// of its gradients. Checks: each unit fires once, in reverse layout order;
-// each of its slots already has a non-zero gradient then; and nothing in the
-// unit changes afterwards (so a strategy may reduce it right away).
-void expect_units_final_when_ready(Model& m, int64_t B) {
+// Runs one forward/backward and records every range as it is reported, with
+// a copy of its gradients then. Checks: the ranges tile the whole buffer
+// from its end to its start (each ends where the previous one began), so
+// every element is reported exactly once; each range already holds a
+// non-zero gradient; nothing in it changes afterwards (so a strategy may
+// reduce it right away). Returns the number of ranges.
+size_t expect_grads_final_when_ready(Model& m, int64_t B) {
   m.init_params(11);
   Batch batch;
   fill_synthetic(m, B, 5, batch);
   m.zero_grads();
-  const Layout& l = m.layout();
-  std::vector<int> fired;
-  std::map<int, std::vector<float>> snapshot;
-  m.on_unit_ready = [&](int u) {
-    fired.push_back(u);
-    const Unit& unit = l.units().at(static_cast<size_t>(u));
-    snapshot[u].assign(m.grads() + unit.offset, m.grads() + unit.offset + unit.numel);
-    for (int i = unit.first_slot; i < unit.first_slot + unit.slot_count; ++i) {
-      const Slot& s = l.slot(i);
-      const float* g = m.grads() + s.offset;
-      EXPECT_TRUE(std::any_of(g, g + s.numel, [](float x) { return x != 0.0f; }))
-          << s.name << " has no gradient when unit " << unit.name << " fires";
-    }
+  struct Report {
+    size_t offset, numel;
+    std::vector<float> values;
+  };
+  std::vector<Report> reports;
+  m.on_grads_ready = [&](size_t offset, size_t numel) {
+    reports.push_back({offset, numel, std::vector<float>(m.grads() + offset, m.grads() + offset + numel)});
+    const float* g = m.grads() + offset;
+    EXPECT_TRUE(std::any_of(g, g + numel, [](float x) { return x != 0.0f; }))
+        << "range " << offset << "+" << numel << " has no gradient when reported";
   };
   m.forward(batch);
   m.backward(1.0f);
-  m.on_unit_ready = nullptr;
+  m.on_grads_ready = nullptr;
 
-  std::vector<int> reverse;
-  for (int u = static_cast<int>(l.units().size()); u-- > 0;) reverse.push_back(u);
-  EXPECT_EQ(fired, reverse);
-  for (const auto& [u, snap] : snapshot) {
-    const Unit& unit = l.units()[static_cast<size_t>(u)];
-    EXPECT_EQ(std::memcmp(snap.data(), m.grads() + unit.offset, unit.numel * sizeof(float)), 0)
-        << "gradients of " << unit.name << " changed after it was reported ready";
+  size_t end = m.param_count();
+  for (const Report& r : reports) {
+    EXPECT_GT(r.numel, 0u);
+    EXPECT_EQ(r.offset + r.numel, end) << "range " << r.offset << "+" << r.numel << " is out of order";
+    end = r.offset;
+    EXPECT_EQ(std::memcmp(r.values.data(), m.grads() + r.offset, r.numel * sizeof(float)), 0)
+        << "gradients " << r.offset << "+" << r.numel << " changed after they were reported ready";
   }
+  EXPECT_EQ(end, 0u) << "gradients [0, " << end << ") were never reported";
+  return reports.size();
 }
 
-TEST(OnUnitReady, GptUnitsFireInReverseOnceFinal) {
+TEST(OnGradsReady, GptReportsEveryLayerOnceFinalFromTheEnd) {
   Gpt g{GptConfig{.vocab = 32, .layers = 3, .heads = 2, .width = 16, .context = 8}};
-  expect_units_final_when_ready(g, 3);
+  // ln_f, six parameter pairs per block, the embeddings.
+  EXPECT_EQ(expect_grads_final_when_ready(g, 3), 1u + 3 * 6 + 1);
 }
 
-TEST(OnUnitReady, MlpUnitsFireInReverseOnceFinal) {
+TEST(OnGradsReady, MlpReportsEveryLayerOnceFinalFromTheEnd) {
   Mlp m{MlpConfig{{20, 16, 12, 5}}};
-  expect_units_final_when_ready(m, 7);
+  EXPECT_EQ(expect_grads_final_when_ready(m, 7), 3u * 2);  // bias, weight per layer
+}
+
+TEST(OnGradsReady, WMlpReportsLargeWeightsInRowBlocks) {
+  // 1024x784 and 1024x1024 weights exceed the 2^18-element block: four
+  // blocks of 256 rows each; the 10x1024 head is one. Plus three biases.
+  Mlp m{MlpConfig{}};
+  EXPECT_EQ(expect_grads_final_when_ready(m, 4), 3u + 4 + 4 + 1);
 }
 
 // ---------------------------------------------------------------- make_model

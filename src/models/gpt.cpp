@@ -185,29 +185,37 @@ void Gpt::backward(float loss_scale) {
   const float* last = blocks_.empty() ? encoded_ : acts_of_.back().res3;
   layernorm_backward(dres_, grad(lnf_w_), grad(lnf_b_), dC_, last, param(lnf_w_), lnf_mean_,
                      lnf_rstd_, N, C);
-  unit_ready(layout_.slot(lnf_w_).unit);
+  slots_ready(lnf_w_, lnf_b_);
   for (size_t l = blocks_.size(); l-- > 0;) {
     const BlockSlots& s = blocks_[l];
     const BlockActs& a = acts_of_[l];
     const float* x = l > 0 ? acts_of_[l - 1].res3 : encoded_;
+    // Each layer's parameters are reported final as soon as its backward is
+    // done: backward visits them in exactly the reverse of the layout's order
+    // (ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj).
     // MLP branch: its output gradient is the residual stream's gradient.
     linear_backward(d4C_, grad(s.fcproj_w), grad(s.fcproj_b), dres_, a.fch_gelu, param(s.fcproj_w),
                     N, 4 * C, C);
+    slots_ready(s.fcproj_w, s.fcproj_b);
     gelu_backward(d4C_, d4C_, a.fch, N * 4 * C);
     linear_backward(dC_, grad(s.fc_w), grad(s.fc_b), d4C_, a.ln2, param(s.fc_w), N, C, 4 * C);
+    slots_ready(s.fc_w, s.fc_b);
     layernorm_backward(dres_, grad(s.ln2_w), grad(s.ln2_b), dC_, a.res2, param(s.ln2_w), a.ln2_mean,
                        a.ln2_rstd, N, C);
+    slots_ready(s.ln2_w, s.ln2_b);
     // Attention branch.
     linear_backward(dC_, grad(s.proj_w), grad(s.proj_b), dres_, a.atty, param(s.proj_w), N, C, C);
+    slots_ready(s.proj_w, s.proj_b);
     attention_backward(d3C_, dC_, a.qkv, a.att, B, T, C, NH);
     linear_backward(dC_, grad(s.qkv_w), grad(s.qkv_b), d3C_, a.ln1, param(s.qkv_w), N, C, 3 * C);
+    slots_ready(s.qkv_w, s.qkv_b);
     layernorm_backward(dres_, grad(s.ln1_w), grad(s.ln1_b), dC_, x, param(s.ln1_w), a.ln1_mean,
                        a.ln1_rstd, N, C);
-    unit_ready(layout_.slot(s.ln1_w).unit);
+    slots_ready(s.ln1_w, s.ln1_b);
   }
   position_embedding_backward(grad(wpe_), dres_, B, T, C);
   embedding_backward(grad(wte_), dres_, tokens_.data(), N, C);
-  unit_ready(layout_.slot(wte_).unit);
+  slots_ready(wte_, wpe_);
 }
 
 double Gpt::train_flops(int64_t B) const {

@@ -1,5 +1,6 @@
 #include "models/mlp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -122,14 +123,29 @@ void Mlp::backward(float loss_scale) {
   float* dout = out_[L - 1];
   cross_entropy_backward(dout, dout, targets_.data(), B, s[L], loss_scale / static_cast<float>(B));
   for (size_t l = L; l-- > 0;) {
+    const int64_t C = s[l], OC = s[l + 1];
     const float* inp = l > 0 ? out_[l - 1] : input_;
+    // Parameter gradients first, reported as they become final from the end
+    // of the layer's range to its start (bias, then the weight's rows from
+    // the last block to the first), so DDP can reduce them while the rest of
+    // backward runs. The weight is done in blocks of about kReadyBlock
+    // elements: the first layer is the last thing backward computes, and
+    // without blocks its whole gradient would wait until the very end.
+    linear_backward_bias(grad(bias_[l]), dout, B, OC);
+    slots_ready(bias_[l], bias_[l]);
+    const size_t w0 = layout_.slot(weight_[l]).offset;
+    const int64_t blocks = std::max<int64_t>(1, (OC * C + kReadyBlock - 1) / kReadyBlock);
+    const int64_t rows = (OC + blocks - 1) / blocks;
+    for (int64_t o1 = OC; o1 > 0; o1 -= rows) {
+      const int64_t o0 = std::max<int64_t>(0, o1 - rows);
+      linear_backward_weight(grad(weight_[l]), dout, inp, B, C, OC, o0, o1);
+      grads_ready(w0 + static_cast<size_t>(o0 * C), static_cast<size_t>((o1 - o0) * C));
+    }
     // The first layer's input is data: it needs no gradient.
-    float* dinp = l > 0 ? dbuf_[l % 2] : nullptr;
-    linear_backward(dinp, grad(weight_[l]), grad(bias_[l]), dout, inp, param(weight_[l]), B, s[l],
-                    s[l + 1]);
-    unit_ready(static_cast<int>(l));
     if (l > 0) {
-      relu_backward(dinp, dinp, out_[l - 1], B * s[l]);
+      float* dinp = dbuf_[l % 2];
+      linear_backward_input(dinp, dout, param(weight_[l]), B, C, OC);
+      relu_backward(dinp, dinp, out_[l - 1], B * C);
       dout = dinp;
     }
   }

@@ -34,6 +34,9 @@ class Mlp : public Model {
   // Points the activation pointers into acts_ for a batch of B rows.
   void plan_activations(int64_t B);
 
+  // Elements per block of a weight gradient reported ready (1 MiB of fp32).
+  static constexpr int64_t kReadyBlock = int64_t{1} << 18;
+
   MlpConfig config_;
   std::vector<int> weight_, bias_;  // slot per layer
   int64_t batch_ = 0;               // rows the arena is laid out for

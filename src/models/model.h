@@ -3,7 +3,7 @@
 //
 // The same model code runs under every strategy. A strategy only needs the
 // flat buffers (a bucket or a shard is a range of them) and the moment in
-// backward at which each unit's gradients are final (on_unit_ready).
+// backward at which each range of gradients is final (on_grads_ready).
 #pragma once
 
 #include <cstdint>
@@ -65,15 +65,24 @@ class Model {
   size_t param_count() const { return layout_.numel(); }
   size_t activation_bytes() const { return acts_.bytes(); }
 
-  // Called during backward once every gradient of unit u is final, in the
-  // order units finish (the reverse of the layout for these models).
-  std::function<void(int unit)> on_unit_ready;
+  // Called during backward each time the gradients in elements
+  // [offset, offset + numel) of the flat buffer are final: nothing in the
+  // range changes for the rest of backward, so a strategy may reduce it at
+  // once. Every element is reported exactly once per backward. The models
+  // here report from the end of the buffer to its start (backward's order),
+  // a layer or a block of a weight's rows at a time.
+  std::function<void(size_t offset, size_t numel)> on_grads_ready;
 
  protected:
   // Allocates params_ and grads_ once the layout is complete.
   void allocate_state();
-  void unit_ready(int unit) {
-    if (on_unit_ready) on_unit_ready(unit);
+  void grads_ready(size_t offset, size_t numel) {
+    if (on_grads_ready) on_grads_ready(offset, numel);
+  }
+  // Slots [first, last] (consecutive, so one range) are final.
+  void slots_ready(int first, int last) {
+    const size_t begin = layout_.slot(first).offset;
+    grads_ready(begin, layout_.slot(last).offset + layout_.slot(last).numel - begin);
   }
   float* param(int slot) { return params_.f32() + layout_.slot(slot).offset; }
   float* grad(int slot) { return grads_.f32() + layout_.slot(slot).offset; }

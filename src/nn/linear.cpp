@@ -20,29 +20,41 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
               OC);
 }
 
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int64_t N, int64_t C, int64_t OC) {
-  if (dinp)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f,
-                dinp, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-              dweight, C);
-  if (dbias) {
-    // Column sums; threads split the columns so no two write the same bias.
+void linear_backward_input(float* dinp, const float* dout, const float* weight, int64_t N, int64_t C,
+                           int64_t OC) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp,
+              C);
+}
+
+void linear_backward_weight(float* dweight, const float* dout, const float* inp, int64_t N, int64_t C,
+                            int64_t OC, int64_t o0, int64_t o1) {
+  // dout[:, o0:o1] is a column block of a row-major [N, OC] matrix: lda = OC.
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N, 1.0f, dout + o0, OC, inp, C, 1.0f,
+              dweight + o0 * C, C);
+}
+
+void linear_backward_bias(float* dbias, const float* dout, int64_t N, int64_t OC) {
+  // Column sums; threads split the columns so no two write the same bias.
 #pragma omp parallel
-    {
+  {
 #pragma omp for schedule(static)
-      for (int64_t o0 = 0; o0 < OC; o0 += 64) {
-        int64_t o1 = o0 + 64 < OC ? o0 + 64 : OC;
-        float acc[64] = {0};
-        for (int64_t n = 0; n < N; ++n) {
-          const float* row = dout + n * OC;
-          for (int64_t o = o0; o < o1; ++o) acc[o - o0] += row[o];
-        }
-        for (int64_t o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
+    for (int64_t o0 = 0; o0 < OC; o0 += 64) {
+      int64_t o1 = o0 + 64 < OC ? o0 + 64 : OC;
+      float acc[64] = {0};
+      for (int64_t n = 0; n < N; ++n) {
+        const float* row = dout + n * OC;
+        for (int64_t o = o0; o < o1; ++o) acc[o - o0] += row[o];
       }
+      for (int64_t o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
     }
   }
+}
+
+void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int64_t N, int64_t C, int64_t OC) {
+  if (dinp) linear_backward_input(dinp, dout, weight, N, C, OC);
+  linear_backward_weight(dweight, dout, inp, N, C, OC, 0, OC);
+  if (dbias) linear_backward_bias(dbias, dout, N, OC);
 }
 
 }  // namespace dpt

@@ -1,32 +1,43 @@
 #include "parallel/reducer.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
 
 namespace dpt {
 
+namespace {
+// A cap in bytes as a whole number of 64-byte lines of floats, at least one.
+size_t cap_elements(size_t bytes) {
+  constexpr size_t kLine = 64 / sizeof(float);
+  return std::max(kLine, bytes / sizeof(float) / kLine * kLine);
+}
+}  // namespace
+
 std::vector<Bucket> Reducer::assign(const Layout& layout, const ReducerOptions& options) {
   std::vector<Bucket> buckets;
-  const auto& slots = layout.slots();
-  // Walk the slots backwards, closing a bucket when the next slot would push
-  // it past its cap (a slot larger than the cap gets a bucket of its own).
-  for (int s = static_cast<int>(slots.size()) - 1; s >= 0; --s) {
-    const Slot& slot = slots[static_cast<size_t>(s)];
-    bool open_new = buckets.empty() || options.per_param;
-    if (!open_new) {
-      const size_t cap = buckets.size() == 1 ? options.first_bucket_bytes : options.bucket_bytes;
-      open_new = (buckets.back().numel + slot.numel) * sizeof(float) > cap;
-    }
-    if (open_new) {
+  if (options.per_param) {
+    for (size_t s = layout.slots().size(); s-- > 0;) {
       Bucket b;
-      b.last_slot = s;
+      b.offset = layout.slots()[s].offset;
+      b.numel = layout.slots()[s].numel;
       buckets.push_back(b);
     }
-    Bucket& b = buckets.back();
-    b.first_slot = s;
-    b.offset = slot.offset;
-    b.numel += slot.numel;
+    return buckets;
+  }
+  // From the end of the buffer backwards: bucket 0 takes the first cap, less
+  // the part of a line that puts its start on a line boundary; the others
+  // take the regular cap (whole lines, so their starts stay aligned); the
+  // last one takes what is left.
+  constexpr size_t kLine = 64 / sizeof(float);
+  for (size_t end = layout.numel(); end > 0;) {
+    const size_t cap = cap_elements(buckets.empty() ? options.first_bucket_bytes : options.bucket_bytes);
+    Bucket b;
+    b.offset = end > cap ? (end - cap + kLine - 1) / kLine * kLine : 0;
+    b.numel = end - b.offset;
+    end = b.offset;
+    buckets.push_back(b);
   }
   return buckets;
 }
@@ -34,15 +45,11 @@ std::vector<Bucket> Reducer::assign(const Layout& layout, const ReducerOptions& 
 Reducer::Reducer(Model& model, comm::ProcessGroup& pg, ReducerOptions options)
     : model_(model), pg_(pg), options_(options) {
   buckets_ = assign(model.layout(), options_);
-  bucket_of_slot_.assign(model.layout().slots().size(), -1);
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    for (int s = buckets_[b].first_slot; s <= buckets_[b].last_slot; ++s)
-      bucket_of_slot_[static_cast<size_t>(s)] = static_cast<int>(b);
-  model_.on_unit_ready = [this](int unit) { on_unit_ready(unit); };
+  model_.on_grads_ready = [this](size_t offset, size_t numel) { on_grads_ready(offset, numel); };
 }
 
 Reducer::~Reducer() {
-  model_.on_unit_ready = nullptr;
+  model_.on_grads_ready = nullptr;
   // Never leave the communication thread writing into gradients we no
   // longer own; errors here were already reported by finish().
   for (Bucket& b : buckets_)
@@ -56,18 +63,21 @@ void Reducer::prepare(bool sync) {
   sync_ = sync;
   next_launch_ = 0;
   for (Bucket& b : buckets_) {
-    b.pending = b.last_slot - b.first_slot + 1;
+    b.pending = b.numel;
     b.work.reset();
   }
 }
 
-void Reducer::on_unit_ready(int unit) {
+void Reducer::on_grads_ready(size_t offset, size_t numel) {
   if (!sync_) return;
-  const Unit& u = model_.layout().units()[static_cast<size_t>(unit)];
-  for (int s = u.first_slot; s < u.first_slot + u.slot_count; ++s) {
-    Bucket& b = buckets_[static_cast<size_t>(bucket_of_slot_[static_cast<size_t>(s)])];
-    DPT_CHECK(b.pending > 0, "slot {} reported ready twice", s);
-    --b.pending;
+  const size_t end = offset + numel;
+  DPT_CHECK(end <= model_.param_count(), "gradients {}..{} reported ready are outside the buffer", offset, end);
+  // Buckets are in descending offsets; a range usually touches one or two.
+  for (Bucket& b : buckets_) {
+    const size_t lo = std::max(offset, b.offset), hi = std::min(end, b.offset + b.numel);
+    if (lo >= hi) continue;
+    DPT_CHECK(b.pending >= hi - lo, "gradients {}..{} reported ready twice", lo, hi);
+    b.pending -= hi - lo;
   }
   if (options_.overlap) launch_ready();
 }
@@ -85,8 +95,8 @@ void Reducer::launch_ready() {
 double Reducer::finish() {
   if (!sync_) return 0.0;
   for (const Bucket& b : buckets_)
-    DPT_CHECK(b.pending == 0, "bucket of slots {}..{} still waits for gradients after backward",
-              b.first_slot, b.last_slot);
+    DPT_CHECK(b.pending == 0, "bucket {}..{} still waits for {} gradients after backward", b.offset,
+              b.offset + b.numel, b.pending);
   launch_ready();
   auto t0 = std::chrono::steady_clock::now();
   for (Bucket& b : buckets_) b.work->wait();

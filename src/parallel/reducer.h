@@ -1,16 +1,18 @@
 // DDP's gradient reducer (PyTorch's c10d Reducer, docs/ddp.md).
 //
-// Gradients are cut into buckets in reverse parameter order, the order in
-// which backward produces them: a small first bucket (so communication
-// starts early), then buckets up to a cap. Because the gradient buffer is
-// flat and slots are contiguous, a bucket is a range of it: the all-reduce
-// runs on the gradients in place, nothing is copied.
+// Gradients are cut into buckets from the end of the flat buffer to its
+// start, the order in which backward produces them: a small first bucket (so
+// communication starts early), then buckets of the cap. Because the gradient
+// buffer is flat, a bucket is just a range of it, cut at the cap even inside
+// a tensor (PyTorch keeps tensors whole because it copies them into bucket
+// memory; here nothing is copied): the all-reduce runs on the gradients in
+// place.
 //
-// During backward the model reports each unit whose gradients are final;
-// every slot of a bucket counts down, and a bucket that reaches zero is
-// handed to the communication thread at once, buckets strictly in index
-// order (so every rank issues the same collectives in the same order). The
-// optimizer step waits for all of them (finish()).
+// During backward the model reports ranges of gradients as they become final
+// (Model::on_grads_ready); each bucket counts down its elements, and a bucket
+// that reaches zero is handed to the communication thread at once, buckets
+// strictly in index order (so every rank issues the same collectives in the
+// same order). The optimizer step waits for all of them (finish()).
 #pragma once
 
 #include <cstddef>
@@ -31,8 +33,7 @@ struct ReducerOptions {
 
 struct Bucket {
   size_t offset = 0, numel = 0;  // range of the flat gradient buffer
-  int first_slot = 0, last_slot = 0;  // slots [first_slot, last_slot]
-  int pending = 0;                // slots whose gradient is not final yet
+  size_t pending = 0;            // elements whose gradient is not final yet
   std::shared_ptr<comm::Work> work;
 };
 
@@ -51,17 +52,21 @@ class Reducer {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // Bucket assignment alone, for tests and docs: the buckets a layout gets.
+  // Caps are rounded down to whole 64-byte lines (16 floats), at least one,
+  // and bucket 0 gives up the few floats (< 16) that put its start on a line
+  // boundary, so every bucket starts on a cache line of the buffer and the
+  // communication thread never shares a line with the one still writing the
+  // neighbouring gradients. per_param: one bucket per slot.
   static std::vector<Bucket> assign(const Layout& layout, const ReducerOptions& options);
 
  private:
-  void on_unit_ready(int unit);
+  void on_grads_ready(size_t offset, size_t numel);
   void launch_ready();
 
   Model& model_;
   comm::ProcessGroup& pg_;
   ReducerOptions options_;
-  std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_slot_;
+  std::vector<Bucket> buckets_;  // descending offsets
   size_t next_launch_ = 0;
   bool sync_ = true;
 };

@@ -94,6 +94,7 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
 
 void write_summary(const std::string& path, nlohmann::json j, const TrainResult& r, bool mlp, bool evaluated) {
   if (!mlp) j["tokens_per_s"] = r.tokens_per_s;
+  j["blas_core"] = blas_core();
   if (evaluated) {
     j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;
     if (mlp) j["test_accuracy"] = r.eval_accuracy;
@@ -329,7 +330,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
               {"steps", steps}, {"batch", o.batch}, {"grad_accum", o.grad_accum},
               {"params", model->param_count()}, {"first_loss", r.first_loss}, {"final_loss", r.final_loss},
               {"step_ms_median", slowest}, {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
-              {"sgemm_gflops", r.sgemm_gflops}, {"blas_core", blas_core()}, {"mfu", r.mfu}, {"seconds", total_s},
+              {"sgemm_gflops", r.sgemm_gflops}, {"mfu", r.mfu}, {"seconds", total_s},
               {"synthetic", o.synthetic}, {"ranks", ranks},
               {"comm_bytes_per_step", r.comm_bytes_per_step}, {"comm", pg.ledger().to_json()},
               {"bytes", {{"parameters", param_bytes}, {"gradients", param_bytes},
