@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -265,6 +266,133 @@ TEST_F(MultirankCliTest, DdpTrainPerParamOnTwoRanks) {
   // One "bucket" per parameter tensor.
   EXPECT_EQ(numels.size(), kTensorNumels.size());
   EXPECT_EQ(std::multiset<int64_t>(numels.begin(), numels.end()), kTensorNumels);
+}
+
+// --trace-out: the timeline of the last steps, every rank's compute and
+// communication, in Chrome's trace format.
+struct Span {
+  double start, end;
+};
+struct RankSteps {
+  // step -> phase name ("forward", ...) -> spans; all_reduce spans by bucket.
+  std::map<int64_t, std::map<std::string, std::vector<Span>>> phases;
+  std::map<int64_t, std::map<int, Span>> all_reduce;
+};
+
+std::map<int, RankSteps> read_trace(const fs::path& f, std::map<int, std::string>* names) {
+  std::map<int, RankSteps> ranks;
+  const json trace = json::parse(read_file(f));
+  for (const auto& e : trace["traceEvents"]) {
+    const int pid = e["pid"].get<int>();
+    if (e["ph"] == "M") {
+      if (e["name"] == "process_name") (*names)[pid] = e["args"]["name"].get<std::string>();
+      continue;
+    }
+    EXPECT_EQ(e["ph"], "X") << e;
+    const Span span{e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()};
+    const int64_t step = e["args"]["step"].get<int64_t>();
+    const std::string name = e["name"].get<std::string>();
+    if (name.starts_with("all_reduce")) {
+      EXPECT_EQ(e["tid"], 1) << e;
+      const int bucket = e["args"]["bucket"].get<int>();
+      EXPECT_EQ(name, fmt::format("all_reduce bucket {}", bucket));
+      EXPECT_EQ(ranks[pid].all_reduce[step].count(bucket), 0u) << "bucket " << bucket << " twice in step " << step;
+      ranks[pid].all_reduce[step][bucket] = span;
+    } else {
+      EXPECT_EQ(e["tid"], 0) << e;
+      ranks[pid].phases[step][name].push_back(span);
+    }
+  }
+  return ranks;
+}
+
+// Checks the trace of a 2-rank DDP run of `steps` steps whose last `traced`
+// were recorded, against the buckets of its summary.
+void check_ddp_trace(const fs::path& trace, const json& summary, int64_t steps, int64_t traced, bool overlap) {
+  std::map<int, std::string> names;
+  const auto ranks = read_trace(trace, &names);
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(names[0], "rank 0");
+  EXPECT_EQ(names[1], "rank 1");
+  const size_t buckets = summary["ddp"]["buckets"].size();
+  ASSERT_GT(buckets, 1u);
+  constexpr double kSlack = 2.0;  // us: timestamps are rounded by the JSON writer
+  for (const auto& [pid, r] : ranks) {
+    SCOPED_TRACE(fmt::format("rank {}", pid));
+    ASSERT_EQ(r.phases.size(), static_cast<size_t>(traced));
+    EXPECT_EQ(r.phases.begin()->first, steps - traced);
+    for (const auto& [step, phases] : r.phases) {
+      SCOPED_TRACE(fmt::format("step {}", step));
+      for (const char* p : {"data", "forward", "backward", "comm wait", "optimizer"})
+        ASSERT_EQ(phases.count(p) ? phases.at(p).size() : 0u, 1u) << p;
+      // One thread: data, forward, backward, wait, optimizer in order.
+      const Span d = phases.at("data")[0], f = phases.at("forward")[0], b = phases.at("backward")[0],
+                 w = phases.at("comm wait")[0], o = phases.at("optimizer")[0];
+      EXPECT_LE(d.end, f.start + kSlack);
+      EXPECT_LE(f.end, b.start + kSlack);
+      EXPECT_LE(b.end, w.start + kSlack);
+      EXPECT_LE(w.end, o.start + kSlack);
+      // Every bucket's all-reduce ran in this step, after forward, and was
+      // over before the optimizer (which waits for them).
+      ASSERT_EQ(r.all_reduce.at(step).size(), buckets);
+      for (const auto& [bucket, a] : r.all_reduce.at(step)) {
+        EXPECT_GE(a.start + kSlack, b.start) << "bucket " << bucket;
+        EXPECT_LE(a.end, o.start + kSlack) << "bucket " << bucket;
+        if (!overlap) {
+          EXPECT_GE(a.start + kSlack, b.end) << "bucket " << bucket << " ran before backward ended";
+        }
+      }
+    }
+  }
+  // The ranks' clocks line up: an all-reduce cannot end on one rank before
+  // it has begun on the other.
+  for (const auto& [step, mine] : ranks.at(0).all_reduce)
+    for (const auto& [bucket, a] : mine) {
+      const Span other = ranks.at(1).all_reduce.at(step).at(bucket);
+      EXPECT_LE(a.start, other.end + kSlack) << "step " << step << " bucket " << bucket;
+      EXPECT_LE(other.start, a.end + kSlack) << "step " << step << " bucket " << bucket;
+    }
+}
+
+TEST_F(MultirankCliTest, TraceShowsEveryRanksStepsAndBuckets) {
+  for (const bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "--no-overlap");
+    const fs::path trace = dir_ / "trace.json", summary = dir_ / "trace_summary.json";
+    // 64 KiB buckets: the 200 KB of gradients make four.
+    RunResult r = launch2(fmt::format("train --model mlp --synthetic --steps 7 --sizes {} --threads 1 --quiet "
+                                      "--first-bucket-mb 0.0625 --bucket-mb 0.0625 --trace-out {} --trace-steps 3 "
+                                      "--summary-out {}{}",
+                                      kSizes, q(trace), q(summary), overlap ? "" : " --no-overlap"));
+    ASSERT_EQ(r.code, 0) << r.all();
+    check_ddp_trace(trace, json::parse(read_file(summary)), 7, 3, overlap);
+  }
+}
+
+TEST_F(MultirankCliTest, TraceOfOneProcessHasNoCommunication) {
+  const fs::path trace = dir_ / "trace_local.json";
+  RunResult r = dpt(fmt::format("train --model mlp --synthetic --steps 3 --sizes {} --quiet --trace-out {} "
+                                "--trace-steps 5",
+                                kSizes, q(trace)));
+  ASSERT_EQ(r.code, 0) << r.all();
+  std::map<int, std::string> names;
+  const auto ranks = read_trace(trace, &names);
+  ASSERT_EQ(ranks.size(), 1u);
+  const RankSteps& r0 = ranks.at(0);
+  EXPECT_EQ(r0.phases.size(), 3u);  // all three steps: fewer than --trace-steps
+  EXPECT_TRUE(r0.all_reduce.empty());
+  for (const auto& [step, phases] : r0.phases) {
+    EXPECT_EQ(phases.count("comm wait"), 0u);
+    EXPECT_EQ(phases.count("backward"), 1u);
+  }
+}
+
+TEST_F(MultirankCliTest, TraceOfNaiveDpIsAUserError) {
+  RunResult r = dpt(fmt::format("train --model mlp --synthetic --steps 2 --sizes {} --strategy dp --quiet "
+                                "--trace-out {}",
+                                kSizes, q(dir_ / "dp_trace.json")));
+  EXPECT_EQ(r.code, 1) << r.all();
+  EXPECT_TRUE(has(r.err, "--trace-out records local and ddp training")) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "dp_trace.json"));
 }
 
 TEST_F(MultirankCliTest, LocalStrategyUnderLauncherIsAnError) {

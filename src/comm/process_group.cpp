@@ -123,6 +123,7 @@ void ProcessGroup::Impl::run() {
     }
     OpContext ctx;
     auto t0 = std::chrono::steady_clock::now();
+    work->start();
     try {
       body(ctx);
       pg->ledger_.add_op(ctx.op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

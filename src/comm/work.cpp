@@ -27,9 +27,26 @@ std::exception_ptr Work::error() const {
   return error_;
 }
 
+std::chrono::steady_clock::time_point Work::started_at() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return started_;
+}
+
+std::chrono::steady_clock::time_point Work::finished_at() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_;
+}
+
+void Work::start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  started_ = std::chrono::steady_clock::now();
+}
+
 void Work::finish(std::exception_ptr error) {
+  const auto now = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
+    finished_ = now;
     error_ = std::move(error);
     done_ = true;
   }

@@ -2,6 +2,7 @@
 // c10d Work): wait() blocks until it finished and rethrows its error.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -22,7 +23,13 @@ class Work {
   // The stored error (nullptr while running or after success).
   std::exception_ptr error() const;
 
+  // When the communication thread began and ended the operation; read them
+  // after wait() (the timeline of a step, docs/ddp.md).
+  std::chrono::steady_clock::time_point started_at() const;
+  std::chrono::steady_clock::time_point finished_at() const;
+
   // Called by the communication thread.
+  void start();
   void finish(std::exception_ptr error);
 
  private:
@@ -31,6 +38,7 @@ class Work {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::chrono::steady_clock::time_point started_, finished_;
   std::exception_ptr error_;
 };
 

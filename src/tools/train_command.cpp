@@ -48,6 +48,11 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--save", o.save, "write the trained weights (safetensors)");
   cmd_->add_option("--metrics-out", o.metrics_out, "write one JSON line per logged step");
   cmd_->add_option("--summary-out", o.summary_out, "write the end-of-run summary as JSON");
+  cmd_->add_option("--trace-out", o.trace_out,
+                   "write a timeline of the last steps (every rank's compute and communication) as a Chrome "
+                   "trace: open in ui.perfetto.dev, or draw with bench/plot_timeline.py");
+  cmd_->add_option("--trace-steps", o.trace_steps, "steps in the --trace-out timeline (the last ones)")
+      ->check(CLI::PositiveNumber);
   cmd_->add_option("--baseline", o.baseline, "a 1-rank run's --summary-out: report scaling efficiency against it");
   cmd_->add_flag("--quiet", o.quiet, "print nothing but errors");
   // Strategy and communication.

@@ -21,6 +21,7 @@
 #include "parallel/replicas.h"
 #include "train/data_source.h"
 #include "train/progress.h"
+#include "train/timeline.h"
 
 namespace dpt {
 
@@ -116,6 +117,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (o.strategy.empty()) o.strategy = world > 1 ? "ddp" : "local";
   if (o.strategy == "dp") {
     if (world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
+    if (!o.trace_out.empty()) throw InputError("--trace-out records local and ddp training, not --strategy dp");
     return run_dp_training(o);
   }
   if (o.strategy != "local" && o.strategy != "ddp")
@@ -173,9 +175,13 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // all-reduce is a plain sum and every gradient element is scaled once.
   const float loss_scale = 1.0f / static_cast<float>(o.grad_accum * (ddp ? world : 1));
   const uint64_t bytes_at_start = pg.ledger().total().bytes_sent;
+  // The timeline records only the last trace_steps steps.
+  std::optional<Timeline> timeline;
+  if (!o.trace_out.empty()) timeline.emplace();
   auto run_start = Clock::now();
   for (int64_t step = 0; step < steps; ++step) {
     auto t0 = Clock::now();
+    Timeline* tl = timeline && step >= steps - o.trace_steps ? &*timeline : nullptr;
     double d_ms = 0, f_ms = 0, b_ms = 0, w_ms = 0;
     model->zero_grads();
     double loss = 0.0;
@@ -186,14 +192,28 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
       if (reducer) reducer->prepare(k == o.grad_accum - 1);  // no_sync before the last
       auto tf = Clock::now();
       loss += model->forward(batch).loss;
-      f_ms += since_ms(tf);
       auto tb = Clock::now();
+      f_ms += std::chrono::duration<double, std::milli>(tb - tf).count();
       model->backward(loss_scale);
       b_ms += since_ms(tb);
+      if (tl) {
+        tl->add(Timeline::Data, step, -1, td, tf);
+        tl->add(Timeline::Forward, step, -1, tf, tb);
+        tl->add(Timeline::Backward, step, -1, tb, Clock::now());
+      }
     }
     loss /= static_cast<double>(o.grad_accum);
+    auto tw = Clock::now();
     if (reducer) w_ms = reducer->finish() * 1000.0;
     auto to = Clock::now();
+    if (tl && reducer) {
+      tl->add(Timeline::CommWait, step, -1, tw, to);
+      const auto& buckets = reducer->buckets();
+      for (size_t i = 0; i < buckets.size(); ++i)
+        if (buckets[i].work)
+          tl->add(Timeline::AllReduce, step, static_cast<int>(i), buckets[i].work->started_at(),
+                  buckets[i].work->finished_at());
+    }
     // The global gradient norm is needed to clip, and logged; it costs a
     // pass over the gradients, so it is skipped on other steps. After the
     // all-reduce every rank holds the same gradients: the norm is global.
@@ -204,6 +224,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     const float lr = o.schedule.at(step);
     opt->step(model->params(), model->grads(), lr);
     const double o_ms = since_ms(to);
+    if (tl) tl->add(Timeline::Optimizer, step, -1, to, Clock::now());
     const double ms = since_ms(t0);
     step_ms.push_back(ms);
     data_ms.push_back(d_ms);
@@ -245,6 +266,12 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     r.final_loss = loss;
   }
   progress.finish();
+  if (timeline) {
+    std::vector<size_t> bucket_bytes;
+    if (reducer)
+      for (const Bucket& b : reducer->buckets()) bucket_bytes.push_back(b.numel * sizeof(float));
+    timeline->write(o.trace_out, pg, bucket_bytes);
+  }
   const double total_s = std::chrono::duration<double>(Clock::now() - run_start).count();
   r.steps = steps;
   r.comm_bytes_per_step = (pg.ledger().total().bytes_sent - bytes_at_start) / static_cast<uint64_t>(steps);

@@ -48,6 +48,8 @@ struct TrainOptions {
   std::string save;         // safetensors to write at the end
   std::string metrics_out;  // one JSON line per logged step
   std::string summary_out;  // one JSON object at the end
+  std::string trace_out;    // a Chrome trace of the last trace_steps steps (timeline.h)
+  int64_t trace_steps = 4;
   // A 1-rank run's --summary-out: the summary then reports scaling
   // efficiency, throughput / (ranks x that run's throughput).
   std::string baseline;

@@ -1,0 +1,92 @@
+#include "train/timeline.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "io/atomic_file.h"
+
+namespace dpt {
+
+namespace {
+const char* kind_name(int kind) {
+  static const char* names[] = {"data", "forward", "backward", "comm wait", "optimizer", "all_reduce"};
+  return kind >= 0 && kind < Timeline::kKinds ? names[kind] : "?";
+}
+}  // namespace
+
+Timeline::Timeline() {
+  using us = std::chrono::duration<double, std::micro>;
+  wall_offset_us_ = us(std::chrono::system_clock::now().time_since_epoch()).count() -
+                    us(Clock::now().time_since_epoch()).count();
+}
+
+void Timeline::add(Kind kind, int64_t step, int bucket, Clock::time_point t0, Clock::time_point t1) {
+  const auto us = [this](Clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count() + wall_offset_us_;
+  };
+  spans_.insert(spans_.end(), {static_cast<double>(kind), static_cast<double>(step), static_cast<double>(bucket),
+                               us(t0), std::max(0.0, us(t1) - us(t0))});
+}
+
+void Timeline::write(const std::string& path, comm::ProcessGroup& pg, const std::vector<size_t>& bucket_bytes) const {
+  const int world = pg.size();
+  // Every rank contributes the same number of doubles: the largest, padded
+  // with kind -1. all_gather only copies bytes, so doubles travel as pairs
+  // of fp32 elements.
+  float most = static_cast<float>(spans_.size());
+  pg.all_reduce(&most, 1, DType::F32, comm::ReduceOp::Max);
+  const size_t per_rank = static_cast<size_t>(most);
+  std::vector<double> all(per_rank * static_cast<size_t>(world), -1.0);
+  std::copy(spans_.begin(), spans_.end(), all.begin() + static_cast<std::ptrdiff_t>(per_rank * pg.rank()));
+  static_assert(sizeof(double) == 2 * sizeof(float));
+  pg.all_gather(all.data(), 2 * all.size(), DType::F32);
+  if (pg.rank() != 0) return;
+
+  // Times from the first span of any rank.
+  double first = 0.0;
+  bool any = false;
+  for (size_t i = 0; i + kFields <= all.size(); i += kFields)
+    if (all[i] >= 0 && (!any || all[i + 3] < first)) {
+      first = all[i + 3];
+      any = true;
+    }
+  using nlohmann::json;
+  json events = json::array();
+  for (int r = 0; r < world; ++r) {
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r}, {"args", {{"name", fmt::format("rank {}", r)}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", r}, {"args", {{"sort_index", r}}}});
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 0}, {"args", {{"name", "compute"}}}});
+    events.push_back(
+        {{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", 1}, {"args", {{"name", "communication"}}}});
+    const double* f = all.data() + per_rank * static_cast<size_t>(r);
+    for (size_t i = 0; i + kFields <= per_rank; i += kFields) {
+      const int kind = static_cast<int>(f[i]);
+      if (kind < 0) break;
+      const int64_t step = static_cast<int64_t>(f[i + 1]);
+      const int bucket = static_cast<int>(f[i + 2]);
+      json e = {{"ph", "X"}, {"pid", r}, {"tid", kind == AllReduce ? 1 : 0}, {"ts", f[i + 3] - first}, {"dur", f[i + 4]},
+                {"cat", kind == AllReduce ? "comm" : "compute"}};
+      json args = {{"step", step}};
+      if (kind == AllReduce) {
+        const size_t bytes = bucket >= 0 && static_cast<size_t>(bucket) < bucket_bytes.size()
+                                 ? bucket_bytes[static_cast<size_t>(bucket)]
+                                 : 0;
+        e["name"] = fmt::format("all_reduce bucket {}", bucket);
+        args["bucket"] = bucket;
+        args["bytes"] = bytes;
+      } else {
+        e["name"] = kind_name(kind);
+      }
+      e["args"] = args;
+      events.push_back(std::move(e));
+    }
+  }
+  json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  AtomicFile out(path);
+  out.write(trace.dump() + "\n");
+  out.commit();
+}
+
+}  // namespace dpt

@@ -1,0 +1,44 @@
+// A timeline of training steps: when each rank's compute thread ran data,
+// forward, backward, the wait for communication and the optimizer, and when
+// its communication thread ran each bucket's all-reduce. Written by
+// `dpt train --trace-out` as a Chrome trace (open it in https://ui.perfetto.dev
+// or chrome://tracing; bench/plot_timeline.py draws it as an SVG), one
+// process per rank, so overlap of communication with backward is visible.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+
+namespace dpt {
+
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+  enum Kind { Data, Forward, Backward, CommWait, Optimizer, AllReduce, kKinds };
+
+  // Spans are kept in wall-clock time (the monotonic clock plus its offset
+  // from the system clock, read once), so the ranks' timelines line up
+  // exactly on one host and to the hosts' clock sync (NTP) across hosts.
+  Timeline();
+
+  // A span [t0, t1) of `kind` in `step`; `bucket` for AllReduce, else -1.
+  void add(Kind kind, int64_t step, int bucket, Clock::time_point t0, Clock::time_point t1);
+
+  // Collective: gathers every rank's spans to rank 0, which writes the
+  // Chrome trace JSON to `path` (atomically). `bucket_bytes[i]` labels
+  // bucket i's all-reduces.
+  void write(const std::string& path, comm::ProcessGroup& pg, const std::vector<size_t>& bucket_bytes) const;
+
+  size_t size() const { return spans_.size() / kFields; }
+
+ private:
+  // Each span as kFields doubles: kind, step, bucket, start us, duration us.
+  static constexpr size_t kFields = 5;
+  double wall_offset_us_;  // system clock minus monotonic clock
+  std::vector<double> spans_;
+};
+
+}  // namespace dpt
