@@ -3,7 +3,7 @@
 single process and against PyTorch.
 
 Usage: /usr/bin/python3 bench/ddp_bench.py [--dpt build/dpt] [--workload mlp|gpt|all]
-           [--steps N] [--skip-torch] [--out FILE.json]
+           [--steps N] [--skip-torch] [--only KEY,...] [--repeat K] [--out FILE.json]
 
 For each workload it runs, one after the other (each configuration once):
 
@@ -26,12 +26,19 @@ Prints a table (throughput, median step ms, exposed communication as a share
 of the step, bytes sent per step per rank) and the ratios
   engine DDP / PyTorch DDP, engine DDP / PyTorch's best single process,
   scaling efficiency = throughput(2 ranks) / (2 * throughput(1 process, 1 thread)),
-and writes every summary to --out (default bench/results/ddp_<workload>.json;
+With --repeat K every configuration runs K times, in K interleaved rounds
+(so slow phases of a shared machine hit every configuration alike); a row is
+the run with the median throughput, every round's metrics are kept under
+"rounds", and each ratio is the median of the rounds' own ratios. --only
+runs a subset of the configurations (by key; see --help).
+
+It writes every summary to --out (default bench/results/ddp_<workload>.json;
 with --workload all and no --out, one file per workload).
 """
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 
@@ -154,27 +161,40 @@ def ratio(a, b):
     return a / b if a and b else None
 
 
-def bench_workload(args, workload):
-    unit = UNIT[workload]
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="dpt_ddp_bench_") as tmp:
-        for key, label, kind, cmd, path, env in configurations(args, workload, tmp):
-            print(f"[{workload}] {label} ...", file=sys.stderr, flush=True)
-            row = {"key": key, "label": label, "kind": kind, "cmd": cmd,
-                   "env": {"OMP_WAIT_POLICY": env.get("OMP_WAIT_POLICY")} if env else None}
-            try:
-                row["summary"] = run_and_load(label, cmd, path, env, TIMEOUT_S)
-                row["metrics"] = row_metrics(kind, row["summary"], unit)
-                if row["metrics"]["throughput"] is None:
-                    raise RunError(f"summary lacks {unit}")
-            except RunError as e:
-                print(f"ddp_bench.py: {label}: {e}", file=sys.stderr)
-                row["error"] = str(e)
-            rows.append(row)
+def run_one(workload, unit, key, label, kind, cmd, path, env, tag):
+    """One configuration once: its row (summary and metrics, or error)."""
+    print(f"[{workload}]{tag} {label} ...", file=sys.stderr, flush=True)
+    row = {"key": key, "label": label, "kind": kind, "cmd": cmd,
+           "env": {"OMP_WAIT_POLICY": env.get("OMP_WAIT_POLICY")} if env else None}
+    try:
+        row["summary"] = run_and_load(label, cmd, path, env, TIMEOUT_S)
+        row["metrics"] = row_metrics(kind, row["summary"], unit)
+        if row["metrics"]["throughput"] is None:
+            raise RunError(f"summary lacks {unit}")
+    except RunError as e:
+        print(f"ddp_bench.py: {label}: {e}", file=sys.stderr)
+        row["error"] = str(e)
+    return row
 
-    by = {r["key"]: r["metrics"]["throughput"] for r in rows if not r.get("error")}
+
+def median_row(runs):
+    """The rounds of one configuration as one row: the run with the median
+    throughput stands for them (its summary and metrics), every round's
+    metrics are kept under "rounds"."""
+    ok = [r for r in runs if not r.get("error")]
+    if not ok:
+        return runs[0]
+    ok.sort(key=lambda r: r["metrics"]["throughput"])
+    row = dict(ok[(len(ok) - 1) // 2])
+    if len(runs) > 1:
+        row["rounds"] = [r.get("metrics") or {"error": r.get("error")} for r in runs]
+    return row
+
+
+def ratios_of(by):
+    """The headline ratios from one set of throughputs (key -> value)."""
     torch_best_key = max((k for k in ("torch_t1", "torch_t2") if k in by), key=by.get, default=None)
-    ratios = {
+    return {
         "engine_ddp_over_torch_ddp": ratio(by.get("ddp"), by.get("torch_ddp")),
         "engine_ddp_over_torch_best_single": ratio(by.get("ddp"), by.get(torch_best_key)),
         "torch_best_single": torch_best_key,
@@ -187,7 +207,40 @@ def bench_workload(args, workload):
         "engine_ddp_over_engine_single_t2": ratio(by.get("ddp"), by.get("single_t2")),
     }
 
+
+def bench_workload(args, workload):
+    unit = UNIT[workload]
+    rounds = []  # per round: key -> row
+    with tempfile.TemporaryDirectory(prefix="dpt_ddp_bench_") as tmp:
+        configs = configurations(args, workload, tmp)
+        if args.only:
+            wanted = args.only.split(",")
+            unknown = sorted(set(wanted) - {c[0] for c in configs})
+            if unknown:
+                sys.exit(f"ddp_bench.py: --only: unknown configuration {', '.join(unknown)} "
+                         f"(known: {', '.join(c[0] for c in configs)})")
+            configs = [c for c in configs if c[0] in wanted]
+        for i in range(args.repeat):
+            tag = f" round {i + 1}/{args.repeat}" if args.repeat > 1 else ""
+            rounds.append({c[0]: run_one(workload, unit, *c, tag) for c in configs})
+    rows = [median_row([rnd[c[0]] for rnd in rounds]) for c in configs]
+
+    # Ratios are taken within each round (configurations run minutes apart
+    # at most), then the median over rounds is reported.
+    per_round = [ratios_of({k: r["metrics"]["throughput"] for k, r in rnd.items() if not r.get("error")})
+                 for rnd in rounds]
+    ratios = {}
+    for name in per_round[0]:
+        values = [pr[name] for pr in per_round if pr[name] is not None]
+        if name == "torch_best_single" or not values:
+            ratios[name] = per_round[0][name] if name == "torch_best_single" else None
+        else:
+            ratios[name] = statistics.median(values)
+    torch_best_key = ratios["torch_best_single"]
+
     print_table(workload, rows, unit)
+    if args.repeat > 1:
+        print(f"  rows: the median of {args.repeat} rounds; ratios: the median of the rounds' own ratios")
     print("  exp. comm %: max over ranks of comm_wait_ms / step_ms; ~ PyTorch: backward minus "
           "backward under no_sync() (an estimate);\n  (g+b) DP: replica 0's gather + broadcast. "
           "MiB sent/step: per rank, from the engine's ledger; ~ PyTorch: ring model 2(N-1)/N.\n  buckets: the engine's all-reduce buckets (--per-param: one per tensor).")
@@ -207,8 +260,8 @@ def bench_workload(args, workload):
 
     return {
         "workload": workload, "ranks": RANKS, "unit": unit,
-        "engine_steps": args.steps or ENGINE_STEPS[workload],
-        "runs": rows, "ratios": ratios,
+        "engine_steps": args.steps or ENGINE_STEPS[workload], "rounds": args.repeat,
+        "runs": rows, "ratios": ratios, "ratios_per_round": per_round,
         "failed": [r["key"] for r in rows if r.get("error")],
     }
 
@@ -225,11 +278,18 @@ def main():
     ap.add_argument("--steps", type=int, help="engine steps (default 80 mlp, 40 gpt); "
                     "also PyTorch's, with a quarter warm-up")
     ap.add_argument("--skip-torch", action="store_true", help="run only the engine configurations")
+    ap.add_argument("--only", metavar="KEY,...",
+                    help="run only these configurations (keys: ddp, ddp_no_overlap, ddp_per_param, "
+                         "ddp_bucket_<mb>mb, dp, single_t1, single_t2, torch_ddp, torch_t1, torch_t2)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds of every configuration, interleaved; medians reported (default 1)")
     ap.add_argument("--out", metavar="FILE.json",
                     help="results file (default bench/results/ddp_<workload>.json)")
     args = ap.parse_args()
     if args.steps is not None and args.steps < 4:
         ap.error("--steps must be >= 4")
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
     if not os.access(args.dpt, os.X_OK):
         ap.error(f"{args.dpt} is not an executable (build it: cmake --build build --target dpt)")
 
