@@ -87,7 +87,6 @@ void Reducer::launch_ready() {
   // ones before it, so every rank issues the same sequence.
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_++];
-    b.launched = std::chrono::steady_clock::now();
     // Sum: the 1/world of the average is already in the loss scale.
     b.work = pg_.all_reduce_async(model_.grads() + b.offset, b.numel, DType::F32, comm::ReduceOp::Sum);
   }

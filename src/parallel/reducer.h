@@ -15,7 +15,6 @@
 // same order). The optimizer step waits for all of them (finish()).
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -36,7 +35,6 @@ struct Bucket {
   size_t offset = 0, numel = 0;  // range of the flat gradient buffer
   size_t pending = 0;            // elements whose gradient is not final yet
   std::shared_ptr<comm::Work> work;
-  std::chrono::steady_clock::time_point launched;  // handed to the communication thread
 };
 
 class Reducer {
