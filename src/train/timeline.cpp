@@ -16,7 +16,8 @@ const char* kind_name(int kind) {
 }
 }  // namespace
 
-Timeline::Timeline() {
+Timeline::Timeline(size_t spans) {
+  spans_.reserve(spans * kFields);
   using us = std::chrono::duration<double, std::micro>;
   wall_offset_us_ = us(std::chrono::system_clock::now().time_since_epoch()).count() -
                     us(Clock::now().time_since_epoch()).count();

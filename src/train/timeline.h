@@ -22,7 +22,8 @@ class Timeline {
   // Spans are kept in wall-clock time (the monotonic clock plus its offset
   // from the system clock, read once), so the ranks' timelines line up
   // exactly on one host and to the hosts' clock sync (NTP) across hosts.
-  Timeline();
+  // Room for `spans` is reserved up front, so recording allocates nothing.
+  explicit Timeline(size_t spans);
 
   // A span [t0, t1) of `kind` in `step`; `bucket` for AllReduce, else -1.
   void add(Kind kind, int64_t step, int bucket, Clock::time_point t0, Clock::time_point t1);

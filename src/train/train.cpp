@@ -175,9 +175,13 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // all-reduce is a plain sum and every gradient element is scaled once.
   const float loss_scale = 1.0f / static_cast<float>(o.grad_accum * (ddp ? world : 1));
   const uint64_t bytes_at_start = pg.ledger().total().bytes_sent;
-  // The timeline records only the last trace_steps steps.
+  // The timeline records only the last trace_steps steps: per step data,
+  // forward and backward per micro-batch, the wait, the optimizer and one
+  // span per bucket.
   std::optional<Timeline> timeline;
-  if (!o.trace_out.empty()) timeline.emplace();
+  if (!o.trace_out.empty())
+    timeline.emplace(static_cast<size_t>(std::min(o.trace_steps, steps)) *
+                     (3 * static_cast<size_t>(o.grad_accum) + 2 + (reducer ? reducer->buckets().size() : 0)));
   auto run_start = Clock::now();
   for (int64_t step = 0; step < steps; ++step) {
     auto t0 = Clock::now();
