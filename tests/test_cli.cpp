@@ -231,6 +231,14 @@ TEST_F(CliTest, TrainMlpOnNonexistentData) {
   expect_user_error("train --model mlp --data /nonexistent --steps 1 --quiet --threads 1", "/nonexistent");
 }
 
+TEST_F(CliTest, TraceOutInAMissingDirectoryFailsBeforeTraining) {
+  RunResult r = run("train --model mlp --synthetic --steps 100000 --quiet --threads 1 --trace-out "
+                    "/nonexistent/trace.json");
+  EXPECT_LT(r.seconds, 10.0);  // not after 100,000 steps
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(r.err.starts_with("dpt: error: /nonexistent/trace.json")) << r.err;
+}
+
 TEST_F(CliTest, GptEvalOnTextShorterThanOneWindow) {
   ASSERT_EQ(gpt_train_.code, 0) << gpt_train_.err;
   const fs::path p = dir_ / "short.txt";

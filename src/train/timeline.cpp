@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "io/atomic_file.h"
+#include "core/error.h"
 
 namespace dpt {
 
@@ -31,7 +31,7 @@ void Timeline::add(Kind kind, int64_t step, int bucket, Clock::time_point t0, Cl
                                us(t0), std::max(0.0, us(t1) - us(t0))});
 }
 
-void Timeline::write(const std::string& path, comm::ProcessGroup& pg, const std::vector<size_t>& bucket_bytes) const {
+void Timeline::write(AtomicFile* out, comm::ProcessGroup& pg, const std::vector<size_t>& bucket_bytes) const {
   const int world = pg.size();
   // Every rank contributes the same number of doubles: the largest, padded
   // with kind -1. all_gather only copies bytes, so doubles travel as pairs
@@ -44,6 +44,7 @@ void Timeline::write(const std::string& path, comm::ProcessGroup& pg, const std:
   static_assert(sizeof(double) == 2 * sizeof(float));
   pg.all_gather(all.data(), 2 * all.size(), DType::F32);
   if (pg.rank() != 0) return;
+  DPT_CHECK(out != nullptr, "rank 0 writes the timeline but has no file");
 
   // Times from the first span of any rank.
   double first = 0.0;
@@ -85,9 +86,8 @@ void Timeline::write(const std::string& path, comm::ProcessGroup& pg, const std:
     }
   }
   json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
-  AtomicFile out(path);
-  out.write(trace.dump() + "\n");
-  out.commit();
+  out->write(trace.dump() + "\n");
+  out->commit();
 }
 
 }  // namespace dpt

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "io/atomic_file.h"
 
 namespace dpt {
 
@@ -29,9 +30,10 @@ class Timeline {
   void add(Kind kind, int64_t step, int bucket, Clock::time_point t0, Clock::time_point t1);
 
   // Collective: gathers every rank's spans to rank 0, which writes the
-  // Chrome trace JSON to `path` (atomically). `bucket_bytes[i]` labels
-  // bucket i's all-reduces.
-  void write(const std::string& path, comm::ProcessGroup& pg, const std::vector<size_t>& bucket_bytes) const;
+  // Chrome trace JSON into `out` and commits it (the caller opens it before
+  // training, so a bad path fails at once). `bucket_bytes[i]` labels bucket
+  // i's all-reduces.
+  void write(AtomicFile* out, comm::ProcessGroup& pg, const std::vector<size_t>& bucket_bytes) const;
 
   size_t size() const { return spans_.size() / kFields; }
 

@@ -179,6 +179,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // forward and backward per micro-batch, the wait, the optimizer and one
   // span per bucket.
   std::optional<Timeline> timeline;
+  std::unique_ptr<AtomicFile> trace_file;
+  if (lead && !o.trace_out.empty()) trace_file = std::make_unique<AtomicFile>(o.trace_out);
   if (!o.trace_out.empty())
     timeline.emplace(static_cast<size_t>(std::min(o.trace_steps, steps)) *
                      (3 * static_cast<size_t>(o.grad_accum) + 2 + (reducer ? reducer->buckets().size() : 0)));
@@ -274,7 +276,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     std::vector<size_t> bucket_bytes;
     if (reducer)
       for (const Bucket& b : reducer->buckets()) bucket_bytes.push_back(b.numel * sizeof(float));
-    timeline->write(o.trace_out, pg, bucket_bytes);
+    timeline->write(trace_file.get(), pg, bucket_bytes);
   }
   const double total_s = std::chrono::duration<double>(Clock::now() - run_start).count();
   r.steps = steps;
