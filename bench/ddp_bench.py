@@ -229,13 +229,12 @@ def bench_workload(args, workload):
     # at most), then the median over rounds is reported.
     per_round = [ratios_of({k: r["metrics"]["throughput"] for k, r in rnd.items() if not r.get("error")})
                  for rnd in rounds]
-    ratios = {}
-    for name in per_round[0]:
-        values = [pr[name] for pr in per_round if pr[name] is not None]
-        if name == "torch_best_single" or not values:
-            ratios[name] = per_round[0][name] if name == "torch_best_single" else None
-        else:
-            ratios[name] = statistics.median(values)
+    # The best PyTorch single process is named from the median rows.
+    ratios = ratios_of({r["key"]: r["metrics"]["throughput"] for r in rows if not r.get("error")})
+    for name in ratios:
+        values = [pr[name] for pr in per_round if isinstance(pr[name], float)]
+        if name != "torch_best_single":
+            ratios[name] = statistics.median(values) if values else None
     torch_best_key = ratios["torch_best_single"]
 
     print_table(workload, rows, unit)

@@ -42,7 +42,7 @@ void MpiPeer::start_send(const void* src, size_t bytes) {
   send_posted_ = send_done_ = 0;
 }
 
-Progress MpiPeer::progress_send() {
+Transfer MpiPeer::progress_send() {
   const size_t total = pieces(send_bytes_);
   const size_t before = send_done_;
   std::lock_guard<std::mutex> lock(mpi_mutex());
@@ -57,10 +57,10 @@ Progress MpiPeer::progress_send() {
     }
     int flag = 0;
     check(MPI_Test(&send_req_[send_done_ % 2], &flag, MPI_STATUS_IGNORE), "MPI_Test", peer_);
-    if (!flag) return send_done_ != before ? Progress::Moved : Progress::Idle;
+    if (!flag) return send_done_ != before ? Transfer::Moved : Transfer::Idle;
     ++send_done_;
   }
-  return Progress::Done;
+  return Transfer::Done;
 }
 
 void MpiPeer::start_recv(void* dst, size_t bytes, Combine c) {
@@ -77,7 +77,7 @@ void MpiPeer::post_recv(size_t k) {
         "MPI_Irecv", peer_);
 }
 
-Progress MpiPeer::progress_recv() {
+Transfer MpiPeer::progress_recv() {
   const size_t total = pieces(recv_bytes_);
   const size_t before = recv_done_;
   while (recv_done_ < total) {
@@ -86,7 +86,7 @@ Progress MpiPeer::progress_recv() {
       while (recv_posted_ < total && recv_posted_ < recv_done_ + 2) post_recv(recv_posted_++);
       int flag = 0;
       check(MPI_Test(&recv_req_[recv_done_ % 2], &flag, MPI_STATUS_IGNORE), "MPI_Test", peer_);
-      if (!flag) return recv_done_ != before ? Progress::Moved : Progress::Idle;
+      if (!flag) return recv_done_ != before ? Transfer::Moved : Transfer::Idle;
     }
     const size_t k = recv_done_;
     if (recv_combine_ != Combine::Copy)
@@ -94,7 +94,7 @@ Progress MpiPeer::progress_recv() {
                     recv_combine_);
     ++recv_done_;
   }
-  return Progress::Done;
+  return Transfer::Done;
 }
 
 }  // namespace dpt::comm

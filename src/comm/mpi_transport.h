@@ -18,9 +18,9 @@ class MpiPeer : public Peer {
   MpiPeer(MPI_Comm comm, int peer_rank);
   ~MpiPeer() override;
   void start_send(const void* src, size_t bytes) override;
-  Progress progress_send() override;
+  Transfer progress_send() override;
   void start_recv(void* dst, size_t bytes, Combine c) override;
-  Progress progress_recv() override;
+  Transfer progress_recv() override;
   const char* kind() const override { return "mpi"; }
 
  private:

@@ -49,14 +49,14 @@ void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size
   while (!(sent && received)) {
     bool moved = false;
     if (!sent) {
-      const Progress p = to->progress_send();
-      sent = p == Progress::Done;
-      moved |= p != Progress::Idle;
+      const Transfer p = to->progress_send();
+      sent = p == Transfer::Done;
+      moved |= p != Transfer::Idle;
     }
     if (!received) {
-      const Progress p = from->progress_recv();
-      received = p == Progress::Done;
-      moved |= p != Progress::Idle;
+      const Transfer p = from->progress_recv();
+      received = p == Transfer::Done;
+      moved |= p != Transfer::Idle;
     }
     if (moved) {
       idle = 0;

@@ -22,19 +22,19 @@ enum class Combine { Copy, Sum, Max };
 // Applies a Combine to n bytes.
 void combine_bytes(void* dst, const void* src, size_t n, Combine c);
 
-// What one progress call achieved. Idle tells the caller's wait loop to back
+// What one progress call achieved for a transfer. Idle tells the caller's wait loop to back
 // off; Moved (some bytes went, not all) must not, or a long message would
 // stream with naps between its pieces.
-enum class Progress { Idle, Moved, Done };
+enum class Transfer { Idle, Moved, Done };
 
 class Peer {
  public:
   virtual ~Peer() = default;
   virtual void start_send(const void* src, size_t bytes) = 0;
   // Moves what can be moved without blocking.
-  virtual Progress progress_send() = 0;
+  virtual Transfer progress_send() = 0;
   virtual void start_recv(void* dst, size_t bytes, Combine c) = 0;
-  virtual Progress progress_recv() = 0;
+  virtual Transfer progress_recv() = 0;
   // False once the peer is known to have died (shared memory checks its pid).
   virtual bool alive() { return true; }
   virtual const char* kind() const = 0;  // "shm" or "mpi"

@@ -97,7 +97,7 @@ void ShmPeer::start_send(const void* src, size_t bytes) {
   send_off_ = 0;
 }
 
-Progress ShmPeer::progress_send() {
+Transfer ShmPeer::progress_send() {
   // Fill every free slot; publish each with a release store of head so the
   // receiver's acquire load of head sees the bytes.
   const uint64_t tail = out_->tail.load(std::memory_order_acquire);
@@ -108,8 +108,8 @@ Progress ShmPeer::progress_send() {
     out_->head.store(++out_head_, std::memory_order_release);
     send_off_ += n;
   }
-  if (send_off_ == send_bytes_) return Progress::Done;
-  return send_off_ != before ? Progress::Moved : Progress::Idle;
+  if (send_off_ == send_bytes_) return Transfer::Done;
+  return send_off_ != before ? Transfer::Moved : Transfer::Idle;
 }
 
 void ShmPeer::start_recv(void* dst, size_t bytes, Combine c) {
@@ -119,7 +119,7 @@ void ShmPeer::start_recv(void* dst, size_t bytes, Combine c) {
   recv_combine_ = c;
 }
 
-Progress ShmPeer::progress_recv() {
+Transfer ShmPeer::progress_recv() {
   const uint64_t head = in_->head.load(std::memory_order_acquire);
   const size_t before = recv_off_;
   while (recv_off_ < recv_bytes_ && in_tail_ < head) {
@@ -128,8 +128,8 @@ Progress ShmPeer::progress_recv() {
     in_->tail.store(++in_tail_, std::memory_order_release);
     recv_off_ += n;
   }
-  if (recv_off_ == recv_bytes_) return Progress::Done;
-  return recv_off_ != before ? Progress::Moved : Progress::Idle;
+  if (recv_off_ == recv_bytes_) return Transfer::Done;
+  return recv_off_ != before ? Transfer::Moved : Transfer::Idle;
 }
 
 bool ShmPeer::alive() {

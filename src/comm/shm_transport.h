@@ -58,9 +58,9 @@ class ShmPeer : public Peer {
  public:
   ShmPeer(ShmSegment* seg, int my_local, int peer_local);
   void start_send(const void* src, size_t bytes) override;
-  Progress progress_send() override;
+  Transfer progress_send() override;
   void start_recv(void* dst, size_t bytes, Combine c) override;
-  Progress progress_recv() override;
+  Transfer progress_recv() override;
   bool alive() override;
   const char* kind() const override { return "shm"; }
 
