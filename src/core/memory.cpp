@@ -1,13 +1,23 @@
 #include "core/memory.h"
 
-#include <sys/resource.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace dpt {
 
 size_t peak_rss_bytes() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<size_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, "VmHWM:", 6) == 0) {
+      kib = std::strtoull(line + 6, nullptr, 10);  // "VmHWM:    12345 kB"
+      break;
+    }
+  std::fclose(f);
+  return kib * 1024;
 }
 
 }  // namespace dpt

@@ -5,7 +5,11 @@
 
 namespace dpt {
 
-// Peak resident set size of this process, in bytes.
+// Peak resident set size of this program, in bytes: VmHWM from
+// /proc/self/status, which starts afresh with the new address space at exec.
+// getrusage's ru_maxrss does not: a process forked from a large parent (a
+// Python harness, a notebook) inherits the parent's high-water mark, so it
+// would report the harness's memory, not the engine's.
 size_t peak_rss_bytes();
 
 }  // namespace dpt

@@ -24,6 +24,11 @@ AtomicFile::~AtomicFile() {
   }
 }
 
+void check_creatable(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw IoError(fmt::format("{}: cannot create file: it is a directory", path));
+  AtomicFile probe(path);  // removes its temporary when it goes out of scope
+}
+
 void AtomicFile::write(const void* data, size_t n) {
   if (n && std::fwrite(data, 1, n, f_) != n)
     throw IoError(fmt::format("{}: write failed: {}", path_, std::strerror(errno)));

@@ -26,4 +26,11 @@ class AtomicFile {
   std::FILE* f_ = nullptr;
 };
 
+// Fails now, the way AtomicFile would at the end of a run, if `path` cannot
+// be created: its directory is missing or not writable, or it names a
+// directory. Creates and removes the temporary; leaves path untouched. A
+// run checks its outputs with this before its first step, so hours of
+// training are never lost to a typo in an output path.
+void check_creatable(const std::string& path);
+
 }  // namespace dpt

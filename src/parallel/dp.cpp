@@ -138,12 +138,13 @@ TrainResult run_dp_training(const TrainOptions& o) {
   r.samples_per_s = static_cast<double>(o.batch) * 1000.0 / r.step_ms_median;
   if (!mlp) r.tokens_per_s = r.samples_per_s * static_cast<double>(master.positions());
   r.gflops = master.train_flops(o.batch) / (r.step_ms_median * 1e-3) / 1e9;
+  // Saved before anything else can fail: evaluation, the summary.
+  if (!o.save.empty()) save_weights(master, o.save);
   if (data[0]->evaluable()) {
     EvalResult ev = data[0]->evaluate(master, micro, o.eval_windows, 0, 1);
     r.eval_loss = ev.loss();
     r.eval_accuracy = ev.accuracy();
   }
-  if (!o.save.empty()) save_weights(master, o.save);
   r.peak_rss = peak_rss_bytes();
   if (!o.quiet) {
     std::printf("done: %lld steps, train loss %.4f -> %.4f", static_cast<long long>(steps), r.first_loss, r.final_loss);

@@ -31,7 +31,9 @@ class DataSource {
   // The run's optimizer steps: --steps, else o.epochs epochs (mlp on real
   // data; W-MLP's 3 epochs, 702 steps, when synthetic), else 200 (gpt).
   int64_t steps(const TrainOptions& o) const;
-  bool evaluable() const { return !synthetic_; }
+  // False for synthetic runs and for a corpus with no held-out part
+  // (--val-fraction 0): there is nothing to evaluate on.
+  bool evaluable() const { return !synthetic_ && (!sets_->corpus || sets_->corpus->val_size() > 0); }
   // This rank's share of the held-out data; combine() across ranks.
   EvalResult evaluate(Model& model, int64_t batch, int64_t max_windows, int rank, int world) const;
 

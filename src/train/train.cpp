@@ -77,6 +77,24 @@ double read_baseline_throughput(const std::string& path) {
 
 }  // namespace
 
+void check_outputs(const TrainOptions& o, comm::ProcessGroup& pg) {
+  std::string problem;
+  if (pg.rank() == 0)
+    for (const std::string* path : {&o.save, &o.metrics_out, &o.summary_out, &o.trace_out}) {
+      if (path->empty()) continue;
+      try {
+        check_creatable(*path);
+      } catch (const IoError& e) {
+        problem = e.what();
+        break;
+      }
+    }
+  float bad = problem.empty() ? 0.0f : 1.0f;
+  if (pg.size() > 1) pg.all_reduce(&bad, 1, DType::F32, comm::ReduceOp::Max);
+  if (!problem.empty()) throw IoError(problem);
+  if (bad > 0.0f) throw IoError("rank 0 cannot create one of the run's output files (its error names it)");
+}
+
 int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name) {
   if (o.batch % (parts * o.grad_accum) != 0)
     throw InputError(fmt::format("global batch {} does not split into {} {} x {} equal micro-batches", o.batch,
@@ -115,6 +133,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const int rank = pg.rank(), world = pg.size();
   const bool lead = rank == 0;
   if (o.strategy.empty()) o.strategy = world > 1 ? "ddp" : "local";
+  check_outputs(o, pg);
   if (o.strategy == "dp") {
     if (world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
     if (!o.trace_out.empty()) throw InputError("--trace-out records local and ddp training, not --strategy dp");
@@ -125,6 +144,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (o.strategy == "local" && world > 1)
     throw InputError(fmt::format("--strategy local trains one process, but {} ranks were launched; use ddp", world));
   const int64_t micro = micro_batch(o, world, "ranks");
+  // Read now: a bad baseline must fail before training, not after it.
+  const double baseline = o.baseline.empty() ? 0.0 : read_baseline_throughput(o.baseline);
   const bool ddp = o.strategy == "ddp";
   // Ranks other than 0 start from other weights on purpose: DDP's initial
   // broadcast must make them equal, and the replica check proves it did.
@@ -158,6 +179,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
                 world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / world),
                 o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
                 static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
+  if (!quiet && !o.synthetic && !data.evaluable())
+    std::printf("no held-out text (--val-fraction 0): evaluation is skipped\n");
   if (!quiet && reducer)
     std::printf("ddp: %zu buckets (first %.2f MiB, cap %.1f MiB)%s\n", reducer->buckets().size(),
                 reducer->buckets().front().numel * 4.0 / (1 << 20), o.ddp.bucket_bytes / double(1 << 20),
@@ -299,19 +322,18 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     if (!mlp) r.tokens_per_s = r.samples_per_s * static_cast<double>(model->positions());
     r.gflops = model->train_flops(o.batch) / (slowest * 1e-3) / 1e9;
   }
-  if (!o.baseline.empty()) {
-    const double base = read_baseline_throughput(o.baseline);
-    r.scaling_efficiency = r.samples_per_s / (world * base);
-  }
+  if (baseline > 0) r.scaling_efficiency = r.samples_per_s / (world * baseline);
   r.sgemm_gflops = measure_sgemm_gflops() * world;
   r.mfu = r.sgemm_gflops > 0 ? r.gflops / r.sgemm_gflops : 0.0;
 
+  // The weights and metrics are written before anything else can fail
+  // (evaluation, the summary), so a finished run is never lost.
+  if (lead && !o.save.empty()) save_weights(*model, o.save);
+  if (metrics) metrics->commit();
   if (auto ev = evaluate()) {
     r.eval_loss = ev->loss();
     r.eval_accuracy = ev->accuracy();
   }
-  if (lead && !o.save.empty()) save_weights(*model, o.save);
-  if (metrics) metrics->commit();
   r.peak_rss = peak_rss_bytes();
 
   const double MB = 1.0 / (1 << 20);
@@ -319,7 +341,9 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (!quiet) {
     std::printf("done: %lld steps in %.1f s, train loss %.4f -> %.4f", static_cast<long long>(steps), total_s,
                 r.first_loss, r.final_loss);
-    if (!o.synthetic) {
+    if (!data.evaluable() && !o.synthetic) {
+      std::printf(", no evaluation (--val-fraction 0 holds no text out)");
+    } else if (!o.synthetic) {
       if (mlp)
         std::printf(", test accuracy %.2f%% (loss %.4f)", 100.0 * r.eval_accuracy, r.eval_loss);
       else
@@ -375,7 +399,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
       j["ddp"] = {{"buckets", buckets}, {"overlap", o.ddp.overlap}, {"per_param", o.ddp.per_param}};
     }
     if (r.scaling_efficiency > 0) j["scaling_efficiency"] = r.scaling_efficiency;
-    write_summary(o.summary_out, std::move(j), r, mlp, !o.synthetic);
+    write_summary(o.summary_out, std::move(j), r, mlp, data.evaluable());
   }
   return r;
 }

@@ -88,6 +88,12 @@ int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
 // initialised from `seed`.
 std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
 
+// Fails before training, with the sentence AtomicFile would give at the end,
+// if rank 0 cannot create one of the run's output files (--save,
+// --metrics-out, --summary-out, --trace-out). Every rank of the group calls
+// it, and every rank fails.
+void check_outputs(const TrainOptions& o, comm::ProcessGroup& pg);
+
 // Fills the model-dependent defaults of opts (see the comments above).
 void apply_defaults(TrainOptions& opts);
 
