@@ -1,5 +1,6 @@
 #include "models/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -55,7 +56,7 @@ Gpt::Gpt(GptConfig config) : config_(config) {
   layout_.begin_unit("transformer.ln_f");
   lnf_w_ = layout_.add("transformer.ln_f.weight", {C}, false);
   lnf_b_ = layout_.add("transformer.ln_f.bias", {C}, false);
-  allocate_state();
+  lnf_unit_ = static_cast<int>(config_.layers) + 1;
 }
 
 std::map<std::string, std::string> Gpt::metadata() const {
@@ -67,30 +68,41 @@ std::map<std::string, std::string> Gpt::metadata() const {
           {"block_size", std::to_string(config_.context)}};
 }
 
-void Gpt::init_params(uint64_t seed) {
+void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
   // GPT-2: N(0, 0.02) for matrices and embeddings, the residual projections
   // scaled by 1/sqrt(2 * layers); zero biases; LayerNorm weight 1, bias 0.
-  Rng rng(seed);
   const float std_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.layers));
-  params_.zero();
+  const size_t end = begin + n;
   for (const Slot& s : layout_.slots()) {
-    float* p = params_.f32() + s.offset;
-    bool is_ln_weight = s.name.find("ln_") != std::string::npos && s.name.ends_with(".weight");
+    const size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    if (lo >= hi) continue;
+    float* p = out + (lo - begin);
+    const bool is_ln_weight = s.name.find("ln_") != std::string::npos && s.name.ends_with(".weight");
     if (is_ln_weight) {
-      for (size_t i = 0; i < s.numel; ++i) p[i] = 1.0f;
+      std::fill(p, p + (hi - lo), 1.0f);
     } else if (s.shape.size() == 2) {
-      float sd = s.name.ends_with("c_proj.weight") ? std_proj : 0.02f;
-      for (size_t i = 0; i < s.numel; ++i) p[i] = sd * rng.normal();
+      const float sd = s.name.ends_with("c_proj.weight") ? std_proj : 0.02f;
+      for (size_t i = lo; i < hi; ++i) p[i - lo] = sd * counter_normal(seed, i);
+    } else {
+      std::fill(p, p + (hi - lo), 0.0f);
     }
   }
 }
 
-void Gpt::plan_activations(int64_t B, int64_t T) {
-  if (B == batch_ && T == seq_) return;
+int64_t Gpt::activation_floats(int64_t B, int64_t T) const {
   const int64_t C = config_.width, V = config_.vocab, NH = config_.heads, N = B * T;
   const int64_t per_block = N * (16 * C + 4) + B * NH * T * T;
-  const int64_t total = N * C + config_.layers * per_block + N * (C + 2) + N * V +
-                        N * (C + C + 3 * C + 4 * C);
+  return N * C + config_.layers * per_block + N * (C + 2) + N * V + N * (C + C + 3 * C + 4 * C);
+}
+
+size_t Gpt::activation_bytes_for(int64_t B) const {
+  return static_cast<size_t>(activation_floats(B, config_.context)) * sizeof(float);
+}
+
+void Gpt::plan_activations(int64_t B, int64_t T) {
+  if (B == batch_ && T == seq_) return;
+  const int64_t C = config_.width, NH = config_.heads, N = B * T, V = config_.vocab;
+  const int64_t total = activation_floats(B, T);
   acts_.reserve(static_cast<size_t>(total));
   float* p = acts_.f32();
   auto take = [&p](int64_t n) {
@@ -144,12 +156,16 @@ ForwardStats Gpt::forward(const Batch& batch) {
     if (tokens_[i] < 0 || tokens_[i] >= V || targets_[i] < 0 || targets_[i] >= V)
       throw InputError(fmt::format("GPT token {} is outside the vocabulary 0..{}", tokens_[i], V - 1));
 
+  begin(Pass::Forward);
+  open(embed_unit_);
   embedding_forward(encoded_, tokens_.data(), param(wte_), N, C);
   position_embedding_forward(encoded_, param(wpe_), B, T, C);
+  close(embed_unit_);
   const float* x = encoded_;  // the residual stream entering each block
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const BlockSlots& s = blocks_[l];
     BlockActs& a = acts_of_[l];
+    open(static_cast<int>(l) + 1);
     layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, param(s.ln1_w), param(s.ln1_b), N, C);
     linear_forward(a.qkv, a.ln1, param(s.qkv_w), param(s.qkv_b), N, C, 3 * C);
     attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
@@ -160,11 +176,17 @@ ForwardStats Gpt::forward(const Batch& batch) {
     gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
     linear_forward(a.res3, a.fch_gelu, param(s.fcproj_w), param(s.fcproj_b), N, 4 * C, C);
     residual_forward(a.res3, a.res3, a.res2, N * C);
+    close(static_cast<int>(l) + 1);
     x = a.res3;
   }
+  open(lnf_unit_);
   layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, param(lnf_w_), param(lnf_b_), N, C);
+  close(lnf_unit_);
   // Output projection tied to the token embedding: logits = lnf @ wte^T.
+  // The embedding's unit is opened a second time for it.
+  open(embed_unit_);
   linear_forward(logits_, lnf_, param(wte_), nullptr, N, C, V);
+  close(embed_unit_);
   ForwardStats st;
   st.count = N;
   st.loss = cross_entropy_forward(logits_, logits_, targets_.data(), N, V, &st.correct);
@@ -175,9 +197,14 @@ void Gpt::backward(float loss_scale) {
   const int64_t B = batch_, T = seq_, C = config_.width, V = config_.vocab, NH = config_.heads;
   const int64_t N = B * T;
   cross_entropy_backward(logits_, logits_, targets_.data(), N, V, loss_scale / static_cast<float>(N));
+  begin(Pass::Backward);
   // The tied weight gets the output projection's gradient here and the
-  // embedding's at the very end, so its unit is ready last.
+  // embedding's at the very end, so its unit is ready last: both
+  // contributions are summed in the unit's gradients before any reduction.
+  open(embed_unit_);
   linear_backward(dC_, grad(wte_), nullptr, logits_, lnf_, param(wte_), N, C, V);
+  close(embed_unit_);
+  open(lnf_unit_);
   // dres_ is the gradient of the residual stream; every LayerNorm backward
   // adds its input gradient into it, which is how the skip connections'
   // identity backward is carried (see nn/residual.h).
@@ -186,9 +213,11 @@ void Gpt::backward(float loss_scale) {
   layernorm_backward(dres_, grad(lnf_w_), grad(lnf_b_), dC_, last, param(lnf_w_), lnf_mean_,
                      lnf_rstd_, N, C);
   slots_ready(lnf_w_, lnf_b_);
+  close(lnf_unit_);
   for (size_t l = blocks_.size(); l-- > 0;) {
     const BlockSlots& s = blocks_[l];
     const BlockActs& a = acts_of_[l];
+    open(static_cast<int>(l) + 1);
     const float* x = l > 0 ? acts_of_[l - 1].res3 : encoded_;
     // Each layer's parameters are reported final as soon as its backward is
     // done: backward visits them in exactly the reverse of the layout's order
@@ -212,10 +241,13 @@ void Gpt::backward(float loss_scale) {
     layernorm_backward(dres_, grad(s.ln1_w), grad(s.ln1_b), dC_, x, param(s.ln1_w), a.ln1_mean,
                        a.ln1_rstd, N, C);
     slots_ready(s.ln1_w, s.ln1_b);
+    close(static_cast<int>(l) + 1);
   }
+  open(embed_unit_);
   position_embedding_backward(grad(wpe_), dres_, B, T, C);
   embedding_backward(grad(wte_), dres_, tokens_.data(), N, C);
   slots_ready(wte_, wpe_);
+  close(embed_unit_);
 }
 
 double Gpt::train_flops(int64_t B) const {

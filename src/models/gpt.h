@@ -30,11 +30,12 @@ class Gpt : public Model {
 
   std::string kind() const override { return "gpt"; }
   std::map<std::string, std::string> metadata() const override;
-  void init_params(uint64_t seed) override;
+  void init_range(uint64_t seed, size_t begin, size_t n, float* out) const override;
   ForwardStats forward(const Batch& batch) override;
   void backward(float loss_scale) override;
   double train_flops(int64_t B) const override;
   int64_t positions() const override { return config_.context; }
+  size_t activation_bytes_for(int64_t B) const override;
   const GptConfig& config() const { return config_; }
 
  private:
@@ -47,9 +48,11 @@ class Gpt : public Model {
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
   };
   void plan_activations(int64_t B, int64_t T);
+  int64_t activation_floats(int64_t B, int64_t T) const;
 
   GptConfig config_;
   int wte_, wpe_, lnf_w_, lnf_b_;
+  int embed_unit_ = 0, lnf_unit_ = 0;  // block l is unit l + 1
   std::vector<BlockSlots> blocks_;
   int64_t batch_ = 0, seq_ = 0;  // the arena's layout (B, T)
   std::vector<BlockActs> acts_of_;

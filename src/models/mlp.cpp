@@ -46,7 +46,6 @@ Mlp::Mlp(MlpConfig config) : config_(std::move(config)) {
     weight_.push_back(layout_.add(name + ".weight", {s[l + 1], s[l]}, true));
     bias_.push_back(layout_.add(name + ".bias", {s[l + 1]}, false));
   }
-  allocate_state();
 }
 
 std::map<std::string, std::string> Mlp::metadata() const {
@@ -58,27 +57,39 @@ std::map<std::string, std::string> Mlp::metadata() const {
   return {{"dpt.model", "mlp"}, {"sizes", sizes}};
 }
 
-void Mlp::init_params(uint64_t seed) {
+void Mlp::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
   // PyTorch's nn.Linear default: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)).
-  Rng rng(seed);
+  const size_t end = begin + n;
   for (size_t l = 0; l < weight_.size(); ++l) {
-    float bound = 1.0f / std::sqrt(static_cast<float>(config_.sizes[l]));
+    const float bound = 1.0f / std::sqrt(static_cast<float>(config_.sizes[l]));
     for (int slot : {weight_[l], bias_[l]}) {
-      float* p = param(slot);
-      for (size_t i = 0; i < layout_.slot(slot).numel; ++i) p[i] = (2.0f * rng.uniform() - 1.0f) * bound;
+      const Slot& s = layout_.slot(slot);
+      for (size_t i = std::max(begin, s.offset); i < std::min(end, s.offset + s.numel); ++i)
+        out[i - begin] = (2.0f * counter_uniform(seed, i) - 1.0f) * bound;
     }
   }
 }
 
-void Mlp::plan_activations(int64_t B) {
-  if (B == batch_) return;
+int64_t Mlp::activation_floats(int64_t B) const {
   const auto& s = config_.sizes;
   int64_t widest = 0, total = 0;
   for (size_t l = 1; l < s.size(); ++l) {
     total += B * s[l];
     widest = std::max(widest, s[l]);
   }
-  acts_.reserve(static_cast<size_t>(total + 2 * B * widest));
+  return total + 2 * B * widest;
+}
+
+size_t Mlp::activation_bytes_for(int64_t B) const {
+  return static_cast<size_t>(activation_floats(B)) * sizeof(float);
+}
+
+void Mlp::plan_activations(int64_t B) {
+  if (B == batch_) return;
+  const auto& s = config_.sizes;
+  int64_t widest = 0;
+  for (size_t l = 1; l < s.size(); ++l) widest = std::max(widest, s[l]);
+  acts_.reserve(static_cast<size_t>(activation_floats(B)));
   float* p = acts_.f32();
   out_.clear();
   for (size_t l = 1; l < s.size(); ++l) {
@@ -102,9 +113,12 @@ ForwardStats Mlp::forward(const Batch& batch) {
   std::copy(batch.targets.begin(), batch.targets.begin() + B, targets_.begin());
   const size_t L = weight_.size();
   const float* x = input_;
+  begin(Pass::Forward);
   for (size_t l = 0; l < L; ++l) {
-    // x [B, s[l]] -> out [B, s[l+1]]
+    // x [B, s[l]] -> out [B, s[l+1]]; layer l is unit l.
+    open(static_cast<int>(l));
     linear_forward(out_[l], x, param(weight_[l]), param(bias_[l]), B, s[l], s[l + 1]);
+    close(static_cast<int>(l));
     if (l + 1 < L) relu_forward(out_[l], out_[l], B * s[l + 1]);
     x = out_[l];
   }
@@ -122,8 +136,10 @@ void Mlp::backward(float loss_scale) {
   // dlogits [B, classes] written over the probabilities.
   float* dout = out_[L - 1];
   cross_entropy_backward(dout, dout, targets_.data(), B, s[L], loss_scale / static_cast<float>(B));
+  begin(Pass::Backward);
   for (size_t l = L; l-- > 0;) {
     const int64_t C = s[l], OC = s[l + 1];
+    open(static_cast<int>(l));
     const float* inp = l > 0 ? out_[l - 1] : input_;
     // Parameter gradients first, reported as they become final from the end
     // of the layer's range to its start (bias, then the weight's rows from
@@ -148,6 +164,7 @@ void Mlp::backward(float loss_scale) {
       relu_backward(dinp, dinp, out_[l - 1], B * C);
       dout = dinp;
     }
+    close(static_cast<int>(l));
   }
 }
 

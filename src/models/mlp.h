@@ -23,16 +23,18 @@ class Mlp : public Model {
 
   std::string kind() const override { return "mlp"; }
   std::map<std::string, std::string> metadata() const override;
-  void init_params(uint64_t seed) override;
+  void init_range(uint64_t seed, size_t begin, size_t n, float* out) const override;
   ForwardStats forward(const Batch& batch) override;
   void backward(float loss_scale) override;
   double train_flops(int64_t B) const override;
   int64_t positions() const override { return 1; }
+  size_t activation_bytes_for(int64_t B) const override;
   const MlpConfig& config() const { return config_; }
 
  private:
   // Points the activation pointers into acts_ for a batch of B rows.
   void plan_activations(int64_t B);
+  int64_t activation_floats(int64_t B) const;
 
   // Elements per block of a weight gradient reported ready (1 MiB of fp32).
   static constexpr int64_t kReadyBlock = int64_t{1} << 18;

@@ -6,9 +6,34 @@
 
 namespace dpt {
 
-void Model::allocate_state() {
-  params_ = FlatBuffer(layout_.numel());
-  grads_ = FlatBuffer(layout_.numel());
+float* Model::own_params() const {
+  if (params_.numel() != layout_.numel()) params_.reserve(layout_.numel());
+  return params_.f32();
+}
+
+float* Model::own_grads() const {
+  if (grads_.numel() != layout_.numel()) grads_.reserve(layout_.numel());
+  return grads_.f32();
+}
+
+void Model::begin(Pass pass) {
+  pass_ = pass;
+  unit_params_.assign(layout_.units().size(), nullptr);
+  unit_grads_.assign(layout_.units().size(), nullptr);
+  store_->begin_pass(pass);
+}
+
+void Model::open(int unit) {
+  const auto u = static_cast<size_t>(unit);
+  unit_params_[u] = store_->acquire(unit);
+  if (pass_ == Pass::Backward) unit_grads_[u] = store_->unit_grads(unit);
+}
+
+void Model::close(int unit) {
+  const auto u = static_cast<size_t>(unit);
+  unit_params_[u] = nullptr;
+  unit_grads_[u] = nullptr;
+  store_->release(unit);
 }
 
 int64_t hparam_int(const std::map<std::string, std::string>& hparams, const std::string& key,

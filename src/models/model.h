@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "tensor/flat_buffer.h"
 #include "tensor/layout.h"
 
@@ -34,20 +35,52 @@ struct ForwardStats {
   int64_t count = 0;   // targets in the batch
 };
 
+// Where a model's parameters and gradients live while it computes, one unit
+// at a time: the strategy's side of the model's unit boundaries.
+//
+// The model calls acquire(u) before it reads unit u's parameters and
+// release(u) when it is done with them, in forward and again in backward; in
+// backward it also asks for unit_grads(u), where it adds (+=) the unit's
+// gradients, and reports ranges of the flat gradient buffer as final with
+// grads_ready (every element exactly once per backward). Pointers are to the
+// unit's first element; a slot sits at (slot.offset - unit.offset) in them.
+// The model itself holds a full store (both buffers whole, allocated on first
+// use); ZeRO-2/3 hand it one that gathers units and keeps only shards.
+enum class Pass { Forward, Backward };
+
+class UnitStore {
+ public:
+  virtual ~UnitStore() = default;
+  // Called as forward or backward starts.
+  virtual void begin_pass(Pass) {}
+  virtual const float* acquire(int unit) = 0;
+  virtual void release(int /*unit*/) {}
+  virtual float* unit_grads(int unit) = 0;
+  virtual void grads_ready(size_t offset, size_t numel) = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   virtual std::string kind() const = 0;  // "mlp" or "gpt"
   // Hyper-parameters as strings, for the safetensors __metadata__.
   virtual std::map<std::string, std::string> metadata() const = 0;
-  // Fills the parameters from a seed (each model's standard scheme).
-  virtual void init_params(uint64_t seed) = 0;
+  // Writes the initial values of elements [begin, begin + n) of the flat
+  // parameter buffer into out[0, n), from a seed, by each model's standard
+  // scheme. Each value depends only on the seed and its element's position
+  // (a counter-based generator), so a rank can initialise just its shard
+  // and every strategy and world size starts from the very same weights.
+  virtual void init_range(uint64_t seed, size_t begin, size_t n, float* out) const = 0;
+  // Fills the model's own parameter buffer: init_range over all of it.
+  void init_params(uint64_t seed) { init_range(seed, 0, param_count(), params()); }
   // Forward pass; keeps what backward needs. The activation arena grows on
   // the first batch of a given size and is reused afterwards.
   virtual ForwardStats forward(const Batch& batch) = 0;
   // Backward of the last forward. Adds d(loss * loss_scale)/d(params) into
-  // the gradient buffer (+=), so micro-batches accumulate; loss_scale = 1/K
+  // the gradients (+=), so micro-batches accumulate; loss_scale = 1/K
   // makes K micro-batches sum to the gradient of their mean.
   virtual void backward(float loss_scale) = 0;
   // Model FLOPs of one forward + backward on a batch of B samples (the
@@ -55,40 +88,85 @@ class Model {
   virtual double train_flops(int64_t B) const = 0;
   // Samples per batch element: T for GPT (tokens), 1 for MLP.
   virtual int64_t positions() const = 0;
+  // Bytes of the activation arena for micro-batches of B samples, before
+  // allocating it (memory estimates).
+  virtual size_t activation_bytes_for(int64_t B) const = 0;
 
   const Layout& layout() const { return layout_; }
-  float* params() { return params_.f32(); }
-  const float* params() const { return params_.f32(); }
-  float* grads() { return grads_.f32(); }
-  const float* grads() const { return grads_.f32(); }
-  void zero_grads() { grads_.zero(); }
+  // The model's own full buffers (allocated on first use). A strategy that
+  // installs another store never touches them, so they are never allocated.
+  float* params() { return own_params(); }
+  const float* params() const { return own_params(); }
+  float* grads() { return own_grads(); }
+  const float* grads() const { return own_grads(); }
+  void zero_grads() { own_grads(); grads_.zero(); }
   size_t param_count() const { return layout_.numel(); }
   size_t activation_bytes() const { return acts_.bytes(); }
 
-  // Called during backward each time the gradients in elements
-  // [offset, offset + numel) of the flat buffer are final: nothing in the
-  // range changes for the rest of backward, so a strategy may reduce it at
-  // once. Every element is reported exactly once per backward. The models
-  // here report from the end of the buffer to its start (backward's order),
-  // a layer or a block of a weight's rows at a time.
+  // Where forward and backward find parameters and put gradients: the
+  // model's own full buffers (nullptr) or a strategy's store.
+  void set_store(UnitStore* store) { store_ = store ? store : &own_; }
+
+  // Called by the model's own store during backward each time the gradients
+  // in elements [offset, offset + numel) of the flat buffer are final:
+  // nothing in the range changes for the rest of backward, so a strategy may
+  // reduce it at once. Every element is reported exactly once per backward.
+  // The models here report from the end of the buffer to its start
+  // (backward's order), a layer or a block of a weight's rows at a time.
   std::function<void(size_t offset, size_t numel)> on_grads_ready;
 
  protected:
-  // Allocates params_ and grads_ once the layout is complete.
-  void allocate_state();
-  void grads_ready(size_t offset, size_t numel) {
-    if (on_grads_ready) on_grads_ready(offset, numel);
-  }
+  Model() : own_(*this), store_(&own_) {}
+  // Unit boundaries, called by forward and backward: open(u) before a
+  // unit's parameters are read (in backward: and its gradients written),
+  // close(u) after. begin(pass) as forward or backward starts.
+  void begin(Pass pass);
+  void open(int unit);
+  void close(int unit);
+  void grads_ready(size_t offset, size_t numel) { store_->grads_ready(offset, numel); }
   // Slots [first, last] (consecutive, so one range) are final.
   void slots_ready(int first, int last) {
     const size_t begin = layout_.slot(first).offset;
     grads_ready(begin, layout_.slot(last).offset + layout_.slot(last).numel - begin);
   }
-  float* param(int slot) { return params_.f32() + layout_.slot(slot).offset; }
-  float* grad(int slot) { return grads_.f32() + layout_.slot(slot).offset; }
+  // A slot's parameters and gradients, inside its open unit.
+  const float* param(int slot) const { return at(unit_params_, slot); }
+  float* grad(int slot) { return at(unit_grads_, slot); }
 
   Layout layout_;
-  FlatBuffer params_, grads_, acts_;
+  FlatBuffer acts_;
+
+ private:
+  template <typename T>
+  T* at(const std::vector<T*>& base, int slot) const {
+    const Slot& s = layout_.slot(slot);
+    T* b = base[static_cast<size_t>(s.unit)];
+    DPT_CHECK(b != nullptr, "slot {} used outside an open unit", s.name);
+    return b + (s.offset - layout_.units()[static_cast<size_t>(s.unit)].offset);
+  }
+  // The model's own store: both buffers whole.
+  class OwnStore : public UnitStore {
+   public:
+    explicit OwnStore(Model& m) : m_(m) {}
+    const float* acquire(int unit) override { return m_.own_params() + m_.unit_offset(unit); }
+    float* unit_grads(int unit) override { return m_.own_grads() + m_.unit_offset(unit); }
+    void grads_ready(size_t offset, size_t numel) override {
+      if (m_.on_grads_ready) m_.on_grads_ready(offset, numel);
+    }
+
+   private:
+    Model& m_;
+  };
+  size_t unit_offset(int unit) const { return layout_.units()[static_cast<size_t>(unit)].offset; }
+  float* own_params() const;
+  float* own_grads() const;
+
+  OwnStore own_;
+  UnitStore* store_;
+  Pass pass_ = Pass::Forward;
+  std::vector<const float*> unit_params_;
+  std::vector<float*> unit_grads_;
+  mutable FlatBuffer params_, grads_;
 };
 
 // The integer hyper-parameter `key`, or `fallback` when absent. Throws

@@ -1,5 +1,6 @@
 #include "models/weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -48,6 +49,21 @@ void load_weights(Model& model, const SafetensorsFile& file, const std::string& 
     }
     throw InputError(fmt::format("{}: unexpected tensor '{}' for a {} model", path, t.name,
                                  model.kind()));
+  }
+}
+
+void load_weight_range(const Model& model, const SafetensorsFile& file, const std::string& path, size_t begin,
+                       size_t n, float* out) {
+  const size_t end = begin + n;
+  for (const Slot& s : model.layout().slots()) {
+    const size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    if (lo >= hi) continue;
+    const NamedTensor* t = file.find(s.name);
+    if (!t) throw InputError(fmt::format("{}: tensor '{}' is missing", path, s.name));
+    if (t->shape != s.shape)
+      throw InputError(fmt::format("{}: tensor '{}' has shape {} but the model expects {}", path, s.name,
+                                   shape_str(t->shape), shape_str(s.shape)));
+    std::memcpy(out + (lo - begin), t->data.data() + (lo - s.offset), sizeof(float) * (hi - lo));
   }
 }
 

@@ -22,6 +22,12 @@ void save_weights(const Model& model, const std::string& path);
 // given), an unexpected tensor, or an lm_head.weight unequal to wte.
 void load_weights(Model& model, const SafetensorsFile& file, const std::string& path);
 
+// Copies elements [begin, begin + n) of the model's flat parameter buffer
+// from the file into out[0, n) (a rank's shard under ZeRO-3), checking the
+// shape of every tensor it touches.
+void load_weight_range(const Model& model, const SafetensorsFile& file, const std::string& path, size_t begin,
+                       size_t n, float* out);
+
 // Builds the model the file's metadata describes (flags in `overrides` win)
 // and loads its weights.
 std::unique_ptr<Model> model_from_file(const std::string& path,

@@ -34,6 +34,8 @@ class TrainCommand {
   int threads_ = 0;
   double bucket_mb_ = 25.0, first_bucket_mb_ = 1.0, comm_timeout_s_ = 0.0;
   bool no_overlap_ = false;
+  std::string zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter";
+  double memory_budget_mb_ = 0.0;
   std::string comm_algo_, transport_;
 };
 

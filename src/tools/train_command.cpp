@@ -56,8 +56,23 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--baseline", o.baseline, "a 1-rank run's --summary-out: report scaling efficiency against it");
   cmd_->add_flag("--quiet", o.quiet, "print nothing but errors");
   // Strategy and communication.
-  cmd_->add_option("--strategy", o.strategy, "local, ddp (default with several ranks) or dp (threads)")
-      ->check(CLI::IsMember({"local", "ddp", "dp"}));
+  cmd_->add_option("--strategy", o.strategy,
+                   "local, ddp (default with several ranks), zero1, zero2, zero3 (= fsdp), or dp (threads)")
+      ->check(CLI::IsMember({"local", "ddp", "zero1", "zero2", "zero3", "fsdp", "dp"}));
+  cmd_->add_option("--zero-reduce", zero_reduce_, "zero1: reduce gradients by all-reduce (DDP's buckets) or scatter")
+      ->check(CLI::IsMember({"all-reduce", "scatter"}));
+  cmd_->add_option("--zero-accumulate", zero_accumulate_,
+                   "zero2/zero3 with --grad-accum: scatter (reduce-scatter every micro-step, less memory) or "
+                   "local (full gradients kept until the last micro-step, less communication)")
+      ->check(CLI::IsMember({"scatter", "local"}));
+  cmd_->add_option("--reshard-after-forward", o.reshard_after_forward,
+                   "zero3: free a unit's gathered parameters after its forward (true) or keep them for backward")
+      ->default_str("true");
+  cmd_->add_option("--prefetch", o.prefetch, "zero3: all-gather the next unit early in none, forward, backward, both")
+      ->check(CLI::IsMember({"none", "forward", "backward", "both"}));
+  cmd_->add_option("--memory-budget-mb", memory_budget_mb_,
+                   "refuse a run whose ranks on this host would need more than this (default: available memory)")
+      ->check(CLI::PositiveNumber);
   cmd_->add_option("--dp-replicas", o.dp_replicas, "dp: replica threads")->check(CLI::PositiveNumber);
   cmd_->add_option("--bucket-mb", bucket_mb_, "ddp: bucket cap in MiB")->check(CLI::PositiveNumber);
   cmd_->add_option("--first-bucket-mb", first_bucket_mb_, "ddp: cap of the first bucket in MiB")
@@ -91,6 +106,9 @@ int TrainCommand::run() {
   opts_.ddp.bucket_bytes = static_cast<size_t>(bucket_mb_ * (1 << 20));
   opts_.ddp.first_bucket_bytes = static_cast<size_t>(first_bucket_mb_ * (1 << 20));
   opts_.ddp.overlap = !no_overlap_;
+  opts_.zero_scatter = zero_reduce_ == "scatter";
+  opts_.zero_accumulate_locally = zero_accumulate_ == "local";
+  opts_.memory_budget = static_cast<size_t>(memory_budget_mb_ * (1 << 20));
   comm::Config config = comm::Config::from_env();
   if (!comm_algo_.empty()) config.algo = comm::parse_algo(comm_algo_);
   if (!transport_.empty()) config.transport = comm::parse_transport(transport_);

@@ -11,7 +11,8 @@ namespace dpt {
 
 namespace {
 const char* kind_name(int kind) {
-  static const char* names[] = {"data", "forward", "backward", "comm wait", "optimizer", "all_reduce"};
+  static const char* names[] = {"data",       "forward",    "backward",      "comm wait",
+                                "optimizer",  "all_reduce", "all_gather",    "reduce_scatter"};
   return kind >= 0 && kind < Timeline::kKinds ? names[kind] : "?";
 }
 }  // namespace
@@ -23,15 +24,15 @@ Timeline::Timeline(size_t spans) {
                     us(Clock::now().time_since_epoch()).count();
 }
 
-void Timeline::add(Kind kind, int64_t step, int bucket, Clock::time_point t0, Clock::time_point t1) {
+void Timeline::add(Kind kind, int64_t step, int index, size_t bytes, Clock::time_point t0, Clock::time_point t1) {
   const auto us = [this](Clock::time_point t) {
     return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count() + wall_offset_us_;
   };
-  spans_.insert(spans_.end(), {static_cast<double>(kind), static_cast<double>(step), static_cast<double>(bucket),
-                               us(t0), std::max(0.0, us(t1) - us(t0))});
+  spans_.insert(spans_.end(), {static_cast<double>(kind), static_cast<double>(step), static_cast<double>(index),
+                               static_cast<double>(bytes), us(t0), std::max(0.0, us(t1) - us(t0))});
 }
 
-void Timeline::write(AtomicFile* out, comm::ProcessGroup& pg, const std::vector<size_t>& bucket_bytes) const {
+void Timeline::write(AtomicFile* out, comm::ProcessGroup& pg) const {
   const int world = pg.size();
   // Every rank contributes the same number of doubles: the largest, padded
   // with kind -1. all_gather only copies bytes, so doubles travel as pairs
@@ -50,8 +51,8 @@ void Timeline::write(AtomicFile* out, comm::ProcessGroup& pg, const std::vector<
   double first = 0.0;
   bool any = false;
   for (size_t i = 0; i + kFields <= all.size(); i += kFields)
-    if (all[i] >= 0 && (!any || all[i + 3] < first)) {
-      first = all[i + 3];
+    if (all[i] >= 0 && (!any || all[i + 4] < first)) {
+      first = all[i + 4];
       any = true;
     }
   using nlohmann::json;
@@ -67,17 +68,16 @@ void Timeline::write(AtomicFile* out, comm::ProcessGroup& pg, const std::vector<
       const int kind = static_cast<int>(f[i]);
       if (kind < 0) break;
       const int64_t step = static_cast<int64_t>(f[i + 1]);
-      const int bucket = static_cast<int>(f[i + 2]);
-      json e = {{"ph", "X"}, {"pid", r}, {"tid", kind == AllReduce ? 1 : 0}, {"ts", f[i + 3] - first}, {"dur", f[i + 4]},
-                {"cat", kind == AllReduce ? "comm" : "compute"}};
+      const int index = static_cast<int>(f[i + 2]);
+      const bool comm = is_collective(kind);
+      json e = {{"ph", "X"}, {"pid", r}, {"tid", comm ? 1 : 0}, {"ts", f[i + 4] - first}, {"dur", f[i + 5]},
+                {"cat", comm ? "comm" : "compute"}};
       json args = {{"step", step}};
-      if (kind == AllReduce) {
-        const size_t bytes = bucket >= 0 && static_cast<size_t>(bucket) < bucket_bytes.size()
-                                 ? bucket_bytes[static_cast<size_t>(bucket)]
-                                 : 0;
-        e["name"] = fmt::format("all_reduce bucket {}", bucket);
-        args["bucket"] = bucket;
-        args["bytes"] = bytes;
+      if (comm) {
+        const char* what = kind == AllReduce ? "bucket" : "unit";
+        e["name"] = fmt::format("{} {} {}", kind_name(kind), what, index);
+        args[what] = index;
+        args["bytes"] = static_cast<size_t>(f[i + 3]);
       } else {
         e["name"] = kind_name(kind);
       }

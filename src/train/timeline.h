@@ -1,6 +1,7 @@
 // A timeline of training steps: when each rank's compute thread ran data,
 // forward, backward, the wait for communication and the optimizer, and when
-// its communication thread ran each bucket's all-reduce. Written by
+// its communication thread ran each collective (a DDP bucket's all-reduce, a
+// ZeRO unit's all-gather or reduce-scatter). Written by
 // `dpt train --trace-out` as a Chrome trace (open it in https://ui.perfetto.dev
 // or chrome://tracing; bench/plot_timeline.py draws it as an SVG), one
 // process per rank, so overlap of communication with backward is visible.
@@ -18,7 +19,8 @@ namespace dpt {
 class Timeline {
  public:
   using Clock = std::chrono::steady_clock;
-  enum Kind { Data, Forward, Backward, CommWait, Optimizer, AllReduce, kKinds };
+  enum Kind { Data, Forward, Backward, CommWait, Optimizer, AllReduce, AllGather, ReduceScatter, kKinds };
+  static bool is_collective(int kind) { return kind >= AllReduce && kind < kKinds; }
 
   // Spans are kept in wall-clock time (the monotonic clock plus its offset
   // from the system clock, read once), so the ranks' timelines line up
@@ -26,20 +28,23 @@ class Timeline {
   // Room for `spans` is reserved up front, so recording allocates nothing.
   explicit Timeline(size_t spans);
 
-  // A span [t0, t1) of `kind` in `step`; `bucket` for AllReduce, else -1.
-  void add(Kind kind, int64_t step, int bucket, Clock::time_point t0, Clock::time_point t1);
+  // A span [t0, t1) of `kind` in `step`. Collectives name what they moved:
+  // `index` is the DDP bucket or the ZeRO unit, `bytes` its size; compute
+  // spans pass -1 and 0.
+  void add(Kind kind, int64_t step, int index, size_t bytes, Clock::time_point t0, Clock::time_point t1);
+  void add(Kind kind, int64_t step, Clock::time_point t0, Clock::time_point t1) { add(kind, step, -1, 0, t0, t1); }
 
   // Collective: gathers every rank's spans to rank 0, which writes the
   // Chrome trace JSON into `out` and commits it (the caller opens it before
-  // training, so a bad path fails at once). `bucket_bytes[i]` labels bucket
-  // i's all-reduces.
-  void write(AtomicFile* out, comm::ProcessGroup& pg, const std::vector<size_t>& bucket_bytes) const;
+  // training, so a bad path fails at once).
+  void write(AtomicFile* out, comm::ProcessGroup& pg) const;
 
   size_t size() const { return spans_.size() / kFields; }
 
  private:
-  // Each span as kFields doubles: kind, step, bucket, start us, duration us.
-  static constexpr size_t kFields = 5;
+  // Each span as kFields doubles: kind, step, index, bytes, start us,
+  // duration us.
+  static constexpr size_t kFields = 6;
   double wall_offset_us_;  // system clock minus monotonic clock
   std::vector<double> spans_;
 };

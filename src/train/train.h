@@ -15,6 +15,7 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "parallel/reducer.h"
+#include "parallel/strategy.h"
 
 namespace dpt {
 
@@ -27,11 +28,19 @@ struct TrainOptions {
   int64_t epochs = 3;       // mlp, when steps == 0
   int64_t batch = 0;        // global samples per step; 0: 256 (mlp) or 16 (gpt)
   int64_t grad_accum = 1;   // micro-batches per step (each rank's share split evenly)
-  // "local" (one process), "ddp" (the default on more than one rank), or
-  // "dp" (naive single-process data parallelism over dp_replicas threads).
+  // "local" (one process), "ddp" (the default on more than one rank),
+  // "zero1", "zero2", "zero3" (= "fsdp"), or "dp" (naive single-process data
+  // parallelism over dp_replicas threads).
   std::string strategy;
   int dp_replicas = 2;
   ReducerOptions ddp;       // buckets, overlap, per-parameter mode
+  bool zero_scatter = false;          // zero1: reduce-scatter instead of all-reduce
+  bool zero_accumulate_locally = false;  // zero2/3 + grad_accum: reduce once per step
+  bool reshard_after_forward = true;  // zero3
+  std::string prefetch = "both";      // zero3: none, forward, backward, both
+  // Bytes the ranks on this host may use together; 0: the host's available
+  // memory (MemAvailable). A run whose estimate exceeds it is refused.
+  size_t memory_budget = 0;
   std::string sampler_tail = "drop";  // DistributedSampler: drop or pad
   int64_t verify_every = 0; // steps between cross-rank replica checks (0: at start only)
   // Unset fields take the model's defaults: name sgd (mlp) or adamw (gpt);
@@ -57,8 +66,11 @@ struct TrainOptions {
 };
 
 // Per-step time of one rank, split by phase (medians over the steady state).
+// gather_ms: waits for parameter all-gathers (inside forward and backward
+// under zero3); comm_wait_ms: the wait for gradient reductions after backward.
 struct StepBreakdown {
-  double data_ms = 0, forward_ms = 0, backward_ms = 0, comm_wait_ms = 0, optimizer_ms = 0, step_ms = 0;
+  double data_ms = 0, forward_ms = 0, backward_ms = 0, gather_ms = 0, comm_wait_ms = 0, optimizer_ms = 0,
+         step_ms = 0;
 };
 
 struct TrainResult {
@@ -73,6 +85,8 @@ struct TrainResult {
   double gflops = 0.0, mfu = 0.0, sgemm_gflops = 0.0;
   double scaling_efficiency = 0.0;  // with a baseline, else 0
   size_t peak_rss = 0;
+  MemoryBytes memory;          // this rank, as the strategy accounts it
+  size_t activation_bytes = 0; // this rank's activation arena
 };
 
 // Writes a run's summary JSON `j` (atomically) after adding the fields every
@@ -85,8 +99,15 @@ void write_summary(const std::string& path, nlohmann::json j, const TrainResult&
 int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
 
 // The run's model: loaded from o.load, or built from o.hparams and
-// initialised from `seed`.
+// initialised from `seed` (naive DP's replicas).
 std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
+
+// Refuses, before anything large is allocated, a run whose ranks on this
+// host would together need more than the host has (or o.memory_budget):
+// one sentence with the estimate per rank, what is available, and the
+// strategy that would fit (seed 000's "when to use what").
+void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
+                  comm::ProcessGroup& pg);
 
 // Fails before training, with the sentence AtomicFile would give at the end,
 // if rank 0 cannot create one of the run's output files (--save,

@@ -1,0 +1,85 @@
+// The replicated strategies: local (one process) and DDP. Every rank holds
+// the whole model, its gradients and its optimizer state in the model's own
+// flat buffers; DDP all-reduces the gradients in buckets during backward
+// (parallel/reducer.h) and every rank steps the whole model.
+#include "parallel/replicated.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "models/weights.h"
+#include "parallel/replicas.h"
+#include "train/timeline.h"
+
+namespace dpt {
+
+LocalStrategy::LocalStrategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
+                             const StrategyInit& init, uint64_t seed_offset)
+    : options_(options), model_(model), pg_(pg) {
+  if (!init.load.empty())
+    load_weights(model_, load_safetensors(init.load), init.load);
+  else
+    model_.init_params(init.seed + seed_offset);
+  model_.set_store(nullptr);
+  opt_ = make_optimizer(options_.optimizer, model_.layout(), 0, model_.param_count());
+}
+
+std::string LocalStrategy::describe() const { return "local: one process holds everything"; }
+
+void LocalStrategy::begin_step() { model_.zero_grads(); }
+
+double LocalStrategy::grad_norm_squared() { return sum_of_squares(model_.grads(), model_.param_count()); }
+
+void LocalStrategy::scale_grads(float factor) { scale(model_.grads(), model_.param_count(), factor); }
+
+void LocalStrategy::step(float lr) { opt_->step(model_.params(), model_.grads(), lr); }
+
+void LocalStrategy::gather_unit(int unit, float* out) {
+  const Unit& u = model_.layout().units()[static_cast<size_t>(unit)];
+  std::memcpy(out, model_.params() + u.offset, u.numel * sizeof(float));
+}
+
+MemoryBytes LocalStrategy::bytes() const {
+  const size_t p = model_.param_count() * sizeof(float);
+  return {.parameters = p, .gradients = p, .optimizer = opt_->state_bytes()};
+}
+
+// Ranks other than 0 start from other weights on purpose: DDP's initial
+// broadcast must make them equal, and the replica check proves it did.
+DdpStrategy::DdpStrategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
+                         const StrategyInit& init)
+    : LocalStrategy(options, model, pg, init, 1000003ULL * static_cast<uint64_t>(pg.rank())) {
+  pg_.broadcast(model_.params(), model_.param_count(), DType::F32, 0);
+  verify_replicas(model_, pg_, 0);
+  reducer_ = std::make_unique<Reducer>(model_, pg_, options_.ddp);
+}
+
+std::string DdpStrategy::describe() const {
+  const auto& b = reducer_->buckets();
+  return fmt::format("ddp: {} buckets (first {:.2f} MiB, cap {:.1f} MiB){}", b.size(),
+                     b.front().numel * 4.0 / (1 << 20), options_.ddp.bucket_bytes / double(1 << 20),
+                     options_.ddp.per_param ? ", one per parameter"
+                                            : (options_.ddp.overlap ? ", overlapped with backward" : ", after backward"));
+}
+
+float DdpStrategy::loss_scale() const { return 1.0f / static_cast<float>(pg_.size()); }
+
+void DdpStrategy::begin_micro_step(bool last) { reducer_->prepare(last); }
+
+double DdpStrategy::finish_backward() { return reducer_->finish(); }
+
+void DdpStrategy::verify(int64_t step) { verify_replicas(model_, pg_, step); }
+
+void DdpStrategy::trace(Timeline& tl, int64_t step) const {
+  const auto& buckets = reducer_->buckets();
+  for (size_t i = 0; i < buckets.size(); ++i)
+    if (buckets[i].work)
+      tl.add(Timeline::AllReduce, step, static_cast<int>(i), buckets[i].numel * sizeof(float),
+             buckets[i].work->started_at(), buckets[i].work->finished_at());
+}
+
+size_t DdpStrategy::trace_spans() const { return reducer_->buckets().size(); }
+
+}  // namespace dpt

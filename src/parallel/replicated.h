@@ -1,0 +1,52 @@
+// Local and DDP: every rank holds the whole model (parallel/replicated.cpp).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "parallel/reducer.h"
+#include "parallel/strategy.h"
+
+namespace dpt {
+
+class LocalStrategy : public Strategy {
+ public:
+  // Initialises the model's own buffers from init (seed + seed_offset), or
+  // loads them.
+  LocalStrategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg, const StrategyInit& init,
+                uint64_t seed_offset = 0);
+  const std::string& name() const override { return options_.name; }
+  std::string describe() const override;
+  float loss_scale() const override { return 1.0f; }
+  void begin_step() override;
+  void begin_micro_step(bool) override {}
+  double finish_backward() override { return 0.0; }
+  double grad_norm_squared() override;
+  void scale_grads(float factor) override;
+  void step(float lr) override;
+  void gather_unit(int unit, float* out) override;
+  MemoryBytes bytes() const override;
+
+ protected:
+  StrategyOptions options_;
+  Model& model_;
+  comm::ProcessGroup& pg_;
+  std::unique_ptr<Optimizer> opt_;
+};
+
+class DdpStrategy : public LocalStrategy {
+ public:
+  DdpStrategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg, const StrategyInit& init);
+  std::string describe() const override;
+  float loss_scale() const override;
+  void begin_micro_step(bool last) override;
+  double finish_backward() override;
+  void verify(int64_t step) override;
+  void trace(Timeline& tl, int64_t step) const override;
+  size_t trace_spans() const override;
+
+ private:
+  std::unique_ptr<Reducer> reducer_;
+};
+
+}  // namespace dpt

@@ -1,0 +1,59 @@
+#include "parallel/strategy.h"
+
+#include <algorithm>
+
+#include "comm/types.h"
+#include "core/error.h"
+#include "parallel/replicated.h"
+#include "parallel/zero.h"
+
+namespace dpt {
+
+Prefetch parse_prefetch(const std::string& s) {
+  if (s == "none") return Prefetch::None;
+  if (s == "forward") return Prefetch::Forward;
+  if (s == "backward") return Prefetch::Backward;
+  if (s == "both") return Prefetch::Both;
+  throw InputError(fmt::format("unknown prefetch '{}' (expected none, forward, backward or both)", s));
+}
+
+namespace {
+int zero_stage(const std::string& name) {
+  if (name == "zero1") return 1;
+  if (name == "zero2") return 2;
+  if (name == "zero3" || name == "fsdp") return 3;
+  return 0;
+}
+}  // namespace
+
+bool keeps_full_params(const std::string& name) { return zero_stage(name) != 3; }
+
+std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
+                                        const StrategyInit& init) {
+  if (options.name == "local") return std::make_unique<LocalStrategy>(options, model, pg, init);
+  if (options.name == "ddp") return std::make_unique<DdpStrategy>(options, model, pg, init);
+  if (const int stage = zero_stage(options.name)) return std::make_unique<ZeroStrategy>(options, model, pg, init, stage);
+  throw InputError(fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3 or fsdp)", options.name));
+}
+
+MemoryBytes estimate_bytes(const StrategyOptions& options, const Model& model, int world) {
+  const Layout& layout = model.layout();
+  size_t shard = 0, max_unit = 0;  // rank 0's shard: the largest
+  for (const Unit& u : layout.units()) {
+    shard += comm::chunk_range(u.numel, world, 0).size;
+    max_unit = std::max(max_unit, u.numel);
+  }
+  const size_t f = sizeof(float), full = layout.numel() * f;
+  const size_t state_per_element = options.optimizer.name == "adamw" ? 2 * f : f;
+  const int stage = zero_stage(options.name);
+  MemoryBytes b;
+  b.parameters = stage == 3 ? shard * f : full;
+  b.gradients = stage <= 1 ? full : shard * f + (options.accumulate_locally ? full : 0);
+  b.optimizer = (stage == 0 ? layout.numel() : shard) * state_per_element;
+  if (stage >= 2 && !options.accumulate_locally) b.scratch = 3 * max_unit * f;
+  if (stage == 3)
+    b.gathered = options.reshard_after_forward ? (options.prefetch == Prefetch::None ? 1 : 2) * max_unit * f : full;
+  return b;
+}
+
+}  // namespace dpt

@@ -1,0 +1,130 @@
+// A strategy decides where a run's parameters, gradients and optimizer state
+// live across the ranks and when they move. The training loop talks to this
+// interface only, in this order, and never asks which strategy it has:
+//
+//   Strategy s = make_strategy(...)       set-up: broadcast or shard
+//   per step:  s.begin_step()             gradients zeroed where they live
+//     per micro-step k: s.begin_micro_step(last)   sync or accumulate
+//                       model.forward / model.backward (the model calls the
+//                       strategy's UnitStore at unit boundaries; gradient
+//                       ranges become final and start their reduction)
+//              s.finish_backward()        wait for the reductions
+//              s.grad_norm_squared()      global, across shards
+//              s.scale_grads(clip)        clipping
+//              s.step(lr)                 the optimizer, then any all-gather
+//   eval and save: s.gather_unit(u, out)  full weights, a unit at a time
+//
+// Implementations: local (one process), ddp (replicas, bucketed all-reduce;
+// parallel/ddp.cpp) and zero1/zero2/zero3 (parallel/zero.cpp). Naive DP keeps
+// its own threaded loop (parallel/dp.cpp; docs/architecture.md says why).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "models/model.h"
+#include "optim/optimizer.h"
+#include "parallel/reducer.h"
+
+namespace dpt {
+
+class Timeline;
+
+enum class Prefetch { None, Forward, Backward, Both };
+Prefetch parse_prefetch(const std::string& s);  // throws InputError
+
+struct StrategyOptions {
+  std::string name = "local";   // local | ddp | zero1 | zero2 | zero3 (fsdp = zero3)
+  OptimizerConfig optimizer;
+  ReducerOptions ddp;           // ddp and zero1 (all-reduce): buckets
+  // zero1: reduce the gradients with a reduce-scatter per unit instead of
+  // DDP's bucketed all-reduce (each rank then holds only its shard reduced).
+  bool zero_scatter = false;
+  // zero2/zero3 with gradient accumulation: false reduce-scatters every
+  // micro-step into the gradient shard (memory: no full gradients); true
+  // accumulates full unit gradients locally and reduce-scatters only on the
+  // last micro-step (communication: one reduction per step, 4 bytes per
+  // parameter of gradients held).
+  bool accumulate_locally = false;
+  // zero3: free a unit's gathered parameters after its forward (true, FSDP's
+  // FULL_SHARD) or keep them until its backward (false, SHARD_GRAD_OP).
+  bool reshard_after_forward = true;
+  Prefetch prefetch = Prefetch::Both;  // zero3: next unit's all-gather
+  int64_t verify_every = 0;  // replicated strategies: replica checks
+};
+
+// Bytes a rank holds, per category (the summary's memory table).
+struct MemoryBytes {
+  size_t parameters = 0;   // the rank's parameters (a full copy, or its shards)
+  size_t gradients = 0;    // persistent gradients (full, or shards)
+  size_t optimizer = 0;    // optimizer state (full, or shards)
+  size_t gathered = 0;     // zero3: buffers that hold gathered units
+  size_t scratch = 0;      // communication scratch (zero2/3 unit gradients)
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual const std::string& name() const = 0;
+  // One line for the run's header (buckets, shards, units).
+  virtual std::string describe() const = 0;
+  // The factor the loss is scaled by on top of 1/grad_accum: 1/world under
+  // every data-parallel strategy, so reductions are plain sums.
+  virtual float loss_scale() const = 0;
+
+  virtual void begin_step() = 0;
+  // Before micro-step k's forward; last = it ends the step (reduce now).
+  virtual void begin_micro_step(bool last) = 0;
+  // After the last micro-step's backward: every reduction complete.
+  // Returns the seconds spent waiting (exposed communication).
+  virtual double finish_backward() = 0;
+  // Sum of squares of the reduced gradient over all parameters (every rank
+  // gets the same value; a collective where gradients are sharded).
+  virtual double grad_norm_squared() = 0;
+  virtual void scale_grads(float factor) = 0;
+  // The optimizer step on what this rank owns; sharded strategies then start
+  // the all-gather of the updated parameters (finished before their next use).
+  virtual void step(float lr) = 0;
+
+  // Collective: the full parameters of unit u into out (rank 0 needs them;
+  // other ranks may get them too). Called for every unit, in order, by every
+  // rank.
+  virtual void gather_unit(int unit, float* out) = 0;
+  // Collective: checks that replicas are identical (replicated strategies).
+  virtual void verify(int64_t /*step*/) {}
+
+  virtual MemoryBytes bytes() const = 0;
+  // Seconds this rank waited for parameter all-gathers since the last call
+  // (exposed all-gather: inside forward and backward under zero3, at the
+  // start of forward under zero1/2).
+  virtual double take_gather_wait() { return 0.0; }
+  // Adds this step's collectives to the timeline.
+  virtual void trace(Timeline& /*tl*/, int64_t /*step*/) const {}
+  // Spans trace() adds per step at most, to reserve the timeline.
+  virtual size_t trace_spans() const { return 0; }
+};
+
+// Builds the strategy for `model` on `pg`. Sets the model's parameters: from
+// the model's own buffer (already initialised or loaded: local, ddp, which
+// broadcasts rank 0's) or, for sharded strategies, by `init` (seed) or from
+// `load` (a safetensors path), each rank filling only what it holds.
+struct StrategyInit {
+  uint64_t seed = 0;
+  std::string load;
+};
+std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
+                                        const StrategyInit& init);
+
+// Whether the strategy `name` keeps a full parameter buffer in the model
+// (every strategy but zero3), so the caller builds and initialises it.
+bool keeps_full_params(const std::string& name);
+
+// The bytes a rank will hold under `options` for `model` on `world` ranks,
+// before anything is allocated: the memory estimate.
+MemoryBytes estimate_bytes(const StrategyOptions& options, const Model& model, int world);
+
+}  // namespace dpt

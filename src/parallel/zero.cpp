@@ -1,0 +1,391 @@
+#include "parallel/zero.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "models/weights.h"
+#include "parallel/replicas.h"
+
+namespace dpt {
+
+namespace {
+// Gradient buffers a zero2/3 backward keeps before it waits for a
+// reduce-scatter to free one: the unit being computed, the tied embedding
+// that waits for its second contribution, and one being reduced.
+constexpr size_t kGradBuffers = 3;
+}  // namespace
+
+int BufferPool::take() {
+  if (free_.empty()) {
+    bufs_.emplace_back(numel_);
+    return static_cast<int>(bufs_.size() - 1);
+  }
+  const int i = free_.back();
+  free_.pop_back();
+  return i;
+}
+
+ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
+                           const StrategyInit& init, int stage)
+    : options_(options),
+      stage_(stage),
+      model_(model),
+      pg_(pg),
+      layout_(model.layout()),
+      world_(pg.size()),
+      rank_(pg.rank()),
+      grad_pool_(0),
+      gather_pool_(0) {
+  for (const Unit& u : layout_.units()) {
+    const comm::Range r = comm::chunk_range(u.numel, world_, rank_);
+    shards_.push_back({r.begin, r.size, shard_numel_});
+    shard_numel_ += r.size;
+    max_unit_ = std::max(max_unit_, u.numel);
+    opts_.push_back(make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size));
+  }
+  grad_pool_ = BufferPool(max_unit_);
+  gather_pool_ = BufferPool(max_unit_);
+  const size_t U = layout_.units().size();
+  grads_.resize(U);
+  gathered_.resize(U);
+  param_gather_.resize(U);
+  traced_.reserve(trace_spans());
+
+  // Initial weights: the same values under every strategy and world size
+  // (Model::init_range is keyed by element position), each rank filling
+  // what it holds: the whole model (stages 1, 2) or its shards (stage 3).
+  if (stage_ < 3) {
+    if (!init.load.empty())
+      load_weights(model_, load_safetensors(init.load), init.load);
+    else
+      model_.init_params(init.seed);
+  } else {
+    param_shard_ = FlatBuffer(shard_numel_);
+    if (!init.load.empty()) {
+      const SafetensorsFile file = load_safetensors(init.load);
+      for (size_t u = 0; u < U; ++u)
+        load_weight_range(model_, file, init.load, layout_.units()[u].offset + shards_[u].begin, shards_[u].n,
+                          param_shard(static_cast<int>(u)));
+    } else {
+      for (size_t u = 0; u < U; ++u)
+        model_.init_range(init.seed, layout_.units()[u].offset + shards_[u].begin, shards_[u].n,
+                          param_shard(static_cast<int>(u)));
+    }
+  }
+  if (stage_ >= 2) grad_shard_ = FlatBuffer(shard_numel_);
+  if (full_grads()) model_.zero_grads();
+  if (stage_ == 1 && !options_.zero_scatter) reducer_ = std::make_unique<Reducer>(model_, pg_, options_.ddp);
+  model_.set_store(this);
+  if (stage_ < 3) verify_replicas(model_, pg_, 0);
+}
+
+ZeroStrategy::~ZeroStrategy() {
+  // Never leave the communication thread writing into buffers we free;
+  // errors were already reported where they were waited for.
+  auto quiet_wait = [](const std::shared_ptr<comm::Work>& w) {
+    if (w) try {
+        w->wait();
+      } catch (const std::exception&) {
+      }
+  };
+  for (const auto& w : param_gather_) quiet_wait(w);
+  for (const auto& g : grads_) quiet_wait(g.work);
+  for (const auto& g : gathered_) quiet_wait(g.work);
+  reducer_.reset();
+  model_.set_store(nullptr);
+}
+
+std::string ZeroStrategy::describe() const {
+  std::string how;
+  if (stage_ == 1)
+    how = options_.zero_scatter ? "gradients reduce-scattered per unit" : "gradients all-reduced in DDP's buckets";
+  else
+    how = fmt::format("gradients reduce-scattered per unit{}",
+                      options_.accumulate_locally ? " once per step (accumulated locally)" : "");
+  if (stage_ == 3) {
+    static const char* kPrefetch[] = {"none", "forward", "backward", "both"};
+    how += fmt::format(", parameters gathered per unit ({} after forward, prefetch {})",
+                       options_.reshard_after_forward ? "freed" : "kept", kPrefetch[static_cast<int>(options_.prefetch)]);
+  }
+  return fmt::format("{}: {} units sharded over {} ranks ({} of {} elements here), {}", options_.name,
+                     layout_.units().size(), world_, shard_numel_, layout_.numel(), how);
+}
+
+float* ZeroStrategy::param_shard(int u) {
+  const Shard& s = shards_[static_cast<size_t>(u)];
+  return stage_ == 3 ? param_shard_.f32() + s.at : model_.params() + unit(u).offset + s.begin;
+}
+
+float* ZeroStrategy::grad_shard(int u) {
+  const Shard& s = shards_[static_cast<size_t>(u)];
+  return stage_ == 1 ? model_.grads() + unit(u).offset + s.begin : grad_shard_.f32() + s.at;
+}
+
+void ZeroStrategy::wait_timed(const std::shared_ptr<comm::Work>& w) {
+  const auto t0 = std::chrono::steady_clock::now();
+  w->wait();
+  gather_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double ZeroStrategy::take_gather_wait() {
+  const double s = gather_wait_s_;
+  gather_wait_s_ = 0.0;
+  return s;
+}
+
+void ZeroStrategy::record(Timeline::Kind kind, int u, const std::shared_ptr<comm::Work>& w) {
+  if (traced_.size() < traced_.capacity()) traced_.push_back({kind, u, w});
+}
+
+void ZeroStrategy::trace(Timeline& tl, int64_t step) const {
+  for (const Traced& t : traced_)
+    tl.add(t.kind, step, t.unit, unit(t.unit).numel * sizeof(float), t.work->started_at(), t.work->finished_at());
+}
+
+// ---------------------------------------------------------------- the step
+
+void ZeroStrategy::begin_step() {
+  traced_.clear();
+  if (full_grads()) model_.zero_grads();
+  if (stage_ >= 2) grad_shard_.zero();
+}
+
+void ZeroStrategy::begin_micro_step(bool last) {
+  while (!inflight_.empty()) complete_oldest();
+  // Full gradients accumulate locally until the step's last micro-step
+  // (stage 1 always, like DDP's no_sync; stages 2, 3 when asked); unit
+  // gradients in scratch are reduced every micro-step.
+  sync_ = full_grads() ? last : true;
+  if (reducer_) reducer_->prepare(last);
+  for (size_t u = 0; u < grads_.size(); ++u) grads_[u].pending = layout_.units()[u].numel;
+}
+
+double ZeroStrategy::finish_backward() {
+  if (reducer_) return reducer_->finish();
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!inflight_.empty()) complete_oldest();
+  for (size_t u = 0; u < grads_.size(); ++u)
+    DPT_CHECK(grads_[u].pending == 0, "unit {} still waits for {} gradients after backward", u, grads_[u].pending);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ZeroStrategy::complete_oldest() {
+  const int u = inflight_.front();
+  inflight_.pop_front();
+  UnitGrads& g = grads_[static_cast<size_t>(u)];
+  g.work->wait();
+  g.work.reset();
+  if (stage_ == 1) return;  // reduced in place in the full gradients
+  // This rank's chunk of the reduced unit, added to its gradient shard
+  // (micro-steps accumulate there).
+  const Shard& s = shards_[static_cast<size_t>(u)];
+  const float* src = (full_grads() ? model_.grads() + unit(u).offset : grad_pool_.data(g.buf)) + s.begin;
+  float* dst = grad_shard(u);
+#pragma omp simd
+  for (size_t i = 0; i < s.n; ++i) dst[i] += src[i];
+  if (g.buf >= 0) {
+    grad_pool_.give(g.buf);
+    g.buf = -1;
+  }
+}
+
+double ZeroStrategy::grad_norm_squared() {
+  double mine = 0.0;
+  for (size_t u = 0; u < shards_.size(); ++u) mine += sum_of_squares(grad_shard(static_cast<int>(u)), shards_[u].n);
+  // Every rank's sum, added in rank order in double, so all ranks agree
+  // exactly (all_gather moves bytes: a double travels as two floats).
+  std::vector<double> all(static_cast<size_t>(world_), 0.0);
+  all[static_cast<size_t>(rank_)] = mine;
+  pg_.all_gather(all.data(), 2 * all.size(), DType::F32);
+  double total = 0.0;
+  for (double v : all) total += v;
+  return total;
+}
+
+void ZeroStrategy::scale_grads(float factor) {
+  for (size_t u = 0; u < shards_.size(); ++u) scale(grad_shard(static_cast<int>(u)), shards_[u].n, factor);
+}
+
+void ZeroStrategy::step(float lr) {
+  for (size_t u = 0; u < shards_.size(); ++u) {
+    const int ui = static_cast<int>(u);
+    opts_[u]->step(param_shard(ui), grad_shard(ui), lr);
+  }
+  if (stage_ == 3) return;
+  // Stages 1, 2: every rank's updated chunk of each unit goes to every rank,
+  // in place. Nothing waits here: the next forward waits for each unit as
+  // it opens it, so the all-gathers run behind the forward of earlier units.
+  for (size_t u = 0; u < shards_.size(); ++u) {
+    param_gather_[u] = pg_.all_gather_async(model_.params() + layout_.units()[u].offset,
+                                            layout_.units()[u].numel, DType::F32);
+    record(Timeline::AllGather, static_cast<int>(u), param_gather_[u]);
+  }
+}
+
+void ZeroStrategy::gather_unit(int u, float* out) {
+  if (stage_ < 3) {
+    if (auto& w = param_gather_[static_cast<size_t>(u)]) {
+      w->wait();
+      w.reset();
+    }
+    std::memcpy(out, model_.params() + unit(u).offset, unit(u).numel * sizeof(float));
+    return;
+  }
+  const Shard& s = shards_[static_cast<size_t>(u)];
+  std::memcpy(out + s.begin, param_shard(u), s.n * sizeof(float));
+  pg_.all_gather(out, unit(u).numel, DType::F32);
+}
+
+void ZeroStrategy::verify(int64_t step) {
+  if (stage_ == 3) return;  // no replicas: every rank holds other shards
+  for (auto& w : param_gather_)
+    if (w) {
+      w->wait();
+      w.reset();
+    }
+  verify_replicas(model_, pg_, step);
+}
+
+MemoryBytes ZeroStrategy::bytes() const {
+  size_t opt = 0;
+  for (const auto& o : opts_) opt += o->state_bytes();
+  const size_t full = layout_.numel() * sizeof(float), shard = shard_numel_ * sizeof(float);
+  MemoryBytes b;
+  b.parameters = stage_ == 3 ? shard : full;
+  b.gradients = (stage_ == 1 ? full : shard) + (stage_ >= 2 && options_.accumulate_locally ? full : 0);
+  b.optimizer = opt;
+  b.gathered = gather_pool_.bytes();
+  b.scratch = grad_pool_.bytes();
+  return b;
+}
+
+// ---------------------------------------------------------------- the model's units
+
+void ZeroStrategy::begin_pass(Pass pass) {
+  pass_ = pass;
+  pos_ = 0;
+  if (pass != Pass::Forward) return;
+  // The first forward after a backward has both orders recorded; until
+  // then a forward restarts its recording (an evaluation may come first).
+  if (!recorded_) {
+    if (!order_[1].empty())
+      recorded_ = true;
+    else
+      order_[0].clear();
+  }
+  // Units still gathered from the last pass (kept, or prefetched for a
+  // backward that an evaluation's forward never ran) are freed.
+  if (stage_ == 3)
+    for (size_t u = 0; u < gathered_.size(); ++u)
+      if (gathered_[u].buf >= 0 && gathered_[u].refs == 0) free_gathered(static_cast<int>(u));
+}
+
+int ZeroStrategy::next_unit() const {
+  const auto& order = order_[pass_ == Pass::Forward ? 0 : 1];
+  if (pos_ < order.size()) return order[pos_];
+  if (pass_ == Pass::Forward && !order_[1].empty()) return order_[1][0];
+  return -1;
+}
+
+void ZeroStrategy::start_gather(int u) {
+  Gathered& g = gathered_[static_cast<size_t>(u)];
+  g.buf = gather_pool_.take();
+  float* b = gather_pool_.data(g.buf);
+  const Shard& s = shards_[static_cast<size_t>(u)];
+  std::memcpy(b + s.begin, param_shard_.f32() + s.at, s.n * sizeof(float));
+  g.work = pg_.all_gather_async(b, unit(u).numel, DType::F32);
+  record(Timeline::AllGather, u, g.work);
+}
+
+void ZeroStrategy::free_gathered(int u) {
+  Gathered& g = gathered_[static_cast<size_t>(u)];
+  if (g.work) {
+    g.work->wait();
+    g.work.reset();
+  }
+  gather_pool_.give(g.buf);
+  g.buf = -1;
+}
+
+const float* ZeroStrategy::acquire(int u) {
+  if (!recorded_) order_[pass_ == Pass::Forward ? 0 : 1].push_back(u);
+  ++pos_;
+  if (stage_ < 3) {
+    if (auto& w = param_gather_[static_cast<size_t>(u)]) {
+      wait_timed(w);
+      w.reset();
+    }
+    return model_.params() + unit(u).offset;
+  }
+  Gathered& g = gathered_[static_cast<size_t>(u)];
+  if (g.buf < 0) start_gather(u);
+  if (g.work) {
+    wait_timed(g.work);
+    g.work.reset();
+  }
+  ++g.refs;
+  // Prefetch: the next unit's all-gather runs while this one computes.
+  if (recorded_) {
+    const int next = next_unit();
+    const bool in_forward = pass_ == Pass::Forward && pos_ < order_[0].size();
+    const Prefetch p = options_.prefetch;
+    const bool allowed = p == Prefetch::Both || (p == Prefetch::Forward && in_forward) ||
+                         (p == Prefetch::Backward && !in_forward);
+    if (allowed && next >= 0 && gathered_[static_cast<size_t>(next)].buf < 0) start_gather(next);
+  }
+  return gather_pool_.data(g.buf);
+}
+
+void ZeroStrategy::release(int u) {
+  if (stage_ < 3) return;
+  Gathered& g = gathered_[static_cast<size_t>(u)];
+  DPT_CHECK(g.refs > 0, "unit {} released more often than acquired", u);
+  if (--g.refs > 0) return;
+  const bool keep = (pass_ == Pass::Forward && !options_.reshard_after_forward) || (recorded_ && next_unit() == u);
+  if (!keep) free_gathered(u);
+}
+
+float* ZeroStrategy::unit_grads(int u) {
+  if (full_grads()) return model_.grads() + unit(u).offset;
+  UnitGrads& g = grads_[static_cast<size_t>(u)];
+  if (g.buf < 0) {
+    // Reuse a buffer a finished reduce-scatter gives back before growing.
+    while (!grad_pool_.has_free() && !inflight_.empty() && grad_pool_.bytes() >= kGradBuffers * max_unit_ * sizeof(float))
+      complete_oldest();
+    g.buf = grad_pool_.take();
+    std::memset(grad_pool_.data(g.buf), 0, unit(u).numel * sizeof(float));
+  }
+  return grad_pool_.data(g.buf);
+}
+
+void ZeroStrategy::grads_ready(size_t offset, size_t numel) {
+  if (reducer_) {  // stage 1 with DDP's buckets
+    if (model_.on_grads_ready) model_.on_grads_ready(offset, numel);
+    return;
+  }
+  const auto& units = layout_.units();
+  const auto it = std::upper_bound(units.begin(), units.end(), offset,
+                                   [](size_t off, const Unit& un) { return off < un.offset; });
+  const int u = static_cast<int>(it - units.begin()) - 1;
+  DPT_CHECK(u >= 0 && offset + numel <= unit(u).offset + unit(u).numel,
+            "gradients {}..{} reported ready cross a unit boundary", offset, offset + numel);
+  UnitGrads& g = grads_[static_cast<size_t>(u)];
+  DPT_CHECK(g.pending >= numel, "gradients {}..{} reported ready twice", offset, offset + numel);
+  g.pending -= numel;
+  if (g.pending == 0 && sync_) {
+    // Sum: the 1/world of the average is already in the loss scale.
+    float* b = full_grads() ? model_.grads() + unit(u).offset : grad_pool_.data(g.buf);
+    g.work = pg_.reduce_scatter_async(b, unit(u).numel, DType::F32, comm::ReduceOp::Sum);
+    inflight_.push_back(u);
+    record(Timeline::ReduceScatter, u, g.work);
+  }
+  // Take the shards of reductions that are already done, freeing buffers.
+  while (!inflight_.empty() && grads_[static_cast<size_t>(inflight_.front())].work->is_completed())
+    complete_oldest();
+}
+
+}  // namespace dpt

@@ -1,0 +1,143 @@
+// ZeRO stages 1, 2 and 3 (3 = FSDP's FULL_SHARD), one implementation
+// (parallel/zero.cpp, docs/zero.md).
+//
+// Every unit of the layout (an embedding, a transformer block, a layer) is
+// cut into world chunks by comm::chunk_range (sizes differ by at most one;
+// no padding): rank r owns chunk r of every unit, its "shard". So a unit's
+// all-gather and reduce-scatter are each one collective over the unit.
+//
+//   stage 1: full parameters and gradients on every rank; optimizer state
+//            for the shard only. Gradients are all-reduced in DDP's buckets
+//            (or reduce-scattered per unit with zero_scatter); each rank
+//            steps its shard; the updated units are all-gathered, and a
+//            unit's next forward waits for its own all-gather only.
+//   stage 2: as stage 1, but a unit's gradients live in a reused scratch
+//            buffer while backward writes them and are reduce-scattered as
+//            soon as they are final; each rank keeps only its gradient shard.
+//   stage 3: parameters sharded too. A unit is all-gathered into a buffer
+//            just before the model opens it and freed when it closes; the
+//            next unit's all-gather is issued first (prefetch), in forward and
+//            backward, in the order recorded on the first micro-step.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/strategy.h"
+#include "train/timeline.h"
+
+namespace dpt {
+
+// Buffers of one size handed out and taken back; it grows only when all are
+// in use, so after the first step a run allocates nothing.
+class BufferPool {
+ public:
+  explicit BufferPool(size_t numel) : numel_(numel) {}
+  int take();
+  void give(int i) { free_.push_back(i); }
+  float* data(int i) { return bufs_[static_cast<size_t>(i)].f32(); }
+  bool has_free() const { return !free_.empty(); }
+  size_t bytes() const { return bufs_.size() * numel_ * sizeof(float); }
+
+ private:
+  size_t numel_;
+  std::deque<FlatBuffer> bufs_;  // a deque: data pointers stay valid as it grows
+  std::vector<int> free_;
+};
+
+class ZeroStrategy : public Strategy, private UnitStore {
+ public:
+  ZeroStrategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg, const StrategyInit& init,
+               int stage);
+  ~ZeroStrategy() override;
+
+  const std::string& name() const override { return options_.name; }
+  std::string describe() const override;
+  float loss_scale() const override { return 1.0f / static_cast<float>(world_); }
+  void begin_step() override;
+  void begin_micro_step(bool last) override;
+  double finish_backward() override;
+  double grad_norm_squared() override;
+  void scale_grads(float factor) override;
+  void step(float lr) override;
+  void gather_unit(int unit, float* out) override;
+  void verify(int64_t step) override;
+  MemoryBytes bytes() const override;
+  double take_gather_wait() override;
+  void trace(Timeline& tl, int64_t step) const override;
+  size_t trace_spans() const override { return 4 * layout_.units().size() + 4; }
+
+  // Rank r's chunk of unit u, and where it sits in the shard buffers.
+  struct Shard {
+    size_t begin = 0, n = 0;  // elements of the unit: [begin, begin + n)
+    size_t at = 0;            // offset in param_shard_ / grad_shard_
+  };
+
+ private:
+  // UnitStore: what the model sees.
+  void begin_pass(Pass pass) override;
+  const float* acquire(int unit) override;
+  void release(int unit) override;
+  float* unit_grads(int unit) override;
+  void grads_ready(size_t offset, size_t numel) override;
+
+  const Unit& unit(int u) const { return layout_.units()[static_cast<size_t>(u)]; }
+  bool full_grads() const { return stage_ == 1 || options_.accumulate_locally; }
+  float* param_shard(int u);  // the rank's chunk of unit u's parameters
+  float* grad_shard(int u);   // the rank's chunk of unit u's reduced gradients
+  void wait_timed(const std::shared_ptr<comm::Work>& w);
+  void start_gather(int u);   // stage 3: into a pool buffer, asynchronously
+  void free_gathered(int u);
+  int next_unit() const;      // the unit the model will open after this one
+  void complete_oldest();     // waits for the oldest reduce-scatter and takes its shard
+  void record(Timeline::Kind kind, int u, const std::shared_ptr<comm::Work>& w);
+
+  StrategyOptions options_;
+  int stage_;
+  Model& model_;
+  comm::ProcessGroup& pg_;
+  const Layout& layout_;
+  int world_, rank_;
+  std::vector<Shard> shards_;
+  size_t shard_numel_ = 0, max_unit_ = 0;
+  std::vector<std::unique_ptr<Optimizer>> opts_;  // one per unit's shard
+  FlatBuffer param_shard_, grad_shard_;           // stage 3; stages 2 and 3
+
+  std::unique_ptr<Reducer> reducer_;  // stage 1 with all-reduce
+  std::vector<std::shared_ptr<comm::Work>> param_gather_;  // stages 1, 2: after step
+
+  struct UnitGrads {
+    int buf = -1;        // grad pool buffer (stages 2, 3 without local accumulation)
+    size_t pending = 0;  // elements not final yet in this backward
+    std::shared_ptr<comm::Work> work;  // its reduce-scatter
+  };
+  std::vector<UnitGrads> grads_;
+  std::deque<int> inflight_;  // units whose reduce-scatter is in flight, oldest first
+  BufferPool grad_pool_;
+  bool sync_ = true;
+
+  struct Gathered {
+    int buf = -1, refs = 0;
+    std::shared_ptr<comm::Work> work;  // its all-gather, while in flight
+  };
+  std::vector<Gathered> gathered_;  // stage 3
+  BufferPool gather_pool_;
+  // The order the model opens units in each pass, recorded on the first
+  // micro-step and replayed for prefetching.
+  std::vector<int> order_[2];
+  bool recorded_ = false;
+  Pass pass_ = Pass::Forward;
+  size_t pos_ = 0;
+
+  double gather_wait_s_ = 0.0;
+  struct Traced {
+    Timeline::Kind kind;
+    int unit;
+    std::shared_ptr<comm::Work> work;
+  };
+  std::vector<Traced> traced_;
+};
+
+}  // namespace dpt

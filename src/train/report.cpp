@@ -1,0 +1,90 @@
+#include "train/report.h"
+
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "core/gemm_peak.h"
+#include "core/threads.h"
+
+namespace dpt {
+
+namespace {
+constexpr double kMiB = 1.0 / (1 << 20);
+}
+
+void Report::print() const {
+  const TrainOptions& o = options;
+  const TrainResult& r = result;
+  const bool mlp = o.model == "mlp";
+  const int world = static_cast<int>(ranks.size());
+  std::printf("done: %lld steps in %.1f s, train loss %.4f -> %.4f", static_cast<long long>(r.steps), seconds,
+              r.first_loss, r.final_loss);
+  if (evaluated) {
+    if (mlp)
+      std::printf(", test accuracy %.2f%% (loss %.4f)", 100.0 * r.eval_accuracy, r.eval_loss);
+    else
+      std::printf(", validation loss %.4f", r.eval_loss);
+  } else if (!o.synthetic) {
+    std::printf(", no evaluation (--val-fraction 0 holds no text out)");
+  }
+  std::printf("\nthroughput: %.0f %s (median step %.2f ms after step %zu), %.1f GFLOP/s = %.0f%% of "
+              "measured sgemm peak %.1f GFLOP/s (%d rank%s, OpenBLAS %s kernels)\n",
+              mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s", r.step_ms_median,
+              skipped_steps, r.gflops, 100.0 * r.mfu, r.sgemm_gflops, world, world == 1 ? "" : "s",
+              blas_core().c_str());
+  const MemoryBytes& m = r.memory;
+  std::printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, ", m.parameters * kMiB,
+              m.gradients * kMiB, m.optimizer * kMiB);
+  if (m.gathered || m.scratch)
+    std::printf("gathered units %.1f MiB, communication scratch %.1f MiB, ", m.gathered * kMiB, m.scratch * kMiB);
+  std::printf("activations %.1f MiB, peak RSS %.1f MiB\n", r.activation_bytes * kMiB, r.peak_rss * kMiB);
+  if (r.scaling_efficiency > 0)
+    std::printf("scaling efficiency: %.1f%% of %d x the baseline's %.0f samples/s (%s)\n",
+                100.0 * r.scaling_efficiency, world, r.samples_per_s / (world * r.scaling_efficiency),
+                o.baseline.c_str());
+  if (world > 1) {
+    std::printf("step breakdown (median ms)   data  forward  backward  gather wait  comm wait  optimizer    step\n");
+    for (int q = 0; q < world; ++q) {
+      const RankTimes& v = ranks[static_cast<size_t>(q)];
+      std::printf("  rank %-3d                 %6.2f %8.2f  %8.2f  %11.2f  %9.2f  %9.2f  %7.2f\n", q, v.data_ms,
+                  v.forward_ms, v.backward_ms, v.gather_ms, v.comm_wait_ms, v.optimizer_ms, v.step_ms);
+    }
+    const double param_bytes = static_cast<double>(model.param_count() * sizeof(float));
+    const RankTimes& r0 = ranks[0];
+    std::printf("communication: %.2f MiB sent per step per rank = %.3f x the %.2f MiB of parameters "
+                "(ring all-reduce: 2(N-1)/N = %.3f); exposed %.1f%% of the step on rank 0\n",
+                r.comm_bytes_per_step * kMiB, static_cast<double>(r.comm_bytes_per_step) / param_bytes,
+                param_bytes * kMiB, 2.0 * (world - 1) / world,
+                r0.step_ms > 0 ? 100.0 * (r0.comm_wait_ms + r0.gather_ms) / r0.step_ms : 0.0);
+  }
+  if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
+}
+
+nlohmann::json Report::json() const {
+  using nlohmann::json;
+  const TrainOptions& o = options;
+  const TrainResult& r = result;
+  json per_rank = json::array();
+  for (const RankTimes& v : ranks)
+    per_rank.push_back({{"data_ms", v.data_ms}, {"forward_ms", v.forward_ms}, {"backward_ms", v.backward_ms},
+                        {"gather_wait_ms", v.gather_ms}, {"comm_wait_ms", v.comm_wait_ms},
+                        {"optimizer_ms", v.optimizer_ms}, {"step_ms", v.step_ms},
+                        {"peak_rss", static_cast<size_t>(v.peak_rss)}});
+  const MemoryBytes& m = r.memory;
+  json j = {{"model", o.model}, {"strategy", strategy.name()}, {"world", ranks.size()}, {"threads", threads()},
+            {"steps", r.steps}, {"batch", o.batch}, {"grad_accum", o.grad_accum},
+            {"params", model.param_count()}, {"first_loss", r.first_loss}, {"final_loss", r.final_loss},
+            {"step_ms_median", r.step_ms_median}, {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
+            {"sgemm_gflops", r.sgemm_gflops}, {"mfu", r.mfu}, {"seconds", seconds},
+            {"synthetic", o.synthetic}, {"ranks", per_rank},
+            {"comm_bytes_per_step", r.comm_bytes_per_step}, {"comm", ledger},
+            {"bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
+                       {"gathered", m.gathered}, {"scratch", m.scratch}, {"activations", r.activation_bytes},
+                       {"peak_rss", r.peak_rss}}},
+            {"strategy_detail", strategy.describe()}};
+  if (r.scaling_efficiency > 0) j["scaling_efficiency"] = r.scaling_efficiency;
+  return j;
+}
+
+}  // namespace dpt

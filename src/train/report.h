@@ -1,0 +1,40 @@
+// The end-of-run report of `dpt train`: the summary printed on rank 0 (loss,
+// throughput, memory per category, the per-rank step breakdown and the
+// bytes moved) and the same as JSON for --summary-out.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/process_group.h"
+#include "models/model.h"
+#include "parallel/strategy.h"
+#include "train/train.h"
+
+namespace dpt {
+
+// Per rank, the medians of a step's phases and the rank's peak RSS, as
+// gathered from every rank (kFields doubles per rank).
+struct RankTimes {
+  static constexpr size_t kFields = 8;
+  double data_ms, forward_ms, backward_ms, gather_ms, comm_wait_ms, optimizer_ms, step_ms, peak_rss;
+};
+
+struct Report {
+  const TrainOptions& options;
+  const Model& model;
+  const Strategy& strategy;
+  const TrainResult& result;
+  std::vector<RankTimes> ranks;
+  double seconds = 0.0;      // the whole training loop
+  size_t skipped_steps = 0;  // steps before the steady state
+  bool evaluated = false;
+  nlohmann::json ledger;     // the group's bytes per collective
+
+  void print() const;
+  nlohmann::json json() const;
+};
+
+}  // namespace dpt
