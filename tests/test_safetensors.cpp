@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -264,6 +266,182 @@ TEST_F(SafetensorsTest, CorruptHeadersAreIoErrors) {
   // Metadata must map strings to strings.
   expect_corrupt(make_file(R"({"__metadata__":{"step":3}})", ""), "metadata value for 'step'");
   expect_corrupt(make_file(R"({"__metadata__":["a"]})", ""), "__metadata__ is not");
+}
+
+// ---- Streaming writer and range reader ----
+
+std::vector<TensorSpec> specs_of(const std::vector<NamedTensor>& tensors) {
+  std::vector<TensorSpec> specs;
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  return specs;
+}
+
+// All values in file order, as the writer takes them.
+std::vector<float> concat(const std::vector<NamedTensor>& tensors) {
+  std::vector<float> all;
+  for (const auto& t : tensors) all.insert(all.end(), t.data.begin(), t.data.end());
+  return all;
+}
+
+// F32 and BF16 tensors, with zero-element ones in the middle and at the end,
+// and BF16 values that need rounding.
+std::vector<NamedTensor> mixed_tensors() {
+  auto t = sample_tensors();
+  t.insert(t.begin() + 2,
+           NamedTensor{"half", DType::BF16, {2, 3},
+                       {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -3.0f, 0.1f, 1e-3f, 65504.0f}});
+  t.push_back({"h2", DType::BF16, {5}, {1, 2, 3, 4, 5}});
+  t.push_back({"none", DType::BF16, {0}, {}});
+  return t;
+}
+
+TEST_F(SafetensorsTest, ChunkedWriterIsByteIdenticalToSave) {
+  const auto tensors = mixed_tensors();
+  const std::map<std::string, std::string> meta = {{"dpt.model", "mlp"}};
+  save_safetensors(path("ref.safetensors"), tensors, meta);
+  const std::string ref = read_bytes(path("ref.safetensors"));
+  const std::vector<float> all = concat(tensors);
+
+  // 1 and 7 end inside tensors and span their boundaries; 0-sized chunks are
+  // harmless; all.size() is the whole model in one call.
+  for (size_t chunk : {size_t{1}, size_t{7}, size_t{11}, all.size()}) {
+    SafetensorsWriter w(path("w.safetensors"), specs_of(tensors), meta);
+    for (size_t i = 0; i < all.size(); i += chunk) {
+      w.write(all.data() + i, std::min(chunk, all.size() - i));
+      w.write(all.data(), 0);
+    }
+    w.commit();
+    EXPECT_EQ(read_bytes(path("w.safetensors")), ref) << "chunk " << chunk;
+  }
+  EXPECT_EQ(dir_entries().size(), 2u);  // no temporaries left
+}
+
+TEST_F(SafetensorsTest, WriterCommitWithWrongCountThrowsAndLeavesNothing) {
+  const auto tensors = mixed_tensors();
+  std::vector<float> all = concat(tensors);
+  const std::string p = path("m.safetensors");
+  for (size_t n : {all.size() - 1, all.size() + 1, size_t{0}}) {
+    all.resize(std::max(all.size(), n));
+    SafetensorsWriter w(p, specs_of(tensors), {});
+    w.write(all.data(), n);
+    try {
+      w.commit();
+      FAIL() << "no error for " << n << " values";
+    } catch (const IoError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(p + ": ", 0), 0u) << e.what();
+    }
+    EXPECT_TRUE(dir_entries().empty()) << n << " values";  // while w is still alive
+  }
+
+  // An older file under the name is left as it was.
+  save_safetensors(p, sample_tensors(), {});
+  const std::string old = read_bytes(p);
+  {
+    SafetensorsWriter w(p, specs_of(tensors), {});
+    w.write(all.data(), 3);
+    EXPECT_THROW(w.commit(), IoError);
+  }
+  EXPECT_EQ(read_bytes(p), old);
+  EXPECT_EQ(dir_entries(), std::vector<std::string>{"m.safetensors"});
+}
+
+TEST_F(SafetensorsTest, WriterDestroyedWithoutCommitRemovesTemporary) {
+  {
+    SafetensorsWriter w(path("m.safetensors"), specs_of(sample_tensors()), {});
+    w.write(concat(sample_tensors()).data(), 5);
+    ASSERT_EQ(dir_entries().size(), 1u);  // the temporary, not the final name
+    EXPECT_NE(dir_entries()[0], "m.safetensors");
+  }
+  EXPECT_TRUE(dir_entries().empty());
+}
+
+TEST_F(SafetensorsTest, WriterConstructorChecksPathAndTensors) {
+  const std::string bad = "/nonexistent/x.safetensors";
+  try {
+    SafetensorsWriter w(bad, specs_of(sample_tensors()), {});
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(bad + ": ", 0), 0u) << e.what();
+  }
+  const std::string p = path("m.safetensors");
+  EXPECT_THROW(SafetensorsWriter(p, {{"x", DType::F32, {1}}, {"x", DType::F32, {2}}}, {}),
+               InputError);
+  EXPECT_THROW(SafetensorsWriter(p, {{"", DType::F32, {1}}}, {}), InputError);
+  EXPECT_THROW(SafetensorsWriter(p, {{"__metadata__", DType::F32, {1}}}, {}), InputError);
+  EXPECT_THROW(SafetensorsWriter(p, {{"x", DType::F32, {2, -1}}}, {}), InputError);
+  EXPECT_THROW(SafetensorsWriter(p, {{"x", DType::F32, {int64_t{1} << 62, 4}}}, {}), InputError);
+  EXPECT_THROW(SafetensorsWriter(p, {{"x", DType::BF16, {int64_t{1} << 62, 2}}}, {}),
+               InputError);  // 2^63 elements fit 64 bits, their 2^64 bytes do not
+  EXPECT_TRUE(dir_entries().empty());
+}
+
+TEST_F(SafetensorsTest, ReaderRangesEqualWholeFileValues) {
+  std::vector<NamedTensor> tensors = mixed_tensors();
+  NamedTensor big{"big", DType::F32, {10, 100}, {}};
+  NamedTensor big16{"big16", DType::BF16, {300}, {}};
+  for (int i = 0; i < 1000; ++i) big.data.push_back(std::sin(0.01f * i));
+  for (int i = 0; i < 300; ++i) big16.data.push_back(std::cos(0.02f * i));
+  tensors.insert(tensors.begin() + 3, big16);
+  tensors.insert(tensors.begin() + 1, big);
+  save_safetensors(path("m.safetensors"), tensors, {{"k", "v"}});
+  const SafetensorsFile whole = load_safetensors(path("m.safetensors"));
+
+  const SafetensorsReader r(path("m.safetensors"));
+  EXPECT_EQ(r.metadata(), whole.metadata);
+  ASSERT_EQ(r.tensors().size(), whole.tensors.size());
+  for (size_t i = 0; i < whole.tensors.size(); ++i) {
+    const TensorSpec& s = r.tensors()[i];
+    const NamedTensor& t = whole.tensors[i];
+    EXPECT_EQ(s.name, t.name);
+    EXPECT_EQ(s.dtype, t.dtype);
+    EXPECT_EQ(s.shape, t.shape);
+    EXPECT_EQ(s.numel(), t.data.size());
+    ASSERT_EQ(r.find(t.name), &s);
+    // Start, middle, end, the whole, and empty ranges at either end.
+    const uint64_t n = t.data.size();
+    const std::vector<std::pair<uint64_t, uint64_t>> ranges = {
+        {0, std::min<uint64_t>(n, 3)}, {n / 3, n / 2 - n / 3}, {n - n / 4, n / 4},
+        {0, n}, {0, 0}, {n, 0}};
+    for (const auto& [begin, count] : ranges) {
+      std::vector<float> got(count, -99.0f);
+      r.read(t.name, begin, count, got.data());
+      const std::vector<float> want(t.data.begin() + begin, t.data.begin() + begin + count);
+      EXPECT_EQ(got, want) << t.name << " [" << begin << ", +" << count << ")";
+    }
+  }
+  EXPECT_EQ(r.find("missing"), nullptr);
+  // The BF16 values read back rounded, as written.
+  float x = 0;
+  r.read("half", 1, 1, &x);
+  EXPECT_EQ(x, 1.0f + 1.0f / 64);
+}
+
+TEST_F(SafetensorsTest, ReaderRefusesUnknownNamesAndOutOfRangeReads) {
+  save_safetensors(path("m.safetensors"), mixed_tensors(), {});
+  const SafetensorsReader r(path("m.safetensors"));
+  std::vector<float> buf(64);
+  auto expect_refused = [&](const std::string& name, uint64_t begin, uint64_t n) {
+    try {
+      r.read(name, begin, n, buf.data());
+      FAIL() << "no error for " << name << " [" << begin << ", +" << n << ")";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + name + "'"), std::string::npos) << e.what();
+    }
+  };
+  expect_refused("nope", 0, 1);
+  expect_refused("0.bias", 0, 5);  // 4 elements
+  expect_refused("0.bias", 3, 2);
+  expect_refused("0.bias", 5, 0);
+  expect_refused("half", 1, std::numeric_limits<uint64_t>::max());  // begin + n wraps
+  expect_refused("empty", 0, 1);
+  r.read("0.bias", 3, 1, buf.data());  // the last element is in range
+  EXPECT_EQ(buf[0], 3e30f);
+
+  // The reader checks the header as load_safetensors does.
+  const std::string good = read_bytes(path("m.safetensors"));
+  write_bytes(path("t.safetensors"), good.substr(0, good.size() - 1));
+  EXPECT_THROW(SafetensorsReader{path("t.safetensors")}, IoError);
+  EXPECT_THROW(SafetensorsReader{path("missing.safetensors")}, IoError);
 }
 
 }  // namespace

@@ -1,7 +1,5 @@
 #include "io/safetensors.h"
 
-#include "io/atomic_file.h"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,10 +7,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <memory>
 #include <set>
 
 #include <fmt/ranges.h>
@@ -31,13 +26,15 @@ namespace {
 // bounds what a corrupt length field can make us allocate.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-using FilePtr = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
+// BF16 values are converted through a buffer of this many elements, so
+// streaming a huge tensor never allocates a copy of it.
+constexpr size_t kBf16Block = 1 << 16;
 
 std::string shape_str(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
-// Element count of a shape, or false if it overflows 64 bits.
+// Element count of a shape, or false if it is negative or overflows 64 bits.
 bool checked_numel(const std::vector<int64_t>& shape, uint64_t* numel) {
   uint64_t n = 1;
   for (int64_t d : shape) {
@@ -57,9 +54,47 @@ uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-// One header entry before its bytes are read.
+// ---- The header on disk ----
+
+// Compact JSON, tensors in the caller's order, padded with spaces to a
+// multiple of 8 so the data that follows is 8-byte aligned (as the reference
+// library writes it). Sets numels[i] to the element count of tensors[i].
+std::string make_header(const std::string& path, const std::vector<TensorSpec>& tensors,
+                        const std::map<std::string, std::string>& metadata,
+                        std::vector<uint64_t>* numels) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  if (!metadata.empty()) j["__metadata__"] = metadata;
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    if (t.name.empty() || t.name == "__metadata__" || !seen.insert(t.name).second) {
+      throw InputError(fmt::format("{}: tensor name '{}' is empty, reserved or repeated", path,
+                                   t.name));
+    }
+    uint64_t numel = 0, bytes = 0, end = 0;
+    if (!checked_numel(t.shape, &numel) ||
+        __builtin_mul_overflow(numel, dtype_size(t.dtype), &bytes) ||
+        __builtin_add_overflow(offset, bytes, &end)) {
+      throw InputError(fmt::format("{}: tensor '{}' has shape {}, which is negative or too large",
+                                   path, t.name, shape_str(t.shape)));
+    }
+    j[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
+    numels->push_back(numel);
+    offset = end;
+  }
+  std::string header;
+  try {
+    header = j.dump();
+  } catch (const nlohmann::json::type_error&) {
+    throw InputError(fmt::format("{}: a tensor name or metadata string is not valid UTF-8", path));
+  }
+  header.append((8 - header.size() % 8) % 8, ' ');
+  return header;
+}
+
+// One header entry: a tensor and its byte range within the data.
 struct Entry {
-  NamedTensor tensor;
+  TensorSpec tensor;
   uint64_t begin = 0, end = 0;
 };
 
@@ -116,82 +151,147 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
   return e;
 }
 
-// Reads exactly n bytes or throws.
-void read_exact(std::FILE* f, void* buf, size_t n, const std::string& path) {
-  if (n == 0) return;
-  if (std::fread(buf, 1, n, f) != n) {
-    if (std::ferror(f)) throw IoError(fmt::format("{}: read failed ({})", path, std::strerror(errno)));
-    throw IoError(fmt::format("{}: file ended early (was it changed while being read?)", path));
+// Reads exactly n bytes at offset or throws. pread leaves no shared file
+// position, so concurrent reads of one file need no lock.
+void pread_exact(int fd, void* buf, size_t n, uint64_t offset, const std::string& path) {
+  char* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw IoError(fmt::format("{}: read failed ({})", path, std::strerror(errno)));
+    if (got == 0) {
+      throw IoError(fmt::format("{}: file ended early (was it changed while being read?)", path));
+    }
+    p += got;
+    n -= static_cast<size_t>(got);
+    offset += static_cast<uint64_t>(got);
   }
-}
-
-void read_tensor_data(std::FILE* f, const std::string& path, NamedTensor& t, uint64_t bytes) {
-  const size_t numel = bytes / dtype_size(t.dtype);
-  t.data.resize(numel);
-  if (t.dtype == DType::F32) {
-    read_exact(f, t.data.data(), bytes, path);
-    return;
-  }
-  std::vector<uint16_t> raw(numel);
-  read_exact(f, raw.data(), bytes, path);
-  std::transform(raw.begin(), raw.end(), t.data.begin(), bf16_to_float);
 }
 
 }  // namespace
 
-const NamedTensor* SafetensorsFile::find(const std::string& name) const {
-  for (const auto& t : tensors) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
+uint64_t TensorSpec::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
-  FilePtr f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!f) throw IoError(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
+// ---- SafetensorsWriter ----
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<TensorSpec> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), tensors_(std::move(tensors)) {
+  // Validate before creating anything, so bad input leaves no file behind.
+  const std::string header = make_header(path_, tensors_, metadata, &numels_);
+  for (uint64_t n : numels_) expected_ += n;
+  file_.emplace(path_);  // temporary name, fsync, rename: never half-written
+  const uint64_t header_len = header.size();
+  file_->write(&header_len, 8);
+  file_->write(header);
+}
+
+void SafetensorsWriter::write(const float* values, size_t n) {
+  DPT_CHECK(file_, "{}: write() after commit()", path_);
+  // Values past the promised total are counted, not written: commit() reports
+  // them, since the header cannot change any more.
+  received_ += n;
+  while (n > 0 && current_ < tensors_.size()) {
+    const uint64_t k = std::min<uint64_t>(n, numels_[current_] - done_);
+    if (tensors_[current_].dtype == DType::F32) {
+      file_->write(values, k * sizeof(float));
+    } else {
+      std::vector<uint16_t> raw(std::min<uint64_t>(k, kBf16Block));
+      for (uint64_t i = 0; i < k; i += raw.size()) {
+        const size_t m = std::min<uint64_t>(raw.size(), k - i);
+        std::transform(values + i, values + i + m, raw.begin(), float_to_bf16);
+        file_->write(raw.data(), m * sizeof(uint16_t));
+      }
+    }
+    values += k;
+    n -= k;
+    done_ += k;
+    if (done_ == numels_[current_]) {  // also steps over zero-element tensors
+      ++current_;
+      done_ = 0;
+    }
+  }
+}
+
+void SafetensorsWriter::commit() {
+  DPT_CHECK(file_, "{}: commit() twice", path_);
+  if (received_ != expected_) {
+    file_.reset();  // removes the temporary
+    throw IoError(fmt::format("{}: {} values were written but the header promises {}", path_,
+                              received_, expected_));
+  }
+  try {
+    file_->commit();  // on failure it has already removed the temporary
+  } catch (...) {
+    file_.reset();
+    throw;
+  }
+  file_.reset();
+}
+
+// ---- SafetensorsReader ----
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw IoError(fmt::format("{}: cannot open ({})", path_, std::strerror(errno)));
+  try {
+    parse_header();
+  } catch (...) {
+    ::close(fd_);  // the destructor does not run for a throwing constructor
+    throw;
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() { ::close(fd_); }
+
+void SafetensorsReader::parse_header() {
   struct stat st {};
-  if (fstat(fileno(f.get()), &st) != 0 || !S_ISREG(st.st_mode)) {
-    throw IoError(fmt::format("{}: not a regular file", path));
+  if (fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    throw IoError(fmt::format("{}: not a regular file", path_));
   }
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
   if (file_bytes < 8) {
     throw IoError(fmt::format("{}: file is {} bytes, too short for the 8-byte header length",
-                              path, file_bytes));
+                              path_, file_bytes));
   }
   uint64_t header_len = 0;
-  read_exact(f.get(), &header_len, 8, path);
+  pread_exact(fd_, &header_len, 8, 0, path_);
   if (header_len > kMaxHeaderBytes) {
-    throw IoError(fmt::format("{}: header length {} exceeds the 100 MB limit", path, header_len));
+    throw IoError(fmt::format("{}: header length {} exceeds the 100 MB limit", path_, header_len));
   }
   if (header_len > file_bytes - 8) {
-    throw IoError(fmt::format("{}: header length {} runs past the end of the {}-byte file", path,
+    throw IoError(fmt::format("{}: header length {} runs past the end of the {}-byte file", path_,
                               header_len, file_bytes));
   }
   std::string header(header_len, '\0');
-  read_exact(f.get(), header.data(), header_len, path);
+  pread_exact(fd_, header.data(), header_len, 8, path_);
 
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(header);
   } catch (const nlohmann::json::parse_error& e) {
-    throw IoError(fmt::format("{}: header is not valid JSON (byte {})", path, e.byte));
+    throw IoError(fmt::format("{}: header is not valid JSON (byte {})", path_, e.byte));
   }
-  if (!j.is_object()) throw IoError(fmt::format("{}: header is not a JSON object", path));
+  if (!j.is_object()) throw IoError(fmt::format("{}: header is not a JSON object", path_));
 
-  const uint64_t data_bytes = file_bytes - 8 - header_len;
-  SafetensorsFile out;
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_bytes = file_bytes - data_start;
   std::vector<Entry> entries;
   for (const auto& [key, value] : j.items()) {
     if (key != "__metadata__") {
-      entries.push_back(parse_entry(path, key, value, data_bytes));
+      entries.push_back(parse_entry(path_, key, value, data_bytes));
       continue;
     }
-    if (!value.is_object()) throw IoError(fmt::format("{}: __metadata__ is not a JSON object", path));
+    if (!value.is_object()) throw IoError(fmt::format("{}: __metadata__ is not a JSON object", path_));
     for (const auto& [mk, mv] : value.items()) {
       if (!mv.is_string()) {
-        throw IoError(fmt::format("{}: metadata value for '{}' is not a string", path, mk));
+        throw IoError(fmt::format("{}: metadata value for '{}' is not a string", path_, mk));
       }
-      out.metadata[mk] = mv.get<std::string>();
+      metadata_[mk] = mv.get<std::string>();
     }
   }
 
@@ -206,79 +306,92 @@ SafetensorsFile load_safetensors(const std::string& path) {
   for (const auto& e : entries) {
     if (e.begin < pos) {
       throw IoError(fmt::format("{}: tensor '{}' data [{}, {}] overlaps the tensor before it",
-                                path, e.tensor.name, e.begin, e.end));
+                                path_, e.tensor.name, e.begin, e.end));
     }
     if (e.begin > pos) {
-      throw IoError(fmt::format("{}: tensor '{}' data [{}, {}] leaves a gap after byte {}", path,
+      throw IoError(fmt::format("{}: tensor '{}' data [{}, {}] leaves a gap after byte {}", path_,
                                 e.tensor.name, e.begin, e.end, pos));
     }
     pos = e.end;
   }
   if (pos != data_bytes) {
-    throw IoError(fmt::format("{}: tensors cover {} bytes of data but the file holds {}", path,
+    throw IoError(fmt::format("{}: tensors cover {} bytes of data but the file holds {}", path_,
                               pos, data_bytes));
   }
 
   for (auto& e : entries) {
-    read_tensor_data(f.get(), path, e.tensor, e.end - e.begin);
-    out.tensors.push_back(std::move(e.tensor));
+    tensors_.push_back(std::move(e.tensor));
+    offsets_.push_back(data_start + e.begin);
+  }
+}
+
+const TensorSpec* SafetensorsReader::find(const std::string& name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+void SafetensorsReader::read(const std::string& name, uint64_t begin, uint64_t n,
+                             float* out) const {
+  const TensorSpec* t = find(name);
+  if (!t) throw InputError(fmt::format("{}: no tensor '{}'", path_, name));
+  const uint64_t numel = t->numel();
+  // Written so that begin + n cannot wrap around.
+  if (begin > numel || n > numel - begin) {
+    throw InputError(fmt::format(
+        "{}: tensor '{}' has {} elements, so {} elements from element {} are out of range", path_,
+        name, numel, n, begin));
+  }
+  const uint64_t offset = offsets_[static_cast<size_t>(t - tensors_.data())];
+  if (t->dtype == DType::F32) {
+    pread_exact(fd_, out, n * sizeof(float), offset + begin * sizeof(float), path_);
+    return;
+  }
+  std::vector<uint16_t> raw(std::min<uint64_t>(n, kBf16Block));
+  for (uint64_t i = 0; i < n; i += raw.size()) {
+    const size_t m = std::min<uint64_t>(raw.size(), n - i);
+    pread_exact(fd_, raw.data(), m * sizeof(uint16_t), offset + (begin + i) * sizeof(uint16_t),
+                path_);
+    std::transform(raw.begin(), raw.begin() + m, out + i, bf16_to_float);
+  }
+}
+
+// ---- Whole files ----
+
+const NamedTensor* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  SafetensorsReader reader(path);
+  SafetensorsFile out;
+  out.metadata = reader.metadata();
+  for (const TensorSpec& s : reader.tensors()) {
+    NamedTensor t{s.name, s.dtype, s.shape, std::vector<float>(s.numel())};
+    reader.read(s.name, 0, t.data.size(), t.data.data());
+    out.tensors.push_back(std::move(t));
   }
   return out;
 }
 
-namespace {
-
-// Compact JSON, tensors in the caller's order, padded with spaces to a
-// multiple of 8 so the data that follows is 8-byte aligned (as the reference
-// library writes it).
-std::string make_header(const std::string& path, const std::vector<NamedTensor>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json j = nlohmann::ordered_json::object();
-  if (!metadata.empty()) j["__metadata__"] = metadata;
-  std::set<std::string> seen;
-  uint64_t offset = 0;
-  for (const auto& t : tensors) {
-    if (t.name.empty() || t.name == "__metadata__" || !seen.insert(t.name).second) {
-      throw InputError(fmt::format("{}: tensor name '{}' is empty, reserved or repeated", path,
-                                   t.name));
-    }
+void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  for (const NamedTensor& t : tensors) {
     uint64_t numel = 0;
     if (!checked_numel(t.shape, &numel) || numel != t.data.size()) {
       throw InputError(fmt::format("{}: tensor '{}' has shape {} but {} values", path, t.name,
                                    shape_str(t.shape), t.data.size()));
     }
-    const uint64_t end = offset + numel * dtype_size(t.dtype);
-    j[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
-    offset = end;
+    specs.push_back({t.name, t.dtype, t.shape});
   }
-  std::string header;
-  try {
-    header = j.dump();
-  } catch (const nlohmann::json::type_error&) {
-    throw InputError(fmt::format("{}: a tensor name or metadata string is not valid UTF-8", path));
-  }
-  header.append((8 - header.size() % 8) % 8, ' ');
-  return header;
-}
-
-void write_tensor(AtomicFile& f, const NamedTensor& t) {
-  if (t.dtype == DType::F32) return f.write(t.data.data(), t.data.size() * sizeof(float));
-  std::vector<uint16_t> raw(t.data.size());
-  std::transform(t.data.begin(), t.data.end(), raw.begin(), float_to_bf16);
-  f.write(raw.data(), raw.size() * sizeof(uint16_t));
-}
-
-}  // namespace
-
-void save_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  const std::string header = make_header(path, tensors, metadata);
-  AtomicFile f(path);  // temporary name, fsync, rename: never half-written
-  const uint64_t header_len = header.size();
-  f.write(&header_len, 8);
-  f.write(header);
-  for (const NamedTensor& t : tensors) write_tensor(f, t);
-  f.commit();
+  SafetensorsWriter writer(path, std::move(specs), metadata);
+  for (const NamedTensor& t : tensors) writer.write(t.data.data(), t.data.size());
+  writer.commit();
 }
 
 }  // namespace dpt
