@@ -52,18 +52,43 @@ void load_weights(Model& model, const SafetensorsFile& file, const std::string& 
   }
 }
 
-void load_weight_range(const Model& model, const SafetensorsFile& file, const std::string& path, size_t begin,
-                       size_t n, float* out) {
-  const size_t end = begin + n;
-  for (const Slot& s : model.layout().slots()) {
-    const size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
-    if (lo >= hi) continue;
-    const NamedTensor* t = file.find(s.name);
+void check_weight_file(const Model& model, const SafetensorsReader& file) {
+  const Layout& layout = model.layout();
+  const std::string& path = file.path();
+  for (const Slot& s : layout.slots()) {
+    const TensorSpec* t = file.find(s.name);
     if (!t) throw InputError(fmt::format("{}: tensor '{}' is missing", path, s.name));
     if (t->shape != s.shape)
       throw InputError(fmt::format("{}: tensor '{}' has shape {} but the model expects {}", path, s.name,
                                    shape_str(t->shape), shape_str(s.shape)));
-    std::memcpy(out + (lo - begin), t->data.data() + (lo - s.offset), sizeof(float) * (hi - lo));
+  }
+  for (const TensorSpec& t : file.tensors()) {
+    if (layout.find(t.name) >= 0 || is_known_buffer(t.name)) continue;
+    if (t.name == "lm_head.weight" && model.kind() == "gpt") {
+      const Slot& wte = layout.slot(layout.find("transformer.wte.weight"));
+      bool same = t.shape == wte.shape;
+      constexpr size_t kPiece = 1 << 16;
+      std::vector<float> a(kPiece), b(kPiece);
+      for (size_t at = 0; same && at < wte.numel; at += kPiece) {
+        const size_t n = std::min(kPiece, wte.numel - at);
+        file.read(t.name, at, n, a.data());
+        file.read(wte.name, at, n, b.data());
+        same = std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0;
+      }
+      if (!same)
+        throw InputError(fmt::format(
+            "{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them", path));
+      continue;
+    }
+    throw InputError(fmt::format("{}: unexpected tensor '{}' for a {} model", path, t.name, model.kind()));
+  }
+}
+
+void load_weight_range(const Model& model, const SafetensorsReader& file, size_t begin, size_t n, float* out) {
+  const size_t end = begin + n;
+  for (const Slot& s : model.layout().slots()) {
+    const size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    if (lo < hi) file.read(s.name, lo - s.offset, hi - lo, out + (lo - begin));
   }
 }
 

@@ -22,11 +22,15 @@ void save_weights(const Model& model, const std::string& path);
 // given), an unexpected tensor, or an lm_head.weight unequal to wte.
 void load_weights(Model& model, const SafetensorsFile& file, const std::string& path);
 
-// Copies elements [begin, begin + n) of the model's flat parameter buffer
-// from the file into out[0, n) (a rank's shard under ZeRO-3), checking the
-// shape of every tensor it touches.
-void load_weight_range(const Model& model, const SafetensorsFile& file, const std::string& path, size_t begin,
-                       size_t n, float* out);
+// Checks, from the header alone, that the file holds every parameter of the
+// model in its shape and nothing unexpected (the same sentences as
+// load_weights), and that an lm_head.weight equals the tied wte.
+void check_weight_file(const Model& model, const SafetensorsReader& file);
+
+// Reads elements [begin, begin + n) of the model's flat parameter buffer
+// from the file into out[0, n), touching only those bytes: a rank's shard
+// under ZeRO-3. Call check_weight_file first.
+void load_weight_range(const Model& model, const SafetensorsReader& file, size_t begin, size_t n, float* out);
 
 // Builds the model the file's metadata describes (flags in `overrides` win)
 // and loads its weights.

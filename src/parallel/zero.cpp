@@ -65,10 +65,11 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
       model_.init_params(init.seed);
   } else {
     param_shard_ = FlatBuffer(shard_numel_);
-    if (!init.load.empty()) {
-      const SafetensorsFile file = load_safetensors(init.load);
+    if (!init.load.empty()) {  // each rank reads only its shards' bytes
+      const SafetensorsReader file(init.load);
+      check_weight_file(model_, file);
       for (size_t u = 0; u < U; ++u)
-        load_weight_range(model_, file, init.load, layout_.units()[u].offset + shards_[u].begin, shards_[u].n,
+        load_weight_range(model_, file, layout_.units()[u].offset + shards_[u].begin, shards_[u].n,
                           param_shard(static_cast<int>(u)));
     } else {
       for (size_t u = 0; u < U; ++u)

@@ -136,7 +136,7 @@ namespace {
 // The model's hyper-parameters: the flags over the file's metadata.
 std::map<std::string, std::string> model_hparams(const TrainOptions& o) {
   std::map<std::string, std::string> hp;
-  if (!o.load.empty()) hp = load_safetensors(o.load).metadata;
+  if (!o.load.empty()) hp = SafetensorsReader(o.load).metadata();
   for (const auto& [k, v] : o.hparams) hp[k] = v;
   hp["dpt.model"] = o.model;
   return hp;
@@ -179,27 +179,25 @@ int ranks_on_host(int world) {
 size_t total(const MemoryBytes& b) { return b.parameters + b.gradients + b.optimizer + b.gathered + b.scratch; }
 
 // Writes the weights a unit at a time: every rank takes part in each unit's
-// gather, rank 0 writes. (Under zero3 no rank holds the model otherwise.)
+// gather, rank 0 streams it into the file (the tensors of a unit are
+// consecutive in the file, as in the buffer). Under zero3 no rank ever holds
+// more than one unit of it.
 void save_model(Strategy& strategy, const Model& model, const std::string& path, bool lead) {
   const Layout& layout = model.layout();
+  std::optional<SafetensorsWriter> file;
+  if (lead) {
+    std::vector<TensorSpec> specs;
+    for (const Slot& s : layout.slots()) specs.push_back({s.name, DType::F32, s.shape});
+    file.emplace(path, std::move(specs), model.metadata());
+  }
   size_t max_unit = 0;
   for (const Unit& u : layout.units()) max_unit = std::max(max_unit, u.numel);
-  std::vector<float> unit(max_unit);
-  std::vector<NamedTensor> tensors;
-  for (size_t ui = 0; ui < layout.units().size(); ++ui) {
-    const Unit& u = layout.units()[ui];
-    strategy.gather_unit(static_cast<int>(ui), unit.data());
-    if (!lead) continue;
-    for (int si = u.first_slot; si < u.first_slot + u.slot_count; ++si) {
-      const Slot& s = layout.slot(si);
-      NamedTensor t;
-      t.name = s.name;
-      t.shape = s.shape;
-      t.data.assign(unit.data() + (s.offset - u.offset), unit.data() + (s.offset - u.offset) + s.numel);
-      tensors.push_back(std::move(t));
-    }
+  FlatBuffer unit(max_unit);
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    strategy.gather_unit(static_cast<int>(u), unit.f32());
+    if (file) file->write(unit.f32(), layout.units()[u].numel);
   }
-  if (lead) save_safetensors(path, tensors, model.metadata());
+  if (file) file->commit();
 }
 
 }  // namespace
