@@ -5,8 +5,9 @@ Usage: python3 bench/plot_timeline.py TRACE.json OUT.svg [--title TEXT] [--steps
 
 One row per rank and thread ("rank 0 compute", "rank 0 comm", ...), time in
 milliseconds from the first span drawn, one colour per phase (data, forward,
-backward, comm wait, optimizer) and the all-reduces of the buckets numbered
-on the communication rows, so what overlaps what can be read off. --steps K
+backward, comm wait, optimizer) and the collectives on the communication rows
+(DDP's all-reduces numbered by bucket, ZeRO's all-gathers and reduce-scatters
+by unit), so what overlaps what can be read off. --steps K
 draws only the last K steps of the trace. Needs nothing beyond Python's
 standard library; the trace itself is Chrome's format, so
 https://ui.perfetto.dev opens it too.
@@ -24,7 +25,10 @@ COLOURS = {
     "comm wait": "#e45756",
     "optimizer": "#54a24b",
     "all_reduce": "#b279a2",
+    "all_gather": "#72b7b2",
+    "reduce_scatter": "#9d755d",
 }
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 ROW_H, ROW_GAP, LEFT, RIGHT, TOP, WIDTH = 26, 8, 150, 20, 56, 1200
 
 
@@ -42,7 +46,7 @@ def load(path, last_steps):
 
 
 def kind(e):
-    return "all_reduce" if e["name"].startswith("all_reduce") else e["name"]
+    return next((c for c in COLLECTIVES if e["name"].startswith(c)), e["name"])
 
 
 def draw(spans, title):
@@ -81,13 +85,18 @@ def draw(spans, title):
             tip += f', {e["args"]["bytes"] / 2**20:.2f} MiB'
         out.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{ROW_H}" fill="{COLOURS.get(k, "#333")}" '
                    f'stroke="white" stroke-width="0.5"><title>{escape(tip)}</title></rect>')
-        if k == "all_reduce" and w > 12:
+        number = e["args"].get("bucket", e["args"].get("unit"))
+        if k in COLLECTIVES and w > 12 and number is not None:
             out.append(f'<text x="{x + w / 2:.1f}" y="{y + ROW_H * 0.68:.1f}" text-anchor="middle" '
-                       f'fill="white" font-size="10">{e["args"]["bucket"]}</text>')
+                       f'fill="white" font-size="10">{number}</text>')
     # Legend.
     x = LEFT
+    present = {kind(e) for e in spans}
     for name, colour in COLOURS.items():
-        label = "all_reduce (bucket no.)" if name == "all_reduce" else name
+        if name in COLLECTIVES and name not in present:
+            continue
+        label = {"all_reduce": "all_reduce (bucket no.)", "all_gather": "all_gather (unit no.)",
+                 "reduce_scatter": "reduce_scatter (unit no.)"}.get(name, name)
         out.append(f'<rect x="{x}" y="32" width="12" height="12" fill="{colour}"/>')
         out.append(f'<text x="{x + 16}" y="43">{label}</text>')
         x += 30 + 7 * len(label)

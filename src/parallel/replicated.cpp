@@ -64,6 +64,12 @@ std::string DdpStrategy::describe() const {
                                             : (options_.ddp.overlap ? ", overlapped with backward" : ", after backward"));
 }
 
+nlohmann::json DdpStrategy::detail() const {
+  nlohmann::json buckets = nlohmann::json::array();
+  for (const Bucket& b : reducer_->buckets()) buckets.push_back({{"offset", b.offset}, {"numel", b.numel}});
+  return {{"buckets", buckets}, {"overlap", options_.ddp.overlap}, {"per_param", options_.ddp.per_param}};
+}
+
 float DdpStrategy::loss_scale() const { return 1.0f / static_cast<float>(pg_.size()); }
 
 void DdpStrategy::begin_micro_step(bool last) { reducer_->prepare(last); }

@@ -38,6 +38,7 @@ class DdpStrategy : public LocalStrategy {
  public:
   DdpStrategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg, const StrategyInit& init);
   std::string describe() const override;
+  nlohmann::json detail() const override;
   float loss_scale() const override;
   void begin_micro_step(bool last) override;
   double finish_backward() override;

@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/process_group.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
@@ -72,6 +74,8 @@ class Strategy {
   virtual const std::string& name() const = 0;
   // One line for the run's header (buckets, shards, units).
   virtual std::string describe() const = 0;
+  // The same as JSON for the summary, under the strategy's name (null: none).
+  virtual nlohmann::json detail() const { return nullptr; }
   // The factor the loss is scaled by on top of 1/grad_accum: 1/world under
   // every data-parallel strategy, so reductions are plain sums.
   virtual float loss_scale() const = 0;

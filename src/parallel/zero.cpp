@@ -116,6 +116,19 @@ std::string ZeroStrategy::describe() const {
                      layout_.units().size(), world_, shard_numel_, layout_.numel(), how);
 }
 
+nlohmann::json ZeroStrategy::detail() const {
+  nlohmann::json units = nlohmann::json::array();
+  for (size_t u = 0; u < shards_.size(); ++u)
+    units.push_back({{"name", layout_.units()[u].name}, {"offset", layout_.units()[u].offset},
+                     {"numel", layout_.units()[u].numel}, {"shard_begin", shards_[u].begin},
+                     {"shard_numel", shards_[u].n}});
+  static const char* kPrefetch[] = {"none", "forward", "backward", "both"};
+  return {{"stage", stage_}, {"units", units}, {"zero_scatter", options_.zero_scatter},
+          {"accumulate_locally", options_.accumulate_locally},
+          {"reshard_after_forward", options_.reshard_after_forward},
+          {"prefetch", kPrefetch[static_cast<int>(options_.prefetch)]}};
+}
+
 float* ZeroStrategy::param_shard(int u) {
   const Shard& s = shards_[static_cast<size_t>(u)];
   return stage_ == 3 ? param_shard_.f32() + s.at : model_.params() + unit(u).offset + s.begin;

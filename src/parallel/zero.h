@@ -55,6 +55,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
 
   const std::string& name() const override { return options_.name; }
   std::string describe() const override;
+  nlohmann::json detail() const override;
   float loss_scale() const override { return 1.0f / static_cast<float>(world_); }
   void begin_step() override;
   void begin_micro_step(bool last) override;

@@ -84,6 +84,7 @@ nlohmann::json Report::json() const {
                        {"peak_rss", r.peak_rss}}},
             {"strategy_detail", strategy.describe()}};
   if (r.scaling_efficiency > 0) j["scaling_efficiency"] = r.scaling_efficiency;
+  if (auto d = strategy.detail(); !d.is_null()) j[strategy.name()] = std::move(d);
   return j;
 }
 
