@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "compare.h"
 #include "core/threads.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
@@ -44,18 +45,10 @@ class Parity : public ::testing::Test {
   static inline int status_ = -1;
 };
 
-// Every element of `got` within atol + rtol * max|want| of `want`.
+// Every element of `got` finite and within atol + rtol * max|want| of `want`.
 void expect_close(const std::string& what, const float* got, const NamedTensor& want, double atol,
                   double rtol) {
-  double scale = 0.0, worst = 0.0;
-  for (float v : want.data) scale = std::max(scale, static_cast<double>(std::fabs(v)));
-  size_t worst_i = 0;
-  for (size_t i = 0; i < want.data.size(); ++i) {
-    double err = std::fabs(static_cast<double>(got[i]) - want.data[i]);
-    if (err > worst) worst = err, worst_i = i;
-  }
-  EXPECT_LE(worst, atol + rtol * scale) << what << ": worst element " << worst_i << " got "
-                                        << got[worst_i] << " want " << want.data[worst_i];
+  EXPECT_TRUE(test::all_close(got, want.data.data(), want.data.size(), atol, rtol)) << what;
 }
 
 Batch batch_from(const SafetensorsFile& io, bool gpt) {
