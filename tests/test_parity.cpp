@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -36,36 +37,37 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Generates the reference files once per test program, at test time.
+// Generates the reference files at test time, each script at most once per
+// test program (CTest runs every test in a program of its own, so a test
+// runs only the script it reads).
 class Parity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("dpt_parity_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
-    const char* py = std::getenv("DPT_PYTHON");
-    const std::string python = py ? py : "/usr/bin/python3";
-    for (const char* script : {"make_reference.py", "train_loop_reference.py"}) {
-      std::string cmd = python + " " DPT_SOURCE_DIR "/tests/parity/" + script + " --out " + dir_.string() +
-                        " > /dev/null";
-      status_ = std::system(cmd.c_str());
-      if (status_ != 0) {
-        failed_ = script;
-        break;
-      }
-    }
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
-  void SetUp() override {
-    ASSERT_EQ(status_, 0) << "tests/parity/" << failed_ << " failed: it needs Debian's "
-                             "python3-torch (the README's test command installs it)";
-    set_threads(2);
+  void SetUp() override { set_threads(2); }
+  // Runs tests/parity/<script> --out dir_ unless it already ran; returns
+  // its exit status.
+  static int reference(const std::string& script) {
+    auto it = status_.find(script);
+    if (it != status_.end()) return it->second;
+    const char* py = std::getenv("DPT_PYTHON");
+    const std::string cmd = std::string(py ? py : "/usr/bin/python3") + " " DPT_SOURCE_DIR "/tests/parity/" +
+                            script + " --out " + dir_.string() + " > /dev/null";
+    return status_[script] = std::system(cmd.c_str());
   }
   static std::string file(const std::string& name) { return (dir_ / name).string(); }
 
   static inline fs::path dir_;
-  static inline int status_ = -1;
-  static inline std::string failed_;
+  static inline std::map<std::string, int> status_;
 };
+
+// In a test: generate the reference files of `script` or fail.
+#define NEED_REFERENCE(script)                                                                      \
+  ASSERT_EQ(reference(script), 0) << "tests/parity/" script " failed: it needs Debian's python3-torch " \
+                                     "(the README's test command installs it)"
 
 // Every element of `got` finite and within atol + rtol * max|want| of `want`.
 void expect_close(const std::string& what, const float* got, const NamedTensor& want, double atol,
@@ -146,8 +148,10 @@ void check_parity(const std::string& weights, const std::string& io_path, bool g
 // reference's initial weights and text; the run must log, evaluate and save
 // what PyTorch computed for the same steps.
 //
-// Tolerances, about ten times the largest differences measured on the
-// 2-core test machine (OpenBLAS, 2 threads; printed as "[ measure ]"), and
+// The run uses one thread (the parity tests run beside others under
+// ctest -j2); on two the differences are much the same. Tolerances, about
+// ten times the largest differences measured on the 2-core test machine
+// (on 1 or 2 threads; printed as "[ measure ]"), and
 // far below what a wrong step does (a skipped clip moves the final AdamW
 // parameters by 2e-3 to 9e-3, the SGD ones by 4e-3 to 2):
 //   loss per step, validation loss  1e-6 relative (measured 8.5e-8, 0)
@@ -162,7 +166,7 @@ void check_train_loop(const fs::path& dir, const std::string& name) {
   const fs::path metrics = dir / ("loop_" + name + ".jsonl"), summary = dir / ("loop_" + name + "_summary.json"),
                  saved = dir / ("loop_" + name + "_final.safetensors");
   const std::string cmd = fmt::format(
-      "{}/dpt train --load {} --data {} {} --threads 2 --quiet --metrics-out {} --summary-out {} --save {}",
+      "{}/dpt train --load {} --data {} {} --threads 1 --quiet --metrics-out {} --summary-out {} --save {}",
       DPT_BINARY_DIR, test::q(dir / "loop_gpt_weights.safetensors"), test::q(dir / "loop_corpus.txt"),
       ref.metadata.at("dpt_args"), test::q(metrics), test::q(summary), test::q(saved));
   const test::RunResult r = test::run_shell(cmd, dir);
@@ -232,16 +236,23 @@ void check_train_loop(const fs::path& dir, const std::string& name) {
               name.c_str(), worst_abs, worst_rel, val_loss, ref.find("val_loss")->data[0]);
 }
 
-TEST_F(Parity, TrainLoopAdamWMatchesPyTorch) { check_train_loop(dir_, "gpt_adamw"); }
+TEST_F(Parity, TrainLoopAdamWMatchesPyTorch) {
+  NEED_REFERENCE("train_loop_reference.py");
+  check_train_loop(dir_, "gpt_adamw");
+}
 
-TEST_F(Parity, TrainLoopSgdMatchesPyTorch) { check_train_loop(dir_, "gpt_sgd"); }
+TEST_F(Parity, TrainLoopSgdMatchesPyTorch) {
+  NEED_REFERENCE("train_loop_reference.py");
+  check_train_loop(dir_, "gpt_sgd");
+}
 
 TEST_F(Parity, EvalMatchesPyTorch) {
+  NEED_REFERENCE("train_loop_reference.py");
   // `dpt eval` of weights PyTorch trained (loss about 3.9, far from the
   // ln 256 = 5.5 of any initialisation) on the corpus: PyTorch's loss over
   // every whole window of 17 bytes.
   const SafetensorsFile ref = load_safetensors(file("loop_eval.safetensors"));
-  const std::string cmd = fmt::format("{}/dpt eval --weights {} --data {} --threads 2", DPT_BINARY_DIR,
+  const std::string cmd = fmt::format("{}/dpt eval --weights {} --data {} --threads 1", DPT_BINARY_DIR,
                                       test::q(dir_ / "loop_gpt_trained.safetensors"),
                                       test::q(dir_ / "loop_corpus.txt"));
   const test::RunResult r = test::run_shell(cmd, dir_);
@@ -256,10 +267,12 @@ TEST_F(Parity, EvalMatchesPyTorch) {
 }
 
 TEST_F(Parity, GptMatchesPyTorch) {
+  NEED_REFERENCE("make_reference.py");
   check_parity(file("gpt_weights.safetensors"), file("gpt_io.safetensors"), true);
 }
 
 TEST_F(Parity, MlpMatchesPyTorch) {
+  NEED_REFERENCE("make_reference.py");
   check_parity(file("mlp_weights.safetensors"), file("mlp_io.safetensors"), false);
 }
 
