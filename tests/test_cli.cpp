@@ -18,7 +18,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
+#include "compare.h"
 #include "core/rng.h"
+#include "data/fashion_mnist.h"
+#include "models/model.h"
+#include "models/weights.h"
 
 namespace dpt {
 namespace {
@@ -128,32 +132,121 @@ TEST_F(CliTest, SummaryNamesTheBlasKernelsThatRan) {
   EXPECT_EQ(json::parse(read_file(f))["blas_core"], "Haswell");
 }
 
-TEST_F(CliTest, MlpSaveThenEvalPrintsAccuracy) {
-  ASSERT_EQ(mlp_train_.code, 0) << mlp_train_.err;
-  ASSERT_TRUE(fs::exists(mlp_weights_));
-  RunResult r = run("eval --weights " + q(mlp_weights_) + " --threads 1");
+TEST_F(CliTest, MlpEvalReportsTheLoadedModelsLossAndAccuracy) {
+  // A model made here, not trained: a linear classifier (sizes 784,10) by
+  // nearest class mean of the test images, logits s (mu_k . x - |mu_k|^2/2).
+  // Its loss and accuracy on the 10,000 test images are computed below in
+  // double from the same float weights; `dpt eval` must print them. An eval
+  // that ignored the file's weights would print another loss (and an
+  // accuracy near 10%, not this model's ~68%).
+  const ImageSet set = load_fashion_mnist(kFashionMnistDir, "test");
+  constexpr int64_t K = 10;
+  const int64_t D = static_cast<int64_t>(set.rows) * set.cols;
+  auto pixel = [&](int64_t i, int64_t d) {  // as the engine scales them
+    return static_cast<float>(set.pixels[static_cast<size_t>(i * D + d)]) * (1.0f / 255.0f);
+  };
+  std::vector<double> mu(static_cast<size_t>(K * D), 0.0), count(K, 0.0);
+  for (int64_t i = 0; i < set.count; ++i) {
+    const int64_t k = set.labels[static_cast<size_t>(i)];
+    count[static_cast<size_t>(k)] += 1;
+    for (int64_t d = 0; d < D; ++d) mu[static_cast<size_t>(k * D + d)] += pixel(i, d);
+  }
+  auto model = make_model({{"dpt.model", "mlp"}, {"sizes", fmt::format("{},{}", D, K)}});
+  const double s = 0.2;
+  float* w = model->params() + model->layout().slot(model->layout().find("0.weight")).offset;
+  float* b = model->params() + model->layout().slot(model->layout().find("0.bias")).offset;
+  for (int64_t k = 0; k < K; ++k) {
+    double sq = 0.0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double m = mu[static_cast<size_t>(k * D + d)] / count[static_cast<size_t>(k)];
+      w[k * D + d] = static_cast<float>(s * m);
+      sq += m * m;
+    }
+    b[k] = static_cast<float>(-0.5 * s * sq);
+  }
+  const fs::path weights = dir_ / "centroids.safetensors";
+  save_weights(*model, weights.string());
+
+  double loss_sum = 0.0;
+  int64_t correct = 0, near_ties = 0;
+  for (int64_t i = 0; i < set.count; ++i) {
+    double logits[K], top = -INFINITY, second = -INFINITY;
+    int64_t arg = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      double z = b[k];
+      for (int64_t d = 0; d < D; ++d) z += static_cast<double>(w[k * D + d]) * pixel(i, d);
+      logits[k] = z;
+      if (z > top) second = top, top = z, arg = k;
+      else if (z > second) second = z;
+    }
+    double sum = 0.0;
+    for (double z : logits) sum += std::exp(z - top);
+    loss_sum += top + std::log(sum) - logits[set.labels[static_cast<size_t>(i)]];
+    correct += arg == set.labels[static_cast<size_t>(i)];
+    near_ties += top - second < 1e-4;  // fp32 may pick the other class
+  }
+  const double want_loss = loss_sum / static_cast<double>(set.count);
+  const double want_acc = 100.0 * static_cast<double>(correct) / static_cast<double>(set.count);
+
+  RunResult r = run("eval --weights " + q(weights) + " --threads 1");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("accuracy"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("10000 images"), std::string::npos) << r.out;  // the whole test set
   double loss = NAN, acc = NAN;
-  ASSERT_EQ(std::sscanf(r.out.c_str(), "loss %lf accuracy %lf%%", &loss, &acc), 2) << r.out;
-  EXPECT_TRUE(std::isfinite(loss));
-  EXPECT_GE(acc, 0.0);
-  EXPECT_LE(acc, 100.0);
+  long long images = 0;
+  ASSERT_EQ(std::sscanf(r.out.c_str(), "loss %lf accuracy %lf%% (%lld images)", &loss, &acc, &images), 3) << r.out;
+  EXPECT_EQ(images, set.count);
+  std::printf("[ measure  ] dpt eval: %s           want loss %.6f accuracy %.2f%% (%lld near ties)\n",
+              r.out.substr(0, r.out.find('\n')).c_str(), want_loss, want_acc, static_cast<long long>(near_ties));
+  // Printed to 4 decimals (loss) and 2 (percent): half a unit of the last
+  // digit, plus fp32's own rounding.
+  EXPECT_TRUE(test::near(loss, want_loss, 5e-5 + 1e-5 * want_loss)) << r.out << "want loss " << want_loss;
+  EXPECT_TRUE(test::near(acc, want_acc, 0.005 + 0.01 * static_cast<double>(near_ties)))
+      << r.out << "want accuracy " << want_acc << "% (" << near_ties << " near ties)";
 }
 
-TEST_F(CliTest, GptSaveThenEvalPrintsFiniteLoss) {
-  ASSERT_EQ(gpt_train_.code, 0) << gpt_train_.err;
-  RunResult r = run("eval --weights " + q(gpt_weights_) + " --data " + q(text_) + " --threads 1");
+TEST_F(CliTest, GptEvalReportsTheLoadedModelsLoss) {
+  // Weights made here, far from any initialisation (N(0, 0.02) plus noise
+  // of 0.3: a loss of 6.82, not the ln 256 = 5.55 of an initialisation), so
+  // an eval that ignored them cannot come close. The expected loss is the model's own forward (checked
+  // against PyTorch in test_parity) on every whole window of the text, one
+  // window at a time: this checks what `dpt eval` adds, loading the file,
+  // cutting the windows and averaging over positions.
+  auto model = make_model({{"dpt.model", "gpt"}, {"n_layer", "1"}, {"n_embd", "32"}, {"n_head", "2"},
+                           {"block_size", "16"}});
+  model->init_params(1);
+  Rng rng(2);
+  for (size_t i = 0; i < model->param_count(); ++i) model->params()[i] += 0.3f * rng.normal();
+  const fs::path weights = dir_ / "rough_gpt.safetensors";
+  save_weights(*model, weights.string());
+  const std::string text = read_file(text_);
+  const int64_t T = 16, windows = static_cast<int64_t>(text.size()) / (T + 1);
+  double loss_sum = 0.0;
+  Batch batch;
+  batch.B = 1;
+  batch.T = T;
+  for (int64_t w = 0; w < windows; ++w) {
+    batch.tokens.clear();
+    batch.targets.clear();
+    for (int64_t t = 0; t < T; ++t) {
+      batch.tokens.push_back(static_cast<uint8_t>(text[static_cast<size_t>(w * (T + 1) + t)]));
+      batch.targets.push_back(static_cast<uint8_t>(text[static_cast<size_t>(w * (T + 1) + t + 1)]));
+    }
+    loss_sum += model->forward(batch).loss;
+  }
+  const double want = loss_sum / static_cast<double>(windows);
+
+  RunResult r = run("eval --weights " + q(weights) + " --data " + q(text_) + " --threads 1");
   ASSERT_EQ(r.code, 0) << r.err;
   double loss = NAN;
   long long positions = 0;
   ASSERT_EQ(std::sscanf(r.out.c_str(), "loss %lf (%lld positions)", &loss, &positions), 2) << r.out;
-  EXPECT_TRUE(std::isfinite(loss));
-  EXPECT_GT(loss, 0.0);
   // Every whole window of context + 1 = 17 bytes, 16 targets each.
-  const auto bytes = static_cast<long long>(fs::file_size(text_));
-  EXPECT_EQ(positions, bytes / 17 * 16);
+  EXPECT_EQ(positions, windows * T);
+  std::printf("[ measure  ] dpt eval: %s           want loss %.6f\n", r.out.substr(0, r.out.find('\n')).c_str(),
+              want);
+  // Printed to 4 decimals; fp32 means of batches of 16 windows against
+  // means of one.
+  EXPECT_TRUE(test::near(loss, want, 5e-5 + 1e-5 * want)) << r.out << "want loss " << want;
+  EXPECT_GT(want, std::log(256.0) + 1.0) << "the weights must be far from an initialisation";
 }
 
 TEST_F(CliTest, TrainFromLoadReadsModelFromMetadata) {

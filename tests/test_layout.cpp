@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "compare.h"
 #include "core/error.h"
 #include "data/batches.h"
 #include "io/safetensors.h"
@@ -262,7 +263,7 @@ size_t expect_grads_final_when_ready(Model& m, int64_t B) {
     EXPECT_GT(r.numel, 0u);
     EXPECT_EQ(r.offset + r.numel, end) << "range " << r.offset << "+" << r.numel << " is out of order";
     end = r.offset;
-    EXPECT_EQ(std::memcmp(r.values.data(), m.grads() + r.offset, r.numel * sizeof(float)), 0)
+    EXPECT_TRUE(test::bitwise_equal(m.grads() + r.offset, r.values.data(), r.numel))
         << "gradients " << r.offset << "+" << r.numel << " changed after they were reported ready";
   }
   EXPECT_EQ(end, 0u) << "gradients [0, " << end << ") were never reported";
@@ -373,7 +374,7 @@ class WeightsTest : public ::testing::Test {
   }
   static void expect_params_equal(const Model& a, const Model& b) {
     ASSERT_EQ(a.param_count(), b.param_count());
-    EXPECT_EQ(std::memcmp(a.params(), b.params(), a.param_count() * sizeof(float)), 0);
+    EXPECT_TRUE(test::bitwise_equal(a.params(), b.params(), a.param_count()));
   }
 
   fs::path dir_;

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "compare.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "optim/schedule.h"
@@ -191,7 +192,7 @@ void expect_shard_matches_full(const std::string& name) {
       full->step(p_full.data(), g.data(), lr);
       shard->step(p_shard.data(), g.data() + begin, lr);
     }
-    ASSERT_EQ(std::memcmp(p_shard.data(), p_full.data() + begin, n * sizeof(float)), 0)
+    ASSERT_TRUE(test::bitwise_equal(p_shard.data(), p_full.data() + begin, n))
         << "shard differs from the full-span update";
   }
 }

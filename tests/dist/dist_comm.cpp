@@ -14,6 +14,7 @@
 // n(n+1)/2 * ((i % 5) + 1) and the max n * ((i % 5) + 1).
 #include <gtest/gtest.h>
 
+#include "compare.h"
 #include "dist_main.h"
 #include <unistd.h>
 
@@ -69,8 +70,8 @@ std::vector<float> contribution(size_t count) {
 }
 
 // Checks got[i] against expected(i) for i in [begin, end): exact when
-// rel_tol == 0. One failure message (count, first mismatch) however many
-// elements differ.
+// rel_tol == 0; a non-finite value never matches. One failure message
+// (count, first mismatch) however many elements differ.
 template <class T, class F>
 ::testing::AssertionResult matches(const T* got, size_t begin, size_t end, F expected,
                                    double rel_tol = 0.0) {
@@ -78,8 +79,9 @@ template <class T, class F>
   double first_got = 0, first_want = 0;
   for (size_t i = begin; i < end; ++i) {
     const double g = static_cast<double>(got[i]), w = static_cast<double>(expected(i));
-    const bool ok = rel_tol == 0.0 ? got[i] == static_cast<T>(expected(i))
-                                   : std::fabs(g - w) <= rel_tol * std::fabs(w);
+    // Never a NaN or an infinity, on either side (tests/compare.h).
+    const bool ok = rel_tol == 0.0 ? got[i] == static_cast<T>(expected(i)) && dpt::test::finite_pair(g, w)
+                                   : dpt::test::near(g, w, rel_tol * std::fabs(w));
     if (!ok) {
       if (bad++ == 0) first = i, first_got = g, first_want = w;
     }

@@ -31,6 +31,7 @@
 // change a single bit.
 #include <gtest/gtest.h>
 
+#include "compare.h"
 #include "dist_main.h"
 #include <unistd.h>
 
@@ -149,7 +150,8 @@ struct Diff {
   double max_abs = 0;   // max |a - b| over every parameter
   double max_rel = 0;   // max over tensors of max|a - b| / max(1, max|a|)
   std::string worst;    // the tensor with max_rel
-  size_t differing = 0; // elements not bitwise equal
+  size_t differing = 0; // elements not bitwise equal (or not finite)
+  size_t nonfinite = 0; // elements NaN or infinite in either run
   size_t total = 0;
   bool bitwise() const { return differing == 0; }
 };
@@ -160,14 +162,12 @@ std::optional<Diff> compare(const Weights& a, const Weights& b) {
   for (const auto& [name, va] : a) {
     auto it = b.find(name);
     if (it == b.end() || it->second.size() != va.size()) return std::nullopt;
-    const std::vector<float>& vb = it->second;
-    double peak = 0, worst = 0;
-    for (size_t i = 0; i < va.size(); ++i) {
-      peak = std::max(peak, std::fabs(static_cast<double>(va[i])));
-      const double diff = std::fabs(static_cast<double>(va[i]) - static_cast<double>(vb[i]));
-      worst = std::max(worst, diff);
-      if (std::memcmp(&va[i], &vb[i], sizeof(float)) != 0) ++d.differing;
-    }
+    // A non-finite element on either side makes worst +inf (tests/compare.h);
+    // b is diff's "got" so that t.peak is max|a|.
+    const test::Diff t = test::diff(it->second.data(), va.data(), va.size());
+    const double peak = t.peak, worst = t.max_abs;
+    d.differing += t.differing;
+    d.nonfinite += t.nonfinite;
     d.total += va.size();
     d.max_abs = std::max(d.max_abs, worst);
     const double rel = worst / std::max(1.0, peak);
@@ -191,7 +191,8 @@ bool expect_close(const TrainRun& got, const TrainRun& want, double tol, const s
   }
   measure("{}: max|diff| {:.3e}, max relative {:.3e} ({}), {} of {} parameters differ{}", what, d->max_abs,
           d->max_rel, d->worst, d->differing, d->total, d->bitwise() ? " (bitwise equal)" : "");
-  EXPECT_LE(d->max_rel, tol) << what << ": worst tensor " << d->worst;
+  EXPECT_LE(d->max_rel, tol) << what << ": worst tensor " << d->worst << ", " << d->nonfinite
+                              << " non-finite parameters";
   return d->bitwise();
 }
 
