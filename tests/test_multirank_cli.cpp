@@ -391,7 +391,7 @@ TEST_F(MultirankCliTest, TraceOfNaiveDpIsAUserError) {
                                 "--trace-out {}",
                                 kSizes, q(dir_ / "dp_trace.json")));
   EXPECT_EQ(r.code, 1) << r.all();
-  EXPECT_TRUE(has(r.err, "--trace-out records local and ddp training")) << r.err;
+  EXPECT_TRUE(has(r.err, "--trace-out records training across ranks, not --strategy dp")) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "dp_trace.json"));
 }
 

@@ -328,7 +328,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     w_ms = strategy->finish_backward() * 1000.0;
     const double g_ms = strategy->take_gather_wait() * 1000.0;
     auto to = Clock::now();
-    if (tl) tl->add(Timeline::CommWait, step, tw, to);
+    if (tl && world > 1) tl->add(Timeline::CommWait, step, tw, to);  // one process waits for nothing
     // The global gradient norm is needed to clip, and logged; it costs a
     // pass over the gradients (and a collective where they are sharded), so
     // it is skipped on other steps. Every rank takes the same branch.
