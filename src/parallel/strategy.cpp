@@ -51,8 +51,11 @@ MemoryBytes estimate_bytes(const StrategyOptions& options, const Model& model, i
   b.gradients = stage <= 1 ? full : shard * f + (options.accumulate_locally ? full : 0);
   b.optimizer = (stage == 0 ? layout.numel() : shard) * state_per_element;
   if (stage >= 2 && !options.accumulate_locally) b.scratch = 3 * max_unit * f;
+  // Gathered units live in buffers of the largest unit's size (zero.cpp's
+  // gather pool); kept from forward to backward, every unit holds one.
   if (stage == 3)
-    b.gathered = options.reshard_after_forward ? (options.prefetch == Prefetch::None ? 1 : 2) * max_unit * f : full;
+    b.gathered = (options.reshard_after_forward ? (options.prefetch == Prefetch::None ? 1 : 2) : layout.units().size()) *
+                 max_unit * f;
   return b;
 }
 
