@@ -176,6 +176,13 @@ int ranks_on_host(int world) {
   return world;
 }
 
+// "15.7 GiB", "38.2 MiB": GiB from 1 GiB up, so small models read sensibly.
+std::string human_bytes(size_t bytes) {
+  const double b = static_cast<double>(bytes);
+  return b >= double(1u << 30) ? fmt::format("{:.1f} GiB", b / double(1u << 30))
+                               : fmt::format("{:.1f} MiB", b / double(1u << 20));
+}
+
 size_t total(const MemoryBytes& b) { return b.parameters + b.gradients + b.optimizer + b.gathered + b.scratch; }
 
 // Writes the weights a unit at a time: every rank takes part in each unit's
@@ -215,17 +222,16 @@ void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model&
   };
   const size_t mine = need(so.name);
   if (mine * static_cast<size_t>(here) <= available) return;
-  constexpr double GiB = 1.0 / (1u << 30);
   std::string advice = "no strategy fits: add ranks on other hosts, or shrink the model or batch";
   for (const char* name : {"ddp", "zero1", "zero2", "zero3"})
     if (need(name) * static_cast<size_t>(here) <= available) {
-      advice = fmt::format("--strategy {} would fit (about {:.1f} GiB per rank)", name, need(name) * GiB);
+      advice = fmt::format("--strategy {} would fit (about {} per rank)", name, human_bytes(need(name)));
       break;
     }
-  throw InputError(fmt::format("--strategy {} needs about {:.1f} GiB per rank ({:.1f} GiB for the {} rank{} on this "
-                               "host) but {:.1f} GiB is available; {}",
-                               so.name, mine * GiB, mine * here * GiB, here, here == 1 ? "" : "s", available * GiB,
-                               advice));
+  throw InputError(fmt::format("--strategy {} needs about {} per rank ({} for the {} rank{} on this host) but {} is "
+                               "available; {}",
+                               so.name, human_bytes(mine), human_bytes(mine * static_cast<size_t>(here)), here,
+                               here == 1 ? "" : "s", human_bytes(available), advice));
 }
 
 TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {

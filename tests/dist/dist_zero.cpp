@@ -820,8 +820,8 @@ TEST(SaveLoad, SameBytesUnderEveryStrategy) {
 // ---------------------------------------------------------------- the estimate refuses
 
 // A GPT of 8 blocks of width 448 (19.4 M parameters): DDP needs about
-// 0.3 GiB a rank, enough for the refusal's sentence (GiB to one decimal) to
-// show distinct figures; zero3 a third of that or less. One step of one
+// 0.3 GiB a rank (the sentence gives MiB below 1 GiB, to one decimal);
+// zero3 a third of that or less. One step of one
 // synthetic sequence of 16 tokens per rank.
 TrainOptions big_gpt() {
   TrainOptions o;
@@ -854,7 +854,11 @@ TEST(MemoryEstimate, RefusesDdpThatCannotFitAndRunsZero3) {
   for (const char* other : {"ddp", "zero1", "zero2"}) EXPECT_GT(need(other), zero3) << other;
   // The budget: exactly what zero3 needs on this host.
   o.memory_budget = here * zero3;
-  constexpr double GiB = 1.0 / (1u << 30);
+  // The sentence's figures: GiB from 1 GiB up, else MiB, one decimal.
+  auto human = [](size_t b) {
+    return b >= (size_t{1} << 30) ? fmt::format("{:.1f} GiB", static_cast<double>(b) / (1u << 30))
+                                  : fmt::format("{:.1f} MiB", static_cast<double>(b) / (1u << 20));
+  };
   o.strategy = "ddp";
   std::string refused;
   try {
@@ -863,9 +867,9 @@ TEST(MemoryEstimate, RefusesDdpThatCannotFitAndRunsZero3) {
   } catch (const InputError& e) {
     refused = e.what();
   }
-  const std::string want_need = fmt::format("--strategy ddp needs about {:.1f} GiB per rank", need("ddp") * GiB);
-  const std::string want_have = fmt::format("but {:.1f} GiB is available", o.memory_budget * GiB);
-  const std::string want_fit = fmt::format("--strategy zero3 would fit (about {:.1f} GiB per rank)", zero3 * GiB);
+  const std::string want_need = fmt::format("--strategy ddp needs about {} per rank", human(need("ddp")));
+  const std::string want_have = fmt::format("but {} is available", human(o.memory_budget));
+  const std::string want_fit = fmt::format("--strategy zero3 would fit (about {} per rank)", human(zero3));
   EXPECT_NE(refused.find(want_need), std::string::npos) << refused;
   EXPECT_NE(refused.find(want_have), std::string::npos) << refused;
   EXPECT_NE(refused.find(want_fit), std::string::npos) << refused;
@@ -873,8 +877,7 @@ TEST(MemoryEstimate, RefusesDdpThatCannotFitAndRunsZero3) {
   // decimal points, never followed by a space).
   EXPECT_EQ(refused.find('\n'), std::string::npos) << refused;
   EXPECT_EQ(refused.find(". "), std::string::npos) << refused;
-  EXPECT_NE(want_need.find(fmt::format("{:.1f}", need("ddp") * GiB)), std::string::npos);
-  EXPECT_NE(fmt::format("{:.1f}", need("ddp") * GiB), fmt::format("{:.1f}", zero3 * GiB)) << "figures too close";
+  EXPECT_NE(human(need("ddp")), human(zero3)) << "figures too close";
   measure("refused: {}", refused);
 
   // zero3 under the same budget runs.
