@@ -26,8 +26,6 @@ int zero_stage(const std::string& name) {
 }
 }  // namespace
 
-bool keeps_full_params(const std::string& name) { return zero_stage(name) != 3; }
-
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init) {
   if (options.name == "local") return std::make_unique<LocalStrategy>(options, model, pg, init);

@@ -56,7 +56,6 @@ struct StrategyOptions {
   // FULL_SHARD) or keep them until its backward (false, SHARD_GRAD_OP).
   bool reshard_after_forward = true;
   Prefetch prefetch = Prefetch::Both;  // zero3: next unit's all-gather
-  int64_t verify_every = 0;  // replicated strategies: replica checks
 };
 
 // Bytes a rank holds, per category (the summary's memory table).
@@ -112,20 +111,17 @@ class Strategy {
   virtual size_t trace_spans() const { return 0; }
 };
 
-// Builds the strategy for `model` on `pg`. Sets the model's parameters: from
-// the model's own buffer (already initialised or loaded: local, ddp, which
-// broadcasts rank 0's) or, for sharded strategies, by `init` (seed) or from
-// `load` (a safetensors path), each rank filling only what it holds.
+// Builds the strategy for `model` on `pg` and puts the initial weights where
+// it keeps them: from `init.load` (a safetensors path) or from `init.seed`
+// (Model::init_range), each rank filling only what it holds. DDP starts
+// ranks other than 0 from other seeds and broadcasts rank 0's weights, so
+// its replica check proves the broadcast; the others need no broadcast.
 struct StrategyInit {
   uint64_t seed = 0;
   std::string load;
 };
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init);
-
-// Whether the strategy `name` keeps a full parameter buffer in the model
-// (every strategy but zero3), so the caller builds and initialises it.
-bool keeps_full_params(const std::string& name);
 
 // The bytes a rank will hold under `options` for `model` on `world` ranks,
 // before anything is allocated: the memory estimate.

@@ -98,6 +98,26 @@ void check_outputs(const TrainOptions& o, comm::ProcessGroup& pg) {
   if (bad > 0.0f) throw IoError("rank 0 cannot create one of the run's output files (its error names it)");
 }
 
+std::map<std::string, std::string> model_hparams(const TrainOptions& o) {
+  std::map<std::string, std::string> hp;
+  if (!o.load.empty()) hp = SafetensorsReader(o.load).metadata();
+  for (const auto& [k, v] : o.hparams) hp[k] = v;
+  hp["dpt.model"] = o.model;
+  return hp;
+}
+
+StrategyOptions strategy_options(const TrainOptions& o) {
+  StrategyOptions so;
+  so.name = o.strategy;
+  so.optimizer = o.optimizer;
+  so.ddp = o.ddp;
+  so.zero_scatter = o.zero_scatter;
+  so.accumulate_locally = o.zero_accumulate_locally;
+  so.reshard_after_forward = o.reshard_after_forward;
+  so.prefetch = parse_prefetch(o.prefetch);
+  return so;
+}
+
 int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name) {
   if (o.batch % (parts * o.grad_accum) != 0)
     throw InputError(fmt::format("global batch {} does not split into {} {} x {} equal micro-batches", o.batch,
@@ -132,28 +152,6 @@ TrainResult run_training(TrainOptions o) {
 }
 
 namespace {
-
-// The model's hyper-parameters: the flags over the file's metadata.
-std::map<std::string, std::string> model_hparams(const TrainOptions& o) {
-  std::map<std::string, std::string> hp;
-  if (!o.load.empty()) hp = SafetensorsReader(o.load).metadata();
-  for (const auto& [k, v] : o.hparams) hp[k] = v;
-  hp["dpt.model"] = o.model;
-  return hp;
-}
-
-StrategyOptions strategy_options(const TrainOptions& o) {
-  StrategyOptions so;
-  so.name = o.strategy;
-  so.optimizer = o.optimizer;
-  so.ddp = o.ddp;
-  so.zero_scatter = o.zero_scatter;
-  so.accumulate_locally = o.zero_accumulate_locally;
-  so.reshard_after_forward = o.reshard_after_forward;
-  so.prefetch = parse_prefetch(o.prefetch);
-  so.verify_every = o.verify_every;
-  return so;
-}
 
 // MemAvailable from /proc/meminfo, in bytes (0 if unknown).
 size_t host_available_bytes() {

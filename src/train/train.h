@@ -115,6 +115,13 @@ void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model&
 // it, and every rank fails.
 void check_outputs(const TrainOptions& o, comm::ProcessGroup& pg);
 
+// The model's hyper-parameters: the flags over --load's file metadata
+// (read from its header alone), and the model's name.
+std::map<std::string, std::string> model_hparams(const TrainOptions& o);
+
+// The strategy's share of the options.
+StrategyOptions strategy_options(const TrainOptions& o);
+
 // Fills the model-dependent defaults of opts (see the comments above).
 void apply_defaults(TrainOptions& opts);
 

@@ -270,12 +270,6 @@ TrainOptions options(const Workload& s, int ranks) {
   return o;
 }
 
-std::map<std::string, std::string> model_hparams(const TrainOptions& o) {
-  std::map<std::string, std::string> hp = o.hparams;
-  hp["dpt.model"] = o.model;
-  return hp;
-}
-
 struct Variant {
   const char* name;
   const char* strategy;
@@ -483,18 +477,6 @@ size_t shard_of(const Layout& layout, int rank) {
   size_t n = 0;
   for (const Unit& u : layout.units()) n += chunk_range(u.numel, world(), rank).size;
   return n;
-}
-
-StrategyOptions strategy_options(const TrainOptions& o) {
-  StrategyOptions so;
-  so.name = o.strategy;
-  so.optimizer = o.optimizer;
-  so.ddp = o.ddp;
-  so.zero_scatter = o.zero_scatter;
-  so.accumulate_locally = o.zero_accumulate_locally;
-  so.reshard_after_forward = o.reshard_after_forward;
-  so.prefetch = parse_prefetch(o.prefetch);
-  return so;
 }
 
 // What this rank accounts after a run (TrainResult.memory) against
