@@ -1,6 +1,7 @@
 #include "parallel/strategy.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "comm/types.h"
 #include "core/error.h"
@@ -48,12 +49,21 @@ MemoryBytes estimate_bytes(const StrategyOptions& options, const Model& model, i
   b.parameters = stage == 3 ? shard * f : full;
   b.gradients = stage <= 1 ? full : shard * f + (options.accumulate_locally ? full : 0);
   b.optimizer = (stage == 0 ? layout.numel() : shard) * state_per_element;
+  // zero.cpp's pools: gradient scratch grows to at most kGradBuffers (3)
+  // largest units; at most two units are gathered at once (the open one and
+  // the prefetched or kept next one), in buffers of their own sizes, so at
+  // most two buffers of each size; without resharding every unit stays
+  // gathered: the whole model.
   if (stage >= 2 && !options.accumulate_locally) b.scratch = 3 * max_unit * f;
-  // Gathered units live in buffers of the largest unit's size (zero.cpp's
-  // gather pool); kept from forward to backward, every unit holds one.
-  if (stage == 3)
-    b.gathered = (options.reshard_after_forward ? (options.prefetch == Prefetch::None ? 1 : 2) : layout.units().size()) *
-                 max_unit * f;
+  if (stage == 3) {
+    std::vector<size_t> sizes;
+    for (const Unit& u : layout.units()) sizes.push_back(u.numel);
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    size_t two_each = 0;
+    for (size_t n : sizes) two_each += 2 * n * f;
+    b.gathered = options.reshard_after_forward ? std::min(full, two_each) : full;
+  }
   return b;
 }
 

@@ -13,20 +13,37 @@
 namespace dpt {
 
 namespace {
-// Gradient buffers a zero2/3 backward keeps before it waits for a
-// reduce-scatter to free one: the unit being computed, the tied embedding
-// that waits for its second contribution, and one being reduced.
+// Bytes of gradient buffers, in largest units, a zero2/3 backward holds
+// before it waits for a reduce-scatter to free one: the unit being
+// computed, the tied embedding that waits for its second contribution, and
+// one being reduced.
 constexpr size_t kGradBuffers = 3;
 }  // namespace
 
-int BufferPool::take() {
-  if (free_.empty()) {
-    bufs_.emplace_back(numel_);
+int BufferPool::take(size_t numel) {
+  int best = -1;
+  for (size_t i = 0; i < bufs_.size(); ++i)
+    if (free_[i] && bufs_[i].numel() >= numel && (best < 0 || bufs_[i].numel() < bufs_[static_cast<size_t>(best)].numel()))
+      best = static_cast<int>(i);
+  if (best < 0) {
+    bufs_.emplace_back(numel);
+    free_.push_back(false);
     return static_cast<int>(bufs_.size() - 1);
   }
-  const int i = free_.back();
-  free_.pop_back();
-  return i;
+  free_[static_cast<size_t>(best)] = false;
+  return best;
+}
+
+bool BufferPool::fits(size_t numel) const {
+  for (size_t i = 0; i < bufs_.size(); ++i)
+    if (free_[i] && bufs_[i].numel() >= numel) return true;
+  return false;
+}
+
+size_t BufferPool::bytes() const {
+  size_t b = 0;
+  for (const FlatBuffer& f : bufs_) b += f.numel() * sizeof(float);
+  return b;
 }
 
 ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
@@ -37,9 +54,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
       pg_(pg),
       layout_(model.layout()),
       world_(pg.size()),
-      rank_(pg.rank()),
-      grad_pool_(0),
-      gather_pool_(0) {
+      rank_(pg.rank()) {
   for (const Unit& u : layout_.units()) {
     const comm::Range r = comm::chunk_range(u.numel, world_, rank_);
     shards_.push_back({r.begin, r.size, shard_numel_});
@@ -47,8 +62,6 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     max_unit_ = std::max(max_unit_, u.numel);
     opts_.push_back(make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size));
   }
-  grad_pool_ = BufferPool(max_unit_);
-  gather_pool_ = BufferPool(max_unit_);
   const size_t U = layout_.units().size();
   grads_.resize(U);
   gathered_.resize(U);
@@ -307,7 +320,7 @@ int ZeroStrategy::next_unit() const {
 
 void ZeroStrategy::start_gather(int u) {
   Gathered& g = gathered_[static_cast<size_t>(u)];
-  g.buf = gather_pool_.take();
+  g.buf = gather_pool_.take(unit(u).numel);
   float* b = gather_pool_.data(g.buf);
   const Shard& s = shards_[static_cast<size_t>(u)];
   std::memcpy(b + s.begin, param_shard_.f32() + s.at, s.n * sizeof(float));
@@ -367,10 +380,13 @@ float* ZeroStrategy::unit_grads(int u) {
   if (full_grads()) return model_.grads() + unit(u).offset;
   UnitGrads& g = grads_[static_cast<size_t>(u)];
   if (g.buf < 0) {
-    // Reuse a buffer a finished reduce-scatter gives back before growing.
-    while (!grad_pool_.has_free() && !inflight_.empty() && grad_pool_.bytes() >= kGradBuffers * max_unit_ * sizeof(float))
+    // Reuse a buffer a finished reduce-scatter gives back rather than grow
+    // past kGradBuffers of the largest unit's size.
+    const size_t budget = kGradBuffers * max_unit_ * sizeof(float);
+    while (!grad_pool_.fits(unit(u).numel) && !inflight_.empty() &&
+           grad_pool_.bytes() + unit(u).numel * sizeof(float) > budget)
       complete_oldest();
-    g.buf = grad_pool_.take();
+    g.buf = grad_pool_.take(unit(u).numel);
     std::memset(grad_pool_.data(g.buf), 0, unit(u).numel * sizeof(float));
   }
   return grad_pool_.data(g.buf);

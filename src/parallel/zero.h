@@ -30,21 +30,23 @@
 
 namespace dpt {
 
-// Buffers of one size handed out and taken back; it grows only when all are
-// in use, so after the first step a run allocates nothing.
+// Buffers handed out and taken back, each allocated at the size first asked
+// for: a request gets the smallest free buffer that holds it (the one of
+// its own size once there is one), else a new buffer of exactly its size.
+// Units repeat their sizes step after step, so after the first step a run
+// allocates nothing, and a small unit (an embedding, a LayerNorm) never
+// holds a buffer the size of a transformer block.
 class BufferPool {
  public:
-  explicit BufferPool(size_t numel) : numel_(numel) {}
-  int take();
-  void give(int i) { free_.push_back(i); }
+  int take(size_t numel);
+  void give(int i) { free_[static_cast<size_t>(i)] = true; }
   float* data(int i) { return bufs_[static_cast<size_t>(i)].f32(); }
-  bool has_free() const { return !free_.empty(); }
-  size_t bytes() const { return bufs_.size() * numel_ * sizeof(float); }
+  bool fits(size_t numel) const;  // a free buffer holds numel elements
+  size_t bytes() const;           // of every buffer, free or not
 
  private:
-  size_t numel_;
   std::deque<FlatBuffer> bufs_;  // a deque: data pointers stay valid as it grows
-  std::vector<int> free_;
+  std::vector<bool> free_;
 };
 
 class ZeroStrategy : public Strategy, private UnitStore {

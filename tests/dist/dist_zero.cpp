@@ -489,13 +489,14 @@ size_t shard_of(const Layout& layout, int rank) {
 //   zero3  4S + 4S + kS, + gathered: the buffers of gathered units
 //          (+ the same scratch as zero2)
 // Accumulating locally (zero2/3) adds the full gradients, 4Ψ, instead of
-// the scratch. Scratch and gather buffers are each the largest unit's size
-// (they are reused for every unit): scratch holds 1 to 3 of them (the unit
-// being computed, the tied embedding waiting for its second contribution,
-// one being reduced: zero.cpp's kGradBuffers); gathered holds 1 to 2 with
-// prefetch and resharding (the unit computing and the next one), exactly 1
-// without prefetch, and exactly one per unit without resharding (every unit
-// stays gathered from its forward to its backward).
+// the scratch. Scratch and gather buffers are allocated at the sizes of the
+// units that first ask for them and reused (zero.cpp's BufferPool): scratch
+// holds at least the largest unit and at most 3 of its size (the unit being
+// computed, the tied embedding waiting for its second contribution, one
+// being reduced: zero.cpp's kGradBuffers); gathered holds at least the
+// largest unit and at most the whole model, and exactly the whole model
+// without resharding (every unit stays gathered from its forward to its
+// backward).
 void check_memory(const Workload& s, const Variant& v) {
   const TrainRun& r = run(s, v);
   if (!r.ok) return;  // already failed
@@ -505,7 +506,6 @@ void check_memory(const Workload& s, const Variant& v) {
   auto model = make_model(model_hparams(o));
   const Layout& layout = model->layout();
   const size_t P = layout.numel() * 4, S = shard_of(layout, me()) * 4, M = max_unit(layout) * 4;
-  const size_t U = layout.units().size();
   const size_t k = o.optimizer.name == "adamw" ? 2 : 1;
   const int stage = v.stage();
   const MemoryBytes& got = r.result.memory;
@@ -514,18 +514,16 @@ void check_memory(const Workload& s, const Variant& v) {
   EXPECT_EQ(got.gradients, (stage <= 1 ? P : S) + (stage >= 2 && v.local_accum ? P : 0)) << what;
   EXPECT_EQ(got.optimizer, k * (stage == 0 ? P : S)) << what;
   if (stage >= 2 && !v.local_accum) {
-    EXPECT_EQ(got.scratch % M, 0u) << what;
     EXPECT_GE(got.scratch, M) << what;
     EXPECT_LE(got.scratch, 3 * M) << what;
   } else {
     EXPECT_EQ(got.scratch, 0u) << what;
   }
   if (stage == 3 && !v.reshard) {
-    EXPECT_EQ(got.gathered, U * M) << what;
+    EXPECT_EQ(got.gathered, P) << what;
   } else if (stage == 3) {
     EXPECT_GE(got.gathered, M) << what;
-    EXPECT_LE(got.gathered, (std::string(v.prefetch) == "none" ? 1 : 2) * M) << what;
-    EXPECT_EQ(got.gathered % M, 0u) << what;
+    EXPECT_LE(got.gathered, P) << what;
   } else {
     EXPECT_EQ(got.gathered, 0u) << what;
   }
