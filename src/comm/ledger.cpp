@@ -21,11 +21,17 @@ OpStats OpStats::operator-(const OpStats& o) const {
   return d;
 }
 
-void Ledger::add_transfer(const std::string& op, uint64_t sent, uint64_t recv) {
+void Ledger::add_transfer(const std::string& op, const std::string& phase, uint64_t sent, uint64_t recv) {
   std::lock_guard<std::mutex> lock(mu_);
-  OpStats& s = ops_[op];
-  s.bytes_sent += sent;
-  s.bytes_recv += recv;
+  for (OpStats* s : {&ops_[op], &phases_[phase.empty() ? "other" : phase]}) {
+    s->bytes_sent += sent;
+    s->bytes_recv += recv;
+  }
+}
+
+std::map<std::string, OpStats> Ledger::phases() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return phases_;
 }
 
 void Ledger::add_op(const std::string& op, double seconds) {

@@ -24,19 +24,23 @@ struct OpStats {
 
 class Ledger {
  public:
-  void add_transfer(const std::string& op, uint64_t sent, uint64_t recv);
+  // Bytes of a transfer, counted under its operation and under the phase of
+  // the step it was issued in (forward, backward, optimizer, ...).
+  void add_transfer(const std::string& op, const std::string& phase, uint64_t sent, uint64_t recv);
   void add_op(const std::string& op, double seconds);
   void add_wait(const std::string& op, double seconds);
 
   // A copy of all entries, keyed by operation ("all_reduce", ...).
   std::map<std::string, OpStats> snapshot() const;
   OpStats total() const;
+  // Bytes per phase, keyed by the phase names the caller set.
+  std::map<std::string, OpStats> phases() const;
   // {"all_reduce": {"count": .., "bytes_sent": .., ...}, ...}
   nlohmann::json to_json() const;
 
  private:
   mutable std::mutex mu_;
-  std::map<std::string, OpStats> ops_;
+  std::map<std::string, OpStats> ops_, phases_;
 };
 
 // after - before, entry by entry (a step's share of a running ledger).

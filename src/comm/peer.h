@@ -43,6 +43,7 @@ class Peer {
 // The operation a transfer belongs to, for its error message and deadline.
 struct OpContext {
   const char* op = "";
+  const char* phase = "";  // the caller's phase when it was issued (ProcessGroup::set_phase)
   uint64_t seq = 0;
   size_t bytes = 0;
   std::chrono::steady_clock::time_point deadline;

@@ -145,8 +145,10 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
                       static_cast<int64_t>(dtype), root};
   const bool check = pg->config_.check_order && pg->size_ > 1 && code != OpCode::Send && code != OpCode::Recv;
   auto timeout = pg->config_.timeout;
-  auto wrapped = [this, name, seq, bytes, sig, check, timeout, body = std::move(body)](OpContext& ctx) {
+  const char* phase = pg->phase_;
+  auto wrapped = [this, name, phase, seq, bytes, sig, check, timeout, body = std::move(body)](OpContext& ctx) {
     ctx.op = name;
+    ctx.phase = phase;
     ctx.seq = seq;
     ctx.bytes = bytes;
     ctx.timeout = timeout;

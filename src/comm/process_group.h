@@ -91,6 +91,10 @@ class ProcessGroup {
   }
 
   Ledger& ledger() { return ledger_; }
+  // The phase of the step that collectives issued from now on belong to, in
+  // the ledger ("forward", "backward", "optimizer", ...; a string literal).
+  // Set by the training loop's thread, read when a collective is issued.
+  void set_phase(const char* phase) { phase_ = phase; }
 
  private:
   ProcessGroup() = default;
@@ -101,6 +105,7 @@ class ProcessGroup {
   std::vector<std::string> hosts_;
   Config config_;
   Ledger ledger_;
+  const char* phase_ = "other";
 };
 
 // True when this process was started by a launcher (mpirun, srun) that

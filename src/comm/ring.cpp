@@ -17,7 +17,7 @@ void Ring::step(const OpContext& ctx, int to, const char* src, size_t sbytes, in
   Peer* tp = to >= 0 ? peers_[static_cast<size_t>(to)] : nullptr;
   Peer* fp = from >= 0 ? peers_[static_cast<size_t>(from)] : nullptr;
   exchange(ctx, tp, to, src, sbytes, fp, from, dst, rbytes, c);
-  ledger_->add_transfer(ctx.op, tp ? sbytes : 0, fp ? rbytes : 0);
+  ledger_->add_transfer(ctx.op, ctx.phase, tp ? sbytes : 0, fp ? rbytes : 0);
 }
 
 namespace {

@@ -57,6 +57,12 @@ void Report::print() const {
                 r.comm_bytes_per_step * kMiB, static_cast<double>(r.comm_bytes_per_step) / param_bytes,
                 param_bytes * kMiB, 2.0 * (world - 1) / world,
                 r0.step_ms > 0 ? 100.0 * (r0.comm_wait_ms + r0.gather_ms) / r0.step_ms : 0.0);
+    std::printf("  by phase (MiB per step):");
+    for (const char* phase : {"forward", "backward", "optimizer", "other"}) {
+      const auto it = r.comm_bytes_per_phase.find(phase);
+      std::printf(" %s %.2f", phase, it == r.comm_bytes_per_phase.end() ? 0.0 : it->second * kMiB);
+    }
+    std::printf("\n");
   }
   if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
 }
@@ -78,7 +84,8 @@ nlohmann::json Report::json() const {
             {"step_ms_median", r.step_ms_median}, {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
             {"sgemm_gflops", r.sgemm_gflops}, {"mfu", r.mfu}, {"seconds", seconds},
             {"synthetic", o.synthetic}, {"ranks", per_rank},
-            {"comm_bytes_per_step", r.comm_bytes_per_step}, {"comm", ledger},
+            {"comm_bytes_per_step", r.comm_bytes_per_step}, {"comm_bytes_per_phase", r.comm_bytes_per_phase},
+            {"comm", ledger},
             {"bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
                        {"gathered", m.gathered}, {"scratch", m.scratch}, {"activations", r.activation_bytes},
                        {"peak_rss", r.peak_rss}}},

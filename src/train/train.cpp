@@ -293,6 +293,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // reduction is a plain sum and every gradient element is scaled once.
   const float loss_scale = strategy->loss_scale() / static_cast<float>(o.grad_accum);
   const uint64_t bytes_at_start = pg.ledger().total().bytes_sent;
+  const auto phases_at_start = pg.ledger().phases();
   // The timeline records only the last trace_steps steps: per step data,
   // forward and backward per micro-batch, the wait, the optimizer and the
   // strategy's collectives.
@@ -316,9 +317,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
       d_ms += since_ms(td);
       strategy->begin_micro_step(k == o.grad_accum - 1);  // no_sync before the last
       auto tf = Clock::now();
+      pg.set_phase("forward");
       loss += model->forward(batch).loss;
       auto tb = Clock::now();
       f_ms += std::chrono::duration<double, std::milli>(tb - tf).count();
+      pg.set_phase("backward");
       model->backward(loss_scale);
       b_ms += since_ms(tb);
       if (tl) {
@@ -336,6 +339,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     // The global gradient norm is needed to clip, and logged; it costs a
     // pass over the gradients (and a collective where they are sharded), so
     // it is skipped on other steps. Every rank takes the same branch.
+    pg.set_phase("optimizer");  // the norm's collective, zero1/2's all-gathers
     const bool log_step = (step + 1) % o.log_every == 0 || step + 1 == steps;
     double grad_norm = 0.0;
     if (o.clip > 0.0f || log_step) grad_norm = std::sqrt(strategy->grad_norm_squared());
@@ -343,6 +347,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     const float lr = o.schedule.at(step);
     strategy->step(lr);
     const double o_ms = since_ms(to);
+    pg.set_phase("other");  // evaluation, the logged loss, replica checks
     if (tl) {
       tl->add(Timeline::Optimizer, step, to, Clock::now());
       strategy->trace(*tl, step);
@@ -397,6 +402,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const double total_s = std::chrono::duration<double>(Clock::now() - run_start).count();
   r.steps = steps;
   r.comm_bytes_per_step = (pg.ledger().total().bytes_sent - bytes_at_start) / static_cast<uint64_t>(steps);
+  for (const auto& [phase, stats] : comm::difference(pg.ledger().phases(), phases_at_start))
+    r.comm_bytes_per_phase[phase] = stats.bytes_sent / static_cast<uint64_t>(steps);
 
   // The weights and metrics are written before anything else can fail
   // (evaluation, the summary), so a finished run is never lost.

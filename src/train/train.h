@@ -77,6 +77,9 @@ struct TrainResult {
   int64_t steps = 0;
   StepBreakdown breakdown;       // this rank
   uint64_t comm_bytes_per_step = 0;  // sent by this rank (ledger)
+  // The same split by the phase a collective was issued in: forward,
+  // backward, optimizer, other (evaluation, the logged loss).
+  std::map<std::string, uint64_t> comm_bytes_per_phase;
   double first_loss = 0.0, final_loss = 0.0;  // training loss, first and last step
   double eval_loss = 0.0, eval_accuracy = 0.0;  // final evaluation (not synthetic)
   double step_ms_median = 0.0;  // steady state: steps after the first 20 (or after 1)

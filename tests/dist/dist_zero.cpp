@@ -572,6 +572,9 @@ struct Volume {
   uint64_t first_step = 0;      // extra bytes in the run's first step
   uint64_t last_step = 0;       // extra bytes of the logged last step
   uint64_t reduce_scatter = 0;  // per step, of per_step
+  // per_step split by the phase each collective is issued in (the ledger's
+  // phases): forward, backward, optimizer (the table's three columns).
+  uint64_t forward = 0, backward = 0, optimizer = 0;
 };
 
 // WORKLOADS.md's "Communication volume per step" with the exact ring
@@ -618,29 +621,33 @@ Volume expected_volume(const Workload& s, const Variant& v) {
   for (const Bucket& b : Reducer::assign(layout, o.ddp)) buckets += ar_bytes(b.numel);
   switch (v.stage()) {
     case 0:
-      vol.per_step = buckets;
+      vol.backward = buckets;
       break;
     case 1:
       vol.reduce_scatter = v.scatter ? rs : 0;
-      vol.per_step = (v.scatter ? rs : buckets) + ag;
+      vol.backward = v.scatter ? rs : buckets;
+      vol.optimizer = ag;
       break;
     case 2:
       vol.reduce_scatter = v.local_accum ? rs : micro * rs;
-      vol.per_step = vol.reduce_scatter + ag;
+      vol.backward = vol.reduce_scatter;
+      vol.optimizer = ag;
       break;
     case 3: {
       vol.reduce_scatter = v.local_accum ? rs : micro * rs;
-      uint64_t gathers = 0;
       if (v.reshard) {
-        gathers = (ag + (gpt ? ag_bytes(embed) : 0)) + (ag - ag_bytes(kept) + (gpt ? ag_bytes(embed) : 0));
+        vol.forward = micro * (ag + (gpt ? ag_bytes(embed) : 0));
+        vol.backward = micro * (ag - ag_bytes(kept) + (gpt ? ag_bytes(embed) : 0));
         vol.first_step = ag_bytes(kept);
       } else {
-        gathers = ag + (gpt ? ag_bytes(embed) : 0);
+        vol.forward = micro * ag;
+        vol.backward = micro * (gpt ? ag_bytes(embed) : 0);
       }
-      vol.per_step = vol.reduce_scatter + micro * gathers;
+      vol.backward += vol.reduce_scatter;
       break;
     }
   }
+  vol.per_step = vol.forward + vol.backward + vol.optimizer;
   vol.last_step = ar_bytes(1) + (v.stage() > 0 ? ag_bytes(2 * static_cast<size_t>(world())) : 0);
   return vol;
 }
@@ -660,6 +667,18 @@ void check_volume(const Workload& s, const Variant& v) {
   const auto it = r.ledger.find("reduce_scatter");
   const uint64_t rs = it == r.ledger.end() ? 0 : it->second.bytes_sent;
   EXPECT_EQ(rs, steps * vol.reduce_scatter) << what;
+  // By phase: the first step's extra gather is backward's, the logged last
+  // step's gradient-norm all-gather the optimizer's, its loss average
+  // "other" (the evaluation and logging phase).
+  auto phase = [&](const char* name) {
+    const auto p = r.result.comm_bytes_per_phase.find(name);
+    return p == r.result.comm_bytes_per_phase.end() ? uint64_t{0} : p->second;
+  };
+  const uint64_t norm = v.stage() > 0 ? ag_bytes(2 * static_cast<size_t>(world())) : 0;
+  EXPECT_EQ(phase("forward"), vol.forward) << what;
+  EXPECT_EQ(phase("backward"), (steps * vol.backward + vol.first_step) / steps) << what;
+  EXPECT_EQ(phase("optimizer"), (steps * vol.optimizer + norm) / steps) << what;
+  EXPECT_EQ(phase("other"), ar_bytes(1) / steps) << what;
   if (me() == 0) {
     // The table's ideal (for Ψ bytes of gradients, Ψ(N-1)/N per pass)
     // beside it, for the record.
