@@ -27,9 +27,16 @@ int zero_stage(const std::string& name) {
 }
 }  // namespace
 
+std::string default_strategy(int world) { return world > 1 ? "ddp" : "local"; }
+
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init) {
-  if (options.name == "local") return std::make_unique<LocalStrategy>(options, model, pg, init);
+  if (options.name == "local") {
+    if (pg.size() > 1)
+      throw InputError(fmt::format("--strategy local trains one process, but {} ranks were launched; use ddp",
+                                   pg.size()));
+    return std::make_unique<LocalStrategy>(options, model, pg, init);
+  }
   if (options.name == "ddp") return std::make_unique<DdpStrategy>(options, model, pg, init);
   if (const int stage = zero_stage(options.name)) return std::make_unique<ZeroStrategy>(options, model, pg, init, stage);
   throw InputError(fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3 or fsdp)", options.name));
@@ -65,6 +72,37 @@ MemoryBytes estimate_bytes(const StrategyOptions& options, const Model& model, i
     b.gathered = options.reshard_after_forward ? std::min(full, two_each) : full;
   }
   return b;
+}
+
+namespace {
+// "15.7 GiB", "38.2 MiB": GiB from 1 GiB up, so small models read sensibly.
+std::string human_bytes(size_t bytes) {
+  const double b = static_cast<double>(bytes);
+  return b >= double(1u << 30) ? fmt::format("{:.1f} GiB", b / double(1u << 30))
+                               : fmt::format("{:.1f} MiB", b / double(1u << 20));
+}
+}  // namespace
+
+void check_fits(const StrategyOptions& options, const Model& model, size_t activation_bytes, int world,
+                int ranks_here, size_t available) {
+  const size_t here = static_cast<size_t>(ranks_here);
+  auto need = [&](const std::string& name) {
+    StrategyOptions s = options;
+    s.name = name;
+    return estimate_bytes(s, model, world).total() + activation_bytes;
+  };
+  const size_t mine = need(options.name);
+  if (mine * here <= available) return;
+  std::string advice = "no strategy fits: add ranks on other hosts, or shrink the model or batch";
+  for (const char* name : {"ddp", "zero1", "zero2", "zero3"})
+    if (need(name) * here <= available) {
+      advice = fmt::format("--strategy {} would fit (about {} per rank)", name, human_bytes(need(name)));
+      break;
+    }
+  throw InputError(fmt::format("--strategy {} needs about {} per rank ({} for the {} rank{} on this host) but {} is "
+                               "available; {}",
+                               options.name, human_bytes(mine), human_bytes(mine * here), here, here == 1 ? "" : "s",
+                               human_bytes(available), advice));
 }
 
 }  // namespace dpt

@@ -65,6 +65,7 @@ struct MemoryBytes {
   size_t optimizer = 0;    // optimizer state (full, or shards)
   size_t gathered = 0;     // zero3: buffers that hold gathered units
   size_t scratch = 0;      // communication scratch (zero2/3 unit gradients)
+  size_t total() const { return parameters + gradients + optimizer + gathered + scratch; }
 };
 
 class Strategy {
@@ -123,8 +124,20 @@ struct StrategyInit {
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init);
 
+// The strategy a run gets when none is named: ddp on several ranks, local
+// on one.
+std::string default_strategy(int world);
+
 // The bytes a rank will hold under `options` for `model` on `world` ranks,
 // before anything is allocated: the memory estimate.
 MemoryBytes estimate_bytes(const StrategyOptions& options, const Model& model, int world);
+
+// Throws InputError, in one sentence, when the `ranks_here` ranks of this
+// host would need more than `available` bytes under `options` (the
+// estimate plus each rank's activations): the estimate per rank and for the
+// host, what is available, and the first of ddp, zero1, zero2, zero3 that
+// would fit (seed 000's "when to use what"), or that none does.
+void check_fits(const StrategyOptions& options, const Model& model, size_t activation_bytes, int world,
+                int ranks_here, size_t available);
 
 }  // namespace dpt

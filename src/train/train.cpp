@@ -174,14 +174,6 @@ int ranks_on_host(int world) {
   return world;
 }
 
-// "15.7 GiB", "38.2 MiB": GiB from 1 GiB up, so small models read sensibly.
-std::string human_bytes(size_t bytes) {
-  const double b = static_cast<double>(bytes);
-  return b >= double(1u << 30) ? fmt::format("{:.1f} GiB", b / double(1u << 30))
-                               : fmt::format("{:.1f} MiB", b / double(1u << 20));
-}
-
-size_t total(const MemoryBytes& b) { return b.parameters + b.gradients + b.optimizer + b.gathered + b.scratch; }
 
 // Writes the weights a unit at a time: every rank takes part in each unit's
 // gather, rank 0 streams it into the file (the tensors of a unit are
@@ -209,42 +201,22 @@ void save_model(Strategy& strategy, const Model& model, const std::string& path,
 
 void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
                   comm::ProcessGroup& pg) {
-  const int world = pg.size(), here = ranks_on_host(world);
   const size_t available = o.memory_budget > 0 ? o.memory_budget : host_available_bytes();
   if (available == 0) return;
-  const size_t acts = model.activation_bytes_for(micro);
-  auto need = [&](const std::string& name) {
-    StrategyOptions s = so;
-    s.name = name;
-    return total(estimate_bytes(s, model, world)) + acts;
-  };
-  const size_t mine = need(so.name);
-  if (mine * static_cast<size_t>(here) <= available) return;
-  std::string advice = "no strategy fits: add ranks on other hosts, or shrink the model or batch";
-  for (const char* name : {"ddp", "zero1", "zero2", "zero3"})
-    if (need(name) * static_cast<size_t>(here) <= available) {
-      advice = fmt::format("--strategy {} would fit (about {} per rank)", name, human_bytes(need(name)));
-      break;
-    }
-  throw InputError(fmt::format("--strategy {} needs about {} per rank ({} for the {} rank{} on this host) but {} is "
-                               "available; {}",
-                               so.name, human_bytes(mine), human_bytes(mine * static_cast<size_t>(here)), here,
-                               here == 1 ? "" : "s", human_bytes(available), advice));
+  check_fits(so, model, model.activation_bytes_for(micro), pg.size(), ranks_on_host(pg.size()), available);
 }
 
 TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   apply_defaults(o);
   const int rank = pg.rank(), world = pg.size();
   const bool lead = rank == 0;
-  if (o.strategy.empty()) o.strategy = world > 1 ? "ddp" : "local";
+  if (o.strategy.empty()) o.strategy = default_strategy(world);
   check_outputs(o, pg);
   if (o.strategy == "dp") {
     if (world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
     if (!o.trace_out.empty()) throw InputError("--trace-out records training across ranks, not --strategy dp");
     return run_dp_training(o);
   }
-  if (o.strategy == "local" && world > 1)
-    throw InputError(fmt::format("--strategy local trains one process, but {} ranks were launched; use ddp", world));
   const int64_t micro = micro_batch(o, world, "ranks");
   // Read now: a bad baseline must fail before training, not after it.
   const double baseline = o.baseline.empty() ? 0.0 : read_baseline_throughput(o.baseline);
