@@ -1,6 +1,7 @@
 #include "train/train.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
@@ -197,6 +198,69 @@ void save_model(Strategy& strategy, const Model& model, const std::string& path,
   if (file) file->commit();
 }
 
+// Per-step phase times of this rank, kept for the steady-state medians.
+// Reserved up front so steps allocate nothing (capped: a run of millions
+// of steps grows them rarely, by doubling, rather than reserving GBs).
+class StepTimes {
+ public:
+  explicit StepTimes(int64_t steps) {
+    for (auto* v : all()) v->reserve(static_cast<size_t>(std::min<int64_t>(steps, 1 << 16)));
+  }
+  void add(const StepBreakdown& t) {
+    const double values[] = {t.data_ms, t.forward_ms, t.backward_ms, t.gather_ms, t.comm_wait_ms, t.optimizer_ms,
+                             t.step_ms};
+    size_t i = 0;
+    for (auto* v : all()) v->push_back(values[i++]);
+  }
+  StepBreakdown medians() const {  // see core/stats.h
+    return {steady_median(data_), steady_median(fwd_), steady_median(bwd_), steady_median(gather_),
+            steady_median(wait_), steady_median(opt_), steady_median(step_)};
+  }
+  size_t size() const { return step_.size(); }
+
+ private:
+  std::array<std::vector<double>*, 7> all() { return {&data_, &fwd_, &bwd_, &gather_, &wait_, &opt_, &step_}; }
+  std::vector<double> data_, fwd_, bwd_, gather_, wait_, opt_, step_;
+};
+
+void print_header(const TrainOptions& o, const Model& model, const Strategy& strategy, int world, int64_t micro,
+                  int64_t steps, bool evaluable) {
+  std::printf("dpt train: %s, %zu parameters, %s, %s on %d rank%s, global batch %lld (%lld per rank%s), "
+              "%lld steps, %d thread%s per rank\n",
+              o.model.c_str(), model.param_count(), o.optimizer.name.c_str(), o.strategy.c_str(), world,
+              world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / world),
+              o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
+              static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
+  if (world > 1) std::printf("%s\n", strategy.describe().c_str());
+  if (!o.synthetic && !evaluable) std::printf("no held-out text (--val-fraction 0): evaluation is skipped\n");
+}
+
+// Every rank's step medians and peak RSS; the job's throughput from the
+// slowest rank (it sets the pace), into r.
+std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, const TrainOptions& o,
+                                    const Model& model, double baseline) {
+  const StepBreakdown& b = r.breakdown;
+  const std::vector<double> all = gather(pg, {b.data_ms, b.forward_ms, b.backward_ms, b.gather_ms, b.comm_wait_ms,
+                                              b.optimizer_ms, b.step_ms, static_cast<double>(r.peak_rss)});
+  std::vector<RankTimes> ranks;
+  double slowest = 0.0;
+  for (int q = 0; q < pg.size(); ++q) {
+    const double* v = all.data() + static_cast<size_t>(q) * RankTimes::kFields;
+    ranks.push_back({v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]});
+    slowest = std::max(slowest, v[6]);
+  }
+  r.step_ms_median = slowest;
+  if (slowest > 0) {
+    r.samples_per_s = static_cast<double>(o.batch) * 1000.0 / slowest;
+    if (o.model != "mlp") r.tokens_per_s = r.samples_per_s * static_cast<double>(model.positions());
+    r.gflops = model.train_flops(o.batch) / (slowest * 1e-3) / 1e9;
+  }
+  if (baseline > 0) r.scaling_efficiency = r.samples_per_s / (pg.size() * baseline);
+  r.sgemm_gflops = measure_sgemm_gflops() * pg.size();
+  r.mfu = r.sgemm_gflops > 0 ? r.gflops / r.sgemm_gflops : 0.0;
+  return ranks;
+}
+
 }  // namespace
 
 void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
@@ -242,24 +306,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (lead && !o.metrics_out.empty()) metrics = std::make_unique<AtomicFile>(o.metrics_out);
   const bool quiet = o.quiet || !lead;
   Progress progress(steps, quiet, mlp ? "samples/s" : "tokens/s");
-  if (!quiet) {
-    std::printf("dpt train: %s, %zu parameters, %s, %s on %d rank%s, global batch %lld (%lld per rank%s), "
-                "%lld steps, %d thread%s per rank\n",
-                o.model.c_str(), model->param_count(), o.optimizer.name.c_str(), o.strategy.c_str(), world,
-                world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / world),
-                o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
-                static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
-    if (world > 1) std::printf("%s\n", strategy->describe().c_str());
-    if (!o.synthetic && !data.evaluable()) std::printf("no held-out text (--val-fraction 0): evaluation is skipped\n");
-  }
+  if (!quiet) print_header(o, *model, *strategy, world, micro, steps, data.evaluable());
 
   TrainResult r;
   Batch batch;
-  std::vector<double> step_ms, data_ms, fwd_ms, bwd_ms, gather_ms, wait_ms, opt_ms;
-  // Reserved up front so steps allocate nothing (capped: a run of millions
-  // of steps grows these rarely, by doubling, rather than reserving GBs).
-  for (auto* v : {&step_ms, &data_ms, &fwd_ms, &bwd_ms, &gather_ms, &wait_ms, &opt_ms})
-    v->reserve(static_cast<size_t>(std::min<int64_t>(steps, 1 << 16)));
+  StepTimes times(steps);
   const double per_step = static_cast<double>(o.batch * (mlp ? 1 : model->positions()));
   // The strategy's loss scale carries the 1/world of the average, so every
   // reduction is a plain sum and every gradient element is scaled once.
@@ -325,13 +376,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
       strategy->trace(*tl, step);
     }
     const double ms = since_ms(t0);
-    step_ms.push_back(ms);
-    data_ms.push_back(d_ms);
-    fwd_ms.push_back(f_ms);
-    bwd_ms.push_back(b_ms);
-    gather_ms.push_back(g_ms);
-    wait_ms.push_back(w_ms);
-    opt_ms.push_back(o_ms);
+    times.add({d_ms, f_ms, b_ms, g_ms, w_ms, o_ms, ms});
     if (!std::isfinite(loss))
       throw InputError(fmt::format("training diverged: loss is {} at step {}", loss, step));
     if (o.verify_every > 0 && world > 1 && (step + 1) % o.verify_every == 0) strategy->verify(step + 1);
@@ -386,36 +431,13 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     r.eval_accuracy = ev->accuracy();
   }
 
-  const size_t skip = warmup_steps(step_ms.size());  // see core/stats.h
-  auto steady = [](const std::vector<double>& v) { return steady_median(v); };
-  r.breakdown = {steady(data_ms), steady(fwd_ms), steady(bwd_ms), steady(gather_ms),
-                 steady(wait_ms), steady(opt_ms),  steady(step_ms)};
+  r.breakdown = times.medians();
   r.peak_rss = peak_rss_bytes();
   r.memory = strategy->bytes();
   r.activation_bytes = model->activation_bytes();
-  const StepBreakdown& b = r.breakdown;
-  const std::vector<double> all = gather(pg, {b.data_ms, b.forward_ms, b.backward_ms, b.gather_ms, b.comm_wait_ms,
-                                              b.optimizer_ms, b.step_ms, static_cast<double>(r.peak_rss)});
-  std::vector<RankTimes> ranks;
-  for (int q = 0; q < world; ++q) {
-    const double* v = all.data() + static_cast<size_t>(q) * RankTimes::kFields;
-    ranks.push_back({v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]});
-  }
-  // Throughput of the job: the slowest rank sets the pace.
-  double slowest = 0.0;
-  for (const RankTimes& t : ranks) slowest = std::max(slowest, t.step_ms);
-  r.step_ms_median = slowest;
-  if (slowest > 0) {
-    r.samples_per_s = static_cast<double>(o.batch) * 1000.0 / slowest;
-    if (!mlp) r.tokens_per_s = r.samples_per_s * static_cast<double>(model->positions());
-    r.gflops = model->train_flops(o.batch) / (slowest * 1e-3) / 1e9;
-  }
-  if (baseline > 0) r.scaling_efficiency = r.samples_per_s / (world * baseline);
-  r.sgemm_gflops = measure_sgemm_gflops() * world;
-  r.mfu = r.sgemm_gflops > 0 ? r.gflops / r.sgemm_gflops : 0.0;
-
+  std::vector<RankTimes> ranks = gather_ranks(pg, r, o, *model, baseline);
   const Report report{.options = o, .model = *model, .strategy = *strategy, .result = r,
-                      .ranks = std::move(ranks), .seconds = total_s, .skipped_steps = skip,
+                      .ranks = std::move(ranks), .seconds = total_s, .skipped_steps = warmup_steps(times.size()),
                       .evaluated = data.evaluable(), .ledger = pg.ledger().to_json()};
   if (!quiet) report.print();
   if (lead && !o.summary_out.empty()) write_summary(o.summary_out, report.json(), r, mlp, data.evaluable());
