@@ -261,6 +261,48 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
   return ranks;
 }
 
+// One logged step: what the progress line and --metrics-out show.
+struct LoggedStep {
+  int64_t step;  // 1-based
+  double loss, lr, grad_norm;
+  StepBreakdown t;
+  std::optional<EvalResult> ev;
+};
+
+// Checks what is logged (a gradient norm that is not finite means the update
+// just applied put NaN or infinity into the parameters), averages the loss
+// over the ranks, and shows the step. Returns the global batch's loss.
+double log_step_out(comm::ProcessGroup& pg, Progress& progress, AtomicFile* metrics, bool mlp, const LoggedStep& s,
+                    double rate) {
+  if (!std::isfinite(s.grad_norm))
+    throw InputError(fmt::format("training diverged: gradient norm is {} at step {}", s.grad_norm, s.step));
+  double loss = s.loss;
+  if (pg.size() > 1) {  // the loss of the global batch: the mean of the ranks'
+    float l = static_cast<float>(loss);
+    pg.all_reduce(&l, 1, DType::F32, comm::ReduceOp::Avg);
+    loss = l;
+  }
+  progress.update(s.step, loss, rate);
+  if (s.ev)
+    progress.line(mlp ? fmt::format("step {}: test loss {:.4f}, accuracy {:.2f}%", s.step, s.ev->loss(),
+                                    100.0 * s.ev->accuracy())
+                      : fmt::format("step {}: validation loss {:.4f}", s.step, s.ev->loss()));
+  if (metrics) {
+    json j = {{"step", s.step}, {"loss", loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm},
+              {"step_ms", s.t.step_ms}, {"data_ms", s.t.data_ms}, {"forward_ms", s.t.forward_ms},
+              {"backward_ms", s.t.backward_ms}, {"gather_wait_ms", s.t.gather_ms},
+              {"comm_wait_ms", s.t.comm_wait_ms}, {"optimizer_ms", s.t.optimizer_ms},
+              {mlp ? "samples_per_s" : "tokens_per_s", rate}};
+    if (s.ev) {
+      j[mlp ? "test_loss" : "val_loss"] = s.ev->loss();
+      if (mlp) j["test_accuracy"] = s.ev->accuracy();
+    }
+    metrics->write(j.dump() + "\n");
+    metrics->flush();
+  }
+  return loss;
+}
+
 }  // namespace
 
 void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
@@ -375,42 +417,16 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
       tl->add(Timeline::Optimizer, step, to, Clock::now());
       strategy->trace(*tl, step);
     }
-    const double ms = since_ms(t0);
-    times.add({d_ms, f_ms, b_ms, g_ms, w_ms, o_ms, ms});
+    const StepBreakdown t{d_ms, f_ms, b_ms, g_ms, w_ms, o_ms, since_ms(t0)};
+    times.add(t);
     if (!std::isfinite(loss))
       throw InputError(fmt::format("training diverged: loss is {} at step {}", loss, step));
     if (o.verify_every > 0 && world > 1 && (step + 1) % o.verify_every == 0) strategy->verify(step + 1);
 
     std::optional<EvalResult> ev;
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < steps) ev = evaluate();
-    if (log_step || ev) {
-      // What is logged is checked: a gradient norm that is not finite means
-      // the update just applied put NaN or infinity into the parameters.
-      if (!std::isfinite(grad_norm))
-        throw InputError(fmt::format("training diverged: gradient norm is {} at step {}", grad_norm, step + 1));
-      if (world > 1) {  // the loss of the global batch: the mean of the ranks'
-        float l = static_cast<float>(loss);
-        pg.all_reduce(&l, 1, DType::F32, comm::ReduceOp::Avg);
-        loss = l;
-      }
-      double rate = per_step * 1000.0 / ms;
-      progress.update(step + 1, loss, rate);
-      if (ev) progress.line(mlp ? fmt::format("step {}: test loss {:.4f}, accuracy {:.2f}%", step + 1,
-                                              ev->loss(), 100.0 * ev->accuracy())
-                                : fmt::format("step {}: validation loss {:.4f}", step + 1, ev->loss()));
-      if (metrics) {
-        json j = {{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                  {"step_ms", ms}, {"data_ms", d_ms}, {"forward_ms", f_ms}, {"backward_ms", b_ms},
-                  {"gather_wait_ms", g_ms}, {"comm_wait_ms", w_ms}, {"optimizer_ms", o_ms},
-                  {mlp ? "samples_per_s" : "tokens_per_s", rate}};
-        if (ev) {
-          j[mlp ? "test_loss" : "val_loss"] = ev->loss();
-          if (mlp) j["test_accuracy"] = ev->accuracy();
-        }
-        metrics->write(j.dump() + "\n");
-        metrics->flush();
-      }
-    }
+    if (log_step || ev) loss = log_step_out(pg, progress, metrics.get(), mlp, {step + 1, loss, lr, grad_norm, t, ev},
+                                            per_step * 1000.0 / t.step_ms);
     if (step == 0) r.first_loss = loss;
     r.final_loss = loss;
   }
