@@ -18,6 +18,11 @@ Prefetch parse_prefetch(const std::string& s) {
   throw InputError(fmt::format("unknown prefetch '{}' (expected none, forward, backward or both)", s));
 }
 
+const char* prefetch_name(Prefetch p) {
+  static const char* kNames[] = {"none", "forward", "backward", "both"};
+  return kNames[static_cast<int>(p)];
+}
+
 namespace {
 int zero_stage(const std::string& name) {
   if (name == "zero1") return 1;

@@ -38,6 +38,7 @@ class Timeline;
 
 enum class Prefetch { None, Forward, Backward, Both };
 Prefetch parse_prefetch(const std::string& s);  // throws InputError
+const char* prefetch_name(Prefetch p);          // "none", "forward", "backward", "both"
 
 struct StrategyOptions {
   std::string name = "local";   // local | ddp | zero1 | zero2 | zero3 (fsdp = zero3)

@@ -66,6 +66,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
   grads_.resize(U);
   gathered_.resize(U);
   param_gather_.resize(U);
+  norm_parts_.resize(static_cast<size_t>(world_));
   traced_.reserve(trace_spans());
 
   // Initial weights: the same values under every strategy and world size
@@ -121,9 +122,8 @@ std::string ZeroStrategy::describe() const {
     how = fmt::format("gradients reduce-scattered per unit{}",
                       options_.accumulate_locally ? " once per step (accumulated locally)" : "");
   if (stage_ == 3) {
-    static const char* kPrefetch[] = {"none", "forward", "backward", "both"};
     how += fmt::format(", parameters gathered per unit ({} after forward, prefetch {})",
-                       options_.reshard_after_forward ? "freed" : "kept", kPrefetch[static_cast<int>(options_.prefetch)]);
+                       options_.reshard_after_forward ? "freed" : "kept", prefetch_name(options_.prefetch));
   }
   return fmt::format("{}: {} units sharded over {} ranks ({} of {} elements here), {}", options_.name,
                      layout_.units().size(), world_, shard_numel_, layout_.numel(), how);
@@ -135,11 +135,10 @@ nlohmann::json ZeroStrategy::detail() const {
     units.push_back({{"name", layout_.units()[u].name}, {"offset", layout_.units()[u].offset},
                      {"numel", layout_.units()[u].numel}, {"shard_begin", shards_[u].begin},
                      {"shard_numel", shards_[u].n}});
-  static const char* kPrefetch[] = {"none", "forward", "backward", "both"};
   return {{"stage", stage_}, {"units", units}, {"zero_scatter", options_.zero_scatter},
           {"accumulate_locally", options_.accumulate_locally},
           {"reshard_after_forward", options_.reshard_after_forward},
-          {"prefetch", kPrefetch[static_cast<int>(options_.prefetch)]}};
+          {"prefetch", prefetch_name(options_.prefetch)}};
 }
 
 float* ZeroStrategy::param_shard(int u) {
@@ -156,6 +155,13 @@ void ZeroStrategy::wait_timed(const std::shared_ptr<comm::Work>& w) {
   const auto t0 = std::chrono::steady_clock::now();
   w->wait();
   gather_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ZeroStrategy::wait_param_gather(int u) {
+  if (auto& w = param_gather_[static_cast<size_t>(u)]) {
+    wait_timed(w);
+    w.reset();
+  }
 }
 
 double ZeroStrategy::take_gather_wait() {
@@ -225,11 +231,11 @@ double ZeroStrategy::grad_norm_squared() {
   for (size_t u = 0; u < shards_.size(); ++u) mine += sum_of_squares(grad_shard(static_cast<int>(u)), shards_[u].n);
   // Every rank's sum, added in rank order in double, so all ranks agree
   // exactly (all_gather moves bytes: a double travels as two floats).
-  std::vector<double> all(static_cast<size_t>(world_), 0.0);
-  all[static_cast<size_t>(rank_)] = mine;
-  pg_.all_gather(all.data(), 2 * all.size(), DType::F32);
+  std::fill(norm_parts_.begin(), norm_parts_.end(), 0.0);
+  norm_parts_[static_cast<size_t>(rank_)] = mine;
+  pg_.all_gather(norm_parts_.data(), 2 * norm_parts_.size(), DType::F32);
   double total = 0.0;
-  for (double v : all) total += v;
+  for (double v : norm_parts_) total += v;
   return total;
 }
 
@@ -255,10 +261,7 @@ void ZeroStrategy::step(float lr) {
 
 void ZeroStrategy::gather_unit(int u, float* out) {
   if (stage_ < 3) {
-    if (auto& w = param_gather_[static_cast<size_t>(u)]) {
-      w->wait();
-      w.reset();
-    }
+    wait_param_gather(u);
     std::memcpy(out, model_.params() + unit(u).offset, unit(u).numel * sizeof(float));
     return;
   }
@@ -269,11 +272,7 @@ void ZeroStrategy::gather_unit(int u, float* out) {
 
 void ZeroStrategy::verify(int64_t step) {
   if (stage_ == 3) return;  // no replicas: every rank holds other shards
-  for (auto& w : param_gather_)
-    if (w) {
-      w->wait();
-      w.reset();
-    }
+  for (size_t u = 0; u < param_gather_.size(); ++u) wait_param_gather(static_cast<int>(u));
   verify_replicas(model_, pg_, step);
 }
 
@@ -342,10 +341,7 @@ const float* ZeroStrategy::acquire(int u) {
   if (!recorded_) order_[pass_ == Pass::Forward ? 0 : 1].push_back(u);
   ++pos_;
   if (stage_ < 3) {
-    if (auto& w = param_gather_[static_cast<size_t>(u)]) {
-      wait_timed(w);
-      w.reset();
-    }
+    wait_param_gather(u);
     return model_.params() + unit(u).offset;
   }
   Gathered& g = gathered_[static_cast<size_t>(u)];

@@ -91,6 +91,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   float* param_shard(int u);  // the rank's chunk of unit u's parameters
   float* grad_shard(int u);   // the rank's chunk of unit u's reduced gradients
   void wait_timed(const std::shared_ptr<comm::Work>& w);
+  void wait_param_gather(int u);  // stages 1, 2: unit u's all-gather from the last step
   void start_gather(int u);   // stage 3: into a pool buffer, asynchronously
   void free_gathered(int u);
   int next_unit() const;      // the unit the model will open after this one
@@ -134,6 +135,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   Pass pass_ = Pass::Forward;
   size_t pos_ = 0;
 
+  std::vector<double> norm_parts_;  // every rank's sum of squares (no allocation in a step)
   double gather_wait_s_ = 0.0;
   struct Traced {
     Timeline::Kind kind;
