@@ -46,6 +46,13 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--log-every", o.log_every, "steps between progress updates")->check(CLI::PositiveNumber);
   cmd_->add_option("--load", o.load, "start from these safetensors weights");
   cmd_->add_option("--save", o.save, "write the trained weights (safetensors)");
+  cmd_->add_option("--checkpoint-dir", o.checkpoint_dir,
+                   "write checkpoints here (every --checkpoint-every steps, and when SIGTERM or SIGINT stops the run)");
+  cmd_->add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: only on a signal)")
+      ->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--keep", o.keep, "checkpoints kept, the newest (0: all)")->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--resume", o.resume,
+                   "continue from a checkpoint: a --checkpoint-dir (its latest) or one step-N directory in it");
   cmd_->add_option("--metrics-out", o.metrics_out, "write one JSON line per logged step");
   cmd_->add_option("--summary-out", o.summary_out, "write the end-of-run summary as JSON");
   cmd_->add_option("--trace-out", o.trace_out,
@@ -117,8 +124,8 @@ int TrainCommand::run() {
   // Threads per rank: all cores for one process; with several ranks on a
   // host, the launcher's OMP_NUM_THREADS (dpt launch sets cores / ranks).
   set_threads(threads_ > 0 ? threads_ : (pg->size() > 1 ? omp_threads_from_env() : 0));
-  run_training(opts_, *pg);
-  return 0;
+  const TrainResult r = run_training(opts_, *pg);
+  return r.stopped_by ? 128 + r.stopped_by : 0;  // as a shell reports a signalled process
 }
 
 }  // namespace dpt
