@@ -6,6 +6,7 @@
 #include "data/fashion_mnist.h"
 #include "models/weights.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 #include "train/evaluate.h"
 
 namespace dpt {
@@ -16,8 +17,8 @@ EvalCommand::EvalCommand(CLI::App& app) {
   cmd_->add_option("--weights", weights_, "safetensors file to evaluate")->required();
   cmd_->add_option("--data", data_,
                    "mlp: Fashion-MNIST directory (its 10,000 test images); gpt: any file, read as bytes");
-  cmd_->add_option("--batch", batch_, "samples per forward pass")->check(CLI::PositiveNumber);
-  cmd_->add_option("--threads", threads_, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--batch", batch_, "samples per forward pass")->check(positive());
+  cmd_->add_option("--threads", threads_, "threads (default: all cores)")->check(non_negative());
 }
 
 int EvalCommand::run() {

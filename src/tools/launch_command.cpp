@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "train/checkpoint.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 extern char** environ;
 
@@ -121,7 +122,7 @@ LaunchCommand::LaunchCommand(CLI::App& app) {
   cmd_->add_option("--max-restarts", max_restarts_,
                    "when the job fails, run it again from the latest checkpoint of its --checkpoint-dir, at most this "
                    "many times")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd_->add_option("command", command_, "the command each rank runs, after --");
   cmd_->footer("Example: dpt launch -n 2 -- build/dpt train --model mlp");
 }

@@ -1,4 +1,5 @@
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace dpt {
 
@@ -6,11 +7,11 @@ void ModelFlags::add(CLI::App* cmd) {
   cmd->add_option("--model", model, "mlp (W-MLP) or gpt (W-GPT)")
       ->check(CLI::IsMember({"mlp", "gpt"}));
   cmd->add_option("--sizes", sizes, "mlp: layer sizes, inputs to classes (784,1024,1024,10)");
-  cmd->add_option("--vocab", vocab, "gpt: vocabulary size (256)")->check(CLI::PositiveNumber);
-  cmd->add_option("--layers", layers, "gpt: transformer blocks (4)")->check(CLI::PositiveNumber);
-  cmd->add_option("--heads", heads, "gpt: attention heads (4)")->check(CLI::PositiveNumber);
-  cmd->add_option("--width", width, "gpt: embedding width (256)")->check(CLI::PositiveNumber);
-  cmd->add_option("--context", context, "gpt: context length (128)")->check(CLI::PositiveNumber);
+  cmd->add_option("--vocab", vocab, "gpt: vocabulary size (256)")->check(positive());
+  cmd->add_option("--layers", layers, "gpt: transformer blocks (4)")->check(positive());
+  cmd->add_option("--heads", heads, "gpt: attention heads (4)")->check(positive());
+  cmd->add_option("--width", width, "gpt: embedding width (256)")->check(positive());
+  cmd->add_option("--context", context, "gpt: context length (128)")->check(positive());
 }
 
 std::map<std::string, std::string> ModelFlags::hparams() const {
