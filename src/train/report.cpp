@@ -39,6 +39,11 @@ void Report::print() const {
   if (m.gathered || m.scratch)
     std::printf("gathered units %.1f MiB, communication scratch %.1f MiB, ", m.gathered * kMiB, m.scratch * kMiB);
   std::printf("activations %.1f MiB, peak RSS %.1f MiB\n", r.activation_bytes * kMiB, r.peak_rss * kMiB);
+  if (r.checkpoints > 0)
+    std::printf("checkpoints: %lld written, %.1f MiB each, %.2f s each (%.0f MiB/s), %.1f%% of the run\n",
+                static_cast<long long>(r.checkpoints), r.checkpoint_bytes * kMiB / static_cast<double>(r.checkpoints),
+                r.checkpoint_s / static_cast<double>(r.checkpoints), r.checkpoint_bytes * kMiB / r.checkpoint_s,
+                100.0 * r.checkpoint_s / seconds);
   if (r.scaling_efficiency > 0)
     std::printf("scaling efficiency: %.1f%% of %d x the baseline's %.0f samples/s (%s)\n",
                 100.0 * r.scaling_efficiency, world, r.samples_per_s / (world * r.scaling_efficiency),

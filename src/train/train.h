@@ -83,6 +83,11 @@ struct StepBreakdown {
 struct TrainResult {
   int64_t steps = 0;
   int stopped_by = 0;            // the signal that stopped the run early (after a checkpoint), or 0
+  // Checkpoints written (their seconds and bytes, all ranks' files) and the
+  // one resumed from.
+  int64_t checkpoints = 0;
+  double checkpoint_s = 0.0, resume_s = 0.0;
+  uint64_t checkpoint_bytes = 0, resume_bytes = 0;
   StepBreakdown breakdown;       // this rank
   uint64_t comm_bytes_per_step = 0;  // sent by this rank (ledger)
   // The same split by the phase a collective was issued in: forward,

@@ -102,6 +102,10 @@ struct ResumeCase {
   int grad_accum;
 };
 
+void PrintTo(const ResumeCase& c, std::ostream* os) {
+  *os << c.model << " --strategy " << c.strategy << " --grad-accum " << c.grad_accum;
+}
+
 class ExactResume : public CheckpointCli, public ::testing::WithParamInterface<ResumeCase> {};
 
 TEST_P(ExactResume, EqualsTheUninterruptedRunBitForBit) {
