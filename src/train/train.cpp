@@ -18,6 +18,7 @@
 #include "core/gemm_peak.h"
 #include "core/memory.h"
 #include "core/threads.h"
+#include "nn/gemm.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
@@ -138,6 +139,7 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
 void write_summary(const std::string& path, nlohmann::json j, const TrainResult& r, bool mlp, bool evaluated) {
   if (!mlp) j["tokens_per_s"] = r.tokens_per_s;
   j["blas_core"] = blas_core();
+  j["gemm_detail"] = gemm_backend_detail();
   if (evaluated) {
     j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;
     if (mlp) j["test_accuracy"] = r.eval_accuracy;
@@ -256,8 +258,8 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
     r.gflops = model.train_flops(o.batch) / (slowest * 1e-3) / 1e9;
   }
   if (baseline > 0) r.scaling_efficiency = r.samples_per_s / (pg.size() * baseline);
-  r.sgemm_gflops = measure_sgemm_gflops() * pg.size();
-  r.mfu = r.sgemm_gflops > 0 ? r.gflops / r.sgemm_gflops : 0.0;
+  r.gemm_gflops = measure_gemm_gflops() * pg.size();
+  r.mfu = r.gemm_gflops > 0 ? r.gflops / r.gemm_gflops : 0.0;
   return ranks;
 }
 
