@@ -42,6 +42,9 @@ struct Entry {
   dnnl::matmul prim;
   memory src, wei, dst, scratch;
   std::vector<char> scratch_bytes;
+  // The execute arguments, built once: the C++ wrapper's execute() would
+  // build a map and a vector on every call.
+  std::array<dnnl_exec_arg_t, 4> args;
 };
 
 dnnl::matmul::primitive_desc make_pd(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -74,6 +77,10 @@ Entry make_entry(const dnnl::matmul::primitive_desc& pd) {
   e.dst = memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
   e.scratch_bytes.resize(pd.scratchpad_desc().get_size());
   e.scratch = memory(pd.scratchpad_desc(), eng, e.scratch_bytes.data());
+  e.args = {{{DNNL_ARG_SRC, e.src.get()},
+             {DNNL_ARG_WEIGHTS, e.wei.get()},
+             {DNNL_ARG_DST, e.dst.get()},
+             {DNNL_ARG_SCRATCHPAD, e.scratch.get()}}};
   return e;
 }
 
@@ -110,10 +117,9 @@ void matmul(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, cons
   e.src.set_data_handle(const_cast<void*>(A));
   e.wei.set_data_handle(const_cast<void*>(B));
   e.dst.set_data_handle(C);
-  e.prim.execute(stream, {{DNNL_ARG_SRC, e.src},
-                          {DNNL_ARG_WEIGHTS, e.wei},
-                          {DNNL_ARG_DST, e.dst},
-                          {DNNL_ARG_SCRATCHPAD, e.scratch}});
+  dnnl::error::wrap_c_api(
+      dnnl_primitive_execute(e.prim.get(), stream.get(), static_cast<int>(e.args.size()), e.args.data()),
+      "oneDNN matmul failed");
   // The CPU engine runs synchronously in OpenMP builds; wait() is a no-op
   // kept for correctness under other runtimes.
   stream.wait();
