@@ -50,7 +50,7 @@ def kernels(args):
             if proc.returncode != 0:
                 raise RunError(f"bench_kernels failed ({proc.returncode}): {proc.stderr[-2000:]}")
             data = json.load(open(out.name))
-        rows = {}
+        rows, cpu_rows = {}, {}
         for b in data["benchmarks"]:
             if b.get("aggregate_name") != "median":
                 continue
@@ -58,14 +58,23 @@ def kernels(args):
             a = dict(p.split(":") for p in b["run_name"].split("/")[1:] if ":" in p)
             key = (f"{BACKENDS[int(a['backend'])]} {'bf16' if a['bf16'] == '1' else 'fp32'} "
                    f"t{a['threads']}")
-            rows.setdefault(b["label"].split(" ")[2], {})[key] = b["FLOPS"] / 1e9
+            shape = b["label"].split(" ")[2]
+            rows.setdefault(shape, {})[key] = b["FLOPS"] / 1e9
+            # On one thread the main thread's CPU time is all the work: its
+            # rate is the kernel's speed while it runs, which a busy
+            # neighbour on a shared machine (time-slicing) does not lower.
+            if a["threads"] == "1":
+                m, n, k = (int(x) for x in shape.rstrip("TN").split("x"))
+                cpu_ns = b["cpu_time"] * {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}[b["time_unit"]]
+                cpu_rows.setdefault(shape, {})[key] = 2.0 * m * n * k / cpu_ns
         name = core or "(unset)"
-        runs[name] = {"context": data["context"], "gflops_median": rows}
-        print(f"OPENBLAS_CORETYPE={name}: GFLOP/s, median of {args.repetitions}")
-        cols = sorted({k for r in rows.values() for k in r})
-        print(f"{'shape':<16}" + "".join(f"{c:>22}" for c in cols))
-        for shape, r in rows.items():
-            print(f"{shape:<16}" + "".join(f"{r.get(c, float('nan')):>22.1f}" for c in cols))
+        runs[name] = {"context": data["context"], "gflops_median": rows, "gflops_cpu_time_median_t1": cpu_rows}
+        for title, table in [("wall-clock", rows), ("CPU time, 1 thread", cpu_rows)]:
+            print(f"OPENBLAS_CORETYPE={name}: GFLOP/s ({title}), median of {args.repetitions}")
+            cols = sorted({k for r in table.values() for k in r})
+            print(f"{'shape':<16}" + "".join(f"{c:>18}" for c in cols))
+            for shape, r in table.items():
+                print(f"{shape:<16}" + "".join(f"{r.get(c, float('nan')):>18.1f}" for c in cols))
     write_json(args.out or os.path.join(HERE, "results", "gemm_kernels.json"),
                {"repetitions": args.repetitions, "runs": runs})
 

@@ -34,8 +34,10 @@ namespace dpt {
 enum class Op { N, T };  // an operand as stored, or its transpose
 
 enum class GemmBackend { OpenBlas, OneDnn };
-// The faster on this project's machine (docs/performance.md, "The GEMM layer").
-constexpr GemmBackend kDefaultGemmBackend = GemmBackend::OneDnn;
+// The faster on this project's machine (docs/performance.md, "The GEMM
+// layer"): an AVX2-only VM where oneDNN 2.6's fp32 kernels match OpenBLAS's
+// on NN/NT products but lose on transposed-A ones (the weight gradients).
+constexpr GemmBackend kDefaultGemmBackend = GemmBackend::OpenBlas;
 
 // "openblas" / "onednn" <-> the enum; parse throws InputError on anything else.
 GemmBackend parse_gemm_backend(const std::string& name);

@@ -5,10 +5,10 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
-#include <vector>
 
 #include <fmt/format.h>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -36,12 +36,17 @@ memory::desc operand(int64_t rows, int64_t cols, int64_t ld, Op op, memory::data
   return op == Op::N ? memory::desc(Dims{rows, cols}, dt, Dims{ld, 1}) : memory::desc(Dims{rows, cols}, dt, Dims{1, ld});
 }
 
+struct FreeBytes {
+  void operator()(void* p) const { std::free(p); }
+};
+
 // One primitive with its memory objects (pointed at the caller's buffers on
-// every call) and its own scratchpad (allocated here, once).
+// every call) and its own scratchpad (allocated here, once, 64-byte aligned;
+// the allocation does not move when the entry does).
 struct Entry {
   dnnl::matmul prim;
   memory src, wei, dst, scratch;
-  std::vector<char> scratch_bytes;
+  std::unique_ptr<void, FreeBytes> scratch_bytes;
   // The execute arguments, built once: the C++ wrapper's execute() would
   // build a map and a vector on every call.
   std::array<dnnl_exec_arg_t, 4> args;
@@ -75,8 +80,11 @@ Entry make_entry(const dnnl::matmul::primitive_desc& pd) {
   e.src = memory(pd.src_desc(), eng, DNNL_MEMORY_NONE);
   e.wei = memory(pd.weights_desc(), eng, DNNL_MEMORY_NONE);
   e.dst = memory(pd.dst_desc(), eng, DNNL_MEMORY_NONE);
-  e.scratch_bytes.resize(pd.scratchpad_desc().get_size());
-  e.scratch = memory(pd.scratchpad_desc(), eng, e.scratch_bytes.data());
+  if (const size_t bytes = pd.scratchpad_desc().get_size(); bytes > 0) {
+    e.scratch_bytes.reset(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    DPT_CHECK(e.scratch_bytes, "cannot allocate {} bytes of oneDNN scratchpad", bytes);
+  }
+  e.scratch = memory(pd.scratchpad_desc(), eng, e.scratch_bytes.get());
   e.args = {{{DNNL_ARG_SRC, e.src.get()},
              {DNNL_ARG_WEIGHTS, e.wei.get()},
              {DNNL_ARG_DST, e.dst.get()},
