@@ -16,7 +16,8 @@
 // precision of the next step of issue 9). oneDNN computes it natively on CPUs
 // with AVX512-BF16 or AMX; elsewhere (and on OpenBLAS, which Debian builds
 // without sbgemm) both operands are widened into per-thread fp32 scratch and
-// the fp32 path runs: same result, no speed-up. gemm_bf16_native() says which.
+// the fp32 path runs (widening is exact: an fp32 GEMM of the bf16 values, no
+// speed-up). gemm_bf16_native() says which.
 //
 // Threads: a call outside a parallel region uses the engine's pool
 // (set_threads); a call from inside an `omp parallel` region (attention runs
