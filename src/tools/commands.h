@@ -21,6 +21,12 @@ struct ModelFlags {
   std::map<std::string, std::string> hparams() const;  // only those given
 };
 
+// --gemm onednn|openblas on train and eval: the GEMM backend (nn/gemm.h).
+// Left empty, the default (or DPT_GEMM) stands; anything else is an
+// InputError from set_gemm_flag.
+void add_gemm_flag(CLI::App* cmd, std::string& gemm);
+void set_gemm_flag(const std::string& gemm);
+
 class TrainCommand {
  public:
   explicit TrainCommand(CLI::App& app);
@@ -36,7 +42,7 @@ class TrainCommand {
   bool no_overlap_ = false;
   std::string zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter";
   double memory_budget_mb_ = 0.0;
-  std::string comm_algo_, transport_;
+  std::string comm_algo_, transport_, gemm_;
 };
 
 class EvalCommand {
@@ -51,6 +57,7 @@ class EvalCommand {
   std::string weights_, data_;
   int64_t batch_ = 0;
   int threads_ = 0;
+  std::string gemm_;
 };
 
 // `dpt launch`: runs a command as N ranks under mpirun (docs/launch.md).

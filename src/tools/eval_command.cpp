@@ -19,9 +19,11 @@ EvalCommand::EvalCommand(CLI::App& app) {
                    "mlp: Fashion-MNIST directory (its 10,000 test images); gpt: any file, read as bytes");
   cmd_->add_option("--batch", batch_, "samples per forward pass")->check(positive());
   cmd_->add_option("--threads", threads_, "threads (default: all cores)")->check(non_negative());
+  add_gemm_flag(cmd_, gemm_);
 }
 
 int EvalCommand::run() {
+  set_gemm_flag(gemm_);
   set_threads(threads_);
   auto model = model_from_file(weights_, model_.hparams());
   if (model->kind() == "mlp") {

@@ -19,6 +19,7 @@
 #include "core/gemm_peak.h"
 #include "core/memory.h"
 #include "core/threads.h"
+#include "nn/gemm.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
@@ -145,6 +146,7 @@ void write_summary(const std::string& path, nlohmann::json j, const TrainResult&
     j["checkpoints"] = {{"written", r.checkpoints}, {"write_s", r.checkpoint_s}, {"write_bytes", r.checkpoint_bytes},
                         {"resume_s", r.resume_s}, {"resume_bytes", r.resume_bytes}};
   j["blas_core"] = blas_core();
+  j["gemm_detail"] = gemm_backend_detail();
   if (evaluated) {
     j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;
     if (mlp) j["test_accuracy"] = r.eval_accuracy;
@@ -263,8 +265,8 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
     r.gflops = model.train_flops(o.batch) / (slowest * 1e-3) / 1e9;
   }
   if (baseline > 0) r.scaling_efficiency = r.samples_per_s / (pg.size() * baseline);
-  r.sgemm_gflops = measure_sgemm_gflops() * pg.size();
-  r.mfu = r.sgemm_gflops > 0 ? r.gflops / r.sgemm_gflops : 0.0;
+  r.gemm_gflops = measure_gemm_gflops() * pg.size();
+  r.mfu = r.gemm_gflops > 0 ? r.gflops / r.gemm_gflops : 0.0;
   return ranks;
 }
 

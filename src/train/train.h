@@ -98,7 +98,7 @@ struct TrainResult {
   double step_ms_median = 0.0;  // steady state: steps after the first 20 (or after 1)
   double samples_per_s = 0.0;   // images (mlp) or sequences (gpt)
   double tokens_per_s = 0.0;    // gpt
-  double gflops = 0.0, mfu = 0.0, sgemm_gflops = 0.0;
+  double gflops = 0.0, mfu = 0.0, gemm_gflops = 0.0;  // the GEMM backend's peak, measured
   double scaling_efficiency = 0.0;  // with a baseline, else 0
   size_t peak_rss = 0;
   MemoryBytes memory;          // this rank, as the strategy accounts it
