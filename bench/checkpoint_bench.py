@@ -12,9 +12,10 @@ and a second run resumes from it and trains one more step. The summaries
 give the seconds and bytes of the write and of the load.
 
 The disk's sequential bandwidth is measured on the spot in the same
-directory: a file of the checkpoint's size written in 64 MiB blocks and
+directory, in the checkpoint's own pattern: two files (one per rank) of half
+the checkpoint's size each, written at the same time in 64 MiB blocks and
 fsynced (as the engine's files are), then dropped from the cache and read
-back. The cost of --checkpoint-every K as a share of training time is
+back at the same time. The cost of --checkpoint-every K as a share of training time is
 write / (write + K x step) from the measured step time.
 
 Results go to bench/results/checkpoint.json. Benchmarks are run on purpose,
@@ -26,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -50,26 +52,42 @@ def drop_cache(path):
             os.close(fd)
 
 
-def disk_bandwidth(directory, size):
-    """Sequential write (64 MiB blocks, then fsync) and read, in bytes/s."""
-    path = os.path.join(directory, "disk_probe")
+def disk_bandwidth(directory, size, streams):
+    """Sequential write (64 MiB blocks, then fsync) and read, in bytes/s, of
+    `streams` files of size / streams written and read at the same time: the
+    pattern of the checkpoint's ranks, one file each."""
+    paths = [os.path.join(directory, f"disk_probe_{i}") for i in range(streams)]
     block = os.urandom(BLOCK)
-    n = max(1, size // BLOCK)
-    t0 = time.perf_counter()
-    with open(path, "wb") as f:
-        for _ in range(n):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
-    write = n * BLOCK / (time.perf_counter() - t0)
-    drop_cache(path)
-    t0 = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while f.read(BLOCK):
-            pass
-    read = n * BLOCK / (time.perf_counter() - t0)
-    os.remove(path)
-    return write, read
+    n = max(1, size // streams // BLOCK)
+
+    def write(path):
+        with open(path, "wb") as f:
+            for _ in range(n):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read(path):
+        with open(path, "rb", buffering=0) as f:
+            while f.read(BLOCK):
+                pass
+
+    def timed(fn):
+        threads = [threading.Thread(target=fn, args=(p,)) for p in paths]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return streams * n * BLOCK / (time.perf_counter() - t0)
+
+    w = timed(write)
+    for p in paths:
+        drop_cache(p)
+    r = timed(read)
+    for p in paths:
+        os.remove(p)
+    return w, r
 
 
 def train(dpt, summary, workload, *args):
@@ -89,7 +107,7 @@ def measure(args, workload, tmp):
     r = run_and_load(workload + " load", train(args.dpt, os.path.join(tmp, "r.json"), workload, "--steps", "3",
                                               "--resume", ck), os.path.join(tmp, "r.json"))
     size = c["write_bytes"]
-    disk_write, disk_read = disk_bandwidth(args.dir, size)
+    disk_write, disk_read = disk_bandwidth(args.dir, size, 2)
     shutil.rmtree(ck, ignore_errors=True)
     step_s = s["step_ms_median"] / 1000.0
     row = {
