@@ -1,11 +1,8 @@
 #include "train/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -81,8 +78,14 @@ uint32_t crc_update(uint32_t crc, const void* data, size_t n) {
   return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), n));
 }
 
-// Writes this rank's file; returns its data section's CRC-32.
-uint32_t write_rank_file(const std::string& path, const std::vector<Piece>& pieces, const Layout& layout,
+// CRC-32s of a rank's file: of each piece (tensor), in file order, and of
+// the whole data section (all bytes after the header), combined from them.
+struct FileCrcs {
+  uint32_t file = 0;
+  std::vector<uint32_t> pieces;
+};
+
+FileCrcs write_rank_file(const std::string& path, const std::vector<Piece>& pieces, const Layout& layout,
                          const std::vector<std::string>& state, const std::map<std::string, std::string>& meta) {
   std::vector<TensorSpec> specs;
   for (const Piece& p : pieces)
@@ -90,45 +93,45 @@ uint32_t write_rank_file(const std::string& path, const std::vector<Piece>& piec
                                  p.start),
                      DType::F32, {static_cast<int64_t>(p.n)}});
   SafetensorsWriter file(path, std::move(specs), meta);
-  uint32_t crc = crc_update(0, nullptr, 0);
+  FileCrcs crcs;
+  crcs.file = crc_update(0, nullptr, 0);
   for (const Piece& p : pieces) {
     file.write(p.data, p.n);
-    crc = crc_update(crc, p.data, p.n * sizeof(float));
+    const uint32_t c = crc_update(crc_update(0, nullptr, 0), p.data, p.n * sizeof(float));
+    crcs.pieces.push_back(c);
+    crcs.file = static_cast<uint32_t>(crc32_combine(crcs.file, c, static_cast<z_off_t>(p.n * sizeof(float))));
   }
   file.commit();
-  return crc;
+  return crcs;
 }
 
-// Checks a file's size and the CRC-32 of its data section (all bytes after
-// the header) against the manifest. Returns the problem, or "".
-std::string check_file(const std::string& path, uint64_t bytes, uint32_t crc) {
+// Every rank's piece CRC-32s, on every rank (an all-gather of equal slots:
+// a count, then the CRCs, padded to the longest list).
+std::vector<std::vector<uint32_t>> gather_piece_crcs(comm::ProcessGroup& pg, const std::vector<uint32_t>& mine) {
+  float longest = static_cast<float>(mine.size());
+  if (pg.size() > 1) pg.all_reduce(&longest, 1, DType::F32, comm::ReduceOp::Max);
+  const size_t slot = static_cast<size_t>(longest) + 1;
+  std::vector<uint32_t> all(slot * static_cast<size_t>(pg.size()), 0);
+  uint32_t* at = all.data() + slot * static_cast<size_t>(pg.rank());
+  at[0] = static_cast<uint32_t>(mine.size());
+  std::copy(mine.begin(), mine.end(), at + 1);
+  if (pg.size() > 1) pg.all_gather(all.data(), all.size(), DType::F32);  // 4-byte words, moved as bytes
+  std::vector<std::vector<uint32_t>> out;
+  for (int r = 0; r < pg.size(); ++r) {
+    const uint32_t* p = all.data() + slot * static_cast<size_t>(r);
+    out.emplace_back(p + 1, p + 1 + p[0]);
+  }
+  return out;
+}
+
+// A file's size against the manifest's. Returns the problem, or "".
+std::string check_size(const std::string& path, uint64_t bytes) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return fmt::format("{}: missing: the checkpoint's manifest lists it", path);
   const uint64_t size = fs::file_size(path, ec);
   if (ec || size != bytes)
     return fmt::format("{}: {} bytes where the manifest says {}: the file is truncated or was replaced", path,
                        ec ? 0 : size, bytes);
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return fmt::format("{}: cannot open: {}", path, std::strerror(errno));
-  std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* f) {
-    ::close(*f);
-    delete f;
-  });
-  uint64_t header = 0;
-  if (::pread(fd, &header, 8, 0) != 8 || header > size - 8)
-    return fmt::format("{}: the header length is corrupt", path);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  std::vector<char> buf(8 << 20);
-  uint32_t c = crc_update(0, nullptr, 0);
-  for (uint64_t at = 8 + header; at < size;) {
-    const ssize_t got = ::pread(fd, buf.data(), std::min<uint64_t>(buf.size(), size - at), static_cast<off_t>(at));
-    if (got <= 0) return fmt::format("{}: read failed at byte {}: {}", path, at, std::strerror(errno));
-    c = crc_update(c, buf.data(), static_cast<size_t>(got));
-    at += static_cast<uint64_t>(got);
-  }
-  if (c != crc)
-    return fmt::format("{}: checksum mismatch (CRC-32 {:08x}, the manifest says {:08x}): the file is corrupt", path,
-                       c, crc);
   return "";
 }
 
@@ -211,10 +214,10 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
   // Every rank its own file, in parallel.
   const std::vector<std::string> state = state_names_of(strategy);
   const std::string name = file_name(rank, world);
-  uint32_t crc = 0;
+  FileCrcs crcs;
   try {
     const auto pieces = pieces_of(strategy.state_spans(), model.layout(), state.size());
-    crc = write_rank_file((tmp / name).string(), pieces, model.layout(), state,
+    crcs = write_rank_file((tmp / name).string(), pieces, model.layout(), state,
                           {{"dpt.checkpoint.step", std::to_string(info.step)},
                            {"dpt.checkpoint.rank", std::to_string(rank)},
                            {"dpt.checkpoint.world", std::to_string(world)}});
@@ -225,8 +228,9 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
   agree_on_error(pg, problem);
   std::vector<double> sizes(2 * static_cast<size_t>(world), 0.0);
   sizes[2 * static_cast<size_t>(rank)] = static_cast<double>(fs::file_size(tmp / name));
-  sizes[2 * static_cast<size_t>(rank) + 1] = static_cast<double>(crc);
+  sizes[2 * static_cast<size_t>(rank) + 1] = static_cast<double>(crcs.file);
   pg.all_gather(sizes.data(), sizes.size() * 2, DType::F32);  // doubles, moved as bytes
+  const auto piece_crcs = gather_piece_crcs(pg, crcs.pieces);
 
   // Rank 0 makes it exist: manifest, rename, latest, prune.
   if (rank == 0) try {
@@ -234,7 +238,8 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
       for (int r = 0; r < world; ++r)
         files.push_back({{"name", file_name(r, world)},
                          {"bytes", static_cast<uint64_t>(sizes[2 * static_cast<size_t>(r)])},
-                         {"crc32", static_cast<uint32_t>(sizes[2 * static_cast<size_t>(r) + 1])}});
+                         {"crc32", static_cast<uint32_t>(sizes[2 * static_cast<size_t>(r) + 1])},
+                         {"piece_crc32", piece_crcs[static_cast<size_t>(r)]}});
       CheckpointInfo complete = info;
       complete.state = state;
       AtomicFile manifest((tmp / "manifest.json").string());
@@ -308,6 +313,7 @@ CheckpointInfo read_checkpoint_info(const std::string& checkpoint) {
       (void)f.at("name").get<std::string>();
       (void)f.at("bytes").get<uint64_t>();
       (void)f.at("crc32").get<uint32_t>();
+      (void)f.at("piece_crc32").get<std::vector<uint32_t>>();
     }
   } catch (const std::exception&) {
     throw IoError(fmt::format("{}: the manifest lacks a field or has a wrong one", path));
@@ -331,17 +337,15 @@ uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& in
                                  manifest_path, info.optimizer, fmt::join(info.state, ", "),
                                  state.empty() ? "none" : fmt::format("{}", fmt::join(state, ", "))));
 
-  // Every file checked before anything is read into the strategy: rank r
-  // checks files r, r + N, ...
   json files;
   {
     std::ifstream in(manifest_path);
     files = json::parse(in).at("files");
   }
   std::string problem;
-  for (size_t f = static_cast<size_t>(pg.rank()); f < files.size() && problem.empty(); f += static_cast<size_t>(pg.size()))
-    problem = check_file((dir / files[f].at("name").get<std::string>()).string(), files[f].at("bytes").get<uint64_t>(),
-                         files[f].at("crc32").get<uint32_t>());
+  for (const json& f : files)
+    if (problem.empty())
+      problem = check_size((dir / f.at("name").get<std::string>()).string(), f.at("bytes").get<uint64_t>());
   agree_on_error(pg, problem);
 
   // Each rank reads the parts of every file's pieces that fall in its spans.
@@ -351,10 +355,20 @@ uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& in
   const std::vector<Piece> targets = pieces_of(strategy.state_spans(), layout, state.size());
   size_t wanted = 0, read = 0;
   for (const Piece& t : targets) wanted += t.n;
+  // A piece any part of which this rank needs is read whole and checked
+  // against its CRC-32 before its parts are copied: the checkpoint is read
+  // once, and checked as it is read (a bad piece ends the run before its
+  // first step, on every rank).
+  std::vector<float> piece;
   try {
     for (const json& f : files) {
       const SafetensorsReader reader((dir / f.at("name").get<std::string>()).string());
-      for (const TensorSpec& spec : reader.tensors()) {
+      const auto crcs = f.at("piece_crc32").get<std::vector<uint32_t>>();
+      if (crcs.size() != reader.tensors().size())
+        throw IoError(fmt::format("{}: holds {} tensors where the manifest lists {}", reader.path(),
+                                  reader.tensors().size(), crcs.size()));
+      for (size_t ti = 0; ti < reader.tensors().size(); ++ti) {
+        const TensorSpec& spec = reader.tensors()[ti];
         const size_t a = spec.name.find('/'), b = spec.name.rfind('/');
         const std::string kind = spec.name.substr(0, a == std::string::npos ? 0 : a);
         const auto slot = a == b ? slot_index.end() : slot_index.find(spec.name.substr(a + 1, b - a - 1));
@@ -371,11 +385,23 @@ uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& in
             static_cast<size_t>(spec.shape[0]) > layout.slots()[static_cast<size_t>(slot->second)].numel - start)
           throw IoError(fmt::format("{}: unexpected tensor '{}' for this model", reader.path(), spec.name));
         const size_t n = static_cast<size_t>(spec.shape[0]);
+        bool loaded = false;
         for (const Piece& t : targets) {
           if (t.kind != kind_i || t.slot != slot->second) continue;
           const size_t lo = std::max(start, t.start), hi = std::min(start + n, t.start + t.n);
           if (lo >= hi) continue;
-          reader.read(spec.name, lo - start, hi - lo, t.data + (lo - t.start));
+          if (!loaded) {
+            piece.resize(n);
+            reader.read(spec.name, 0, n, piece.data());
+            const uint32_t c = crc_update(crc_update(0, nullptr, 0), piece.data(), n * sizeof(float));
+            if (c != crcs[ti])
+              throw IoError(fmt::format("{}: checksum mismatch in tensor '{}' (CRC-32 {:08x}, the manifest says "
+                                        "{:08x}): the file is corrupt",
+                                        reader.path(), spec.name, c, crcs[ti]));
+            loaded = true;
+          }
+          std::copy(piece.begin() + static_cast<long>(lo - start), piece.begin() + static_cast<long>(hi - start),
+                    t.data + (lo - t.start));
           read += hi - lo;
         }
       }

@@ -64,13 +64,13 @@ std::string find_checkpoint(const std::string& path);
 // Reads and validates a checkpoint's manifest (IoError naming the file).
 CheckpointInfo read_checkpoint_info(const std::string& checkpoint);
 
-// Collective. Checks every file of the checkpoint (size and CRC-32; the
-// files are split among the ranks) and that it matches `model` and the
-// strategy's optimizer, all before anything is read into the strategy; then
-// each rank reads its spans and the strategy completes itself
-// (Strategy::restored). Throws IoError / InputError naming the file and what
-// is wrong, on every rank.
-// Returns the bytes of all its files.
+// Collective. Checks that the checkpoint matches `model` and the strategy's
+// optimizer and that its files have their sizes; then each rank reads every
+// piece that meets its spans, whole, checks it against its CRC-32 and copies
+// what it needs, and the strategy completes itself (Strategy::restored).
+// Throws IoError / InputError naming the file and what is wrong, on every
+// rank (the run then ends before its first step). Returns the bytes of all
+// its files.
 uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& info, Strategy& strategy,
                          const Model& model, comm::ProcessGroup& pg);
 
