@@ -18,7 +18,8 @@ struct ModelFlags {
   std::string sizes;                                  // mlp
   int64_t vocab = 0, layers = 0, heads = 0, width = 0, context = 0;  // gpt
   void add(CLI::App* cmd);
-  std::map<std::string, std::string> hparams() const;  // only those given
+  std::map<std::string, std::string> hparams() const;  // a preset's, then those given
+  std::string kind() const;  // mlp or gpt ("gpt" for a preset), or "" when --model is not given
 };
 
 class TrainCommand {
@@ -48,9 +49,22 @@ class EvalCommand {
  private:
   CLI::App* cmd_;
   ModelFlags model_;
-  std::string weights_, data_;
+  std::string weights_, data_, format_, load_format_;
   int64_t batch_ = 0;
   int threads_ = 0;
+};
+
+// `dpt tokens`: llm.c-format shards from text or uint16 tokens.
+class TokensCommand {
+ public:
+  explicit TokensCommand(CLI::App& app);
+  bool chosen() const { return cmd_->parsed(); }
+  int run();
+
+ private:
+  CLI::App* cmd_;
+  std::string input_, from_ = "bytes", out_, name_ = "data";
+  int64_t shard_tokens_ = 100'000'000, val_tokens_ = 0;
 };
 
 // `dpt launch`: runs a command as N ranks under mpirun (docs/launch.md).

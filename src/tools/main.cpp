@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   dpt::TrainCommand train(app);
   dpt::EvalCommand eval(app);
+  dpt::TokensCommand tokens(app);
   dpt::LaunchCommand launch(app);
   dpt::BenchCommCommand bench_comm(app);
   try {
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   try {
     if (train.chosen()) return train.run();
     if (eval.chosen()) return eval.run();
+    if (tokens.chosen()) return tokens.run();
     if (launch.chosen()) return launch.run();
     if (bench_comm.chosen()) return bench_comm.run();
   } catch (const dpt::InternalError& e) {

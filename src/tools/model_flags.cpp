@@ -1,10 +1,15 @@
+#include "models/presets.h"
 #include "tools/commands.h"
 
 namespace dpt {
 
 void ModelFlags::add(CLI::App* cmd) {
-  cmd->add_option("--model", model, "mlp (W-MLP) or gpt (W-GPT)")
-      ->check(CLI::IsMember({"mlp", "gpt"}));
+  std::vector<std::string> names = {"mlp", "gpt"};
+  for (const std::string& p : gpt_preset_names()) names.push_back(p);
+  cmd->add_option("--model", model,
+                  "mlp (W-MLP), gpt (W-GPT), or a GPT-2 shape: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl "
+                  "(vocabulary 50257, context 1024; other flags override)")
+      ->check(CLI::IsMember(names));
   cmd->add_option("--sizes", sizes, "mlp: layer sizes, inputs to classes (784,1024,1024,10)");
   cmd->add_option("--vocab", vocab, "gpt: vocabulary size (256)")->check(CLI::PositiveNumber);
   cmd->add_option("--layers", layers, "gpt: transformer blocks (4)")->check(CLI::PositiveNumber);
@@ -14,8 +19,8 @@ void ModelFlags::add(CLI::App* cmd) {
 }
 
 std::map<std::string, std::string> ModelFlags::hparams() const {
-  std::map<std::string, std::string> hp;
-  if (!model.empty()) hp["dpt.model"] = model;
+  std::map<std::string, std::string> hp = gpt_preset(model).value_or(std::map<std::string, std::string>{});
+  if (!model.empty() && hp.empty()) hp["dpt.model"] = model;
   if (!sizes.empty()) hp["sizes"] = sizes;
   auto put = [&hp](const char* key, int64_t v) {
     if (v > 0) hp[key] = std::to_string(v);
@@ -27,5 +32,7 @@ std::map<std::string, std::string> ModelFlags::hparams() const {
   put("block_size", context);
   return hp;
 }
+
+std::string ModelFlags::kind() const { return gpt_preset(model) ? "gpt" : model; }
 
 }  // namespace dpt
