@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -12,6 +13,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_run.h"
 
 #include "core/error.h"
 #include "core/threads.h"
@@ -288,6 +292,32 @@ TEST_F(TokenShardsTest, TokensFromTextAndU16GoThroughTheSameReader) {
   back.read(0, 29, 1, buf.data());
   EXPECT_EQ(buf[0], 1029);
   EXPECT_THROW(write_llmc_shards(u16, path("u"), "u", 100, 30), InputError);  // nothing left to train on
+}
+
+// `dpt train` on shards: a bad one is one sentence and exit 1 before any
+// training; good ones train and evaluate on --val-data.
+TEST_F(TokenShardsTest, TrainFromShardsAndRefuseABadOne) {
+  const std::string dpt = fmt::format("env OMP_NUM_THREADS=1 {}/dpt train --model gpt --layers 1 --heads 2 --width 16 "
+                                      "--context 8 --threads 1 --quiet --batch 4 --steps 2",
+                                      DPT_BINARY_DIR);
+  auto t = ramp(200);
+  t[5] = 300;
+  const std::string bad = shard("bad.bin", t);
+  test::RunResult r = test::run_shell(dpt + " --data " + test::q(bad), dir_, 60);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "dpt: error: " + bad + ": token 300 at byte 1034 is outside the vocabulary 0..255\n");
+  const std::string train = shard("train.bin", ramp(400)), val = shard("val.bin", ramp(90, 3));
+  r = test::run_shell(dpt + " --data " + test::q(train) + " --val-data " + test::q(val) + " --eval-windows 0 " +
+                          "--summary-out " + test::q(dir_ / "s.json"),
+                      dir_, 60);
+  ASSERT_EQ(r.code, 0) << r.all();
+  const auto j = nlohmann::json::parse(test::read_file(dir_ / "s.json"));
+  EXPECT_TRUE(std::isfinite(j["val_loss"].get<double>()));
+  // A raw uint16 file is not guessed: without --data-format u16 it is text.
+  raw("raw.bin", std::string(reinterpret_cast<const char*>(t.data()), 2 * t.size()));
+  r = test::run_shell(dpt + " --data " + test::q(path("raw.bin")) + " --data-format u16", dir_, 60);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("token 300 at byte 10 is outside"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -98,4 +98,18 @@ class BenchCommCommand {
   double timeout_s_ = 0;
 };
 
+// `dpt bench data`: the sampler's read rate from token shards.
+class BenchDataCommand {
+ public:
+  explicit BenchDataCommand(CLI::App& app);
+  bool chosen() const { return cmd_->parsed(); }
+  int run();
+
+ private:
+  CLI::App* cmd_;
+  std::string data_, format_, json_;
+  int64_t vocab_ = 50257, context_ = 128, batch_ = 16;
+  double seconds_ = 3.0;
+};
+
 }  // namespace dpt

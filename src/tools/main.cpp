@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   dpt::TokensCommand tokens(app);
   dpt::LaunchCommand launch(app);
   dpt::BenchCommCommand bench_comm(app);
+  dpt::BenchDataCommand bench_data(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
     if (tokens.chosen()) return tokens.run();
     if (launch.chosen()) return launch.run();
     if (bench_comm.chosen()) return bench_comm.run();
+    if (bench_data.chosen()) return bench_data.run();
   } catch (const dpt::InternalError& e) {
     return fail(2, "", e.what());
   } catch (const dpt::Error& e) {
