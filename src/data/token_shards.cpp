@@ -193,8 +193,9 @@ void TokenShards::read(size_t shard, int64_t first, int64_t n, int32_t* out) con
             s.path, s.tokens);
   const uint16_t* p = s.data + first;
   for (int64_t i = 0; i < n; ++i) out[i] = p[i];
-  if (copied_since_drop_.fetch_add(2 * static_cast<size_t>(n)) + 2 * static_cast<size_t>(n) >= kDropBytes)
-    drop_pages();
+  // What this read may have mapped: every folio it touches, whole.
+  const size_t mapped = (2 * static_cast<size_t>(n) / kFolioBytes + 2) * kFolioBytes;
+  if (copied_since_drop_.fetch_add(mapped) + mapped >= kDropBytes) drop_pages();
 }
 
 void TokenShards::drop_pages() const {

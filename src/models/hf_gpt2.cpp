@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "models/gpt.h"
 #include "models/model.h"
 
 namespace dpt {
@@ -40,12 +41,21 @@ bool WeightNames::transposed(const std::string& slot) const {
 }
 
 std::vector<int64_t> WeightNames::file_shape(const std::string& slot, const std::vector<int64_t>& shape) const {
+  if (wte_rows > 0 && slot == "transformer.wte.weight") return {wte_rows, shape[1]};
   return transposed(slot) ? std::vector<int64_t>{shape[1], shape[0]} : shape;
+}
+
+size_t WeightNames::stored(const std::string& slot, const std::vector<int64_t>& shape, size_t numel) const {
+  if (wte_rows > 0 && slot == "transformer.wte.weight") return static_cast<size_t>(wte_rows * shape[1]);
+  return numel;
 }
 
 WeightNames weight_names(const Model& model, const std::vector<TensorSpec>& tensors, WeightFormat format) {
   WeightNames n;
-  if (model.kind() != "gpt" || format == WeightFormat::Dpt) return n;
+  if (model.kind() != "gpt") return n;
+  const GptConfig& g = dynamic_cast<const Gpt&>(model).config();
+  if (g.rows() != g.vocab) n.wte_rows = g.vocab;
+  if (format == WeightFormat::Dpt) return n;
   // The engine writes every name with the prefix; a file without it is HF's.
   n.prefix = find(tensors, "transformer.wte.weight") ? kPrefix : "";
   if (format == WeightFormat::Hf || n.prefix.empty()) {

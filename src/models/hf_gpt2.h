@@ -33,17 +33,23 @@ WeightFormat parse_weight_format(const std::string& s);
 struct WeightNames {
   bool hf = false;
   std::string prefix;  // HF only: "" or "transformer."
+  // A GPT with a padded vocabulary (models/gpt.h): the rows of wte a file
+  // holds, the true vocabulary; the model's further rows are padding, never
+  // stored. 0: no padding.
+  int64_t wte_rows = 0;
   // The file's name for the engine's slot `slot` ("transformer.h.0.ln_1.weight").
   std::string file_name(const std::string& slot) const;
   // True for a Conv1D weight in an HF file: stored as the transpose.
   bool transposed(const std::string& slot) const;
   // The file's shape for a slot of shape `shape`.
   std::vector<int64_t> file_shape(const std::string& slot, const std::vector<int64_t>& shape) const;
+  // Elements of a slot the file stores: all of them but wte's pad rows.
+  size_t stored(const std::string& slot, const std::vector<int64_t>& shape, size_t numel) const;
 };
 
 // The layout of a file whose tensors are `tensors`, for `model`: `format`
-// if it is not Auto, else told by names and shapes as above. MLP files are
-// always the engine's.
+// if it is not Auto, else told by names and shapes as above (for writing,
+// pass no tensors and Dpt or Hf). MLP files are always the engine's.
 WeightNames weight_names(const Model& model, const std::vector<TensorSpec>& tensors, WeightFormat format);
 
 // The hyper-parameters a weight file describes: its __metadata__, and when

@@ -23,6 +23,7 @@ std::optional<std::map<std::string, std::string>> gpt_preset(const std::string& 
     if (name == p.name)
       return std::map<std::string, std::string>{{"dpt.model", "gpt"},
                                                 {"vocab_size", "50257"},
+                                                {"padded_vocab_size", "50304"},  // 786 x 64
                                                 {"block_size", "1024"},
                                                 {"n_layer", std::to_string(p.layers)},
                                                 {"n_head", std::to_string(p.heads)},

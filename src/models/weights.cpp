@@ -72,8 +72,8 @@ std::optional<std::string> check_names(const Model& model, const std::vector<Ten
 
 }  // namespace
 
-WeightWriter::WeightWriter(const std::string& path, const Model& model, WeightFormat format) : model_(model) {
-  names_.hf = format == WeightFormat::Hf && model.kind() == "gpt";
+WeightWriter::WeightWriter(const std::string& path, const Model& model, WeightFormat format)
+    : model_(model), names_(weight_names(model, {}, format == WeightFormat::Hf ? format : WeightFormat::Dpt)) {
   std::vector<TensorSpec> specs;
   for (const Slot& s : model.layout().slots())
     specs.push_back({names_.file_name(s.name), DType::F32, names_.file_shape(s.name, s.shape)});
@@ -93,7 +93,7 @@ void WeightWriter::write_unit(int unit, const float* values) {
       transpose(p, s.shape[0], s.shape[1], scratch_.data());
       p = scratch_.data();
     }
-    file_->write(p, s.numel);
+    file_->write(p, names_.stored(s.name, s.shape, s.numel));  // not wte's pad rows
   }
 }
 
@@ -115,7 +115,9 @@ void load_weights(Model& model, const SafetensorsFile& file, const std::string& 
     if (names.transposed(s.name))
       transpose(t->data.data(), s.shape[1], s.shape[0], model.params() + s.offset);
     else
-      std::memcpy(model.params() + s.offset, t->data.data(), sizeof(float) * s.numel);
+      std::memcpy(model.params() + s.offset, t->data.data(), sizeof(float) * t->data.size());
+    // wte's pad rows (a padded vocabulary) are not in the file: zero.
+    std::fill(model.params() + s.offset + t->data.size(), model.params() + s.offset + s.numel, 0.0f);
   }
   if (tied && file.find("lm_head.weight")->data != file.find(*tied)->data)
     throw InputError(fmt::format("{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them",
@@ -150,7 +152,11 @@ void load_weight_range(const Model& model, const SafetensorsReader& file, size_t
     const std::string name = names.file_name(s.name);
     float* dst = out + (lo - begin);
     if (!names.transposed(s.name)) {
-      file.read(name, lo - s.offset, hi - lo, dst);
+      // Past what the file stores are wte's pad rows: zero.
+      const size_t stored_end = s.offset + names.stored(s.name, s.shape, s.numel);
+      const size_t read_hi = std::min(hi, std::max(lo, stored_end));
+      if (read_hi > lo) file.read(name, lo - s.offset, read_hi - lo, dst);
+      std::fill(dst + (read_hi - lo), dst + (hi - lo), 0.0f);
       continue;
     }
     // The slot is [O, I] and the file holds [I, O]: elements [lo, hi) of the

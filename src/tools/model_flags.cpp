@@ -12,6 +12,10 @@ void ModelFlags::add(CLI::App* cmd) {
       ->check(CLI::IsMember(names));
   cmd->add_option("--sizes", sizes, "mlp: layer sizes, inputs to classes (784,1024,1024,10)");
   cmd->add_option("--vocab", vocab, "gpt: vocabulary size (256)")->check(CLI::PositiveNumber);
+  cmd->add_option("--padded-vocab", padded_vocab,
+                  "gpt: embedding rows held in memory, >= --vocab (the gpt2 presets: 50304, a multiple of 64); "
+                  "the pad rows are never trained nor saved")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--layers", layers, "gpt: transformer blocks (4)")->check(CLI::PositiveNumber);
   cmd->add_option("--heads", heads, "gpt: attention heads (4)")->check(CLI::PositiveNumber);
   cmd->add_option("--width", width, "gpt: embedding width (256)")->check(CLI::PositiveNumber);
@@ -26,6 +30,7 @@ std::map<std::string, std::string> ModelFlags::hparams() const {
     if (v > 0) hp[key] = std::to_string(v);
   };
   put("vocab_size", vocab);
+  put("padded_vocab_size", padded_vocab);
   put("n_layer", layers);
   put("n_head", heads);
   put("n_embd", width);
