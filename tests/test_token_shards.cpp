@@ -137,6 +137,17 @@ TEST_F(TokenShardsTest, BadShardsAreRefusedNamingFileAndOffset) {
   EXPECT_THROW(parse_token_format("utf8"), InputError);
 }
 
+TEST_F(TokenShardsTest, EveryTruncationIsRefusedNamingTheFile) {
+  const std::string good = shard("good.bin", ramp(10));
+  std::string bytes(kLlmcHeaderBytes + 20, '\0');
+  std::ifstream(good, std::ios::binary).read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    raw("cut.bin", bytes.substr(0, cut));
+    const std::string e = error_of([&] { TokenShards s(path("cut.bin"), TokenFormat::Llmc, 256); });
+    ASSERT_EQ(e.rfind(path("cut.bin") + ": ", 0), 0u) << "cut at " << cut << ": '" << e << "'";
+  }
+}
+
 TEST_F(TokenShardsTest, WindowsStartAtMultiplesOfTAndNeverCrossShards) {
   // 21 tokens with T = 4: windows at 0, 4, 8, 12, 16 (the last ends at 20);
   // 8 tokens: one window (0..4); 4 tokens: none.

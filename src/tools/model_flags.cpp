@@ -8,7 +8,7 @@ void ModelFlags::add(CLI::App* cmd) {
   for (const std::string& p : gpt_preset_names()) names.push_back(p);
   cmd->add_option("--model", model,
                   "mlp (W-MLP), gpt (W-GPT), or a GPT-2 shape: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl "
-                  "(vocabulary 50257, context 1024; other flags override)")
+                  "(vocabulary 50257 held as 50304 rows, context 1024; other flags override)")
       ->check(CLI::IsMember(names));
   cmd->add_option("--sizes", sizes, "mlp: layer sizes, inputs to classes (784,1024,1024,10)");
   cmd->add_option("--vocab", vocab, "gpt: vocabulary size (256)")->check(CLI::PositiveNumber);
