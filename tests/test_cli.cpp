@@ -344,17 +344,56 @@ TEST_F(CliTest, GradAccumThatDoesNotDivideBatch) {
                     "micro-batches");
 }
 
-// ---------------------------------------------------------------- parse errors
+// ---------------------------------------------------------------- flag errors
+// A bad command line is a user error like any other: one sentence, exit 1.
 
-TEST_F(CliTest, UnknownFlagIsAParseError) {
-  expect_parse_error("train --model mlp --steps 1 --threads 1 --no-such-flag");
+TEST_F(CliTest, UnknownFlagIsAUserError) {
+  expect_user_error("train --model mlp --steps 1 --threads 1 --no-such-flag", "--no-such-flag");
 }
 
-TEST_F(CliTest, UnknownModelIsAParseError) { expect_parse_error("train --model foo --steps 1 --threads 1"); }
+TEST_F(CliTest, UnknownModelIsAUserError) { expect_user_error("train --model foo --steps 1 --threads 1", "foo"); }
 
-TEST_F(CliTest, NegativeStepsIsAParseError) { expect_parse_error("train --model mlp --steps -1 --threads 1"); }
+TEST_F(CliTest, NegativeStepsIsAUserError) {
+  expect_user_error("train --model mlp --steps -1 --threads 1", "--steps: must be a number >= 0, not -1");
+}
 
-TEST_F(CliTest, NoSubcommandIsAParseError) { expect_parse_error(""); }
+TEST_F(CliTest, NoSubcommandIsAUserError) { expect_user_error("", "subcommand"); }
+
+TEST_F(CliTest, NonFiniteNumbersAreRefusedInEveryFloatFlag) {
+  for (const char* flag : {"--lr", "--momentum", "--beta1", "--beta2", "--eps", "--weight-decay", "--min-lr", "--clip",
+                           "--val-fraction", "--bucket-mb", "--first-bucket-mb", "--comm-timeout",
+                           "--memory-budget-mb"})
+    for (const char* value : {"nan", "inf", "-inf"})
+      expect_user_error(fmt::format("train --model gpt --steps 1 --threads 1 {} {}", flag, value),
+                        fmt::format("{}: must be", flag));
+}
+
+TEST_F(CliTest, OutOfRangeFlagsSayTheRangeReadably) {
+  const RunResult r = run("train --model mlp --steps 1 --momentum 2");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.err, "dpt: error: --momentum: must be between 0 and 1, not 2\n");
+  expect_user_error("train --model gpt --steps 1 --beta2 1", "--beta2: must be at least 0 and below 1, not 1");
+  expect_user_error("train --model gpt --steps abc", "--steps: 'abc' is not a number");
+  expect_user_error("launch -n 0 -- true", "-n must be at least 1");
+}
+
+TEST_F(CliTest, TrainHelpDescribesMultiRankRuns) {
+  const RunResult r = run("train --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out.find("on one process"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("launcher"), std::string::npos) << r.out;
+}
+
+TEST_F(CliTest, WeightsHoldingNaNAreRefused) {
+  const SafetensorsFile good = load_safetensors(gpt_weights_.string());
+  SafetensorsFile bad = good;
+  bad.tensors[1].data[3] = std::nanf("");
+  const fs::path path = dir_ / "nan.safetensors";
+  save_safetensors(path.string(), bad.tensors, bad.metadata);
+  expect_user_error(fmt::format("eval --load {} --data {} --threads 1", q(path), q(text_)), "values must be finite");
+  expect_user_error(fmt::format("train --load {} --data {} --steps 1 --threads 1", q(path), q(text_)),
+                    "values must be finite");
+}
 
 }  // namespace
 }  // namespace dpt

@@ -253,6 +253,11 @@ TEST_F(TokenShardsTest, SamplerRanksAreDisjointAndStateResumesExactly) {
     resumed.next(b, 3);
     ASSERT_EQ(a.tokens, b.tokens) << "step " << step << " after resuming";
   }
+  ShardSampler skipped(w, 6, 3, 0, 2);  // a resumed run: 50 steps done
+  skipped.skip_steps(50);
+  r0.next(a, 3);
+  skipped.next(b, 3);
+  EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_THROW(resumed.set_state({0, 5}), InputError);  // not a step boundary
   EXPECT_THROW(ShardSampler(w, 101, 0), InputError);     // one global batch does not fit
 }

@@ -42,6 +42,16 @@ void ImageEpochs::next(Batch& out) {
   pos_ += batch_;
 }
 
+void ImageEpochs::skip(int64_t batches) {
+  for (int64_t i = 0; i < batches; ++i) {
+    if (pos_ + batch_ > static_cast<int64_t>(sampler_.indices().size())) {
+      sampler_.set_epoch(sampler_.epoch() + 1);
+      pos_ = 0;
+    }
+    pos_ += batch_;
+  }
+}
+
 WindowSampler::WindowSampler(const uint8_t* data, size_t n, int64_t T, uint64_t seed, int rank, int world)
     : data_(data), n_(n), T_(T), rng_(seed), rank_(rank), world_(world) {
   if (n < static_cast<size_t>(T + 1))
@@ -64,6 +74,11 @@ void WindowSampler::next(Batch& out, int64_t B) {
       out.targets[static_cast<size_t>(b * T_ + t)] = w[t + 1];
     }
   }
+}
+
+void WindowSampler::skip(int64_t windows) {
+  const uint64_t starts = n_ - static_cast<size_t>(T_);
+  for (int64_t g = 0; g < windows; ++g) (void)rng_.below(starts);
 }
 
 int64_t fill_sequential_windows(const uint8_t* data, size_t n, int64_t T, int64_t first, int64_t B,

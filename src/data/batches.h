@@ -24,7 +24,10 @@ class ImageEpochs {
   ImageEpochs(const ImageSet& set, int64_t batch, uint64_t seed, int rank = 0, int world = 1,
               DistributedSampler::Tail tail = DistributedSampler::Tail::Drop);
   void next(Batch& out);  // moves to the next epoch when this one runs out
+  // Moves past `batches` batches without copying them (a resumed run).
+  void skip(int64_t batches);
   int64_t epoch() const { return sampler_.epoch(); }
+  int64_t position() const { return pos_; }  // images of this epoch's share taken
   int64_t steps_per_epoch() const;
 
  private:
@@ -45,6 +48,10 @@ class WindowSampler {
  public:
   WindowSampler(const uint8_t* data, size_t n, int64_t T, uint64_t seed, int rank = 0, int world = 1);
   void next(Batch& out, int64_t B);
+  // Moves past `windows` windows of the global stream (every rank's), as
+  // next() would: a resumed run continues the same stream whatever its
+  // world size, since a step always draws the global batch.
+  void skip(int64_t windows);
 
  private:
   const uint8_t* data_;

@@ -90,6 +90,11 @@ void ShardSampler::set_state(SamplerState s) {
   perm_ = WindowPermutation(static_cast<uint64_t>(windows_.size()), epoch_key(seed_, s.epoch));
 }
 
+void ShardSampler::skip_steps(int64_t steps) {
+  const int64_t per_epoch = steps_per_epoch();
+  set_state({steps / per_epoch, (steps % per_epoch) * global_});
+}
+
 void ShardSampler::next(Batch& out, int64_t B) {
   // A step starts on a multiple of the global batch; one that would not fit
   // in this epoch starts the next.

@@ -54,9 +54,10 @@ class WindowPermutation {
   int half_bits_;
 };
 
-// The sampler's position, all it needs to resume exactly (the checkpoint
-// stores it): the epoch, and the windows of that epoch already handed out
-// across all ranks (a multiple of the global batch between steps).
+// The sampler's position, all it needs to resume exactly: the epoch, and the
+// windows of that epoch already handed out across all ranks (a multiple of
+// the global batch between steps). A checkpoint records it in its manifest
+// (DataSource::position) and a resumed run gets there with skip_steps.
 struct SamplerState {
   int64_t epoch = 0;
   int64_t position = 0;
@@ -79,6 +80,9 @@ class ShardSampler {
   // Resumes at a state another sampler of the same data, seed and global
   // batch returned (InputError if it does not fit this dataset).
   void set_state(SamplerState s);
+  // Where the sampler stands after `steps` optimizer steps from the start
+  // (a resumed run): O(1), since every step takes one global batch.
+  void skip_steps(int64_t steps);
   int64_t steps_per_epoch() const { return windows_.size() / global_; }
 
  private:

@@ -46,9 +46,10 @@ void AtomicFile::commit() {
     std::remove(tmp_.c_str());
     throw IoError(fmt::format("{}: cannot write file: {}", path_, std::strerror(err)));
   }
-  // Make the rename itself durable. A failure here loses nothing already
-  // written, so it is not an error.
-  std::string dir = std::filesystem::path(path_).parent_path().string();
+  fsync_directory(std::filesystem::path(path_).parent_path().string());  // the rename itself
+}
+
+void fsync_directory(const std::string& dir) {
   int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd >= 0) {
     ::fsync(fd);

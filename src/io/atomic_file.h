@@ -33,4 +33,8 @@ class AtomicFile {
 // training are never lost to a typo in an output path.
 void check_creatable(const std::string& path);
 
+// Makes the entries of a directory (files created, renamed or removed in
+// it) durable. Best effort: a failure loses nothing already written.
+void fsync_directory(const std::string& dir);
+
 }  // namespace dpt

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -346,15 +347,20 @@ void SafetensorsReader::read(const std::string& name, uint64_t begin, uint64_t n
   const uint64_t offset = offsets_[static_cast<size_t>(t - tensors_.data())];
   if (t->dtype == DType::F32) {
     pread_exact(fd_, out, n * sizeof(float), offset + begin * sizeof(float), path_);
-    return;
+  } else {
+    std::vector<uint16_t> raw(std::min<uint64_t>(n, kBf16Block));
+    for (uint64_t i = 0; i < n; i += raw.size()) {
+      const size_t m = std::min<uint64_t>(raw.size(), n - i);
+      pread_exact(fd_, raw.data(), m * sizeof(uint16_t), offset + (begin + i) * sizeof(uint16_t), path_);
+      std::transform(raw.begin(), raw.begin() + m, out + i, bf16_to_float);
+    }
   }
-  std::vector<uint16_t> raw(std::min<uint64_t>(n, kBf16Block));
-  for (uint64_t i = 0; i < n; i += raw.size()) {
-    const size_t m = std::min<uint64_t>(raw.size(), n - i);
-    pread_exact(fd_, raw.data(), m * sizeof(uint16_t), offset + (begin + i) * sizeof(uint16_t),
-                path_);
-    std::transform(raw.begin(), raw.begin() + m, out + i, bf16_to_float);
-  }
+  // Weights and optimizer state are finite; NaN or infinity in a file means
+  // a diverged run was saved or the file is damaged.
+  for (uint64_t i = 0; i < n; ++i)
+    if (!std::isfinite(out[i]))
+      throw IoError(fmt::format("{}: tensor '{}' holds {} at element {}: values must be finite", path_, name, out[i],
+                                begin + i));
 }
 
 // ---- Whole files ----

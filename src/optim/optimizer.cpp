@@ -21,6 +21,11 @@ Sgd::Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n)
   if (config_.momentum != 0.0f) state_ = FlatBuffer(n);
 }
 
+std::vector<std::string> Sgd::state_names() const {
+  if (config_.momentum == 0.0f) return {};  // plain SGD keeps nothing
+  return {"momentum_buffer"};
+}
+
 void Sgd::step(float* params, const float* grads, float lr) {
   const float mu = config_.momentum, wd = config_.weight_decay;
   float* buf = state_.f32();

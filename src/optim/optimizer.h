@@ -37,6 +37,14 @@ class Optimizer {
   const OptimizerConfig& config() const { return config_; }
   int64_t steps() const { return steps_; }
 
+  // The state as checkpoints store it: PyTorch's names ("momentum_buffer";
+  // "exp_avg", "exp_avg_sq"), each n elements over the optimizer's span.
+  virtual std::vector<std::string> state_names() const = 0;
+  float* state(size_t i) { return state_.f32() + i * n_; }
+  // Restores the step count (AdamW's bias correction and SGD's first step
+  // depend on it) when a run resumes.
+  void set_steps(int64_t steps) { steps_ = steps; }
+
  protected:
   struct Segment {
     size_t offset, n;  // relative to the span
@@ -55,6 +63,7 @@ class Sgd : public Optimizer {
  public:
   Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n);
   void step(float* params, const float* grads, float lr) override;
+  std::vector<std::string> state_names() const override;
 };
 
 // AdamW, as torch.optim.AdamW: p -= lr * wd * p (decayed slots only), then
@@ -63,6 +72,7 @@ class AdamW : public Optimizer {
  public:
   AdamW(OptimizerConfig config, const Layout& layout, size_t begin, size_t n);
   void step(float* params, const float* grads, float lr) override;
+  std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
 };
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const Layout& layout,

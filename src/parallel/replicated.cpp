@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/types.h"
 #include "models/weights.h"
 #include "parallel/replicas.h"
 #include "train/timeline.h"
@@ -40,6 +41,12 @@ void LocalStrategy::gather_unit(int unit, float* out) {
   const Unit& u = model_.layout().units()[static_cast<size_t>(unit)];
   std::memcpy(out, model_.params() + u.offset, u.numel * sizeof(float));
 }
+
+std::vector<StateSpan> LocalStrategy::state_spans() {
+  return {{.begin = 0, .n = model_.param_count(), .params = model_.params(), .optimizer = opt_.get(), .at = 0}};
+}
+
+void LocalStrategy::restored(int64_t optimizer_steps) { opt_->set_steps(optimizer_steps); }
 
 MemoryBytes LocalStrategy::bytes() const {
   const size_t p = model_.param_count() * sizeof(float);
@@ -77,6 +84,21 @@ void DdpStrategy::begin_micro_step(bool last) { reducer_->prepare(last); }
 double DdpStrategy::finish_backward() { return reducer_->finish(); }
 
 void DdpStrategy::verify(int64_t step) { verify_replicas(model_, pg_, step); }
+
+// Each replica writes and reads one chunk of everything (comm::chunk_range,
+// the all-gather's own cut), so a checkpoint costs every rank 1/N of it.
+std::vector<StateSpan> DdpStrategy::state_spans() {
+  const comm::Range c = comm::chunk_range(model_.param_count(), pg_.size(), pg_.rank());
+  return {{.begin = c.begin, .n = c.size, .params = model_.params() + c.begin, .optimizer = opt_.get(), .at = c.begin}};
+}
+
+void DdpStrategy::restored(int64_t optimizer_steps) {
+  opt_->set_steps(optimizer_steps);
+  const size_t n = model_.param_count();
+  pg_.all_gather(model_.params(), n, DType::F32);
+  for (size_t i = 0; i < opt_->state_names().size(); ++i) pg_.all_gather(opt_->state(i), n, DType::F32);
+  verify_replicas(model_, pg_, 0);
+}
 
 void DdpStrategy::trace(Timeline& tl, int64_t step) const {
   const auto& buckets = reducer_->buckets();

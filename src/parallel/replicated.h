@@ -25,6 +25,8 @@ class LocalStrategy : public Strategy {
   void scale_grads(float factor) override;
   void step(float lr) override;
   void gather_unit(int unit, float* out) override;
+  std::vector<StateSpan> state_spans() override;
+  void restored(int64_t optimizer_steps) override;
   MemoryBytes bytes() const override;
 
  protected:
@@ -43,6 +45,8 @@ class DdpStrategy : public LocalStrategy {
   void begin_micro_step(bool last) override;
   double finish_backward() override;
   void verify(int64_t step) override;
+  std::vector<StateSpan> state_spans() override;
+  void restored(int64_t optimizer_steps) override;
   void trace(Timeline& tl, int64_t step) const override;
   size_t trace_spans() const override;
 

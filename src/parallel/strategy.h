@@ -13,6 +13,8 @@
 //              s.scale_grads(clip)        clipping
 //              s.step(lr)                 the optimizer, then any all-gather
 //   eval and save: s.gather_unit(u, out)  full weights, a unit at a time
+//   checkpoints:   s.state_spans()        what this rank writes and reads
+//                  s.restored(step)       after a resume's reads
 //
 // Implementations: local (one process), ddp (replicas, bucketed all-reduce;
 // parallel/ddp.cpp) and zero1/zero2/zero3 (parallel/zero.cpp). Naive DP keeps
@@ -70,6 +72,16 @@ struct MemoryBytes {
   size_t total() const { return parameters + gradients + optimizer + gathered + scratch; }
 };
 
+// A span [begin, begin + n) of the model's flat parameter buffer and where
+// this rank keeps it: its parameters, and its optimizer state (each of the
+// optimizer's state tensors from element `at` of the optimizer's own span).
+struct StateSpan {
+  size_t begin = 0, n = 0;
+  float* params = nullptr;
+  Optimizer* optimizer = nullptr;
+  size_t at = 0;
+};
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -102,6 +114,17 @@ class Strategy {
   virtual void gather_unit(int unit, float* out) = 0;
   // Collective: checks that replicas are identical (replicated strategies).
   virtual void verify(int64_t /*step*/) {}
+
+  // Checkpoints (train/checkpoint.h): the spans this rank writes, and on
+  // resume reads. Over all ranks they cover every element exactly once, so
+  // a checkpoint is written and read in parallel with nothing read twice (a
+  // replicated strategy cuts the model into chunks as ZeRO does). Called
+  // between steps.
+  virtual std::vector<StateSpan> state_spans() = 0;
+  // Collective, once every rank has read its spans: the optimizer's step
+  // count set, and state this rank holds but did not read (the other chunks
+  // of a replica) gathered from the ranks that did.
+  virtual void restored(int64_t optimizer_steps) = 0;
 
   virtual MemoryBytes bytes() const = 0;
   // Seconds this rank waited for parameter all-gathers since the last call

@@ -276,6 +276,26 @@ void ZeroStrategy::verify(int64_t step) {
   verify_replicas(model_, pg_, step);
 }
 
+// A rank's shards: the parameters it updates and their optimizer state.
+std::vector<StateSpan> ZeroStrategy::state_spans() {
+  std::vector<StateSpan> spans;
+  for (size_t u = 0; u < shards_.size(); ++u) {
+    const int ui = static_cast<int>(u);
+    if (stage_ < 3) wait_param_gather(ui);  // the last step's all-gather still writes the other chunks
+    spans.push_back({.begin = unit(ui).offset + shards_[u].begin, .n = shards_[u].n, .params = param_shard(ui),
+                     .optimizer = opts_[u].get(), .at = 0});
+  }
+  return spans;
+}
+
+void ZeroStrategy::restored(int64_t optimizer_steps) {
+  for (auto& o : opts_) o->set_steps(optimizer_steps);
+  if (stage_ == 3) return;
+  // Stages 1, 2 keep full parameters: every rank read its chunk of each unit.
+  for (const Unit& u : layout_.units()) pg_.all_gather(model_.params() + u.offset, u.numel, DType::F32);
+  verify_replicas(model_, pg_, 0);
+}
+
 MemoryBytes ZeroStrategy::bytes() const {
   size_t opt = 0;
   for (const auto& o : opts_) opt += o->state_bytes();

@@ -67,6 +67,8 @@ class ZeroStrategy : public Strategy, private UnitStore {
   void step(float lr) override;
   void gather_unit(int unit, float* out) override;
   void verify(int64_t step) override;
+  std::vector<StateSpan> state_spans() override;
+  void restored(int64_t optimizer_steps) override;
   MemoryBytes bytes() const override;
   double take_gather_wait() override;
   void trace(Timeline& tl, int64_t step) const override;

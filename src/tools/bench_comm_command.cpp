@@ -24,6 +24,7 @@
 #include "core/membw.h"
 #include "io/atomic_file.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace dpt {
 
@@ -209,17 +210,17 @@ BenchCommCommand::BenchCommCommand(CLI::App& app) {
   cmd_->add_option("--sizes", sizes_, "comma-separated buffer sizes in bytes, K/M/G suffixes (binary)")
       ->capture_default_str();
   cmd_->add_option("--iters", iters_, "timed runs per size")
-      ->check(CLI::Range(1, 1000000))
+      ->check(number_check(1, 1e6, false, false, "between 1 and 1000000"))
       ->capture_default_str();
   cmd_->add_option("--warmup", warmup_, "untimed runs before them")
-      ->check(CLI::Range(0, 1000000))
+      ->check(number_check(0, 1e6, false, false, "between 0 and 1000000"))
       ->capture_default_str();
   cmd_->add_option("--transport", transport_,
                    "ring transport: auto, shm or mpi (default: DPT_COMM_TRANSPORT or auto)")
       ->check(CLI::IsMember({"auto", "shm", "mpi"}));
   cmd_->add_option("--timeout", timeout_s_,
                    "seconds before a stuck collective fails (default: DPT_COMM_TIMEOUT or 300)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd_->add_option("--json", json_, "write the results here (rank 0)");
 }
 

@@ -76,8 +76,11 @@ class LaunchCommand {
   std::vector<std::string> mpirun_args() const;  // the command line run() execs
 
  private:
+  int run_with_restarts(const std::vector<std::string>& args) const;
+
   CLI::App* cmd_;
   int ranks_ = 0;
+  int max_restarts_ = 0;
   std::string hostfile_, bind_ = "none";
   bool dry_run_ = false;
   std::vector<std::string> command_;

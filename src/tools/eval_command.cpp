@@ -9,6 +9,7 @@
 #include "models/gpt.h"
 #include "models/weights.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 #include "train/evaluate.h"
 
 namespace dpt {
@@ -24,8 +25,8 @@ EvalCommand::EvalCommand(CLI::App& app) {
       ->check(CLI::IsMember({"llmc", "u16", "bytes"}));
   cmd_->add_option("--load-format", load_format_, "--weights' layout: dpt or hf (default: told by names and shapes)")
       ->check(CLI::IsMember({"dpt", "hf"}));
-  cmd_->add_option("--batch", batch_, "samples per forward pass")->check(CLI::PositiveNumber);
-  cmd_->add_option("--threads", threads_, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--batch", batch_, "samples per forward pass")->check(positive());
+  cmd_->add_option("--threads", threads_, "threads (default: all cores)")->check(non_negative());
 }
 
 int EvalCommand::run() {

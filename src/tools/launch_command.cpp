@@ -1,6 +1,9 @@
 // `dpt launch`: mpirun with the defaults a dptrain job wants (docs/launch.md
 // says why each one is there).
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <cctype>
@@ -16,7 +19,9 @@
 #include <utility>
 
 #include "core/error.h"
+#include "train/checkpoint.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 extern char** environ;
 
@@ -114,6 +119,10 @@ LaunchCommand::LaunchCommand(CLI::App& app) {
   cmd_->add_option("--bind", bind_, "none (default): ranks float over all cores; core: pin each rank to one")
       ->check(CLI::IsMember({"none", "core"}));
   cmd_->add_flag("--dry-run", dry_run_, "print the mpirun command instead of running it");
+  cmd_->add_option("--max-restarts", max_restarts_,
+                   "when the job fails, run it again from the latest checkpoint of its --checkpoint-dir, at most this "
+                   "many times")
+      ->check(non_negative());
   cmd_->add_option("command", command_, "the command each rank runs, after --");
   cmd_->footer("Example: dpt launch -n 2 -- build/dpt train --model mlp");
 }
@@ -166,6 +175,102 @@ std::vector<std::string> LaunchCommand::mpirun_args() const {
   return args;
 }
 
+namespace {
+
+// The value of `flag` in a command ("--flag v" or "--flag=v"), or "".
+std::string flag_value(const std::vector<std::string>& cmd, const std::string& flag) {
+  for (size_t i = 0; i < cmd.size(); ++i) {
+    if (cmd[i] == flag && i + 1 < cmd.size()) return cmd[i + 1];
+    if (cmd[i].rfind(flag + "=", 0) == 0) return cmd[i].substr(flag.size() + 1);
+  }
+  return "";
+}
+
+// The command with "--resume dir" in place of any --resume it had.
+std::vector<std::string> with_resume(const std::vector<std::string>& cmd, const std::string& dir) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < cmd.size(); ++i) {
+    if (cmd[i] == "--resume") {
+      ++i;
+      continue;
+    }
+    if (cmd[i].rfind("--resume=", 0) == 0) continue;
+    out.push_back(cmd[i]);
+  }
+  out.insert(out.end(), {"--resume", dir});
+  return out;
+}
+
+volatile std::sig_atomic_t g_child = 0, g_stop = 0;
+
+// A signal to the launcher (a scheduler's SIGTERM, Ctrl-C) goes to the job,
+// and the job is not restarted after it: stopping was asked for.
+void forward_signal(int sig) {
+  g_stop = sig;
+  if (g_child > 0) ::kill(static_cast<pid_t>(g_child), sig);
+}
+
+// Runs args to completion; returns its exit status (128 + signal if killed).
+int run_child(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw InputError(fmt::format("cannot start {}: {}", args[0], std::strerror(errno)));
+  if (pid == 0) {
+    ::execvp(args[0].c_str(), argv.data());
+    std::fprintf(stderr, "dpt: error: cannot run %s: %s (install openmpi-bin)\n", args[0].c_str(), std::strerror(errno));
+    ::_exit(127);
+  }
+  g_child = pid;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  g_child = 0;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+// torchrun's elastic restart, for a fixed world: the job runs again from its
+// latest complete checkpoint (from the start if it has none yet) until it
+// succeeds, is stopped by a signal, or has failed max_restarts + 1 times.
+int LaunchCommand::run_with_restarts(const std::vector<std::string>& args) const {
+  const std::string dir = flag_value(command_, "--checkpoint-dir");
+  if (dir.empty())
+    throw InputError("--max-restarts restarts from checkpoints: give the command a --checkpoint-dir");
+  struct sigaction sa {};
+  sa.sa_handler = forward_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  const size_t command_at = args.size() - command_.size();
+  std::vector<std::string> run = args;
+  for (int attempt = 0;; ++attempt) {
+    const int status = run_child(run);
+    if (status == 0 || g_stop) return status;
+    if (attempt == max_restarts_) {
+      std::fprintf(stderr, "dpt launch: the job failed (exit status %d) and has used its %d restart%s\n", status,
+                   max_restarts_, max_restarts_ == 1 ? "" : "s");
+      return status;
+    }
+    std::string from = "its start (no complete checkpoint yet)";
+    run = args;
+    try {
+      const std::string latest = find_checkpoint(dir);
+      std::vector<std::string> cmd = with_resume(command_, dir);
+      run.resize(command_at);
+      run.insert(run.end(), cmd.begin(), cmd.end());
+      from = latest;
+    } catch (const InputError&) {
+    }
+    std::fprintf(stderr, "dpt launch: the job failed (exit status %d); restart %d of %d from %s\n", status,
+                 attempt + 1, max_restarts_, from.c_str());
+  }
+}
+
 int LaunchCommand::run() {
   const auto args = mpirun_args();
   if (dry_run_) {
@@ -174,6 +279,7 @@ int LaunchCommand::run() {
     std::printf("%s\n", line.c_str());
     return 0;
   }
+  if (max_restarts_ > 0) return run_with_restarts(args);
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

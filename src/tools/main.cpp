@@ -47,8 +47,14 @@ int main(int argc, char** argv) {
   dpt::BenchDataCommand bench_data(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // A flag error is a user error like any other: one sentence, exit 1
+    // (CLI11's own codes, 105 and up, mean nothing to a user or a script).
+    return fail(1, "error: ", e.what());
   }
   try {
     if (train.chosen()) return train.run();

@@ -1,5 +1,6 @@
 #include "models/presets.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace dpt {
 
@@ -11,15 +12,15 @@ void ModelFlags::add(CLI::App* cmd) {
                   "(vocabulary 50257 held as 50304 rows, context 1024; other flags override)")
       ->check(CLI::IsMember(names));
   cmd->add_option("--sizes", sizes, "mlp: layer sizes, inputs to classes (784,1024,1024,10)");
-  cmd->add_option("--vocab", vocab, "gpt: vocabulary size (256)")->check(CLI::PositiveNumber);
+  cmd->add_option("--vocab", vocab, "gpt: vocabulary size (256)")->check(positive());
   cmd->add_option("--padded-vocab", padded_vocab,
                   "gpt: embedding rows held in memory, >= --vocab (the gpt2 presets: 50304, a multiple of 64); "
                   "the pad rows are never trained nor saved")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--layers", layers, "gpt: transformer blocks (4)")->check(CLI::PositiveNumber);
-  cmd->add_option("--heads", heads, "gpt: attention heads (4)")->check(CLI::PositiveNumber);
-  cmd->add_option("--width", width, "gpt: embedding width (256)")->check(CLI::PositiveNumber);
-  cmd->add_option("--context", context, "gpt: context length (128)")->check(CLI::PositiveNumber);
+      ->check(positive());
+  cmd->add_option("--layers", layers, "gpt: transformer blocks (4)")->check(positive());
+  cmd->add_option("--heads", heads, "gpt: attention heads (4)")->check(positive());
+  cmd->add_option("--width", width, "gpt: embedding width (256)")->check(positive());
+  cmd->add_option("--context", context, "gpt: context length (128)")->check(positive());
 }
 
 std::map<std::string, std::string> ModelFlags::hparams() const {

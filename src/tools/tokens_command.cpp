@@ -7,6 +7,7 @@
 #include "data/byte_corpus.h"
 #include "data/shard_writer.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace dpt {
 
@@ -18,9 +19,9 @@ TokensCommand::TokensCommand(CLI::App& app) {
   cmd_->add_option("--out", out_, "directory for the shards")->required();
   cmd_->add_option("--name", name_, "shard name prefix: <out>/<name>_train_000000.bin ...");
   cmd_->add_option("--shard-tokens", shard_tokens_, "tokens per shard (llm.c's fineweb: 100,000,000)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd_->add_option("--val-tokens", val_tokens_, "the last this many tokens go to <name>_val_000000.bin")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
 }
 
 int TokensCommand::run() {

@@ -4,11 +4,12 @@
 #include "io/safetensors.h"
 #include "models/hf_gpt2.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace dpt {
 
 TrainCommand::TrainCommand(CLI::App& app) {
-  cmd_ = app.add_subcommand("train", "train a model on one process");
+  cmd_ = app.add_subcommand("train", "train a model: one process, or one rank of a job under a launcher (dpt launch)");
   model_.add(cmd_);
   auto& o = opts_;
   cmd_->add_option("--data", o.data,
@@ -22,37 +23,37 @@ TrainCommand::TrainCommand(CLI::App& app) {
                    "gpt: held-out shards or text (default: the last --val-fraction of --data)");
   cmd_->add_flag("--synthetic", o.synthetic, "random batches (measures compute, not data)");
   cmd_->add_option("--steps", o.steps, "optimizer steps (default: 3 epochs for mlp, 200 for gpt)")
-      ->check(CLI::NonNegativeNumber);
-  cmd_->add_option("--epochs", o.epochs, "mlp: epochs when --steps is not given")->check(CLI::PositiveNumber);
-  cmd_->add_option("--batch", o.batch, "samples per step (default 256 mlp, 16 gpt)")->check(CLI::PositiveNumber);
-  cmd_->add_option("--grad-accum", o.grad_accum, "micro-batches per step")->check(CLI::PositiveNumber);
+      ->check(non_negative());
+  cmd_->add_option("--epochs", o.epochs, "mlp: epochs when --steps is not given")->check(positive());
+  cmd_->add_option("--batch", o.batch, "samples per step (default 256 mlp, 16 gpt)")->check(positive());
+  cmd_->add_option("--grad-accum", o.grad_accum, "micro-batches per step")->check(positive());
   cmd_->add_option("--optimizer", o.optimizer.name, "sgd or adamw (default sgd mlp, adamw gpt)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
   cmd_->add_option("--lr", o.schedule.lr, "learning rate (default 0.05 sgd, 3e-4 adamw)")
-      ->check(CLI::PositiveNumber);
-  cmd_->add_option("--momentum", o.optimizer.momentum, "sgd momentum")->check(CLI::Range(0.0, 1.0));
-  cmd_->add_option("--beta1", o.optimizer.beta1, "adamw beta1")->check(CLI::Range(0.0, 1.0));
-  cmd_->add_option("--beta2", o.optimizer.beta2, "adamw beta2")->check(CLI::Range(0.0, 1.0));
-  cmd_->add_option("--eps", o.optimizer.eps, "adamw epsilon")->check(CLI::PositiveNumber);
+      ->check(positive());
+  cmd_->add_option("--momentum", o.optimizer.momentum, "sgd momentum")->check(fraction(0.0, 1.0));
+  cmd_->add_option("--beta1", o.optimizer.beta1, "adamw beta1")->check(fraction_below(0.0, 1.0));
+  cmd_->add_option("--beta2", o.optimizer.beta2, "adamw beta2")->check(fraction_below(0.0, 1.0));
+  cmd_->add_option("--eps", o.optimizer.eps, "adamw epsilon")->check(positive());
   cmd_->add_option("--weight-decay", o.optimizer.weight_decay,
                    "weight decay on matrices (default 0.1 adamw, 0 sgd)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd_->add_option("--schedule", o.schedule.kind, "constant or cosine (after --warmup)")
       ->check(CLI::IsMember({"constant", "cosine"}));
-  cmd_->add_option("--warmup", o.schedule.warmup, "steps of linear warm-up")->check(CLI::NonNegativeNumber);
-  cmd_->add_option("--min-lr", o.schedule.min_lr, "cosine: final learning rate")->check(CLI::NonNegativeNumber);
+  cmd_->add_option("--warmup", o.schedule.warmup, "steps of linear warm-up")->check(non_negative());
+  cmd_->add_option("--min-lr", o.schedule.min_lr, "cosine: final learning rate")->check(non_negative());
   cmd_->add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd_->add_option("--seed", o.seed, "seed of initialisation and sampling");
   cmd_->add_option("--threads", threads_, "threads for GEMM and kernels (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd_->add_option("--val-fraction", o.val_fraction, "gpt: held-out tail of the data (windows of token shards)")
-      ->check(CLI::Range(0.0, 0.99));
+      ->check(fraction(0.0, 0.99));
   cmd_->add_option("--eval-every", o.eval_every, "steps between evaluations (0: at the end only)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd_->add_option("--eval-windows", o.eval_windows, "gpt: validation windows per evaluation (0: all)")
-      ->check(CLI::NonNegativeNumber);
-  cmd_->add_option("--log-every", o.log_every, "steps between progress updates")->check(CLI::PositiveNumber);
+      ->check(non_negative());
+  cmd_->add_option("--log-every", o.log_every, "steps between progress updates")->check(positive());
   cmd_->add_option("--load", o.load, "start from these safetensors weights");
   cmd_->add_option("--load-format", o.load_format,
                    "--load's layout: dpt (the engine's, nanoGPT's names) or hf (Hugging Face GPT-2, Conv1D "
@@ -61,13 +62,20 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--save", o.save, "write the trained weights (safetensors)");
   cmd_->add_option("--save-format", o.save_format, "--save's layout: dpt (default) or hf (Hugging Face GPT-2)")
       ->check(CLI::IsMember({"dpt", "hf"}));
+  cmd_->add_option("--checkpoint-dir", o.checkpoint_dir,
+                   "write checkpoints here (every --checkpoint-every steps, and when SIGTERM or SIGINT stops the run)");
+  cmd_->add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: only on a signal)")
+      ->check(non_negative());
+  cmd_->add_option("--keep", o.keep, "checkpoints kept, the newest (0: all)")->check(non_negative());
+  cmd_->add_option("--resume", o.resume,
+                   "continue from a checkpoint: a --checkpoint-dir (its latest) or one step-N directory in it");
   cmd_->add_option("--metrics-out", o.metrics_out, "write one JSON line per logged step");
   cmd_->add_option("--summary-out", o.summary_out, "write the end-of-run summary as JSON");
   cmd_->add_option("--trace-out", o.trace_out,
                    "write a timeline of the last steps (every rank's compute and communication) as a Chrome "
                    "trace: open in ui.perfetto.dev, or draw with bench/plot_timeline.py");
   cmd_->add_option("--trace-steps", o.trace_steps, "steps in the --trace-out timeline (the last ones)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd_->add_option("--baseline", o.baseline, "a 1-rank run's --summary-out: report scaling efficiency against it");
   cmd_->add_flag("--quiet", o.quiet, "print nothing but errors");
   // Strategy and communication.
@@ -87,24 +95,24 @@ TrainCommand::TrainCommand(CLI::App& app) {
       ->check(CLI::IsMember({"none", "forward", "backward", "both"}));
   cmd_->add_option("--memory-budget-mb", memory_budget_mb_,
                    "refuse a run whose ranks on this host would need more than this (default: available memory)")
-      ->check(CLI::PositiveNumber);
-  cmd_->add_option("--dp-replicas", o.dp_replicas, "dp: replica threads")->check(CLI::PositiveNumber);
-  cmd_->add_option("--bucket-mb", bucket_mb_, "ddp: bucket cap in MiB")->check(CLI::PositiveNumber);
+      ->check(positive());
+  cmd_->add_option("--dp-replicas", o.dp_replicas, "dp: replica threads")->check(positive());
+  cmd_->add_option("--bucket-mb", bucket_mb_, "ddp: bucket cap in MiB")->check(positive());
   cmd_->add_option("--first-bucket-mb", first_bucket_mb_, "ddp: cap of the first bucket in MiB")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd_->add_flag("--no-overlap", no_overlap_, "ddp: all-reduce the buckets after backward, not during it");
   cmd_->add_flag("--per-param", o.ddp.per_param, "ddp: one all-reduce per parameter tensor, no buckets");
   cmd_->add_option("--sampler-tail", o.sampler_tail,
                    "samples left when the dataset does not divide by the ranks: drop or pad")
       ->check(CLI::IsMember({"drop", "pad"}));
   cmd_->add_option("--verify-every", o.verify_every, "steps between checks that all replicas are identical")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd_->add_option("--comm-algo", comm_algo_, "collectives: ring (the engine's) or mpi (MPI's)")
       ->check(CLI::IsMember({"ring", "mpi"}));
   cmd_->add_option("--transport", transport_, "ring links: auto, shm or mpi")
       ->check(CLI::IsMember({"auto", "shm", "mpi"}));
   cmd_->add_option("--comm-timeout", comm_timeout_s_, "seconds before a stalled collective is an error")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
 }
 
 int TrainCommand::run() {
@@ -133,8 +141,8 @@ int TrainCommand::run() {
   // Threads per rank: all cores for one process; with several ranks on a
   // host, the launcher's OMP_NUM_THREADS (dpt launch sets cores / ranks).
   set_threads(threads_ > 0 ? threads_ : (pg->size() > 1 ? omp_threads_from_env() : 0));
-  run_training(opts_, *pg);
-  return 0;
+  const TrainResult r = run_training(opts_, *pg);
+  return r.stopped_by ? 128 + r.stopped_by : 0;  // as a shell reports a signalled process
 }
 
 }  // namespace dpt

@@ -111,6 +111,18 @@ void DataSource::next(Batch& b) {
   }
 }
 
+void DataSource::skip_steps(int64_t steps, int64_t global_batch, int64_t grad_accum) {
+  if (epochs_) epochs_->skip(steps * grad_accum);
+  if (windows_) windows_->skip(steps * global_batch);
+  if (shard_sampler_) shard_sampler_->skip_steps(steps);
+}
+
+nlohmann::json DataSource::position() const {
+  if (epochs_) return {{"epoch", epochs_->epoch()}, {"position_in_share", epochs_->position()}};
+  if (shard_sampler_) return {{"epoch", shard_sampler_->state().epoch}, {"windows", shard_sampler_->state().position}};
+  return nlohmann::json::object();
+}
+
 int64_t DataSource::steps(const TrainOptions& o) const {
   if (o.steps > 0) return o.steps;
   if (epochs_) return o.epochs * epochs_->steps_per_epoch() / o.grad_accum;

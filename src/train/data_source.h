@@ -6,6 +6,8 @@
 #include <memory>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "data/batches.h"
 #include "data/byte_corpus.h"
 #include "data/fashion_mnist.h"
@@ -36,9 +38,14 @@ class DataSource {
   DataSource(const TrainOptions& o, const Model& model, std::shared_ptr<const Datasets> sets, int64_t micro,
              int rank, int world);
   void next(Batch& b);
-  // The token-shard sampler's position, for checkpoints (see ShardSampler);
-  // nullptr for other data, whose samplers have no resumable state yet.
-  ShardSampler* shard_sampler() { return shard_sampler_.get(); }
+  // Moves to where the data stands after `steps` optimizer steps of
+  // `global_batch` samples in `grad_accum` micro-batches each (a resumed
+  // run). The global batch of a step is the same at any world size, so a
+  // run resumed on other ranks sees the same samples.
+  void skip_steps(int64_t steps, int64_t global_batch, int64_t grad_accum);
+  // Where the data stands, for a checkpoint's manifest (token shards: the
+  // ShardSampler's epoch and windows handed out).
+  nlohmann::json position() const;
   // The run's optimizer steps: --steps, else o.epochs epochs (mlp on real
   // data; W-MLP's 3 epochs, 702 steps, when synthetic), else 200 (gpt).
   int64_t steps(const TrainOptions& o) const;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/stats.h"
 #include "core/gemm_peak.h"
 #include "core/memory.h"
@@ -22,9 +23,12 @@
 #include "io/safetensors.h"
 #include "models/weights.h"
 #include "parallel/replicas.h"
+#include "train/checkpoint.h"
 #include "train/data_source.h"
+#include "train/metrics_file.h"
 #include "train/progress.h"
 #include "train/report.h"
+#include "train/stop_signal.h"
 #include "train/timeline.h"
 
 namespace dpt {
@@ -266,7 +270,7 @@ struct LoggedStep {
 // Checks what is logged (a gradient norm that is not finite means the update
 // just applied put NaN or infinity into the parameters), averages the loss
 // over the ranks, and shows the step. Returns the global batch's loss.
-double log_step_out(comm::ProcessGroup& pg, Progress& progress, AtomicFile* metrics, bool mlp, const LoggedStep& s,
+double log_step_out(comm::ProcessGroup& pg, Progress& progress, MetricsFile* metrics, bool mlp, const LoggedStep& s,
                     double rate) {
   if (!std::isfinite(s.grad_norm))
     throw InputError(fmt::format("training diverged: gradient norm is {} at step {}", s.grad_norm, s.step));
@@ -291,8 +295,7 @@ double log_step_out(comm::ProcessGroup& pg, Progress& progress, AtomicFile* metr
       j[mlp ? "test_loss" : "val_loss"] = s.ev->loss();
       if (mlp) j["test_accuracy"] = s.ev->accuracy();
     }
-    metrics->write(j.dump() + "\n");
-    metrics->flush();
+    metrics->write_line(j.dump());
   }
   return loss;
 }
@@ -306,6 +309,174 @@ void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model&
   check_fits(so, model, model.activation_bytes_for(micro), pg.size(), ranks_on_host(pg.size()), available);
 }
 
+namespace {
+
+// A float as the user wrote it (0.9, not 0.8999999761581421).
+json number(float f) { return json::parse(fmt::format("{}", f)); }
+
+// The settings that decide a run's numbers, kept in its checkpoints: a run
+// resumed with other values continues, but is told it is not the same run.
+json run_settings(const TrainOptions& o) {
+  const OptimizerConfig& opt = o.optimizer;
+  const Schedule& s = o.schedule;
+  return {{"model", o.model},
+          {"data", o.data},
+          {"synthetic", o.synthetic},
+          {"batch", o.batch},
+          {"grad_accum", o.grad_accum},
+          {"seed", o.seed},
+          {"clip", number(o.clip)},
+          {"val_fraction", o.val_fraction},
+          {"sampler_tail", o.sampler_tail},
+          {"optimizer", {{"name", opt.name}, {"momentum", number(opt.momentum)}, {"beta1", number(opt.beta1)},
+                         {"beta2", number(opt.beta2)}, {"eps", number(opt.eps)},
+                         {"weight_decay", number(opt.weight_decay)}}},
+          {"schedule", {{"kind", s.kind}, {"lr", number(s.lr)}, {"min_lr", number(s.min_lr)}, {"warmup", s.warmup},
+                        {"total_steps", s.total_steps}}}};
+}
+
+// "batch: 16 in the checkpoint, 32 now" for every setting that differs.
+std::vector<std::string> changed_settings(const json& saved, const json& now, const std::string& prefix = "") {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : now.items()) {
+    const std::string name = prefix + k;
+    if (!saved.contains(k)) {
+      out.push_back(fmt::format("{}: not in the checkpoint, {} now", name, v.dump()));
+    } else if (v.is_object() && saved[k].is_object()) {
+      auto inner = changed_settings(saved[k], v, name + ".");
+      out.insert(out.end(), inner.begin(), inner.end());
+    } else if (saved[k] != v) {
+      out.push_back(fmt::format("{}: {} in the checkpoint, {} now", name, saved[k].dump(), v.dump()));
+    }
+  }
+  return out;
+}
+
+// The checkpoint's model, with the flags over it (a flag that disagrees is
+// then refused by load_checkpoint, naming both values).
+std::map<std::string, std::string> resumed_hparams(const TrainOptions& o, const CheckpointInfo& saved) {
+  std::map<std::string, std::string> hp = saved.model;
+  for (const auto& [k, v] : o.hparams) hp[k] = v;
+  hp["dpt.model"] = o.model;
+  return hp;
+}
+
+// Every rank stops at the same step: the first signal any rank got.
+int agreed_signal(comm::ProcessGroup& pg) {
+  float sig = static_cast<float>(StopSignals::received());
+  if (pg.size() > 1) pg.all_reduce(&sig, 1, DType::F32, comm::ReduceOp::Max);
+  return static_cast<int>(sig);
+}
+
+// What one optimizer step needs, and what it gives.
+struct StepContext {
+  const TrainOptions& o;
+  comm::ProcessGroup& pg;
+  Model& model;
+  Strategy& strategy;
+  DataSource& data;
+  Batch& batch;
+  float loss_scale;  // the strategy's, over the micro-batches
+};
+struct StepOutcome {
+  double loss = 0.0, grad_norm = 0.0;
+  float lr = 0.0f;
+  StepBreakdown t;
+};
+
+// One optimizer step: grad_accum micro-steps of forward and backward, the
+// wait for the reductions, clipping, the update. Timed by phase; traced
+// into tl when given.
+StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl) {
+  const TrainOptions& o = c.o;
+  const int rank = c.pg.rank();
+  StepOutcome out;
+  StepBreakdown& t = out.t;
+  auto t0 = Clock::now();
+  c.strategy.begin_step();
+  for (int64_t k = 0; k < o.grad_accum; ++k) {
+    auto td = Clock::now();
+    c.data.next(c.batch);
+    t.data_ms += since_ms(td);
+    c.strategy.begin_micro_step(k == o.grad_accum - 1);  // no_sync before the last
+    auto tf = Clock::now();
+    c.pg.set_phase("forward");
+    fault_point("forward", step + 1, rank);
+    out.loss += c.model.forward(c.batch).loss;
+    auto tb = Clock::now();
+    t.forward_ms += std::chrono::duration<double, std::milli>(tb - tf).count();
+    c.pg.set_phase("backward");
+    fault_point("backward", step + 1, rank);
+    c.model.backward(c.loss_scale);
+    t.backward_ms += since_ms(tb);
+    if (tl) {
+      tl->add(Timeline::Data, step, td, tf);
+      tl->add(Timeline::Forward, step, tf, tb);
+      tl->add(Timeline::Backward, step, tb, Clock::now());
+    }
+  }
+  out.loss /= static_cast<double>(o.grad_accum);
+  auto tw = Clock::now();
+  fault_point("reduce", step + 1, rank);
+  t.comm_wait_ms = c.strategy.finish_backward() * 1000.0;
+  t.gather_ms = c.strategy.take_gather_wait() * 1000.0;
+  auto to = Clock::now();
+  if (tl && c.pg.size() > 1) tl->add(Timeline::CommWait, step, tw, to);  // one process waits for nothing
+  // The global gradient norm is needed to clip, and logged; it costs a pass
+  // over the gradients (and a collective where they are sharded), so it is
+  // skipped on other steps. Every rank takes the same branch.
+  c.pg.set_phase("optimizer");  // the norm's collective, zero1/2's all-gathers
+  fault_point("optimizer", step + 1, rank);
+  if (o.clip > 0.0f || log_step) out.grad_norm = std::sqrt(c.strategy.grad_norm_squared());
+  if (o.clip > 0.0f) c.strategy.scale_grads(clip_factor(out.grad_norm, o.clip));
+  out.lr = o.schedule.at(step);
+  c.strategy.step(out.lr);
+  t.optimizer_ms = since_ms(to);
+  c.pg.set_phase("other");  // evaluation, the logged loss, replica checks
+  if (tl) {
+    tl->add(Timeline::Optimizer, step, to, Clock::now());
+    c.strategy.trace(*tl, step);
+  }
+  t.step_ms = since_ms(t0);
+  if (!std::isfinite(out.loss))
+    throw InputError(fmt::format("training diverged: loss is {} at step {}", out.loss, step));
+  return out;
+}
+
+CheckpointInfo checkpoint_info(const TrainOptions& o, const Model& model, const DataSource& data, int64_t step,
+                               int world) {
+  CheckpointInfo info;
+  info.step = step;
+  info.model = model.metadata();
+  info.optimizer = o.optimizer.name;
+  info.settings = run_settings(o);
+  info.data = data.position();
+  info.data["samples"] = step * o.batch;
+  info.strategy = o.strategy;
+  info.world = world;
+  return info;
+}
+
+// Loads the checkpoint into the strategy, moves the data to where it
+// stood, and tells the user what continues. Returns the step to start at.
+int64_t resume_from(const std::string& path, const CheckpointInfo& saved, const TrainOptions& o, Model& model,
+                    Strategy& strategy, DataSource& data, comm::ProcessGroup& pg, int64_t steps) {
+  if (saved.step >= steps)
+    throw InputError(fmt::format("{}: the checkpoint is at step {}, and this run has {} steps: nothing to resume",
+                                 path, saved.step, steps));
+  load_checkpoint(path, saved, strategy, model, pg);
+  data.skip_steps(saved.step, o.batch, o.grad_accum);
+  if (pg.rank() == 0 && !o.quiet) {
+    std::printf("resuming %s at step %lld (written by %s on %d rank%s)\n", path.c_str(),
+                static_cast<long long>(saved.step), saved.strategy.c_str(), saved.world, saved.world == 1 ? "" : "s");
+    for (const std::string& c : changed_settings(saved.settings, run_settings(o)))
+      std::printf("note: %s; the run continues, but not as the run that wrote the checkpoint\n", c.c_str());
+  }
+  return saved.step;
+}
+
+}  // namespace
+
 TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   apply_defaults(o);
   const int rank = pg.rank(), world = pg.size();
@@ -315,16 +486,26 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (o.strategy == "dp") {
     if (world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
     if (!o.trace_out.empty()) throw InputError("--trace-out records training across ranks, not --strategy dp");
+    if (!o.checkpoint_dir.empty() || !o.resume.empty())
+      throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
     return run_dp_training(o);
   }
+  if (!o.load.empty() && !o.resume.empty())
+    throw InputError("--load and --resume both give the starting weights; give one");
   const int64_t micro = micro_batch(o, world, "ranks");
-  // Read now: a bad baseline must fail before training, not after it.
+  // Read now: a bad baseline or checkpoint must fail before training, not after it.
   const double baseline = o.baseline.empty() ? 0.0 : read_baseline_throughput(o.baseline);
+  std::string resume_path;
+  std::optional<CheckpointInfo> saved;
+  if (!o.resume.empty()) {
+    resume_path = find_checkpoint(o.resume);
+    saved = read_checkpoint_info(resume_path);
+  }
   const bool mlp = o.model == "mlp";
 
   // The model's shape first; where its parameters live, and their initial
   // values, are the strategy's (a zero3 rank never holds them all).
-  auto model = make_model(model_hparams(o));
+  auto model = make_model(saved ? resumed_hparams(o, *saved) : model_hparams(o));
   const StrategyOptions so = strategy_options(o);
   check_memory(o, so, *model, micro, pg);
   auto strategy = make_strategy(so, *model, pg, {o.seed, o.load, parse_weight_format(o.load_format)});
@@ -332,25 +513,26 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   DataSource data(o, *model, load_datasets(o, *model), micro, rank, world);
   const int64_t steps = data.steps(o);
   o.schedule.total_steps = steps;
+  const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps) : 0;
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
     if (!data.evaluable()) return std::nullopt;
     return combine(data.evaluate(*model, micro, o.eval_windows, rank, world), pg);
   };
 
-  std::unique_ptr<AtomicFile> metrics;
-  if (lead && !o.metrics_out.empty()) metrics = std::make_unique<AtomicFile>(o.metrics_out);
+  std::unique_ptr<MetricsFile> metrics;
+  if (lead && !o.metrics_out.empty()) metrics = std::make_unique<MetricsFile>(o.metrics_out, saved ? start : -1);
   const bool quiet = o.quiet || !lead;
   Progress progress(steps, quiet, mlp ? "samples/s" : "tokens/s");
   if (!quiet) print_header(o, *model, *strategy, world, micro, steps, data.evaluable());
 
   TrainResult r;
   Batch batch;
-  StepTimes times(steps);
+  StepTimes times(steps - start);
   const double per_step = static_cast<double>(o.batch * (mlp ? 1 : model->positions()));
   // The strategy's loss scale carries the 1/world of the average, so every
   // reduction is a plain sum and every gradient element is scaled once.
-  const float loss_scale = strategy->loss_scale() / static_cast<float>(o.grad_accum);
+  StepContext context{o, pg, *model, *strategy, data, batch, strategy->loss_scale() / static_cast<float>(o.grad_accum)};
   const uint64_t bytes_at_start = pg.ledger().total().bytes_sent;
   const auto phases_at_start = pg.ledger().phases();
   // The timeline records only the last trace_steps steps: per step data,
@@ -362,80 +544,57 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (!o.trace_out.empty())
     timeline.emplace(static_cast<size_t>(std::min(o.trace_steps, steps)) *
                      (3 * static_cast<size_t>(o.grad_accum) + 2 + strategy->trace_spans()));
+  // With checkpoints on, a signal stops the run after its step (with a
+  // checkpoint); without, it ends the process as it always has.
+  const bool checkpointing = !o.checkpoint_dir.empty();
+  std::optional<StopSignals> signals;
+  if (checkpointing) signals.emplace();
   strategy->take_gather_wait();
   auto run_start = Clock::now();
-  for (int64_t step = 0; step < steps; ++step) {
-    auto t0 = Clock::now();
+  int64_t step = start;
+  for (; step < steps; ++step) {
     Timeline* tl = timeline && step >= steps - o.trace_steps ? &*timeline : nullptr;
-    double d_ms = 0, f_ms = 0, b_ms = 0, w_ms = 0;
-    strategy->begin_step();
-    double loss = 0.0;
-    for (int64_t k = 0; k < o.grad_accum; ++k) {
-      auto td = Clock::now();
-      data.next(batch);
-      d_ms += since_ms(td);
-      strategy->begin_micro_step(k == o.grad_accum - 1);  // no_sync before the last
-      auto tf = Clock::now();
-      pg.set_phase("forward");
-      loss += model->forward(batch).loss;
-      auto tb = Clock::now();
-      f_ms += std::chrono::duration<double, std::milli>(tb - tf).count();
-      pg.set_phase("backward");
-      model->backward(loss_scale);
-      b_ms += since_ms(tb);
-      if (tl) {
-        tl->add(Timeline::Data, step, td, tf);
-        tl->add(Timeline::Forward, step, tf, tb);
-        tl->add(Timeline::Backward, step, tb, Clock::now());
-      }
-    }
-    loss /= static_cast<double>(o.grad_accum);
-    auto tw = Clock::now();
-    w_ms = strategy->finish_backward() * 1000.0;
-    const double g_ms = strategy->take_gather_wait() * 1000.0;
-    auto to = Clock::now();
-    if (tl && world > 1) tl->add(Timeline::CommWait, step, tw, to);  // one process waits for nothing
-    // The global gradient norm is needed to clip, and logged; it costs a
-    // pass over the gradients (and a collective where they are sharded), so
-    // it is skipped on other steps. Every rank takes the same branch.
-    pg.set_phase("optimizer");  // the norm's collective, zero1/2's all-gathers
     const bool log_step = (step + 1) % o.log_every == 0 || step + 1 == steps;
-    double grad_norm = 0.0;
-    if (o.clip > 0.0f || log_step) grad_norm = std::sqrt(strategy->grad_norm_squared());
-    if (o.clip > 0.0f) strategy->scale_grads(clip_factor(grad_norm, o.clip));
-    const float lr = o.schedule.at(step);
-    strategy->step(lr);
-    const double o_ms = since_ms(to);
-    pg.set_phase("other");  // evaluation, the logged loss, replica checks
-    if (tl) {
-      tl->add(Timeline::Optimizer, step, to, Clock::now());
-      strategy->trace(*tl, step);
-    }
-    const StepBreakdown t{d_ms, f_ms, b_ms, g_ms, w_ms, o_ms, since_ms(t0)};
-    times.add(t);
-    if (!std::isfinite(loss))
-      throw InputError(fmt::format("training diverged: loss is {} at step {}", loss, step));
+    const StepOutcome s = train_step(context, step, log_step, tl);
+    times.add(s.t);
     if (o.verify_every > 0 && world > 1 && (step + 1) % o.verify_every == 0) strategy->verify(step + 1);
 
     std::optional<EvalResult> ev;
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < steps) ev = evaluate();
-    if (log_step || ev) loss = log_step_out(pg, progress, metrics.get(), mlp, {step + 1, loss, lr, grad_norm, t, ev},
-                                            per_step * 1000.0 / t.step_ms);
-    if (step == 0) r.first_loss = loss;
+    double loss = s.loss;
+    if (log_step || ev)
+      loss = log_step_out(pg, progress, metrics.get(), mlp, {step + 1, s.loss, s.lr, s.grad_norm, s.t, ev},
+                          per_step * 1000.0 / s.t.step_ms);
+    if (step == start) r.first_loss = loss;
     r.final_loss = loss;
+    if (!checkpointing) continue;
+    r.stopped_by = agreed_signal(pg);
+    if (r.stopped_by || ((step + 1) % std::max<int64_t>(o.checkpoint_every, 1) == 0 && o.checkpoint_every > 0 &&
+                         step + 1 < steps)) {
+      const std::string path = write_checkpoint(o.checkpoint_dir, checkpoint_info(o, *model, data, step + 1, world),
+                                                *strategy, *model, pg, o.keep);
+      if (r.stopped_by) {
+        progress.finish();
+        if (!quiet) std::printf("stopped by signal %d after step %lld; checkpoint %s\n", r.stopped_by,
+                                static_cast<long long>(step + 1), path.c_str());
+        r.steps = step + 1;
+        return r;
+      }
+    }
   }
   progress.finish();
   if (timeline) timeline->write(trace_file.get(), pg);
   const double total_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+  const auto ran = static_cast<uint64_t>(std::max<int64_t>(1, steps - start));
   r.steps = steps;
-  r.comm_bytes_per_step = (pg.ledger().total().bytes_sent - bytes_at_start) / static_cast<uint64_t>(steps);
+  r.comm_bytes_per_step = (pg.ledger().total().bytes_sent - bytes_at_start) / ran;
   for (const auto& [phase, stats] : comm::difference(pg.ledger().phases(), phases_at_start))
-    r.comm_bytes_per_phase[phase] = stats.bytes_sent / static_cast<uint64_t>(steps);
+    r.comm_bytes_per_phase[phase] = stats.bytes_sent / ran;
 
-  // The weights and metrics are written before anything else can fail
-  // (evaluation, the summary), so a finished run is never lost.
+  // The weights are written before anything else can fail (evaluation, the
+  // summary), so a finished run is never lost.
   if (!o.save.empty()) save_model(*strategy, *model, o.save, parse_weight_format(o.save_format), lead);
-  if (metrics) metrics->commit();
+  metrics.reset();
   if (auto ev = evaluate()) {
     r.eval_loss = ev->loss();
     r.eval_accuracy = ev->accuracy();

@@ -61,6 +61,13 @@ struct TrainOptions {
   std::string save_format = "dpt";  // dpt (the engine's layout) or hf (Hugging Face GPT-2's)
   std::string metrics_out;  // one JSON line per logged step
   std::string summary_out;  // one JSON object at the end
+  // Checkpoints (train/checkpoint.h): every checkpoint_every steps (0: only
+  // when a signal stops the run) into checkpoint_dir, keeping the `keep`
+  // newest (0: all); resume: a checkpoint, or a directory of them.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep = 3;
+  std::string resume;
   std::string trace_out;    // a Chrome trace of the last trace_steps steps (timeline.h)
   int64_t trace_steps = 4;
   // A 1-rank run's --summary-out: the summary then reports scaling
@@ -79,6 +86,7 @@ struct StepBreakdown {
 
 struct TrainResult {
   int64_t steps = 0;
+  int stopped_by = 0;            // the signal that stopped the run early (after a checkpoint), or 0
   StepBreakdown breakdown;       // this rank
   uint64_t comm_bytes_per_step = 0;  // sent by this rank (ledger)
   // The same split by the phase a collective was issued in: forward,

@@ -1,0 +1,39 @@
+// Checks on numeric flags, each failing with one readable sentence. CLI11's
+// own (PositiveNumber, Range) let NaN through (every comparison with NaN is
+// false) and print their bounds with 300 digits.
+#pragma once
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+namespace dpt {
+
+// A number in [lo, hi] (either end open when its flag says so), finite.
+inline CLI::Validator number_check(double lo, double hi, bool lo_open, bool hi_open, std::string what) {
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (end == s.c_str() || *end != '\0') return fmt::format("'{}' is not a number", s);
+        const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+        return ok ? std::string() : fmt::format("must be {}, not {}", what, s);
+      },
+      what);
+}
+
+inline CLI::Validator positive() { return number_check(0, INFINITY, true, true, "a positive number"); }
+inline CLI::Validator non_negative() { return number_check(0, INFINITY, false, true, "a number >= 0"); }
+inline CLI::Validator finite() { return number_check(-INFINITY, INFINITY, true, true, "a finite number"); }
+inline CLI::Validator fraction(double lo, double hi) {
+  return number_check(lo, hi, false, false, fmt::format("between {} and {}", lo, hi));
+}
+// [lo, hi): a fraction that must stay below hi (Adam's betas, below 1).
+inline CLI::Validator fraction_below(double lo, double hi) {
+  return number_check(lo, hi, false, true, fmt::format("at least {} and below {}", lo, hi));
+}
+
+}  // namespace dpt

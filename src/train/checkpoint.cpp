@@ -1,0 +1,391 @@
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fault.h"
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
+
+namespace dpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kFormat = "dptrain-checkpoint";
+constexpr int kVersion = 1;
+constexpr size_t kMessageBytes = 512;
+
+std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+
+std::string file_name(int rank, int world) { return fmt::format("rank-{:05d}-of-{:05d}.safetensors", rank, world); }
+
+// Step of a "step-N" directory name, or -1.
+int64_t step_of(const std::string& name) {
+  static const std::regex re("step-([0-9]+)");
+  std::smatch m;
+  return std::regex_match(name, m, re) ? std::stoll(m[1]) : -1;
+}
+
+// A piece of one rank's file: elements [start, start + n) of a parameter
+// (slot), of the parameters themselves (kind < 0) or of optimizer state
+// tensor `kind`.
+struct Piece {
+  int kind;
+  int slot;
+  size_t start, n;
+  float* data;  // where this rank keeps it
+};
+
+std::string kind_name(int kind, const std::vector<std::string>& state) {
+  return kind < 0 ? "params" : state[static_cast<size_t>(kind)];
+}
+
+// A rank's spans cut at parameter boundaries, parameters first, then each
+// state tensor: the tensors of its file, in file order.
+std::vector<Piece> pieces_of(const std::vector<StateSpan>& spans, const Layout& layout, size_t states) {
+  std::vector<Piece> out;
+  for (int kind = -1; kind < static_cast<int>(states); ++kind)
+    for (const StateSpan& sp : spans)
+      for (size_t i = 0; i < layout.slots().size(); ++i) {
+        const Slot& s = layout.slots()[i];
+        const size_t lo = std::max(sp.begin, s.offset), hi = std::min(sp.begin + sp.n, s.offset + s.numel);
+        if (lo >= hi) continue;
+        float* base = kind < 0 ? sp.params : sp.optimizer->state(static_cast<size_t>(kind)) + sp.at;
+        out.push_back({kind, static_cast<int>(i), lo - s.offset, hi - lo, base + (lo - sp.begin)});
+      }
+  return out;
+}
+
+std::vector<std::string> state_names_of(Strategy& strategy) {
+  const auto spans = strategy.state_spans();
+  return spans.empty() || !spans.front().optimizer ? std::vector<std::string>{}
+                                                   : spans.front().optimizer->state_names();
+}
+
+uint32_t crc_update(uint32_t crc, const void* data, size_t n) {
+  return static_cast<uint32_t>(crc32_z(crc, static_cast<const Bytef*>(data), n));
+}
+
+// Writes this rank's file; returns its data section's CRC-32.
+uint32_t write_rank_file(const std::string& path, const std::vector<Piece>& pieces, const Layout& layout,
+                         const std::vector<std::string>& state, const std::map<std::string, std::string>& meta) {
+  std::vector<TensorSpec> specs;
+  for (const Piece& p : pieces)
+    specs.push_back({fmt::format("{}/{}/{}", kind_name(p.kind, state), layout.slots()[static_cast<size_t>(p.slot)].name,
+                                 p.start),
+                     DType::F32, {static_cast<int64_t>(p.n)}});
+  SafetensorsWriter file(path, std::move(specs), meta);
+  uint32_t crc = crc_update(0, nullptr, 0);
+  for (const Piece& p : pieces) {
+    file.write(p.data, p.n);
+    crc = crc_update(crc, p.data, p.n * sizeof(float));
+  }
+  file.commit();
+  return crc;
+}
+
+// Checks a file's size and the CRC-32 of its data section (all bytes after
+// the header) against the manifest. Returns the problem, or "".
+std::string check_file(const std::string& path, uint64_t bytes, uint32_t crc) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return fmt::format("{}: missing: the checkpoint's manifest lists it", path);
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec || size != bytes)
+    return fmt::format("{}: {} bytes where the manifest says {}: the file is truncated or was replaced", path,
+                       ec ? 0 : size, bytes);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return fmt::format("{}: cannot open: {}", path, std::strerror(errno));
+  std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* f) {
+    ::close(*f);
+    delete f;
+  });
+  uint64_t header = 0;
+  if (::pread(fd, &header, 8, 0) != 8 || header > size - 8)
+    return fmt::format("{}: the header length is corrupt", path);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  std::vector<char> buf(8 << 20);
+  uint32_t c = crc_update(0, nullptr, 0);
+  for (uint64_t at = 8 + header; at < size;) {
+    const ssize_t got = ::pread(fd, buf.data(), std::min<uint64_t>(buf.size(), size - at), static_cast<off_t>(at));
+    if (got <= 0) return fmt::format("{}: read failed at byte {}: {}", path, at, std::strerror(errno));
+    c = crc_update(c, buf.data(), static_cast<size_t>(got));
+    at += static_cast<uint64_t>(got);
+  }
+  if (c != crc)
+    return fmt::format("{}: checksum mismatch (CRC-32 {:08x}, the manifest says {:08x}): the file is corrupt", path,
+                       c, crc);
+  return "";
+}
+
+json manifest_json(const CheckpointInfo& info, const Layout& layout, const json& files) {
+  json slots = json::array();
+  for (const Slot& s : layout.slots())
+    slots.push_back({{"name", s.name}, {"shape", s.shape}, {"offset", s.offset}, {"numel", s.numel}});
+  return {{"format", kFormat},      {"version", kVersion},
+          {"step", info.step},      {"model", info.model},
+          {"optimizer", {{"name", info.optimizer}, {"state", info.state}, {"steps", info.step}}},
+          {"settings", info.settings}, {"data", info.data},
+          {"strategy", info.strategy}, {"world", info.world},
+          {"parameters", slots},    {"files", files}};
+}
+
+// The newest complete checkpoint under dir ("" if none).
+std::string newest_complete(const fs::path& dir) {
+  int64_t best = -1;
+  std::string name;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t s = step_of(e.path().filename().string());
+    if (s > best && fs::exists(e.path() / "manifest.json")) {
+      best = s;
+      name = e.path().filename().string();
+    }
+  }
+  return name;
+}
+
+// Removes leftovers of interrupted writes and all but the `keep` newest
+// complete checkpoints (never `current`).
+void prune(const fs::path& dir, int keep, const std::string& current) {
+  std::vector<std::pair<int64_t, fs::path>> complete;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 4 && (name.ends_with(".tmp") || name.ends_with(".old")) && step_of(name.substr(0, name.size() - 4)) >= 0)
+      fs::remove_all(e.path(), ec);
+    else if (const int64_t s = step_of(name); s >= 0 && fs::exists(e.path() / "manifest.json"))
+      complete.push_back({s, e.path()});
+  }
+  if (keep <= 0 || complete.size() <= static_cast<size_t>(keep)) return;
+  std::sort(complete.begin(), complete.end());
+  for (size_t i = 0; i + static_cast<size_t>(keep) < complete.size(); ++i)
+    if (complete[i].second.filename() != current) fs::remove_all(complete[i].second, ec);
+}
+
+}  // namespace
+
+void agree_on_error(comm::ProcessGroup& pg, const std::string& problem) {
+  if (pg.size() == 1) {
+    if (!problem.empty()) throw IoError(problem);
+    return;
+  }
+  std::vector<char> all(kMessageBytes * static_cast<size_t>(pg.size()), 0);
+  std::memcpy(all.data() + kMessageBytes * static_cast<size_t>(pg.rank()), problem.data(),
+              std::min(problem.size(), kMessageBytes - 1));
+  pg.all_gather(all.data(), all.size() / sizeof(float), DType::F32);
+  for (int r = 0; r < pg.size(); ++r) {
+    const char* m = all.data() + kMessageBytes * static_cast<size_t>(r);
+    if (*m) throw IoError(r == pg.rank() ? problem : std::string(m, strnlen(m, kMessageBytes)));
+  }
+}
+
+std::string write_checkpoint(const std::string& dir, const CheckpointInfo& info, Strategy& strategy,
+                             const Model& model, comm::ProcessGroup& pg, int keep) {
+  const fs::path root(dir), final_dir = root / step_name(info.step), tmp = root / (step_name(info.step) + ".tmp");
+  const int rank = pg.rank(), world = pg.size();
+  std::string problem;
+  if (rank == 0) try {
+      fs::create_directories(root);
+      fs::remove_all(tmp);
+      fs::create_directory(tmp);
+    } catch (const fs::filesystem_error& e) {
+      problem = fmt::format("{}: cannot create the checkpoint directory: {}", tmp.string(), e.code().message());
+    }
+  agree_on_error(pg, problem);
+
+  // Every rank its own file, in parallel.
+  const std::vector<std::string> state = state_names_of(strategy);
+  const std::string name = file_name(rank, world);
+  uint32_t crc = 0;
+  try {
+    const auto pieces = pieces_of(strategy.state_spans(), model.layout(), state.size());
+    crc = write_rank_file((tmp / name).string(), pieces, model.layout(), state,
+                          {{"dpt.checkpoint.step", std::to_string(info.step)},
+                           {"dpt.checkpoint.rank", std::to_string(rank)},
+                           {"dpt.checkpoint.world", std::to_string(world)}});
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  fault_point("checkpoint", info.step, rank);
+  agree_on_error(pg, problem);
+  std::vector<double> sizes(2 * static_cast<size_t>(world), 0.0);
+  sizes[2 * static_cast<size_t>(rank)] = static_cast<double>(fs::file_size(tmp / name));
+  sizes[2 * static_cast<size_t>(rank) + 1] = static_cast<double>(crc);
+  pg.all_gather(sizes.data(), sizes.size() * 2, DType::F32);  // doubles, moved as bytes
+
+  // Rank 0 makes it exist: manifest, rename, latest, prune.
+  if (rank == 0) try {
+      json files = json::array();
+      for (int r = 0; r < world; ++r)
+        files.push_back({{"name", file_name(r, world)},
+                         {"bytes", static_cast<uint64_t>(sizes[2 * static_cast<size_t>(r)])},
+                         {"crc32", static_cast<uint32_t>(sizes[2 * static_cast<size_t>(r) + 1])}});
+      CheckpointInfo complete = info;
+      complete.state = state;
+      AtomicFile manifest((tmp / "manifest.json").string());
+      manifest.write(manifest_json(complete, model.layout(), files).dump(1) + "\n");
+      manifest.commit();  // fsyncs tmp, the directory holding the rank files
+      const fs::path old = root / (step_name(info.step) + ".old");
+      if (fs::exists(final_dir)) fs::rename(final_dir, old);  // a rerun from an earlier checkpoint
+      fs::rename(tmp, final_dir);
+      fsync_directory(root.string());
+      AtomicFile latest((root / "latest").string());
+      latest.write(step_name(info.step) + "\n");
+      latest.commit();
+      prune(root, keep, step_name(info.step));
+    } catch (const Error& e) {
+      problem = e.what();
+    } catch (const fs::filesystem_error& e) {
+      problem = fmt::format("{}: cannot complete the checkpoint: {}", final_dir.string(), e.code().message());
+    }
+  agree_on_error(pg, problem);
+  return final_dir.string();
+}
+
+std::string find_checkpoint(const std::string& path) {
+  const fs::path p(path);
+  std::error_code ec;
+  if (fs::exists(p / "manifest.json", ec)) return p.string();
+  if (!fs::is_directory(p, ec)) throw InputError(fmt::format("{}: no such checkpoint directory", path));
+  std::ifstream in(p / "latest");
+  std::string name;
+  if (in >> name && step_of(name) >= 0 && fs::exists(p / name / "manifest.json", ec)) return (p / name).string();
+  // No pointer, or it names one that is gone (killed while replacing it):
+  // the newest complete one.
+  name = newest_complete(p);
+  if (name.empty())
+    throw InputError(fmt::format("{}: holds no complete checkpoint (no manifest.json in it or in a step-N below it)",
+                                 path));
+  return (p / name).string();
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& checkpoint) {
+  const std::string path = (fs::path(checkpoint) / "manifest.json").string();
+  std::ifstream in(path);
+  if (!in) throw IoError(fmt::format("{}: cannot read the checkpoint's manifest", path));
+  json j;
+  try {
+    in >> j;
+  } catch (const json::exception&) {
+    throw IoError(fmt::format("{}: the manifest is not valid JSON", path));
+  }
+  if (!j.is_object() || j.value("format", "") != kFormat)
+    throw IoError(fmt::format("{}: not a dptrain checkpoint manifest", path));
+  if (j.value("version", 0) != kVersion)
+    throw IoError(fmt::format("{}: checkpoint format version {} (this dpt reads {})", path, j.value("version", 0),
+                              kVersion));
+  CheckpointInfo info;
+  try {
+    info.step = j.at("step").get<int64_t>();
+    info.model = j.at("model").get<std::map<std::string, std::string>>();
+    info.optimizer = j.at("optimizer").at("name").get<std::string>();
+    info.state = j.at("optimizer").at("state").get<std::vector<std::string>>();
+    info.settings = j.at("settings");
+    info.data = j.at("data");
+    info.strategy = j.at("strategy").get<std::string>();
+    info.world = j.at("world").get<int>();
+    if (info.step < 0 || info.world < 1 || !j.at("files").is_array() ||
+        j.at("files").size() != static_cast<size_t>(info.world))
+      throw IoError("");
+    for (const json& f : j.at("files")) {
+      (void)f.at("name").get<std::string>();
+      (void)f.at("bytes").get<uint64_t>();
+      (void)f.at("crc32").get<uint32_t>();
+    }
+  } catch (const std::exception&) {
+    throw IoError(fmt::format("{}: the manifest lacks a field or has a wrong one", path));
+  }
+  return info;
+}
+
+void load_checkpoint(const std::string& checkpoint, const CheckpointInfo& info, Strategy& strategy,
+                     const Model& model, comm::ProcessGroup& pg) {
+  const fs::path dir(checkpoint);
+  const std::string manifest_path = (dir / "manifest.json").string();
+  // Does it fit this run? (The same answer on every rank: no agreement needed.)
+  const auto mine = model.metadata();
+  for (const auto& [k, v] : info.model)
+    if (!mine.count(k) || mine.at(k) != v)
+      throw InputError(fmt::format("{}: the checkpoint holds a model with {}={}, this run's has {}", manifest_path, k,
+                                   v, mine.count(k) ? k + "=" + mine.at(k) : "no " + k));
+  const std::vector<std::string> state = state_names_of(strategy);
+  if (info.state != state)
+    throw InputError(fmt::format("{}: the checkpoint holds the state of {} ({}), this run's optimizer keeps {}",
+                                 manifest_path, info.optimizer, fmt::join(info.state, ", "),
+                                 state.empty() ? "none" : fmt::format("{}", fmt::join(state, ", "))));
+
+  // Every file checked before anything is read into the strategy: rank r
+  // checks files r, r + N, ...
+  json files;
+  {
+    std::ifstream in(manifest_path);
+    files = json::parse(in).at("files");
+  }
+  std::string problem;
+  for (size_t f = static_cast<size_t>(pg.rank()); f < files.size() && problem.empty(); f += static_cast<size_t>(pg.size()))
+    problem = check_file((dir / files[f].at("name").get<std::string>()).string(), files[f].at("bytes").get<uint64_t>(),
+                         files[f].at("crc32").get<uint32_t>());
+  agree_on_error(pg, problem);
+
+  // Each rank reads the parts of every file's pieces that fall in its spans.
+  const Layout& layout = model.layout();
+  std::map<std::string, int> slot_index;
+  for (size_t i = 0; i < layout.slots().size(); ++i) slot_index[layout.slots()[i].name] = static_cast<int>(i);
+  const std::vector<Piece> targets = pieces_of(strategy.state_spans(), layout, state.size());
+  size_t wanted = 0, read = 0;
+  for (const Piece& t : targets) wanted += t.n;
+  try {
+    for (const json& f : files) {
+      const SafetensorsReader reader((dir / f.at("name").get<std::string>()).string());
+      for (const TensorSpec& spec : reader.tensors()) {
+        const size_t a = spec.name.find('/'), b = spec.name.rfind('/');
+        const std::string kind = spec.name.substr(0, a == std::string::npos ? 0 : a);
+        const auto slot = a == b ? slot_index.end() : slot_index.find(spec.name.substr(a + 1, b - a - 1));
+        const auto k = std::find(state.begin(), state.end(), kind);
+        const int kind_i = kind == "params" ? -1 : static_cast<int>(k - state.begin());
+        size_t start = 0;
+        try {
+          start = std::stoull(spec.name.substr(b + 1));
+        } catch (const std::exception&) {
+          start = SIZE_MAX;
+        }
+        if (slot == slot_index.end() || (kind != "params" && k == state.end()) || spec.dtype != DType::F32 ||
+            spec.shape.size() != 1 || start > layout.slots()[static_cast<size_t>(slot->second)].numel ||
+            static_cast<size_t>(spec.shape[0]) > layout.slots()[static_cast<size_t>(slot->second)].numel - start)
+          throw IoError(fmt::format("{}: unexpected tensor '{}' for this model", reader.path(), spec.name));
+        const size_t n = static_cast<size_t>(spec.shape[0]);
+        for (const Piece& t : targets) {
+          if (t.kind != kind_i || t.slot != slot->second) continue;
+          const size_t lo = std::max(start, t.start), hi = std::min(start + n, t.start + t.n);
+          if (lo >= hi) continue;
+          reader.read(spec.name, lo - start, hi - lo, t.data + (lo - t.start));
+          read += hi - lo;
+        }
+      }
+    }
+    if (read != wanted)
+      throw IoError(fmt::format("{}: the files hold {} of the {} values this rank needs: a shard is missing or repeated",
+                                checkpoint, read, wanted));
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  agree_on_error(pg, problem);
+  strategy.restored(info.step);
+}
+
+}  // namespace dpt

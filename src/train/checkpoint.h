@@ -1,0 +1,77 @@
+// Checkpoints: everything a run needs to continue exactly, written by every
+// rank in parallel, readable by any strategy at any world size
+// (docs/checkpoints.md).
+//
+//   DIR/step-00000120/manifest.json     the run: step, model, settings, data
+//                                       position, files with sizes and CRC-32s
+//   DIR/step-00000120/rank-00000-of-00002.safetensors   one per writing rank
+//   DIR/latest                          "step-00000120"
+//
+// A rank's file holds its strategy's spans (Strategy::state_spans) as 1-D
+// float32 tensors named "<kind>/<parameter>/<first element>": kind "params"
+// or an optimizer state ("exp_avg", "exp_avg_sq", "momentum_buffer"), the
+// parameter's PyTorch name, and where in that parameter the piece starts. So
+// pieces are placed by the model's names, not by who wrote them, and a
+// reader takes whatever intersects its own spans: no converter between
+// world sizes or strategies.
+//
+// A checkpoint exists only when complete: the files go into
+// "step-N.tmp", each fsynced; rank 0 then writes the manifest, renames the
+// directory, fsyncs its parent, and replaces `latest` atomically. A run
+// killed while writing leaves the previous checkpoint intact.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/process_group.h"
+#include "models/model.h"
+#include "parallel/strategy.h"
+
+namespace dpt {
+
+// What a checkpoint says about its run, beside the tensors.
+struct CheckpointInfo {
+  int64_t step = 0;                          // optimizer steps done
+  std::map<std::string, std::string> model;  // the model's hyper-parameters (Model::metadata)
+  std::string optimizer;                     // "adamw" or "sgd"
+  std::vector<std::string> state;            // the optimizer's state tensors
+  nlohmann::json settings;                   // the run's settings that decide its numbers
+  nlohmann::json data;                       // where the data stream stands
+  std::string strategy;                      // that wrote it
+  int world = 1;
+};
+
+// Collective. Writes DIR/step-N for info.step (replacing one of that step
+// if there is one), points DIR/latest at it, and removes all but the
+// `keep` newest (keep 0: none removed). Throws IoError naming the file on
+// every rank if any rank fails; the previous checkpoint is then untouched.
+// Returns the checkpoint's path.
+std::string write_checkpoint(const std::string& dir, const CheckpointInfo& info, Strategy& strategy,
+                             const Model& model, comm::ProcessGroup& pg, int keep);
+
+// The checkpoint a --resume path names: a checkpoint itself (it holds a
+// manifest.json), or a directory of them (its latest complete one).
+// InputError in one sentence when it is neither.
+std::string find_checkpoint(const std::string& path);
+
+// Reads and validates a checkpoint's manifest (IoError naming the file).
+CheckpointInfo read_checkpoint_info(const std::string& checkpoint);
+
+// Collective. Checks every file of the checkpoint (size and CRC-32; the
+// files are split among the ranks) and that it matches `model` and the
+// strategy's optimizer, all before anything is read into the strategy; then
+// each rank reads its spans and the strategy completes itself
+// (Strategy::restored). Throws IoError / InputError naming the file and what
+// is wrong, on every rank.
+void load_checkpoint(const std::string& checkpoint, const CheckpointInfo& info, Strategy& strategy,
+                     const Model& model, comm::ProcessGroup& pg);
+
+// Collective: throws on every rank when any rank's `problem` is not empty
+// (the first rank's message wins; a message is cut to 500 bytes).
+void agree_on_error(comm::ProcessGroup& pg, const std::string& problem);
+
+}  // namespace dpt
