@@ -390,7 +390,7 @@ TEST_F(CliTest, WeightsHoldingNaNAreRefused) {
   bad.tensors[1].data[3] = std::nanf("");
   const fs::path path = dir_ / "nan.safetensors";
   save_safetensors(path.string(), bad.tensors, bad.metadata);
-  expect_user_error(fmt::format("eval --load {} --data {} --threads 1", q(path), q(text_)), "values must be finite");
+  expect_user_error(fmt::format("eval --weights {} --data {} --threads 1", q(path), q(text_)), "values must be finite");
   expect_user_error(fmt::format("train --load {} --data {} --steps 1 --threads 1", q(path), q(text_)),
                     "values must be finite");
 }

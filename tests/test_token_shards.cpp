@@ -16,6 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
+#include "compare.h"
+#include "io/safetensors.h"
 
 #include "core/error.h"
 #include "core/threads.h"
@@ -334,6 +336,33 @@ TEST_F(TokenShardsTest, TrainFromShardsAndRefuseABadOne) {
   r = test::run_shell(dpt + " --data " + test::q(path("raw.bin")) + " --data-format u16", dir_, 60);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("token 300 at byte 10 is outside"), std::string::npos) << r.err;
+}
+
+// A run resumed from a checkpoint in its second epoch sees exactly the
+// windows of the uninterrupted run: their weights are equal bit for bit.
+TEST_F(TokenShardsTest, ResumeFromACheckpointSeesTheSameWindows) {
+  const std::string train = shard("train.bin", ramp(13 * 8 + 1, 0, 251));  // 13 windows: 3 steps of 4 per epoch
+  const std::string common =
+      fmt::format("env OMP_NUM_THREADS=1 {}/dpt train --model gpt --layers 1 --heads 2 --width 16 --context 8 "
+                  "--threads 1 --quiet --batch 4 --steps 7 --val-fraction 0 --data {}",
+                  DPT_BINARY_DIR, test::q(train));
+  test::RunResult r = test::run_shell(common + " --checkpoint-dir " + test::q(path("ck")) +
+                                          " --checkpoint-every 4 --save " + test::q(path("full.safetensors")),
+                                      dir_, 60);
+  ASSERT_EQ(r.code, 0) << r.all();
+  const auto manifest = nlohmann::json::parse(test::read_file(dir_ / "ck" / "step-00000004" / "manifest.json"));
+  // 3 steps per epoch: after 4, the second epoch has handed out 4 windows.
+  EXPECT_EQ(manifest["data"]["epoch"], 1) << manifest["data"].dump();
+  EXPECT_EQ(manifest["data"]["windows"], 4) << manifest["data"].dump();
+  r = test::run_shell(common + " --resume " + test::q(path("ck/step-00000004")) + " --save " +
+                          test::q(path("resumed.safetensors")),
+                      dir_, 60);
+  ASSERT_EQ(r.code, 0) << r.all();
+  const SafetensorsFile a = load_safetensors(path("full.safetensors")), b = load_safetensors(path("resumed.safetensors"));
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i)
+    EXPECT_TRUE(test::bitwise_equal(a.tensors[i].data.data(), b.tensors[i].data.data(), a.tensors[i].data.size()))
+        << a.tensors[i].name;
 }
 
 }  // namespace

@@ -33,6 +33,9 @@ GptConfig GptConfig::from(const std::map<std::string, std::string>& hparams) {
 }
 
 Gpt::Gpt(GptConfig config) : config_(config) {
+  if (config_.rows() < config_.vocab)
+    throw InputError(fmt::format("GPT padded vocabulary {} is smaller than the vocabulary {}", config_.rows(),
+                                 config_.vocab));
   const int64_t C = config_.width, V = config_.rows(), T = config_.context;
   // Matrices (embeddings included) get weight decay; biases and LayerNorm
   // parameters do not, as in GPT-2 / nanoGPT training.

@@ -24,11 +24,13 @@ namespace dpt {
 
 struct GptConfig {
   int64_t vocab = 256;   // vocab_size
-  int64_t padded_vocab = 0;  // padded_vocab_size: rows of wte in memory; 0 = vocab
   int64_t layers = 4;    // n_layer
   int64_t heads = 4;     // n_head
   int64_t width = 256;   // n_embd (C)
   int64_t context = 128; // block_size (T_max)
+  // padded_vocab_size: rows of wte in memory; 0 = vocab. Last, so the
+  // positional initialisations {vocab, layers, heads, width, context} stay valid.
+  int64_t padded_vocab = 0;
   static GptConfig from(const std::map<std::string, std::string>& hparams);
   int64_t rows() const { return padded_vocab > 0 ? padded_vocab : vocab; }  // of wte in memory
 };
