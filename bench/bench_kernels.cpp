@@ -35,9 +35,12 @@
 #include <cstdint>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "core/rng.h"
 #include "core/threads.h"
 #include "nn/activations.h"
+#include "nn/gemm.h"
 #include "nn/attention.h"
 #include "nn/cross_entropy.h"
 #include "nn/layernorm.h"
@@ -108,6 +111,53 @@ void BM_sgemm(benchmark::State& state) {
   report_flops(state, 2.0 * n * n * n);
 }
 BENCHMARK(BM_sgemm)->Apply(thread_counts);
+
+// The GEMM layer (nn/gemm.h) at the workloads' shapes, per backend and input
+// dtype: M x N x K with the engine's layout for each (linear forward is NT,
+// an input gradient NN, a weight gradient TN). Arguments: threads, backend (0 openblas, 1 onednn),
+// dtype (0 fp32, 1 bf16: bf16 A and B, fp32 C), shape (index below).
+struct GemmShape {
+  int64_t M, N, K;
+  dpt::Op op_a, op_b;
+};
+constexpr GemmShape kGemmShapes[] = {
+    {1024, 1024, 1024, dpt::Op::N, dpt::Op::T},  // the peak's shape
+    {kN, 4 * kC, kC, dpt::Op::N, dpt::Op::T},    // W-GPT c_fc forward, 2048x1024x256
+    {kN, kC, 4 * kC, dpt::Op::N, dpt::Op::N},    // W-GPT c_fc input gradient, 2048x256x1024
+    {kMlpBatch, kMlpHidden, kMlpIn, dpt::Op::N, dpt::Op::T},  // W-MLP fc1 forward, 256x1024x784
+    {4 * kC, kC, kN, dpt::Op::T, dpt::Op::N},    // W-GPT c_fc weight gradient (dout^T inp), 1024x256x2048
+};
+
+void BM_gemm(benchmark::State& state) {
+  start(state);
+  const auto backend = state.range(1) ? dpt::GemmBackend::OneDnn : dpt::GemmBackend::OpenBlas;
+  dpt::set_gemm_backend(backend);
+  const bool bf16 = state.range(2) != 0;
+  const GemmShape s = kGemmShapes[state.range(3)];
+  const int64_t lda = s.op_a == dpt::Op::N ? s.K : s.M, ldb = s.op_b == dpt::Op::N ? s.N : s.K;
+  auto a = random_buffer(s.M * s.K, 1), b = random_buffer(s.K * s.N, 2);
+  auto c = zero_buffer(s.M * s.N);
+  std::vector<dpt::bf16> a16(static_cast<size_t>(s.M * s.K)), b16(static_cast<size_t>(s.K * s.N));
+  for (size_t i = 0; i < a16.size(); ++i) a16[i] = dpt::to_bf16(a.f32()[i]);
+  for (size_t i = 0; i < b16.size(); ++i) b16[i] = dpt::to_bf16(b.f32()[i]);
+  for (auto _ : state) {
+    if (bf16)
+      dpt::gemm(s.op_a, s.op_b, s.M, s.N, s.K, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f, c.f32(), s.N);
+    else
+      dpt::gemm(s.op_a, s.op_b, s.M, s.N, s.K, 1.0f, a.f32(), lda, b.f32(), ldb, 0.0f, c.f32(), s.N);
+    benchmark::DoNotOptimize(c.f32());
+    benchmark::ClobberMemory();
+  }
+  report_flops(state, 2.0 * s.M * s.N * s.K);
+  state.SetLabel(fmt::format("{} {} {}x{}x{}{}{}", dpt::gemm_backend_name(backend), bf16 ? "bf16" : "fp32", s.M,
+                             s.N, s.K, s.op_a == dpt::Op::T ? "TN" : "",
+                             bf16 && !dpt::gemm_bf16_native() ? " (widened to fp32)" : ""));
+  dpt::set_gemm_backend(dpt::kDefaultGemmBackend);
+}
+BENCHMARK(BM_gemm)
+    ->ArgNames({"threads", "backend", "bf16", "shape"})
+    ->ArgsProduct({{1, 2}, {0, 1}, {0, 1}, {0, 1, 2, 3, 4}})
+    ->UseRealTime();
 
 // out [N, OC] = inp [N, C] @ weight [OC, C]^T + bias: one GEMM.
 void BM_linear_forward(benchmark::State& state, int64_t N, int64_t C, int64_t OC) {

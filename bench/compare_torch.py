@@ -2,7 +2,7 @@
 """Runs the dpt engine and PyTorch on the same workload and compares them.
 
 Usage: /usr/bin/python3 bench/compare_torch.py --dpt build/dpt --workload mlp|gpt
-           --threads N [--steps S] [--warmup W] [--torch-passive] [--out FILE.json]
+           --threads N [--steps S] [--warmup W] [--torch-passive] [--gemm B] [--out FILE.json]
 
 The engine runs as
     DPT train --model W --threads N --steps S --synthetic --summary-out TMP.json
@@ -38,6 +38,8 @@ def run_dpt(args, tmp):
     path = os.path.join(tmp, "dpt.json")
     cmd = [args.dpt, "train", "--model", args.workload, "--threads", str(args.threads),
            "--steps", str(args.steps), "--synthetic", "--summary-out", path]
+    if args.gemm:
+        cmd += ["--gemm", args.gemm]
     summary = run_and_load("dpt", cmd, path)
     check_keys("dpt", summary, ["step_ms_median", UNIT[args.workload], "gflops"])
     return summary
@@ -75,6 +77,7 @@ def main():
                     help="unmeasured leading PyTorch steps (the engine has its own)")
     ap.add_argument("--torch-passive", action="store_true",
                     help="also run PyTorch with OMP_WAIT_POLICY=PASSIVE and use the faster run")
+    ap.add_argument("--gemm", choices=["openblas", "onednn"], help="the engine's GEMM backend (default: its own)")
     ap.add_argument("--out", metavar="FILE.json", help="write all results here")
     args = ap.parse_args()
     if args.threads < 1:

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
-  libopenblas-openmp-dev zlib1g-dev
+  libopenblas-openmp-dev libdnnl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   openmpi-bin libopenmpi-dev

@@ -132,6 +132,31 @@ TEST_F(CliTest, SummaryNamesTheBlasKernelsThatRan) {
   EXPECT_EQ(json::parse(read_file(f))["blas_core"], "Haswell");
 }
 
+TEST_F(CliTest, SummaryNamesTheGemmBackendAndItsPeak) {
+  for (const char* backend : {"openblas", "onednn"}) {
+    SCOPED_TRACE(backend);
+    const fs::path f = dir_ / fmt::format("summary_{}.json", backend);
+    RunResult r = run(fmt::format("train --model mlp --steps 2 --threads 1 --synthetic --gemm {} --summary-out {}",
+                                  backend, q(f)));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find(fmt::format("measured {} GEMM peak", backend)), std::string::npos) << r.out;
+    json j = json::parse(read_file(f));
+    EXPECT_EQ(j["gemm"], backend);
+    EXPECT_GT(j["gemm_gflops"].get<double>(), 0.0);
+    EXPECT_NE(j["gemm_detail"].get<std::string>().find(backend == std::string("onednn") ? "oneDNN" : "OpenBLAS"),
+              std::string::npos);
+  }
+}
+
+TEST_F(CliTest, EvalUnderEitherGemmBackendGivesTheSameLoss) {
+  RunResult a = run("eval --weights " + q(gpt_weights_) + " --data " + q(text_) + " --threads 1 --gemm openblas");
+  RunResult b = run("eval --weights " + q(gpt_weights_) + " --data " + q(text_) + " --threads 1 --gemm onednn");
+  ASSERT_EQ(a.code, 0) << a.err;
+  ASSERT_EQ(b.code, 0) << b.err;
+  // Printed to 4 decimals: the backends round differently in the last bits only.
+  EXPECT_EQ(a.out, b.out);
+}
+
 TEST_F(CliTest, MlpEvalReportsTheLoadedModelsLossAndAccuracy) {
   // A model made here, not trained: a linear classifier (sizes 784,10) by
   // nearest class mean of the test images, logits s (mu_k . x - |mu_k|^2/2).
@@ -342,6 +367,11 @@ TEST_F(CliTest, GptEvalOnTextShorterThanOneWindow) {
 TEST_F(CliTest, GradAccumThatDoesNotDivideBatch) {
   expect_user_error("train --model mlp --synthetic --steps 1 --quiet --threads 1 --batch 256 --grad-accum 3",
                     "micro-batches");
+}
+
+TEST_F(CliTest, UnknownGemmBackend) {
+  expect_user_error("train --model mlp --synthetic --steps 1 --quiet --threads 1 --gemm foo", "GEMM backend 'foo'");
+  expect_user_error("eval --weights " + q(mlp_weights_) + " --gemm blas", "GEMM backend 'blas'");
 }
 
 // ---------------------------------------------------------------- flag errors

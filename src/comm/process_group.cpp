@@ -128,6 +128,12 @@ void ProcessGroup::Impl::run() {
       body(ctx);
       pg->ledger_.add_op(ctx.op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       work->finish(nullptr);
+    } catch (const CommError& e) {
+      // A child group's errors say which group (its rank numbers are its own).
+      broken = pg->name_ == "world"
+                   ? std::current_exception()
+                   : std::make_exception_ptr(CommError(fmt::format("{} group: {}", pg->name_, e.what())));
+      work->finish(broken);
     } catch (...) {
       broken = std::current_exception();
       work->finish(broken);
@@ -214,26 +220,53 @@ void ProcessGroup::Impl::watch() {
   }
 }
 
-std::unique_ptr<ProcessGroup> ProcessGroup::create_self() { return create(Config{}, true); }
+std::unique_ptr<ProcessGroup> ProcessGroup::create_self() { return build(Config{}, MPI_COMM_NULL, "world"); }
 
-std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config) { return create(config, false); }
+std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  if (launched_by_mpi()) {
+    mpi_ensure_init();
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  }
+  return build(config, comm, "world");
+}
 
-std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config, bool self_only) {
+std::unique_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std::string& name) {
+  if (color < 0) throw InputError(fmt::format("split color {} must not be negative", color));
+  if (impl_->comm == MPI_COMM_NULL) return build(config_, MPI_COMM_NULL, name);
+  barrier();  // nothing of this group in flight on any rank: the split is the next use of its communicator
+  MPI_Comm child = MPI_COMM_NULL;
+  {
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    mpi_check(MPI_Comm_split(impl_->comm, color, key, &child), "split");
+  }
+  return build(config_, child, name);
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* comm_ptr, const std::string& name) {
+  const MPI_Comm comm = static_cast<MPI_Comm>(comm_ptr);
   auto pg = std::unique_ptr<ProcessGroup>(new ProcessGroup);
   pg->config_ = config;
+  pg->name_ = name;
   pg->impl_ = std::make_unique<Impl>();
   Impl& im = *pg->impl_;
   im.pg = pg.get();
+  im.comm = comm;
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
-
-  if (!self_only && launched_by_mpi()) {
-    mpi_ensure_init();
+  int world_rank = 0;
+  if (comm != MPI_COMM_NULL) {
     std::lock_guard<std::mutex> lock(mpi_mutex());
-    MPI_Comm_dup(MPI_COMM_WORLD, &im.comm);
     MPI_Comm_set_errhandler(im.comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(im.comm, &pg->rank_);
     MPI_Comm_size(im.comm, &pg->size_);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  }
+  pg->world_ranks_.assign(static_cast<size_t>(pg->size_), world_rank);
+  if (pg->size_ > 1) {
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    mpi_check(MPI_Allgather(&world_rank, 1, MPI_INT, pg->world_ranks_.data(), 1, MPI_INT, im.comm), "rank exchange");
   }
   const int n = pg->size_, rank = pg->rank_;
 
@@ -266,14 +299,17 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config, bool se
   const bool use_shm = n > 1 && config.transport != Transport::Mpi && local.size() > 1;
   if (use_shm) {
     // A name unique to this job and group: rank 0's pid and a random tag.
-    static std::atomic<int> groups{0};
-    uint64_t tag[2] = {static_cast<uint64_t>(::getpid()), std::random_device{}()};
+    // The count is rank 0's: ranks create different numbers of groups that
+    // need shared memory (a group of one needs none), so only the
+    // broadcast name is the same on every member.
+    static std::atomic<uint64_t> groups{0};
+    uint64_t tag[3] = {static_cast<uint64_t>(::getpid()), std::random_device{}(), groups++};
     {
       std::lock_guard<std::mutex> lock(mpi_mutex());
-      mpi_check(MPI_Bcast(tag, 2, MPI_UINT64_T, 0, im.comm), "shared memory setup");
+      mpi_check(MPI_Bcast(tag, 3, MPI_UINT64_T, 0, im.comm), "shared memory setup");
     }
     const int local_index = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
-    const std::string name = fmt::format("/dpt-{}-{:x}-{}-{}", tag[0], tag[1] & 0xffffff, groups++, local.front());
+    const std::string name = fmt::format("/dpt-{}-{:x}-{}-{}", tag[0], tag[1] & 0xffffff, tag[2], local.front());
     const int lc = static_cast<int>(local.size());
     std::string error;
     if (local_index == 0) {

@@ -52,8 +52,25 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
+  // Collective over this group: the ranks that pass the same color form a
+  // child group, ranked by key, then by their rank here (MPI_Comm_split).
+  // A child has its own rank and size, shared-memory ring for its members
+  // on one host and MPI links across hosts, communication thread, ledger
+  // and deadlines; its errors name it ("tp group: all_reduce #3 ..."). Call
+  // it with nothing in flight on this group (it waits for what is).
+  // Groups run their collectives concurrently under the ring algorithm
+  // (the default). Under Algo::Mpi a blocking MPI collective holds the
+  // process's MPI lock for its whole duration, so two groups' collectives
+  // in flight at once on one rank can deadlock: there, use one group at a
+  // time.
+  std::unique_ptr<ProcessGroup> split(int color, int key, const std::string& name);
+
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // "world", or the name given to split().
+  const std::string& name() const { return name_; }
+  // The rank in the job (MPI_COMM_WORLD) of each rank of this group.
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
   // Host name of each rank; ranks sharing one use shared memory.
   const std::vector<std::string>& hosts() const { return hosts_; }
   const Config& config() const { return config_; }
@@ -98,10 +115,13 @@ class ProcessGroup {
 
  private:
   ProcessGroup() = default;
-  static std::unique_ptr<ProcessGroup> create(const Config& config, bool self_only);
+  // A group over `comm` (owned from here on; MPI_COMM_NULL: a world of one).
+  static std::unique_ptr<ProcessGroup> build(const Config& config, void* comm, const std::string& name);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, size_ = 1;
+  std::string name_ = "world";
+  std::vector<int> world_ranks_;
   std::vector<std::string> hosts_;
   Config config_;
   Ledger ledger_;

@@ -1,13 +1,21 @@
-// The machine's sgemm rate, measured: the ceiling that model FLOP
+// The machine's GEMM rate, measured: the ceiling that model FLOP
 // utilisation (MFU) is reported against.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace dpt {
 
-// GFLOP/s of a 1024^3 fp32 GEMM on the current thread count (best of a few
+// C[n, n] = A[n, n] B[n, n]^T, all fp32, by some GEMM.
+using SquareGemm = std::function<void(int n, const float* a, const float* b, float* c)>;
+
+// GFLOP/s of `gemm` at 1024^3 on the current thread count (best of three
 // runs after a warm-up; about 0.1 s on one core).
+double measure_gflops(const SquareGemm& gemm);
+
+// The same for OpenBLAS's cblas_sgemm (nn/gemm.h's measure_gemm_gflops
+// measures whichever backend is in use).
 double measure_sgemm_gflops();
 
 // The kernel set OpenBLAS runs ("Haswell", "Cooperlake", ...): chosen from

@@ -1,9 +1,9 @@
 #include "nn/attention.h"
 
-#include <cblas.h>
-
 #include <cmath>
 #include <vector>
+
+#include "nn/gemm.h"
 
 namespace dpt {
 
@@ -11,8 +11,8 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
                        int64_t NH) {
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // OpenBLAS runs single-threaded inside a parallel region, so each of these
-  // small GEMMs stays on the thread that owns its (b, h) pair.
+  // Inside a parallel region the GEMM layer runs on the calling thread (both
+  // backends), so each of these small GEMMs stays with its (b, h) pair.
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h) {
@@ -22,8 +22,7 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
       float* a = att + (b * NH + h) * T * T;
       // Row t needs only columns 0..t; the GEMM computes the full square
       // (cheaper than T small calls) and the softmax masks the rest.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f, a,
-                  T);
+      gemm(Op::N, Op::T, T, T, hs, scale, q, C3, k, C3, 0.0f, a, T);
       for (int64_t t = 0; t < T; ++t) {
         float* row = a + t * T;
         float m = row[0];
@@ -37,8 +36,7 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
         for (int64_t s = 0; s <= t; ++s) row[s] *= inv;
         for (int64_t s = t + 1; s < T; ++s) row[s] = 0.0f;
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, C3, 0.0f,
-                  out + b * T * C + h * hs, C);
+      gemm(Op::N, Op::N, T, hs, T, 1.0f, a, T, v, C3, 0.0f, out + b * T * C + h * hs, C);
     }
 }
 
@@ -64,10 +62,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         const float* dy = dout + b * T * C + h * hs;
         float* d = datt.data();
         // datt = dy v^T ; dv = att^T dy
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, v, C3, 0.0f, d,
-                    T);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, C, 0.0f, dv,
-                    C3);
+        gemm(Op::N, Op::T, T, T, hs, 1.0f, dy, C, v, C3, 0.0f, d, T);
+        gemm(Op::T, Op::N, T, hs, T, 1.0f, a, T, dy, C, 0.0f, dv, C3);
         // Softmax backward per row: dpre = att * (datt - sum(att * datt)).
         // Masked entries have att = 0, so they get no gradient.
         for (int64_t t = 0; t < T; ++t) {
@@ -79,10 +75,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           for (int64_t s = t + 1; s < T; ++s) dr[s] = 0.0f;
         }
         // pre = scale q k^T  =>  dq = scale dpre k ; dk = scale dpre^T q
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, d, T, k, C3, 0.0f,
-                    dq, C3);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, d, T, q, C3, 0.0f, dk,
-                    C3);
+        gemm(Op::N, Op::N, T, hs, T, scale, d, T, k, C3, 0.0f, dq, C3);
+        gemm(Op::T, Op::N, T, hs, T, scale, d, T, q, C3, 0.0f, dk, C3);
       }
   }
 }

@@ -1,14 +1,14 @@
 #include "nn/linear.h"
 
-#include <cblas.h>
-
 #include <cstring>
+
+#include "nn/gemm.h"
 
 namespace dpt {
 
 void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
                     int64_t C, int64_t OC) {
-  // Pre-fill rows with the bias and let sgemm add into them (beta = 1): one
+  // Pre-fill rows with the bias and let the GEMM add into them (beta = 1): one
   // pass over `out` instead of a second bias pass after the GEMM.
   float beta = 0.0f;
   if (bias) {
@@ -16,21 +16,18 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
     for (int64_t n = 0; n < N; ++n) std::memcpy(out + n * OC, bias, sizeof(float) * OC);
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, beta, out,
-              OC);
+  gemm(Op::N, Op::T, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
 void linear_backward_input(float* dinp, const float* dout, const float* weight, int64_t N, int64_t C,
                            int64_t OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp,
-              C);
+  gemm(Op::N, Op::N, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
 }
 
 void linear_backward_weight(float* dweight, const float* dout, const float* inp, int64_t N, int64_t C,
                             int64_t OC, int64_t o0, int64_t o1) {
   // dout[:, o0:o1] is a column block of a row-major [N, OC] matrix: lda = OC.
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, o1 - o0, C, N, 1.0f, dout + o0, OC, inp, C, 1.0f,
-              dweight + o0 * C, C);
+  gemm(Op::T, Op::N, o1 - o0, C, N, 1.0f, dout + o0, OC, inp, C, 1.0f, dweight + o0 * C, C);
 }
 
 void linear_backward_bias(float* dbias, const float* dout, int64_t N, int64_t OC) {

@@ -3,7 +3,7 @@
 //   weight [OC, C]  PyTorch's [out, in] layout
 //   bias   [OC]     or nullptr
 //   out    [N, OC]
-// GEMMs go to OpenBLAS.
+// GEMMs go through nn/gemm.h (OpenBLAS or oneDNN).
 #pragma once
 
 #include <cstdint>
@@ -21,7 +21,8 @@ void linear_backward_input(float* dinp, const float* dout, const float* weight, 
 // dweight[o0:o1, :] += dout[:, o0:o1]^T @ inp   (rows o0..o1-1 of the weight;
 // accumulated, for gradient accumulation). The last bits of a row may depend
 // on the blocks (OpenBLAS's AVX2 kernels round a block's edge rows their own
-// way), so a caller that wants reproducible runs always uses the same blocks.
+// way, and oneDNN picks its kernel by shape), so a caller that wants
+// reproducible runs always uses the same blocks.
 void linear_backward_weight(float* dweight, const float* dout, const float* inp, int64_t N, int64_t C,
                             int64_t OC, int64_t o0, int64_t o1);
 // dbias += sum_n dout   (accumulated)

@@ -22,6 +22,12 @@ struct ModelFlags {
   std::string kind() const;  // mlp or gpt ("gpt" for a preset), or "" when --model is not given
 };
 
+// --gemm onednn|openblas on train and eval: the GEMM backend (nn/gemm.h).
+// Left empty, the default (or DPT_GEMM) stands; anything else is an
+// InputError from set_gemm_flag.
+void add_gemm_flag(CLI::App* cmd, std::string& gemm);
+void set_gemm_flag(const std::string& gemm);
+
 class TrainCommand {
  public:
   explicit TrainCommand(CLI::App& app);
@@ -37,7 +43,7 @@ class TrainCommand {
   bool no_overlap_ = false;
   std::string zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter";
   double memory_budget_mb_ = 0.0;
-  std::string comm_algo_, transport_;
+  std::string comm_algo_, transport_, gemm_;
 };
 
 class EvalCommand {
@@ -52,6 +58,7 @@ class EvalCommand {
   std::string weights_, data_, format_, load_format_;
   int64_t batch_ = 0;
   int threads_ = 0;
+  std::string gemm_;
 };
 
 // `dpt tokens`: llm.c-format shards from text or uint16 tokens.

@@ -27,9 +27,11 @@ EvalCommand::EvalCommand(CLI::App& app) {
       ->check(CLI::IsMember({"dpt", "hf"}));
   cmd_->add_option("--batch", batch_, "samples per forward pass")->check(positive());
   cmd_->add_option("--threads", threads_, "threads (default: all cores)")->check(non_negative());
+  add_gemm_flag(cmd_, gemm_);
 }
 
 int EvalCommand::run() {
+  set_gemm_flag(gemm_);
   set_threads(threads_);
   auto model = model_from_file(weights_, model_.hparams(), parse_weight_format(load_format_));
   if (model->kind() == "mlp") {

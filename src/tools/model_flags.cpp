@@ -2,6 +2,8 @@
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
 
+#include "nn/gemm.h"
+
 namespace dpt {
 
 void ModelFlags::add(CLI::App* cmd) {
@@ -40,5 +42,16 @@ std::map<std::string, std::string> ModelFlags::hparams() const {
 }
 
 std::string ModelFlags::kind() const { return gpt_preset(model) ? "gpt" : model; }
+
+void add_gemm_flag(CLI::App* cmd, std::string& gemm) {
+  // Checked by set_gemm_flag, not CLI11, so a bad name is the engine's usual
+  // one-sentence error with exit code 1.
+  cmd->add_option("--gemm", gemm,
+                  fmt::format("GEMM backend: onednn or openblas (default {})", gemm_backend_name(kDefaultGemmBackend)));
+}
+
+void set_gemm_flag(const std::string& gemm) {
+  if (!gemm.empty()) set_gemm_backend(parse_gemm_backend(gemm));
+}
 
 }  // namespace dpt

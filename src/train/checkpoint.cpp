@@ -194,7 +194,7 @@ void agree_on_error(comm::ProcessGroup& pg, const std::string& problem) {
   }
 }
 
-std::string write_checkpoint(const std::string& dir, const CheckpointInfo& info, Strategy& strategy,
+WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo& info, Strategy& strategy,
                              const Model& model, comm::ProcessGroup& pg, int keep) {
   const fs::path root(dir), final_dir = root / step_name(info.step), tmp = root / (step_name(info.step) + ".tmp");
   const int rank = pg.rank(), world = pg.size();
@@ -254,7 +254,9 @@ std::string write_checkpoint(const std::string& dir, const CheckpointInfo& info,
       problem = fmt::format("{}: cannot complete the checkpoint: {}", final_dir.string(), e.code().message());
     }
   agree_on_error(pg, problem);
-  return final_dir.string();
+  uint64_t bytes = 0;
+  for (int r = 0; r < world; ++r) bytes += static_cast<uint64_t>(sizes[2 * static_cast<size_t>(r)]);
+  return {final_dir.string(), bytes};
 }
 
 std::string find_checkpoint(const std::string& path) {
@@ -313,8 +315,8 @@ CheckpointInfo read_checkpoint_info(const std::string& checkpoint) {
   return info;
 }
 
-void load_checkpoint(const std::string& checkpoint, const CheckpointInfo& info, Strategy& strategy,
-                     const Model& model, comm::ProcessGroup& pg) {
+uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& info, Strategy& strategy,
+                         const Model& model, comm::ProcessGroup& pg) {
   const fs::path dir(checkpoint);
   const std::string manifest_path = (dir / "manifest.json").string();
   // Does it fit this run? (The same answer on every rank: no agreement needed.)
@@ -386,6 +388,9 @@ void load_checkpoint(const std::string& checkpoint, const CheckpointInfo& info, 
   }
   agree_on_error(pg, problem);
   strategy.restored(info.step);
+  uint64_t bytes = 0;
+  for (const json& f : files) bytes += f.at("bytes").get<uint64_t>();
+  return bytes;
 }
 
 }  // namespace dpt

@@ -49,8 +49,11 @@ struct CheckpointInfo {
 // if there is one), points DIR/latest at it, and removes all but the
 // `keep` newest (keep 0: none removed). Throws IoError naming the file on
 // every rank if any rank fails; the previous checkpoint is then untouched.
-// Returns the checkpoint's path.
-std::string write_checkpoint(const std::string& dir, const CheckpointInfo& info, Strategy& strategy,
+struct WrittenCheckpoint {
+  std::string path;
+  uint64_t bytes = 0;  // of all ranks' files
+};
+WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo& info, Strategy& strategy,
                              const Model& model, comm::ProcessGroup& pg, int keep);
 
 // The checkpoint a --resume path names: a checkpoint itself (it holds a
@@ -67,8 +70,9 @@ CheckpointInfo read_checkpoint_info(const std::string& checkpoint);
 // each rank reads its spans and the strategy completes itself
 // (Strategy::restored). Throws IoError / InputError naming the file and what
 // is wrong, on every rank.
-void load_checkpoint(const std::string& checkpoint, const CheckpointInfo& info, Strategy& strategy,
-                     const Model& model, comm::ProcessGroup& pg);
+// Returns the bytes of all its files.
+uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& info, Strategy& strategy,
+                         const Model& model, comm::ProcessGroup& pg);
 
 // Collective: throws on every rank when any rank's `problem` is not empty
 // (the first rank's message wins; a message is cut to 500 bytes).

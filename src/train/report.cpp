@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "core/gemm_peak.h"
 #include "core/threads.h"
+#include "nn/gemm.h"
 
 namespace dpt {
 
@@ -29,16 +29,21 @@ void Report::print() const {
     std::printf(", no evaluation (--val-fraction 0 holds no text out)");
   }
   std::printf("\nthroughput: %.0f %s (median step %.2f ms after step %zu), %.1f GFLOP/s = %.0f%% of "
-              "measured sgemm peak %.1f GFLOP/s (%d rank%s, OpenBLAS %s kernels)\n",
+              "measured %s GEMM peak %.1f GFLOP/s (%d rank%s, %s)\n",
               mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s", r.step_ms_median,
-              skipped_steps, r.gflops, 100.0 * r.mfu, r.sgemm_gflops, world, world == 1 ? "" : "s",
-              blas_core().c_str());
+              skipped_steps, r.gflops, 100.0 * r.mfu, gemm_backend_name(gemm_backend()), r.gemm_gflops, world,
+              world == 1 ? "" : "s", gemm_backend_detail().c_str());
   const MemoryBytes& m = r.memory;
   std::printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, ", m.parameters * kMiB,
               m.gradients * kMiB, m.optimizer * kMiB);
   if (m.gathered || m.scratch)
     std::printf("gathered units %.1f MiB, communication scratch %.1f MiB, ", m.gathered * kMiB, m.scratch * kMiB);
   std::printf("activations %.1f MiB, peak RSS %.1f MiB\n", r.activation_bytes * kMiB, r.peak_rss * kMiB);
+  if (r.checkpoints > 0)
+    std::printf("checkpoints: %lld written, %.1f MiB each, %.2f s each (%.0f MiB/s), %.1f%% of the run\n",
+                static_cast<long long>(r.checkpoints), r.checkpoint_bytes * kMiB / static_cast<double>(r.checkpoints),
+                r.checkpoint_s / static_cast<double>(r.checkpoints), r.checkpoint_bytes * kMiB / r.checkpoint_s,
+                100.0 * r.checkpoint_s / seconds);
   if (r.scaling_efficiency > 0)
     std::printf("scaling efficiency: %.1f%% of %d x the baseline's %.0f samples/s (%s)\n",
                 100.0 * r.scaling_efficiency, world, r.samples_per_s / (world * r.scaling_efficiency),
@@ -82,7 +87,7 @@ nlohmann::json Report::json() const {
             {"steps", r.steps}, {"batch", o.batch}, {"grad_accum", o.grad_accum},
             {"params", model.param_count()}, {"first_loss", r.first_loss}, {"final_loss", r.final_loss},
             {"step_ms_median", r.step_ms_median}, {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
-            {"sgemm_gflops", r.sgemm_gflops}, {"mfu", r.mfu}, {"seconds", seconds},
+            {"gemm", gemm_backend_name(gemm_backend())}, {"gemm_gflops", r.gemm_gflops}, {"mfu", r.mfu}, {"seconds", seconds},
             {"synthetic", o.synthetic}, {"ranks", per_rank},
             {"comm_bytes_per_step", r.comm_bytes_per_step}, {"comm_bytes_per_phase", r.comm_bytes_per_phase},
             {"comm", ledger},

@@ -19,6 +19,7 @@
 #include "core/gemm_peak.h"
 #include "core/memory.h"
 #include "core/threads.h"
+#include "nn/gemm.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
@@ -139,7 +140,11 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
 
 void write_summary(const std::string& path, nlohmann::json j, const TrainResult& r, bool mlp, bool evaluated) {
   if (!mlp) j["tokens_per_s"] = r.tokens_per_s;
+  if (r.checkpoints > 0 || r.resume_bytes > 0)
+    j["checkpoints"] = {{"written", r.checkpoints}, {"write_s", r.checkpoint_s}, {"write_bytes", r.checkpoint_bytes},
+                        {"resume_s", r.resume_s}, {"resume_bytes", r.resume_bytes}};
   j["blas_core"] = blas_core();
+  j["gemm_detail"] = gemm_backend_detail();
   if (evaluated) {
     j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;
     if (mlp) j["test_accuracy"] = r.eval_accuracy;
@@ -254,8 +259,8 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
     r.gflops = model.train_flops(o.batch) / (slowest * 1e-3) / 1e9;
   }
   if (baseline > 0) r.scaling_efficiency = r.samples_per_s / (pg.size() * baseline);
-  r.sgemm_gflops = measure_sgemm_gflops() * pg.size();
-  r.mfu = r.sgemm_gflops > 0 ? r.gflops / r.sgemm_gflops : 0.0;
+  r.gemm_gflops = measure_gemm_gflops() * pg.size();
+  r.mfu = r.gemm_gflops > 0 ? r.gflops / r.gemm_gflops : 0.0;
   return ranks;
 }
 
@@ -460,15 +465,18 @@ CheckpointInfo checkpoint_info(const TrainOptions& o, const Model& model, const 
 // Loads the checkpoint into the strategy, moves the data to where it
 // stood, and tells the user what continues. Returns the step to start at.
 int64_t resume_from(const std::string& path, const CheckpointInfo& saved, const TrainOptions& o, Model& model,
-                    Strategy& strategy, DataSource& data, comm::ProcessGroup& pg, int64_t steps) {
+                    Strategy& strategy, DataSource& data, comm::ProcessGroup& pg, int64_t steps, TrainResult& r) {
   if (saved.step >= steps)
     throw InputError(fmt::format("{}: the checkpoint is at step {}, and this run has {} steps: nothing to resume",
                                  path, saved.step, steps));
-  load_checkpoint(path, saved, strategy, model, pg);
+  const auto t0 = Clock::now();
+  r.resume_bytes = load_checkpoint(path, saved, strategy, model, pg);
+  r.resume_s = std::chrono::duration<double>(Clock::now() - t0).count();
   data.skip_steps(saved.step, o.batch, o.grad_accum);
   if (pg.rank() == 0 && !o.quiet) {
-    std::printf("resuming %s at step %lld (written by %s on %d rank%s)\n", path.c_str(),
-                static_cast<long long>(saved.step), saved.strategy.c_str(), saved.world, saved.world == 1 ? "" : "s");
+    std::printf("resuming %s at step %lld (written by %s on %d rank%s; %.1f MiB read in %.2f s)\n", path.c_str(),
+                static_cast<long long>(saved.step), saved.strategy.c_str(), saved.world, saved.world == 1 ? "" : "s",
+                static_cast<double>(r.resume_bytes) / (1 << 20), r.resume_s);
     for (const std::string& c : changed_settings(saved.settings, run_settings(o)))
       std::printf("note: %s; the run continues, but not as the run that wrote the checkpoint\n", c.c_str());
   }
@@ -513,7 +521,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   DataSource data(o, *model, load_datasets(o, *model), micro, rank, world);
   const int64_t steps = data.steps(o);
   o.schedule.total_steps = steps;
-  const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps) : 0;
+  TrainResult r;
+  const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps, r) : 0;
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
     if (!data.evaluable()) return std::nullopt;
@@ -526,7 +535,6 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   Progress progress(steps, quiet, mlp ? "samples/s" : "tokens/s");
   if (!quiet) print_header(o, *model, *strategy, world, micro, steps, data.evaluable());
 
-  TrainResult r;
   Batch batch;
   StepTimes times(steps - start);
   const double per_step = static_cast<double>(o.batch * (mlp ? 1 : model->positions()));
@@ -571,12 +579,16 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     r.stopped_by = agreed_signal(pg);
     if (r.stopped_by || ((step + 1) % std::max<int64_t>(o.checkpoint_every, 1) == 0 && o.checkpoint_every > 0 &&
                          step + 1 < steps)) {
-      const std::string path = write_checkpoint(o.checkpoint_dir, checkpoint_info(o, *model, data, step + 1, world),
-                                                *strategy, *model, pg, o.keep);
+      const auto t0 = Clock::now();
+      const WrittenCheckpoint written = write_checkpoint(
+          o.checkpoint_dir, checkpoint_info(o, *model, data, step + 1, world), *strategy, *model, pg, o.keep);
+      ++r.checkpoints;
+      r.checkpoint_s += std::chrono::duration<double>(Clock::now() - t0).count();
+      r.checkpoint_bytes += written.bytes;
       if (r.stopped_by) {
         progress.finish();
         if (!quiet) std::printf("stopped by signal %d after step %lld; checkpoint %s\n", r.stopped_by,
-                                static_cast<long long>(step + 1), path.c_str());
+                                static_cast<long long>(step + 1), written.path.c_str());
         r.steps = step + 1;
         return r;
       }

@@ -87,6 +87,11 @@ struct StepBreakdown {
 struct TrainResult {
   int64_t steps = 0;
   int stopped_by = 0;            // the signal that stopped the run early (after a checkpoint), or 0
+  // Checkpoints written (their seconds and bytes, all ranks' files) and the
+  // one resumed from.
+  int64_t checkpoints = 0;
+  double checkpoint_s = 0.0, resume_s = 0.0;
+  uint64_t checkpoint_bytes = 0, resume_bytes = 0;
   StepBreakdown breakdown;       // this rank
   uint64_t comm_bytes_per_step = 0;  // sent by this rank (ledger)
   // The same split by the phase a collective was issued in: forward,
@@ -97,7 +102,7 @@ struct TrainResult {
   double step_ms_median = 0.0;  // steady state: steps after the first 20 (or after 1)
   double samples_per_s = 0.0;   // images (mlp) or sequences (gpt)
   double tokens_per_s = 0.0;    // gpt
-  double gflops = 0.0, mfu = 0.0, sgemm_gflops = 0.0;
+  double gflops = 0.0, mfu = 0.0, gemm_gflops = 0.0;  // the GEMM backend's peak, measured
   double scaling_efficiency = 0.0;  // with a baseline, else 0
   size_t peak_rss = 0;
   MemoryBytes memory;          // this rank, as the strategy accounts it

@@ -102,6 +102,10 @@ struct ResumeCase {
   int grad_accum;
 };
 
+void PrintTo(const ResumeCase& c, std::ostream* os) {
+  *os << c.model << " --strategy " << c.strategy << " --grad-accum " << c.grad_accum;
+}
+
 class ExactResume : public CheckpointCli, public ::testing::WithParamInterface<ResumeCase> {};
 
 TEST_P(ExactResume, EqualsTheUninterruptedRunBitForBit) {
@@ -312,6 +316,26 @@ TEST_F(CheckpointCli, SigtermStopsAfterTheStepWithACheckpointThatResumesExactly)
   for (std::string line; std::getline(in, line); ++expect)
     EXPECT_EQ(nlohmann::json::parse(line)["step"], expect) << line;
   EXPECT_EQ(expect, stopped + 4);
+}
+
+TEST_F(CheckpointCli, ASecondSignalStopsAtOnce) {
+  const fs::path metrics = path("metrics.jsonl");
+  // One process, steps of W-GPT's size (tens of milliseconds at least): two
+  // signals 0.1 s apart land within one step.
+  // The shell writes its pid, then becomes dpt (exec keeps the pid).
+  const std::string job = fmt::format("sh -c 'echo $$ > {}; exec {} train --model gpt --steps 100000 --log-every 1 "
+                                      "--threads 1 --checkpoint-dir {} --metrics-out {}'",
+                                      path("pid").string(), dpt_bin(), path("ck").string(), metrics.string());
+  RunResult r;
+  std::thread runner([&] { r = test::run_shell(job, dir_, 120); });
+  ASSERT_TRUE(wait_for_step(metrics, 2));
+  std::string pid = test::read_file(path("pid"));
+  while (!pid.empty() && pid.back() == '\n') pid.pop_back();
+  test::run_shell(fmt::format("kill -INT {0}; sleep 0.1; kill -INT {0}", pid), dir_);  // not merged into one
+  runner.join();
+  EXPECT_EQ(r.code, 130) << r.all();
+  EXPECT_EQ(r.out.find("stopped by signal"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(path("ck/latest")));  // no checkpoint: it did not wait for one
 }
 
 TEST_F(CheckpointCli, LaunchRestartsAKilledJobFromItsLatestCheckpoint) {

@@ -572,6 +572,92 @@ TEST(BadArguments, ReductionOfBF16) {
   EXPECT_TRUE(matches(ok.data(), 0, 8, max_over_ranks));
 }
 
+// ---------------------------------------------------------- subgroups
+
+// Even and odd ranks: each group's collectives see its members only.
+TEST(Split, EvenAndOddRanksFormTwoGroups) {
+  auto g = pg().split(me() % 2, me(), "parity");
+  const int members = (world() - me() % 2 + 1) / 2;
+  EXPECT_EQ(g->name(), "parity");
+  EXPECT_EQ(g->size(), members);
+  EXPECT_EQ(g->rank(), me() / 2);
+  std::vector<int> want_world;
+  for (int r = me() % 2; r < world(); r += 2) want_world.push_back(r);
+  EXPECT_EQ(g->world_ranks(), want_world);
+
+  // The sum of (world rank + 1) over the members, on a buffer of odd size.
+  std::vector<float> v(kBig, static_cast<float>(me() + 1));
+  g->all_reduce(v.data(), v.size(), DType::F32, ReduceOp::Sum);
+  float want = 0;
+  for (int r : want_world) want += static_cast<float>(r + 1);
+  EXPECT_TRUE(matches(v.data(), 0, v.size(), [&](size_t) { return want; }));
+
+  // all_gather: each member's world rank in its chunk.
+  std::vector<float> all(static_cast<size_t>(g->size()) * 3, -1.0f);
+  for (size_t i = 0; i < 3; ++i) all[static_cast<size_t>(g->rank()) * 3 + i] = static_cast<float>(me());
+  g->all_gather(all.data(), all.size(), DType::F32);
+  EXPECT_TRUE(matches(all.data(), 0, all.size(),
+                      [&](size_t i) { return static_cast<float>(want_world[i / 3]); }));
+
+  // Its traffic is in its own ledger, not the parent's.
+  const auto before = pg().ledger().snapshot();
+  const auto child_before = g->ledger().snapshot();
+  float one = 1.0f;
+  g->all_reduce(&one, 1, DType::F32, ReduceOp::Sum);
+  EXPECT_EQ(entry(dpt::comm::difference(g->ledger().snapshot(), child_before), "all_reduce").count, 1);
+  EXPECT_EQ(entry(dpt::comm::difference(pg().ledger().snapshot(), before), "all_reduce").count, 0);
+}
+
+// The key orders a group: here the reverse of the world's.
+TEST(Split, KeyOrdersTheRanks) {
+  auto g = pg().split(0, world() - me(), "reversed");
+  EXPECT_EQ(g->size(), world());
+  EXPECT_EQ(g->rank(), world() - 1 - me());
+  std::vector<float> v(1000, static_cast<float>(me()));
+  g->broadcast(v.data(), v.size(), DType::F32, 0);  // group rank 0 = world rank n - 1
+  EXPECT_TRUE(matches(v.data(), 0, v.size(), [&](size_t) { return static_cast<float>(world() - 1); }));
+}
+
+// A group of one per rank: collectives are no-ops, as in a world of one.
+TEST(Split, OneRankGroups) {
+  auto g = pg().split(me(), 0, "self");
+  EXPECT_EQ(g->size(), 1);
+  EXPECT_EQ(g->rank(), 0);
+  EXPECT_EQ(g->world_ranks(), std::vector<int>{me()});
+  float x = 3.0f;
+  g->all_reduce(&x, 1, DType::F32, ReduceOp::Sum);
+  EXPECT_EQ(x, 3.0f);
+}
+
+// A child of a child; then the parent and both children with collectives
+// in flight at once (ring algorithm: each group has its own links and
+// thread). Under Algo::Mpi a blocking MPI call holds the process's MPI lock,
+// so groups take turns there (process_group.h).
+TEST(Split, NestedGroupsRunBesideTheirParent) {
+  auto a = pg().split(me() % 2, me(), "a");
+  auto b = a->split(0, -a->rank(), "b");
+  EXPECT_EQ(b->size(), a->size());
+  EXPECT_EQ(b->rank(), a->size() - 1 - a->rank());
+  std::vector<float> w = contribution(kBig), x(kBig, 1.0f), y(kBig, 2.0f);
+  if (ring()) {
+    auto ww = pg().all_reduce_async(w.data(), kBig, DType::F32, ReduceOp::Sum);
+    auto wx = a->all_reduce_async(x.data(), kBig, DType::F32, ReduceOp::Sum);
+    auto wy = b->all_reduce_async(y.data(), kBig, DType::F32, ReduceOp::Sum);
+    wy->wait();
+    wx->wait();
+    ww->wait();
+  } else {
+    pg().all_reduce(w.data(), kBig, DType::F32, ReduceOp::Sum);
+    a->all_reduce(x.data(), kBig, DType::F32, ReduceOp::Sum);
+    b->all_reduce(y.data(), kBig, DType::F32, ReduceOp::Sum);
+  }
+  EXPECT_TRUE(matches(w.data(), 0, kBig, sum_over_ranks));
+  EXPECT_TRUE(matches(x.data(), 0, kBig, [&](size_t) { return static_cast<float>(a->size()); }));
+  EXPECT_TRUE(matches(y.data(), 0, kBig, [&](size_t) { return 2.0f * static_cast<float>(b->size()); }));
+}
+
+TEST(Split, NegativeColorIsRefused) { EXPECT_THROW(pg().split(-1, 0, "bad"), InputError); }
+
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -1,0 +1,101 @@
+#include "nn/gemm.h"
+
+#include <cblas.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/gemm_peak.h"
+#include "nn/gemm_onednn.h"
+
+namespace dpt {
+
+namespace {
+
+GemmBackend initial_backend() {
+  const char* env = std::getenv("DPT_GEMM");
+  return env && *env ? parse_gemm_backend(env) : kDefaultGemmBackend;
+}
+
+std::atomic<GemmBackend>& backend_var() {
+  static std::atomic<GemmBackend> b{initial_backend()};
+  return b;
+}
+
+CBLAS_TRANSPOSE cblas_op(Op op) { return op == Op::N ? CblasNoTrans : CblasTrans; }
+
+// The [rows, cols] block of a row-major operand with leading dimension ld,
+// widened to fp32 into dst (dense: ld = cols).
+void widen(float* dst, const bf16* src, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = to_f32(src[r * ld + c]);
+}
+
+}  // namespace
+
+GemmBackend parse_gemm_backend(const std::string& name) {
+  if (name == "openblas") return GemmBackend::OpenBlas;
+  if (name == "onednn") return GemmBackend::OneDnn;
+  throw InputError(fmt::format("unknown GEMM backend '{}' (expected onednn or openblas)", name));
+}
+
+const char* gemm_backend_name(GemmBackend b) { return b == GemmBackend::OpenBlas ? "openblas" : "onednn"; }
+
+GemmBackend gemm_backend() { return backend_var().load(std::memory_order_relaxed); }
+void set_gemm_backend(GemmBackend b) { backend_var().store(b, std::memory_order_relaxed); }
+
+void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  DPT_CHECK(K > 0, "gemm with K = {}", K);
+  if (gemm_backend() == GemmBackend::OneDnn) {
+    onednn::matmul(op_a, op_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, false);
+  } else {
+    cblas_sgemm(CblasRowMajor, cblas_op(op_a), cblas_op(op_b), static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta, C,
+                static_cast<int>(ldc));
+  }
+}
+
+void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+          const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  DPT_CHECK(K > 0, "gemm with K = {}", K);
+  if (gemm_bf16_native()) {
+    onednn::matmul(op_a, op_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
+    return;
+  }
+  // No bf16 kernel: widen both operands (as stored, transposed or not) into
+  // this thread's scratch, which only grows, and run the fp32 path. Widening
+  // is exact, so the result is the fp32 GEMM of the bf16 values.
+  static thread_local std::vector<float> a32, b32;
+  const int64_t a_rows = op_a == Op::N ? M : K, a_cols = op_a == Op::N ? K : M;
+  const int64_t b_rows = op_b == Op::N ? K : N, b_cols = op_b == Op::N ? N : K;
+  a32.resize(static_cast<size_t>(a_rows * a_cols));
+  b32.resize(static_cast<size_t>(b_rows * b_cols));
+  widen(a32.data(), A, a_rows, a_cols, lda);
+  widen(b32.data(), B, b_rows, b_cols, ldb);
+  gemm(op_a, op_b, M, N, K, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, C, ldc);
+}
+
+bool gemm_bf16_native() { return gemm_backend() == GemmBackend::OneDnn && onednn::bf16_supported(); }
+
+std::string gemm_backend_detail() {
+  if (gemm_backend() == GemmBackend::OneDnn) return onednn::describe();
+  return fmt::format("OpenBLAS ({} kernels)", blas_core());
+}
+
+double measure_gemm_gflops() {
+  if (gemm_backend() == GemmBackend::OpenBlas) return measure_sgemm_gflops();
+  return measure_gflops([](int n, const float* a, const float* b, float* c) {
+    gemm(Op::N, Op::T, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+  });
+}
+
+GemmCacheStats gemm_cache_stats() { return onednn::stats(); }
+
+}  // namespace dpt

@@ -1,0 +1,78 @@
+// The one matrix multiply every layer calls (linear, attention), on one of two
+// backends chosen at run time:
+//   OpenBLAS  cblas_sgemm (bf16 inputs are widened to fp32 first)
+//   oneDNN    matmul primitives, created once per shape and cached
+//
+// Row-major, BLAS conventions:
+//   C[M, N] = alpha * op(A) @ op(B) + beta * C
+//   op(A) is [M, K]: A itself (Op::N, stored [M, K], row stride lda) or A^T
+//   (Op::T, stored [K, M]); likewise op(B) is [K, N], stored [K, N] or [N, K].
+// Leading dimensions may exceed the row length, so operands can be sub-blocks
+// of the engine's flat buffers (a column block of dout: ld = OC; one head of
+// qkv: ld = 3C) and nothing is copied. beta = 1 accumulates into C; beta = 0
+// overwrites it (C's old contents, even NaN, are ignored, as in BLAS).
+//
+// bf16: A and B in bf16, C in fp32, products accumulated in fp32 (the mixed
+// precision of the next step of issue 9). oneDNN computes it natively on CPUs
+// with AVX512-BF16 or AMX; elsewhere (and on OpenBLAS, which Debian builds
+// without sbgemm) both operands are widened into per-thread fp32 scratch and
+// the fp32 path runs (widening is exact: an fp32 GEMM of the bf16 values, no
+// speed-up). gemm_bf16_native() says which.
+//
+// Threads: a call outside a parallel region uses the engine's pool
+// (set_threads); a call from inside an `omp parallel` region (attention runs
+// one (batch, head) pair per thread) runs on the calling thread alone, on
+// both backends. Results are deterministic for a given thread count.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace dpt {
+
+enum class Op { N, T };  // an operand as stored, or its transpose
+
+enum class GemmBackend { OpenBlas, OneDnn };
+// The faster on this project's machine (docs/performance.md, "The GEMM
+// layer"): an AVX2-only VM where oneDNN 2.6's fp32 kernels match OpenBLAS's
+// on NN/NT products but lose on transposed-A ones (the weight gradients).
+constexpr GemmBackend kDefaultGemmBackend = GemmBackend::OpenBlas;
+
+// "openblas" / "onednn" <-> the enum; parse throws InputError on anything else.
+GemmBackend parse_gemm_backend(const std::string& name);
+const char* gemm_backend_name(GemmBackend b);
+// The backend in use, process-wide. Starts as DPT_GEMM from the environment
+// if set (tests run whole programs under each backend that way), else
+// kDefaultGemmBackend.
+GemmBackend gemm_backend();
+void set_gemm_backend(GemmBackend b);
+
+void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
+          const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// Whether bf16 GEMMs on the current backend run on bf16 kernels (oneDNN on a
+// CPU that has them) rather than through fp32 scratch.
+bool gemm_bf16_native();
+
+// The backend and what it runs, for reports: "OpenBLAS 0.3.21 (Haswell
+// kernels)", "oneDNN 2.6.3 (avx2)".
+std::string gemm_backend_detail();
+
+// GFLOP/s of a 1024^3 fp32 GEMM on the current backend and thread count: the
+// peak that model FLOP utilisation is reported against.
+double measure_gemm_gflops();
+
+// oneDNN primitive cache, summed over threads: primitives created (one per
+// distinct shape, strides, transposes, dtype, alpha, beta, thread count and
+// thread) and calls served from the cache. After the first training step the
+// first stops growing (tests/test_gemm.cpp checks it).
+struct GemmCacheStats {
+  int64_t created = 0, hits = 0;
+};
+GemmCacheStats gemm_cache_stats();
+
+}  // namespace dpt

@@ -1,0 +1,23 @@
+// The oneDNN backend of nn/gemm.h (only gemm.cpp includes this).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "nn/gemm.h"
+
+namespace dpt::onednn {
+
+// C = alpha op(A) op(B) + beta C with A and B fp32 (bf16 = false) or bf16
+// (bf16 = true), C fp32; the arguments as in dpt::gemm.
+void matmul(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
+            const void* B, int64_t ldb, float beta, float* C, int64_t ldc, bool bf16);
+
+// Whether this CPU has a bf16 matmul kernel (AVX512-BF16, AMX); without one
+// gemm.cpp widens bf16 operands to fp32 before calling matmul.
+bool bf16_supported();
+
+std::string describe();  // "oneDNN 2.6.3 (avx2)"
+GemmCacheStats stats();
+
+}  // namespace dpt::onednn
