@@ -60,6 +60,12 @@ void append_file(const fs::path& file, std::vector<uint8_t>& out) {
 
 }  // namespace
 
+std::vector<std::string> text_files(const std::string& path) {
+  std::vector<std::string> out;
+  for (const fs::path& f : list_files(path)) out.push_back(f.string());
+  return out;
+}
+
 ByteCorpus ByteCorpus::load(const std::string& path, double val_fraction, size_t min_bytes) {
   // Written so NaN fails too.
   if (!(val_fraction >= 0.0 && val_fraction < 1.0)) {

@@ -10,6 +10,11 @@ namespace dpt {
 
 constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 
+// The files `path` stands for, in the order ByteCorpus concatenates them
+// (see load): the file itself, or a directory's regular files by name
+// without .dat and .u8. Throws IoError for a missing path.
+std::vector<std::string> text_files(const std::string& path);
+
 class ByteCorpus {
  public:
   // path is a file (read whole) or a directory: its regular files, sorted by

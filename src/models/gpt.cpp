@@ -23,13 +23,20 @@ GptConfig GptConfig::from(const std::map<std::string, std::string>& hparams) {
   c.heads = hparam_int(hparams, "n_head", c.heads);
   c.width = hparam_int(hparams, "n_embd", c.width);
   c.context = hparam_int(hparams, "block_size", c.context);
+  c.padded_vocab = hparam_int(hparams, "padded_vocab_size", c.vocab);
+  if (c.padded_vocab < c.vocab)
+    throw InputError(fmt::format("GPT padded vocabulary {} is smaller than the vocabulary {}", c.padded_vocab,
+                                 c.vocab));
   if (c.width % c.heads != 0)
     throw InputError(fmt::format("GPT width {} is not divisible by {} heads", c.width, c.heads));
   return c;
 }
 
 Gpt::Gpt(GptConfig config) : config_(config) {
-  const int64_t C = config_.width, V = config_.vocab, T = config_.context;
+  if (config_.rows() < config_.vocab)
+    throw InputError(fmt::format("GPT padded vocabulary {} is smaller than the vocabulary {}", config_.rows(),
+                                 config_.vocab));
+  const int64_t C = config_.width, V = config_.rows(), T = config_.context;
   // Matrices (embeddings included) get weight decay; biases and LayerNorm
   // parameters do not, as in GPT-2 / nanoGPT training.
   layout_.begin_unit("transformer.embed");
@@ -60,12 +67,14 @@ Gpt::Gpt(GptConfig config) : config_(config) {
 }
 
 std::map<std::string, std::string> Gpt::metadata() const {
-  return {{"dpt.model", "gpt"},
+  std::map<std::string, std::string> m = {{"dpt.model", "gpt"},
           {"vocab_size", std::to_string(config_.vocab)},
           {"n_layer", std::to_string(config_.layers)},
           {"n_head", std::to_string(config_.heads)},
           {"n_embd", std::to_string(config_.width)},
           {"block_size", std::to_string(config_.context)}};
+  if (config_.rows() != config_.vocab) m["padded_vocab_size"] = std::to_string(config_.rows());
+  return m;
 }
 
 void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
@@ -82,7 +91,11 @@ void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
       std::fill(p, p + (hi - lo), 1.0f);
     } else if (s.shape.size() == 2) {
       const float sd = s.name.ends_with("c_proj.weight") ? std_proj : 0.02f;
-      for (size_t i = lo; i < hi; ++i) p[i - lo] = sd * counter_normal(seed, i);
+      // wte's pad rows (from row vocab on) start at zero and are never trained.
+      const size_t live = s.offset + (s.name == "transformer.wte.weight"
+                                          ? static_cast<size_t>(config_.vocab * config_.width)
+                                          : s.numel);
+      for (size_t i = lo; i < hi; ++i) p[i - lo] = i < live ? sd * counter_normal(seed, i) : 0.0f;
     } else {
       std::fill(p, p + (hi - lo), 0.0f);
     }
@@ -90,7 +103,7 @@ void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
 }
 
 int64_t Gpt::activation_floats(int64_t B, int64_t T) const {
-  const int64_t C = config_.width, V = config_.vocab, NH = config_.heads, N = B * T;
+  const int64_t C = config_.width, V = config_.rows(), NH = config_.heads, N = B * T;
   const int64_t per_block = N * (16 * C + 4) + B * NH * T * T;
   return N * C + config_.layers * per_block + N * (C + 2) + N * V + N * (C + C + 3 * C + 4 * C);
 }
@@ -101,7 +114,7 @@ size_t Gpt::activation_bytes_for(int64_t B) const {
 
 void Gpt::plan_activations(int64_t B, int64_t T) {
   if (B == batch_ && T == seq_) return;
-  const int64_t C = config_.width, NH = config_.heads, N = B * T, V = config_.vocab;
+  const int64_t C = config_.width, NH = config_.heads, N = B * T, V = config_.rows();
   const int64_t total = activation_floats(B, T);
   acts_.reserve(static_cast<size_t>(total));
   float* p = acts_.f32();
@@ -144,6 +157,7 @@ void Gpt::plan_activations(int64_t B, int64_t T) {
 
 ForwardStats Gpt::forward(const Batch& batch) {
   const int64_t B = batch.B, T = batch.T, C = config_.width, V = config_.vocab, NH = config_.heads;
+  const int64_t Vp = config_.rows();
   const int64_t N = B * T;
   if (T < 1 || T > config_.context)
     throw InputError(fmt::format("GPT sequence length {} is outside 1..{}", T, config_.context));
@@ -185,8 +199,9 @@ ForwardStats Gpt::forward(const Batch& batch) {
   // Output projection tied to the token embedding: logits = lnf @ wte^T.
   // The embedding's unit is opened a second time for it.
   open(embed_unit_);
-  linear_forward(logits_, lnf_, param(wte_), nullptr, N, C, V);
+  linear_forward(logits_, lnf_, param(wte_), nullptr, N, C, Vp);
   close(embed_unit_);
+  pack_logits(N);
   ForwardStats st;
   st.count = N;
   st.loss = cross_entropy_forward(logits_, logits_, targets_.data(), N, V, &st.correct);
@@ -195,14 +210,16 @@ ForwardStats Gpt::forward(const Batch& batch) {
 
 void Gpt::backward(float loss_scale) {
   const int64_t B = batch_, T = seq_, C = config_.width, V = config_.vocab, NH = config_.heads;
+  const int64_t Vp = config_.rows();
   const int64_t N = B * T;
   cross_entropy_backward(logits_, logits_, targets_.data(), N, V, loss_scale / static_cast<float>(N));
+  unpack_logit_grads(N);
   begin(Pass::Backward);
   // The tied weight gets the output projection's gradient here and the
   // embedding's at the very end, so its unit is ready last: both
   // contributions are summed in the unit's gradients before any reduction.
   open(embed_unit_);
-  linear_backward(dC_, grad(wte_), nullptr, logits_, lnf_, param(wte_), N, C, V);
+  linear_backward(dC_, grad(wte_), nullptr, logits_, lnf_, param(wte_), N, C, Vp);
   close(embed_unit_);
   open(lnf_unit_);
   // dres_ is the gradient of the residual stream; every LayerNorm backward
@@ -248,6 +265,25 @@ void Gpt::backward(float loss_scale) {
   embedding_backward(grad(wte_), dres_, tokens_.data(), N, C);
   slots_ready(wte_, wpe_);
   close(embed_unit_);
+}
+
+void Gpt::pack_logits(int64_t N) {
+  const int64_t V = config_.vocab, Vp = config_.rows();
+  if (Vp == V) return;
+  // Rows move down (row n from n*Vp to n*V), so in increasing n no row is
+  // overwritten before it has moved.
+  for (int64_t n = 1; n < N; ++n) std::memmove(logits_ + n * V, logits_ + n * Vp, sizeof(float) * V);
+}
+
+void Gpt::unpack_logit_grads(int64_t N) {
+  const int64_t V = config_.vocab, Vp = config_.rows();
+  if (Vp == V) return;
+  // The reverse of pack_logits, last row first; the pad logits took no part
+  // in the loss, so their gradients are zero.
+  for (int64_t n = N; n-- > 0;) {
+    std::memmove(logits_ + n * Vp, logits_ + n * V, sizeof(float) * V);
+    std::fill(logits_ + n * Vp + V, logits_ + (n + 1) * Vp, 0.0f);
+  }
 }
 
 double Gpt::train_flops(int64_t B) const {

@@ -5,6 +5,13 @@
 //
 // Units: "transformer.embed" (wte, wpe), one per block "transformer.h.{i}",
 // and "transformer.ln_f".
+//
+// The vocabulary may be padded in memory (padded_vocab > vocab, GPT-2's
+// 50257 held as 50304 rows, a multiple of 64, as llm.c does for its GEMMs):
+// wte then has padded_vocab rows, the pad rows start at zero and stay there
+// (their logits are left out of the softmax, so no gradient reaches them),
+// tokens must still be below vocab, and weight files hold only the vocab
+// true rows (models/weights.h).
 #pragma once
 
 #include <map>
@@ -21,7 +28,11 @@ struct GptConfig {
   int64_t heads = 4;     // n_head
   int64_t width = 256;   // n_embd (C)
   int64_t context = 128; // block_size (T_max)
+  // padded_vocab_size: rows of wte in memory; 0 = vocab. Last, so the
+  // positional initialisations {vocab, layers, heads, width, context} stay valid.
+  int64_t padded_vocab = 0;
   static GptConfig from(const std::map<std::string, std::string>& hparams);
+  int64_t rows() const { return padded_vocab > 0 ? padded_vocab : vocab; }  // of wte in memory
 };
 
 class Gpt : public Model {
@@ -48,6 +59,12 @@ class Gpt : public Model {
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
   };
   void plan_activations(int64_t B, int64_t T);
+  // With a padded vocabulary the head's GEMM writes [N, padded_vocab]
+  // logits; the loss reads [N, vocab]: pack_logits drops the pad columns in
+  // place after forward, unpack_logit_grads puts them back (as zeros) before
+  // the head's backward.
+  void pack_logits(int64_t N);
+  void unpack_logit_grads(int64_t N);
   int64_t activation_floats(int64_t B, int64_t T) const;
 
   GptConfig config_;
@@ -57,7 +74,7 @@ class Gpt : public Model {
   int64_t batch_ = 0, seq_ = 0;  // the arena's layout (B, T)
   std::vector<BlockActs> acts_of_;
   float *encoded_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
-  float* logits_ = nullptr;  // [B*T, V]; probabilities after forward
+  float* logits_ = nullptr;  // [B*T, padded V]; [B*T, V] probabilities after forward
   // Backward scratch, reused by every block.
   float *dres_ = nullptr, *dC_ = nullptr, *d3C_ = nullptr, *d4C_ = nullptr;
   std::vector<int32_t> tokens_, targets_;

@@ -7,100 +7,174 @@
 
 namespace dpt {
 
-void save_weights(const Model& model, const std::string& path) {
-  std::vector<NamedTensor> tensors;
-  for (const Slot& s : model.layout().slots()) {
-    NamedTensor t;
-    t.name = s.name;
-    t.shape = s.shape;
-    t.data.assign(model.params() + s.offset, model.params() + s.offset + s.numel);
-    tensors.push_back(std::move(t));
-  }
-  save_safetensors(path, tensors, model.metadata());
-}
-
 namespace {
+
 // Buffers PyTorch checkpoints may carry that are not parameters: nanoGPT's
-// causal mask. They hold no learned state, so they are skipped.
+// and Hugging Face's causal mask. They hold no learned state, so they are
+// skipped.
 bool is_known_buffer(const std::string& name) {
   return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
 }
-}  // namespace
 
-void load_weights(Model& model, const SafetensorsFile& file, const std::string& path) {
-  const Layout& layout = model.layout();
-  for (const Slot& s : layout.slots()) {
-    const NamedTensor* t = file.find(s.name);
-    if (!t) throw InputError(fmt::format("{}: tensor '{}' is missing", path, s.name));
-    if (t->shape != s.shape)
-      throw InputError(fmt::format("{}: tensor '{}' has shape {} but the model expects {}", path,
-                                   s.name, shape_str(t->shape), shape_str(s.shape)));
-    std::memcpy(model.params() + s.offset, t->data.data(), sizeof(float) * s.numel);
-  }
-  for (const NamedTensor& t : file.tensors) {
-    if (layout.find(t.name) >= 0 || is_known_buffer(t.name)) continue;
-    if (t.name == "lm_head.weight" && model.kind() == "gpt") {
-      const Slot& wte = layout.slot(layout.find("transformer.wte.weight"));
-      if (t.shape != wte.shape ||
-          std::memcmp(t.data.data(), model.params() + wte.offset, sizeof(float) * wte.numel) != 0)
-        throw InputError(fmt::format(
-            "{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them", path));
-      continue;
-    }
-    throw InputError(fmt::format("{}: unexpected tensor '{}' for a {} model", path, t.name,
-                                 model.kind()));
-  }
+// out [cols, rows] = the transpose of in [rows, cols].
+void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
 }
 
-void check_weight_file(const Model& model, const SafetensorsReader& file) {
+std::vector<TensorSpec> specs_of(const SafetensorsFile& file) {
+  std::vector<TensorSpec> specs;
+  for (const NamedTensor& t : file.tensors) specs.push_back({t.name, t.dtype, t.shape});
+  return specs;
+}
+
+// The sentence for a tensor whose shape is not the model's. In the other
+// layout's shape, the file's layout is the likely mistake, so it says so.
+std::string shape_mismatch(const std::string& path, const std::string& name, const std::vector<int64_t>& got,
+                           const std::vector<int64_t>& want) {
+  const bool swapped = got.size() == 2 && want.size() == 2 && got[0] == want[1] && got[1] == want[0];
+  return fmt::format("{}: tensor '{}' has shape {} but the model expects {}{}", path, name, shape_str(got),
+                     shape_str(want),
+                     swapped ? " (its transpose: is --load-format right? hf stores Conv1D weights [in, out])" : "");
+}
+
+// Checks the model's tensors against a file's header (shapes, missing and
+// unexpected names); returns the file name of the tied wte when the file
+// also has an lm_head.weight to compare with it.
+std::optional<std::string> check_names(const Model& model, const std::vector<TensorSpec>& tensors,
+                                       const WeightNames& names, const std::string& path) {
   const Layout& layout = model.layout();
-  const std::string& path = file.path();
+  std::map<std::string, const TensorSpec*> by_name;
+  for (const TensorSpec& t : tensors) by_name[t.name] = &t;
+  std::map<std::string, bool> expected;
   for (const Slot& s : layout.slots()) {
-    const TensorSpec* t = file.find(s.name);
-    if (!t) throw InputError(fmt::format("{}: tensor '{}' is missing", path, s.name));
-    if (t->shape != s.shape)
-      throw InputError(fmt::format("{}: tensor '{}' has shape {} but the model expects {}", path, s.name,
-                                   shape_str(t->shape), shape_str(s.shape)));
+    const std::string name = names.file_name(s.name);
+    expected[name] = true;
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw InputError(fmt::format("{}: tensor '{}' is missing", path, name));
+    const std::vector<int64_t> want = names.file_shape(s.name, s.shape);
+    if (it->second->shape != want) throw InputError(shape_mismatch(path, name, it->second->shape, want));
   }
-  for (const TensorSpec& t : file.tensors()) {
-    if (layout.find(t.name) >= 0 || is_known_buffer(t.name)) continue;
+  std::optional<std::string> tied;
+  for (const TensorSpec& t : tensors) {
+    if (expected.count(t.name) || is_known_buffer(t.name)) continue;
     if (t.name == "lm_head.weight" && model.kind() == "gpt") {
-      const Slot& wte = layout.slot(layout.find("transformer.wte.weight"));
-      bool same = t.shape == wte.shape;
-      constexpr size_t kPiece = 1 << 16;
-      std::vector<float> a(kPiece), b(kPiece);
-      for (size_t at = 0; same && at < wte.numel; at += kPiece) {
-        const size_t n = std::min(kPiece, wte.numel - at);
-        file.read(t.name, at, n, a.data());
-        file.read(wte.name, at, n, b.data());
-        same = std::memcmp(a.data(), b.data(), n * sizeof(float)) == 0;
-      }
-      if (!same)
+      tied = names.file_name("transformer.wte.weight");
+      if (t.shape != by_name[*tied]->shape)
         throw InputError(fmt::format(
             "{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them", path));
       continue;
     }
     throw InputError(fmt::format("{}: unexpected tensor '{}' for a {} model", path, t.name, model.kind()));
   }
+  return tied;
 }
 
-void load_weight_range(const Model& model, const SafetensorsReader& file, size_t begin, size_t n, float* out) {
+}  // namespace
+
+WeightWriter::WeightWriter(const std::string& path, const Model& model, WeightFormat format)
+    : model_(model), names_(weight_names(model, {}, format == WeightFormat::Hf ? format : WeightFormat::Dpt)) {
+  std::vector<TensorSpec> specs;
+  for (const Slot& s : model.layout().slots())
+    specs.push_back({names_.file_name(s.name), DType::F32, names_.file_shape(s.name, s.shape)});
+  std::map<std::string, std::string> meta = model.metadata();
+  if (names_.hf) meta["format"] = "pt";  // what Hugging Face's loaders look for
+  file_.emplace(path, std::move(specs), meta);
+}
+
+void WeightWriter::write_unit(int unit, const float* values) {
+  const Layout& layout = model_.layout();
+  const size_t base = layout.units()[static_cast<size_t>(unit)].offset;
+  for (const Slot& s : layout.slots()) {
+    if (s.unit != unit) continue;
+    const float* p = values + (s.offset - base);
+    if (names_.transposed(s.name)) {
+      scratch_.resize(s.numel);
+      transpose(p, s.shape[0], s.shape[1], scratch_.data());
+      p = scratch_.data();
+    }
+    file_->write(p, names_.stored(s.name, s.shape, s.numel));  // not wte's pad rows
+  }
+}
+
+void WeightWriter::commit() { file_->commit(); }
+
+void save_weights(const Model& model, const std::string& path, WeightFormat format) {
+  WeightWriter w(path, model, format);
+  for (size_t u = 0; u < model.layout().units().size(); ++u)
+    w.write_unit(static_cast<int>(u), model.params() + model.layout().units()[u].offset);
+  w.commit();
+}
+
+void load_weights(Model& model, const SafetensorsFile& file, const std::string& path, WeightFormat format) {
+  const std::vector<TensorSpec> specs = specs_of(file);
+  const WeightNames names = weight_names(model, specs, format);
+  const auto tied = check_names(model, specs, names, path);
+  for (const Slot& s : model.layout().slots()) {
+    const NamedTensor* t = file.find(names.file_name(s.name));
+    if (names.transposed(s.name))
+      transpose(t->data.data(), s.shape[1], s.shape[0], model.params() + s.offset);
+    else
+      std::memcpy(model.params() + s.offset, t->data.data(), sizeof(float) * t->data.size());
+    // wte's pad rows (a padded vocabulary) are not in the file: zero.
+    std::fill(model.params() + s.offset + t->data.size(), model.params() + s.offset + s.numel, 0.0f);
+  }
+  if (tied && file.find("lm_head.weight")->data != file.find(*tied)->data)
+    throw InputError(fmt::format("{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them",
+                                 path));
+}
+
+void check_weight_file(const Model& model, const SafetensorsReader& file, WeightFormat format) {
+  const WeightNames names = weight_names(model, file.tensors(), format);
+  const auto tied = check_names(model, file.tensors(), names, file.path());
+  if (!tied) return;
+  const uint64_t numel = file.find(*tied)->numel();
+  constexpr size_t kPiece = 1 << 16;
+  std::vector<float> a(kPiece), b(kPiece);
+  for (uint64_t at = 0; at < numel; at += kPiece) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece, numel - at));
+    file.read("lm_head.weight", at, n, a.data());
+    file.read(*tied, at, n, b.data());
+    if (std::memcmp(a.data(), b.data(), n * sizeof(float)) != 0)
+      throw InputError(fmt::format(
+          "{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them", file.path()));
+  }
+}
+
+void load_weight_range(const Model& model, const SafetensorsReader& file, size_t begin, size_t n, float* out,
+                       WeightFormat format) {
+  const WeightNames names = weight_names(model, file.tensors(), format);
   const size_t end = begin + n;
+  std::vector<float> rows;
   for (const Slot& s : model.layout().slots()) {
     const size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
-    if (lo < hi) file.read(s.name, lo - s.offset, hi - lo, out + (lo - begin));
+    if (lo >= hi) continue;
+    const std::string name = names.file_name(s.name);
+    float* dst = out + (lo - begin);
+    if (!names.transposed(s.name)) {
+      // Past what the file stores are wte's pad rows: zero.
+      const size_t stored_end = s.offset + names.stored(s.name, s.shape, s.numel);
+      const size_t read_hi = std::min(hi, std::max(lo, stored_end));
+      if (read_hi > lo) file.read(name, lo - s.offset, read_hi - lo, dst);
+      std::fill(dst + (read_hi - lo), dst + (hi - lo), 0.0f);
+      continue;
+    }
+    // The slot is [O, I] and the file holds [I, O]: elements [lo, hi) of the
+    // slot lie in its rows o_lo..o_hi-1, which are columns of every stored
+    // row; read that piece of each stored row, then pick the elements.
+    const size_t I = static_cast<size_t>(s.shape[1]), O = static_cast<size_t>(s.shape[0]);
+    const size_t first = lo - s.offset, last = hi - s.offset;  // [first, last) of the slot
+    const size_t o_lo = first / I, o_hi = (last - 1) / I + 1, width = o_hi - o_lo;
+    rows.resize(I * width);
+    for (size_t i = 0; i < I; ++i) file.read(name, i * O + o_lo, width, rows.data() + i * width);
+    for (size_t k = first; k < last; ++k) dst[k - first] = rows[(k % I) * width + (k / I - o_lo)];
   }
 }
 
 std::unique_ptr<Model> model_from_file(const std::string& path,
-                                       const std::map<std::string, std::string>& overrides) {
-  SafetensorsFile file = load_safetensors(path);
-  std::map<std::string, std::string> hp = file.metadata;
-  for (const auto& [k, v] : overrides) hp[k] = v;
-  if (!hp.count("dpt.model"))
-    throw InputError(fmt::format("{}: no dpt.model in the metadata; pass --model", path));
-  auto model = make_model(hp);
-  load_weights(*model, file, path);
+                                       const std::map<std::string, std::string>& overrides, WeightFormat format) {
+  auto model = make_model(hparams_for_file(path, overrides));
+  load_weights(*model, load_safetensors(path), path, format);
   return model;
 }
 

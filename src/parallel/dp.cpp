@@ -139,7 +139,7 @@ TrainResult run_dp_training(const TrainOptions& o) {
   if (!mlp) r.tokens_per_s = r.samples_per_s * static_cast<double>(master.positions());
   r.gflops = master.train_flops(o.batch) / (r.step_ms_median * 1e-3) / 1e9;
   // Saved before anything else can fail: evaluation, the summary.
-  if (!o.save.empty()) save_weights(master, o.save);
+  if (!o.save.empty()) save_weights(master, o.save, parse_weight_format(o.save_format));
   if (data[0]->evaluable()) {
     EvalResult ev = data[0]->evaluate(master, micro, o.eval_windows, 0, 1);
     r.eval_loss = ev.loss();

@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/process_group.h"
+#include "models/hf_gpt2.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "parallel/reducer.h"
@@ -144,6 +145,7 @@ class Strategy {
 struct StrategyInit {
   uint64_t seed = 0;
   std::string load;
+  WeightFormat load_format = WeightFormat::Auto;  // the file's layout (models/hf_gpt2.h)
 };
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init);

@@ -74,17 +74,17 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
   // what it holds: the whole model (stages 1, 2) or its shards (stage 3).
   if (stage_ < 3) {
     if (!init.load.empty())
-      load_weights(model_, load_safetensors(init.load), init.load);
+      load_weights(model_, load_safetensors(init.load), init.load, init.load_format);
     else
       model_.init_params(init.seed);
   } else {
     param_shard_ = FlatBuffer(shard_numel_);
     if (!init.load.empty()) {  // each rank reads only its shards' bytes
       const SafetensorsReader file(init.load);
-      check_weight_file(model_, file);
+      check_weight_file(model_, file, init.load_format);
       for (size_t u = 0; u < U; ++u)
         load_weight_range(model_, file, layout_.units()[u].offset + shards_[u].begin, shards_[u].n,
-                          param_shard(static_cast<int>(u)));
+                          param_shard(static_cast<int>(u)), init.load_format);
     } else {
       for (size_t u = 0; u < U; ++u)
         model_.init_range(init.seed, layout_.units()[u].offset + shards_[u].begin, shards_[u].n,

@@ -16,9 +16,10 @@ namespace dpt {
 struct ModelFlags {
   std::string model;
   std::string sizes;                                  // mlp
-  int64_t vocab = 0, layers = 0, heads = 0, width = 0, context = 0;  // gpt
+  int64_t vocab = 0, padded_vocab = 0, layers = 0, heads = 0, width = 0, context = 0;  // gpt
   void add(CLI::App* cmd);
-  std::map<std::string, std::string> hparams() const;  // only those given
+  std::map<std::string, std::string> hparams() const;  // a preset's, then those given
+  std::string kind() const;  // mlp or gpt ("gpt" for a preset), or "" when --model is not given
 };
 
 // --gemm onednn|openblas on train and eval: the GEMM backend (nn/gemm.h).
@@ -54,10 +55,23 @@ class EvalCommand {
  private:
   CLI::App* cmd_;
   ModelFlags model_;
-  std::string weights_, data_;
+  std::string weights_, data_, format_, load_format_;
   int64_t batch_ = 0;
   int threads_ = 0;
   std::string gemm_;
+};
+
+// `dpt tokens`: llm.c-format shards from text or uint16 tokens.
+class TokensCommand {
+ public:
+  explicit TokensCommand(CLI::App& app);
+  bool chosen() const { return cmd_->parsed(); }
+  int run();
+
+ private:
+  CLI::App* cmd_;
+  std::string input_, from_ = "bytes", out_, name_ = "data";
+  int64_t shard_tokens_ = 100'000'000, val_tokens_ = 0;
 };
 
 // `dpt launch`: runs a command as N ranks under mpirun (docs/launch.md).
@@ -92,6 +106,20 @@ class BenchCommCommand {
   std::string sizes_ = "4K,64K,1M,16M,64M,256M", transport_, json_;
   int iters_ = 20, warmup_ = 5;
   double timeout_s_ = 0;
+};
+
+// `dpt bench data`: the sampler's read rate from token shards.
+class BenchDataCommand {
+ public:
+  explicit BenchDataCommand(CLI::App& app);
+  bool chosen() const { return cmd_->parsed(); }
+  int run();
+
+ private:
+  CLI::App* cmd_;
+  std::string data_, format_, json_;
+  int64_t vocab_ = 50257, context_ = 128, batch_ = 16;
+  double seconds_ = 3.0;
 };
 
 }  // namespace dpt

@@ -41,8 +41,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   dpt::TrainCommand train(app);
   dpt::EvalCommand eval(app);
+  dpt::TokensCommand tokens(app);
   dpt::LaunchCommand launch(app);
   dpt::BenchCommCommand bench_comm(app);
+  dpt::BenchDataCommand bench_data(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -57,8 +59,10 @@ int main(int argc, char** argv) {
   try {
     if (train.chosen()) return train.run();
     if (eval.chosen()) return eval.run();
+    if (tokens.chosen()) return tokens.run();
     if (launch.chosen()) return launch.run();
     if (bench_comm.chosen()) return bench_comm.run();
+    if (bench_data.chosen()) return bench_data.run();
   } catch (const dpt::InternalError& e) {
     return fail(2, "", e.what());
   } catch (const dpt::Error& e) {

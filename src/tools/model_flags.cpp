@@ -1,3 +1,4 @@
+#include "models/presets.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
 
@@ -6,10 +7,18 @@
 namespace dpt {
 
 void ModelFlags::add(CLI::App* cmd) {
-  cmd->add_option("--model", model, "mlp (W-MLP) or gpt (W-GPT)")
-      ->check(CLI::IsMember({"mlp", "gpt"}));
+  std::vector<std::string> names = {"mlp", "gpt"};
+  for (const std::string& p : gpt_preset_names()) names.push_back(p);
+  cmd->add_option("--model", model,
+                  "mlp (W-MLP), gpt (W-GPT), or a GPT-2 shape: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl "
+                  "(vocabulary 50257 held as 50304 rows, context 1024; other flags override)")
+      ->check(CLI::IsMember(names));
   cmd->add_option("--sizes", sizes, "mlp: layer sizes, inputs to classes (784,1024,1024,10)");
   cmd->add_option("--vocab", vocab, "gpt: vocabulary size (256)")->check(positive());
+  cmd->add_option("--padded-vocab", padded_vocab,
+                  "gpt: embedding rows held in memory, >= --vocab (the gpt2 presets: 50304, a multiple of 64); "
+                  "the pad rows are never trained nor saved")
+      ->check(positive());
   cmd->add_option("--layers", layers, "gpt: transformer blocks (4)")->check(positive());
   cmd->add_option("--heads", heads, "gpt: attention heads (4)")->check(positive());
   cmd->add_option("--width", width, "gpt: embedding width (256)")->check(positive());
@@ -17,19 +26,22 @@ void ModelFlags::add(CLI::App* cmd) {
 }
 
 std::map<std::string, std::string> ModelFlags::hparams() const {
-  std::map<std::string, std::string> hp;
-  if (!model.empty()) hp["dpt.model"] = model;
+  std::map<std::string, std::string> hp = gpt_preset(model).value_or(std::map<std::string, std::string>{});
+  if (!model.empty() && hp.empty()) hp["dpt.model"] = model;
   if (!sizes.empty()) hp["sizes"] = sizes;
   auto put = [&hp](const char* key, int64_t v) {
     if (v > 0) hp[key] = std::to_string(v);
   };
   put("vocab_size", vocab);
+  put("padded_vocab_size", padded_vocab);
   put("n_layer", layers);
   put("n_head", heads);
   put("n_embd", width);
   put("block_size", context);
   return hp;
 }
+
+std::string ModelFlags::kind() const { return gpt_preset(model) ? "gpt" : model; }
 
 void add_gemm_flag(CLI::App* cmd, std::string& gemm) {
   // Checked by set_gemm_flag, not CLI11, so a bad name is the engine's usual

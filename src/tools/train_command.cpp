@@ -2,6 +2,7 @@
 #include "core/threads.h"
 #include "comm/process_group.h"
 #include "io/safetensors.h"
+#include "models/hf_gpt2.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
 
@@ -11,7 +12,15 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_ = app.add_subcommand("train", "train a model: one process, or one rank of a job under a launcher (dpt launch)");
   model_.add(cmd_);
   auto& o = opts_;
-  cmd_->add_option("--data", o.data, "mlp: Fashion-MNIST IDX directory; gpt: text file or directory");
+  cmd_->add_option("--data", o.data,
+                   "mlp: Fashion-MNIST IDX directory; gpt: text (file or directory) or token shards (file, "
+                   "directory or glob)");
+  cmd_->add_option("--data-format", o.data_format,
+                   "gpt: llmc (llm.c shards), u16 (raw uint16 tokens), bytes (text); default: llmc when the "
+                   "first file starts with llm.c's magic number, else bytes")
+      ->check(CLI::IsMember({"llmc", "u16", "bytes"}));
+  cmd_->add_option("--val-data", o.val_data,
+                   "gpt: held-out shards or text (default: the last --val-fraction of --data)");
   cmd_->add_flag("--synthetic", o.synthetic, "random batches (measures compute, not data)");
   cmd_->add_option("--steps", o.steps, "optimizer steps (default: 3 epochs for mlp, 200 for gpt)")
       ->check(non_negative());
@@ -39,7 +48,7 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--threads", threads_, "threads for GEMM and kernels (default: all cores)")
       ->check(non_negative());
   add_gemm_flag(cmd_, gemm_);
-  cmd_->add_option("--val-fraction", o.val_fraction, "gpt: held-out tail of the corpus")
+  cmd_->add_option("--val-fraction", o.val_fraction, "gpt: held-out tail of the data (windows of token shards)")
       ->check(fraction(0.0, 0.99));
   cmd_->add_option("--eval-every", o.eval_every, "steps between evaluations (0: at the end only)")
       ->check(non_negative());
@@ -47,7 +56,13 @@ TrainCommand::TrainCommand(CLI::App& app) {
       ->check(non_negative());
   cmd_->add_option("--log-every", o.log_every, "steps between progress updates")->check(positive());
   cmd_->add_option("--load", o.load, "start from these safetensors weights");
+  cmd_->add_option("--load-format", o.load_format,
+                   "--load's layout: dpt (the engine's, nanoGPT's names) or hf (Hugging Face GPT-2, Conv1D "
+                   "weights [in, out]); default: told by names and shapes")
+      ->check(CLI::IsMember({"dpt", "hf"}));
   cmd_->add_option("--save", o.save, "write the trained weights (safetensors)");
+  cmd_->add_option("--save-format", o.save_format, "--save's layout: dpt (default) or hf (Hugging Face GPT-2)")
+      ->check(CLI::IsMember({"dpt", "hf"}));
   cmd_->add_option("--checkpoint-dir", o.checkpoint_dir,
                    "write checkpoints here (every --checkpoint-every steps, and when SIGTERM or SIGINT stops the run)");
   cmd_->add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: only on a signal)")
@@ -105,12 +120,13 @@ int TrainCommand::run() {
   set_gemm_flag(gemm_);
   opts_.hparams = model_.hparams();
   opts_.hparams.erase("dpt.model");
-  opts_.model = model_.model;
+  opts_.model = model_.kind();
   if (opts_.model.empty()) {
     if (opts_.load.empty()) throw InputError("--model is required (mlp or gpt) unless --load gives a file");
-    auto meta = load_safetensors(opts_.load).metadata;
+    auto meta = weight_file_hparams(opts_.load);
     if (!meta.count("dpt.model"))
-      throw InputError(fmt::format("{}: no dpt.model in the metadata; pass --model", opts_.load));
+      throw InputError(fmt::format("{}: no dpt.model in the metadata and no config.json beside it; pass --model",
+                                   opts_.load));
     opts_.model = meta["dpt.model"];
   }
   opts_.ddp.bucket_bytes = static_cast<size_t>(bucket_mb_ * (1 << 20));

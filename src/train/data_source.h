@@ -11,6 +11,8 @@
 #include "data/batches.h"
 #include "data/byte_corpus.h"
 #include "data/fashion_mnist.h"
+#include "data/shard_sampler.h"
+#include "data/token_shards.h"
 #include "train/evaluate.h"
 #include "train/train.h"
 
@@ -20,7 +22,13 @@ namespace dpt {
 // (DP's replicas all read the same sets). Empty for synthetic runs.
 struct Datasets {
   std::optional<ImageSet> train_images, test_images;  // mlp
-  std::optional<ByteCorpus> corpus;                   // gpt
+  std::optional<ByteCorpus> corpus, val_corpus;       // gpt on text (val_corpus: --val-data)
+  // gpt on token shards (data/token_shards.h): windows [0, train_windows) of
+  // `tokens` train; the held-out windows are [val_first, val_first +
+  // val_windows) of val_tokens (--val-data) or, without it, of `tokens`.
+  std::unique_ptr<TokenShards> tokens, val_tokens;
+  int64_t train_windows = 0, val_first = 0, val_windows = 0;
+  const TokenShards* held_out() const { return val_tokens ? val_tokens.get() : tokens.get(); }
 };
 std::shared_ptr<const Datasets> load_datasets(const TrainOptions& o, const Model& model);
 
@@ -35,14 +43,15 @@ class DataSource {
   // run). The global batch of a step is the same at any world size, so a
   // run resumed on other ranks sees the same samples.
   void skip_steps(int64_t steps, int64_t global_batch, int64_t grad_accum);
-  // Where the data stands, for a checkpoint's manifest.
+  // Where the data stands, for a checkpoint's manifest (token shards: the
+  // ShardSampler's epoch and windows handed out).
   nlohmann::json position() const;
   // The run's optimizer steps: --steps, else o.epochs epochs (mlp on real
   // data; W-MLP's 3 epochs, 702 steps, when synthetic), else 200 (gpt).
   int64_t steps(const TrainOptions& o) const;
   // False for synthetic runs and for a corpus with no held-out part
   // (--val-fraction 0): there is nothing to evaluate on.
-  bool evaluable() const { return !synthetic_ && (!sets_->corpus || sets_->corpus->val_size() > 0); }
+  bool evaluable() const;
   // This rank's share of the held-out data; combine() across ranks.
   EvalResult evaluate(Model& model, int64_t batch, int64_t max_windows, int rank, int world) const;
 
@@ -52,6 +61,10 @@ class DataSource {
   std::shared_ptr<const Datasets> sets_;
   std::unique_ptr<ImageEpochs> epochs_;
   std::unique_ptr<WindowSampler> windows_;
+  // Token shards: this source's views of the windows (each holds a small
+  // scratch buffer, so DP's replica threads each have their own).
+  std::unique_ptr<ShardWindows> train_windows_, val_windows_;
+  std::unique_ptr<ShardSampler> shard_sampler_;
   Batch synthetic_batch_;
 };
 

@@ -48,6 +48,29 @@ EvalResult evaluate_text(Model& model, const uint8_t* data, size_t n, int64_t ba
   return r;
 }
 
+EvalResult evaluate_windows(Model& model, const ShardWindows& windows, int64_t batch, int64_t max_windows,
+                            int rank, int world) {
+  const int64_t T = windows.T();
+  const int64_t count = max_windows > 0 ? std::min(windows.size(), max_windows) : windows.size();
+  const comm::Range share = comm::chunk_range(static_cast<size_t>(count), world, rank);
+  const int64_t begin = static_cast<int64_t>(share.begin), end = begin + static_cast<int64_t>(share.size);
+  EvalResult r;
+  Batch b;
+  for (int64_t w = begin; w < end; w += batch) {
+    const int64_t n = std::min(batch, end - w);
+    b.B = n;
+    b.T = T;
+    b.tokens.resize(static_cast<size_t>(n * T));
+    b.targets.resize(static_cast<size_t>(n * T));
+    for (int64_t i = 0; i < n; ++i) windows.fill(w + i, b, i);
+    ForwardStats st = model.forward(b);
+    r.loss_sum += static_cast<double>(st.loss) * static_cast<double>(st.count);
+    r.correct += st.correct;
+    r.count += st.count;
+  }
+  return r;
+}
+
 EvalResult combine(const EvalResult& mine, comm::ProcessGroup& pg) {
   if (pg.size() == 1) return mine;
   // Three 8-byte values per rank, moved as bytes by an all-gather.

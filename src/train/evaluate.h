@@ -9,6 +9,7 @@
 
 #include "comm/process_group.h"
 #include "data/fashion_mnist.h"
+#include "data/shard_sampler.h"
 #include "models/model.h"
 
 namespace dpt {
@@ -29,6 +30,11 @@ EvalResult evaluate_images(Model& model, const ImageSet& set, int64_t batch, int
 // them when max_windows > 0; this rank takes its chunk of those windows.
 EvalResult evaluate_text(Model& model, const uint8_t* data, size_t n, int64_t batch, int64_t max_windows,
                          int rank = 0, int world = 1);
+
+// The windows of a token-shard range in order, each exactly once (at most
+// max_windows of them when max_windows > 0); this rank takes its chunk.
+EvalResult evaluate_windows(Model& model, const ShardWindows& windows, int64_t batch, int64_t max_windows,
+                            int rank = 0, int world = 1);
 
 // Sums the ranks' results in rank order (exact: the sums travel as doubles).
 EvalResult combine(const EvalResult& mine, comm::ProcessGroup& pg);

@@ -105,11 +105,9 @@ void check_outputs(const TrainOptions& o, comm::ProcessGroup& pg) {
 }
 
 std::map<std::string, std::string> model_hparams(const TrainOptions& o) {
-  std::map<std::string, std::string> hp;
-  if (!o.load.empty()) hp = SafetensorsReader(o.load).metadata();
-  for (const auto& [k, v] : o.hparams) hp[k] = v;
-  hp["dpt.model"] = o.model;
-  return hp;
+  std::map<std::string, std::string> flags = o.hparams;
+  flags["dpt.model"] = o.model;
+  return o.load.empty() ? flags : hparams_for_file(o.load, flags);
 }
 
 StrategyOptions strategy_options(const TrainOptions& o) {
@@ -134,7 +132,7 @@ int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name) {
 std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
   std::map<std::string, std::string> hp = o.hparams;
   hp["dpt.model"] = o.model;
-  if (!o.load.empty()) return model_from_file(o.load, hp);
+  if (!o.load.empty()) return model_from_file(o.load, hp, parse_weight_format(o.load_format));
   auto model = make_model(hp);
   model->init_params(seed);
   return model;
@@ -189,20 +187,16 @@ int ranks_on_host(int world) {
 // gather, rank 0 streams it into the file (the tensors of a unit are
 // consecutive in the file, as in the buffer). Under zero3 no rank ever holds
 // more than one unit of it.
-void save_model(Strategy& strategy, const Model& model, const std::string& path, bool lead) {
+void save_model(Strategy& strategy, const Model& model, const std::string& path, WeightFormat format, bool lead) {
   const Layout& layout = model.layout();
-  std::optional<SafetensorsWriter> file;
-  if (lead) {
-    std::vector<TensorSpec> specs;
-    for (const Slot& s : layout.slots()) specs.push_back({s.name, DType::F32, s.shape});
-    file.emplace(path, std::move(specs), model.metadata());
-  }
+  std::optional<WeightWriter> file;
+  if (lead) file.emplace(path, model, format);
   size_t max_unit = 0;
   for (const Unit& u : layout.units()) max_unit = std::max(max_unit, u.numel);
   FlatBuffer unit(max_unit);
   for (size_t u = 0; u < layout.units().size(); ++u) {
     strategy.gather_unit(static_cast<int>(u), unit.f32());
-    if (file) file->write(unit.f32(), layout.units()[u].numel);
+    if (file) file->write_unit(static_cast<int>(u), unit.f32());
   }
   if (file) file->commit();
 }
@@ -522,7 +516,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   auto model = make_model(saved ? resumed_hparams(o, *saved) : model_hparams(o));
   const StrategyOptions so = strategy_options(o);
   check_memory(o, so, *model, micro, pg);
-  auto strategy = make_strategy(so, *model, pg, {o.seed, o.load});
+  auto strategy = make_strategy(so, *model, pg, {o.seed, o.load, parse_weight_format(o.load_format)});
 
   DataSource data(o, *model, load_datasets(o, *model), micro, rank, world);
   const int64_t steps = data.steps(o);
@@ -611,7 +605,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
 
   // The weights are written before anything else can fail (evaluation, the
   // summary), so a finished run is never lost.
-  if (!o.save.empty()) save_model(*strategy, *model, o.save, lead);
+  if (!o.save.empty()) save_model(*strategy, *model, o.save, parse_weight_format(o.save_format), lead);
   metrics.reset();
   if (auto ev = evaluate()) {
     r.eval_loss = ev->loss();

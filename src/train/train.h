@@ -22,7 +22,9 @@ namespace dpt {
 struct TrainOptions {
   std::string model = "mlp";                 // "mlp" or "gpt"
   std::map<std::string, std::string> hparams;  // model sizes (see make_model)
-  std::string data;         // mlp: IDX directory; gpt: corpus file or directory
+  std::string data;         // mlp: IDX directory; gpt: text, or token shards (file, directory or glob)
+  std::string data_format;  // gpt: llmc, u16 or bytes; empty: from the magic number (docs/data.md)
+  std::string val_data;     // gpt: held-out shards or text; empty: the last val_fraction of data
   bool synthetic = false;   // random batches; measures compute only
   int64_t steps = 0;        // optimizer steps; 0: from epochs (mlp) or 200 (gpt)
   int64_t epochs = 3;       // mlp, when steps == 0
@@ -54,7 +56,9 @@ struct TrainOptions {
   int64_t eval_windows = 256; // gpt: windows per periodic evaluation (0 = all)
   int64_t log_every = 10;
   std::string load;         // safetensors to start from
+  std::string load_format;  // its layout: dpt or hf; empty: told by names and shapes (models/hf_gpt2.h)
   std::string save;         // safetensors to write at the end
+  std::string save_format = "dpt";  // dpt (the engine's layout) or hf (Hugging Face GPT-2's)
   std::string metrics_out;  // one JSON line per logged step
   std::string summary_out;  // one JSON object at the end
   // Checkpoints (train/checkpoint.h): every checkpoint_every steps (0: only
@@ -131,8 +135,9 @@ void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model&
 // it, and every rank fails.
 void check_outputs(const TrainOptions& o, comm::ProcessGroup& pg);
 
-// The model's hyper-parameters: the flags over --load's file metadata
-// (read from its header alone), and the model's name.
+// The model's hyper-parameters: the flags over what --load's file describes
+// (its metadata, read from the header alone, or a config.json beside it;
+// see hparams_for_file), and the model's name.
 std::map<std::string, std::string> model_hparams(const TrainOptions& o);
 
 // The strategy's share of the options.

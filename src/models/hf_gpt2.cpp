@@ -1,0 +1,112 @@
+#include "models/hf_gpt2.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "models/gpt.h"
+#include "models/model.h"
+
+namespace dpt {
+
+namespace {
+
+constexpr const char* kPrefix = "transformer.";
+
+const TensorSpec* find(const std::vector<TensorSpec>& tensors, const std::string& name) {
+  for (const TensorSpec& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+}  // namespace
+
+WeightFormat parse_weight_format(const std::string& s) {
+  if (s.empty() || s == "auto") return WeightFormat::Auto;
+  if (s == "dpt") return WeightFormat::Dpt;
+  if (s == "hf") return WeightFormat::Hf;
+  throw InputError(fmt::format("unknown weight format '{}' (expected dpt or hf)", s));
+}
+
+std::string WeightNames::file_name(const std::string& slot) const {
+  if (!hf || !slot.starts_with(kPrefix)) return slot;
+  return prefix + slot.substr(std::string(kPrefix).size());
+}
+
+bool WeightNames::transposed(const std::string& slot) const {
+  return hf && slot.find(".h.") != std::string::npos &&
+         (slot.ends_with(".c_attn.weight") || slot.ends_with(".c_proj.weight") || slot.ends_with(".c_fc.weight"));
+}
+
+std::vector<int64_t> WeightNames::file_shape(const std::string& slot, const std::vector<int64_t>& shape) const {
+  if (wte_rows > 0 && slot == "transformer.wte.weight") return {wte_rows, shape[1]};
+  return transposed(slot) ? std::vector<int64_t>{shape[1], shape[0]} : shape;
+}
+
+size_t WeightNames::stored(const std::string& slot, const std::vector<int64_t>& shape, size_t numel) const {
+  if (wte_rows > 0 && slot == "transformer.wte.weight") return static_cast<size_t>(wte_rows * shape[1]);
+  return numel;
+}
+
+WeightNames weight_names(const Model& model, const std::vector<TensorSpec>& tensors, WeightFormat format) {
+  WeightNames n;
+  if (model.kind() != "gpt") return n;
+  const GptConfig& g = dynamic_cast<const Gpt&>(model).config();
+  if (g.rows() != g.vocab) n.wte_rows = g.vocab;
+  if (format == WeightFormat::Dpt) return n;
+  // The engine writes every name with the prefix; a file without it is HF's.
+  n.prefix = find(tensors, "transformer.wte.weight") ? kPrefix : "";
+  if (format == WeightFormat::Hf || n.prefix.empty()) {
+    n.hf = true;
+    return n;
+  }
+  // Same names: the first block's c_attn.weight tells, [C, 3C] (Conv1D) or
+  // [3C, C] (Linear). A file without it fails later naming the tensor.
+  const TensorSpec* qkv = find(tensors, "transformer.h.0.attn.c_attn.weight");
+  n.hf = qkv && qkv->shape.size() == 2 && qkv->shape[1] == 3 * qkv->shape[0];
+  return n;
+}
+
+std::map<std::string, std::string> weight_file_hparams(const std::string& path) {
+  std::map<std::string, std::string> meta = SafetensorsReader(path).metadata();
+  if (meta.count("dpt.model")) return meta;
+  const std::filesystem::path config = std::filesystem::path(path).parent_path() / "config.json";
+  std::ifstream in(config);
+  if (!in) return meta;
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception&) {
+    throw InputError(fmt::format("{}: not valid JSON", config.string()));
+  }
+  std::map<std::string, std::string> hp = meta;
+  hp["dpt.model"] = "gpt";
+  // Hugging Face's GPT2Config names, and the engine's.
+  for (const auto& [hf, ours] : {std::pair{"n_layer", "n_layer"}, {"n_head", "n_head"}, {"n_embd", "n_embd"},
+                                 {"n_positions", "block_size"}, {"vocab_size", "vocab_size"}}) {
+    if (!j.contains(hf)) continue;
+    if (!j[hf].is_number_integer())
+      throw InputError(fmt::format("{}: {} is not an integer", config.string(), hf));
+    hp[ours] = std::to_string(j[hf].get<int64_t>());
+  }
+  return hp;
+}
+
+std::map<std::string, std::string> hparams_for_file(const std::string& path,
+                                                    const std::map<std::string, std::string>& flags) {
+  std::map<std::string, std::string> hp = weight_file_hparams(path);
+  const bool described = hp.count("dpt.model") > 0;
+  for (const auto& [k, v] : flags) hp[k] = v;
+  if (!hp.count("dpt.model"))
+    throw InputError(fmt::format("{}: no dpt.model in the metadata and no config.json beside it; pass --model", path));
+  if (!described && hp["dpt.model"] == "gpt" && !flags.count("n_head"))
+    throw InputError(fmt::format("{}: the file carries no hyper-parameters (no engine metadata, no config.json "
+                                 "beside it) and a head count cannot be read from shapes; pass --model gpt2 (or "
+                                 "gpt2-medium, gpt2-large, gpt2-xl), or --heads with the other sizes",
+                                 path));
+  return hp;
+}
+
+}  // namespace dpt
