@@ -105,7 +105,11 @@ void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
 int64_t Gpt::activation_floats(int64_t B, int64_t T) const {
   const int64_t C = config_.width, V = config_.rows(), NH = config_.heads, N = B * T;
   const int64_t per_block = N * (16 * C + 4) + B * NH * T * T;
-  return N * C + config_.layers * per_block + N * (C + 2) + N * V + N * (C + C + 3 * C + 4 * C);
+  // Checkpointing keeps each block's output (N * C) plus one block's worth
+  // of the rest, the scratch its forward is recomputed into.
+  const int64_t blocks = checkpoint_ ? config_.layers * N * C + (config_.layers > 0 ? per_block - N * C : 0)
+                                     : config_.layers * per_block;
+  return N * C + blocks + N * (C + 2) + N * V + N * (C + C + 3 * C + 4 * C);
 }
 
 size_t Gpt::activation_bytes_for(int64_t B) const {
@@ -113,7 +117,7 @@ size_t Gpt::activation_bytes_for(int64_t B) const {
 }
 
 void Gpt::plan_activations(int64_t B, int64_t T) {
-  if (B == batch_ && T == seq_) return;
+  if (B == batch_ && T == seq_ && checkpoint_ == planned_checkpoint_) return;
   const int64_t C = config_.width, NH = config_.heads, N = B * T, V = config_.rows();
   const int64_t total = activation_floats(B, T);
   acts_.reserve(static_cast<size_t>(total));
@@ -125,7 +129,32 @@ void Gpt::plan_activations(int64_t B, int64_t T) {
   };
   encoded_ = take(N * C);
   acts_of_.assign(static_cast<size_t>(config_.layers), BlockActs{});
+  if (checkpoint_) {
+    for (auto& a : acts_of_) a.res3 = take(N * C);
+    // One scratch block; every block's other activations live in it.
+    BlockActs scratch{};
+    if (!acts_of_.empty()) {
+      scratch.ln1 = take(N * C);
+      scratch.ln1_mean = take(N);
+      scratch.ln1_rstd = take(N);
+      scratch.qkv = take(N * 3 * C);
+      scratch.atty = take(N * C);
+      scratch.att = take(B * NH * T * T);
+      scratch.res2 = take(N * C);
+      scratch.ln2 = take(N * C);
+      scratch.ln2_mean = take(N);
+      scratch.ln2_rstd = take(N);
+      scratch.fch = take(N * 4 * C);
+      scratch.fch_gelu = take(N * 4 * C);
+    }
+    for (auto& a : acts_of_) {
+      float* out = a.res3;
+      a = scratch;
+      a.res3 = out;
+    }
+  }
   for (auto& a : acts_of_) {
+    if (checkpoint_) break;  // laid out above
     a.ln1 = take(N * C);
     a.ln1_mean = take(N);
     a.ln1_rstd = take(N);
@@ -153,10 +182,27 @@ void Gpt::plan_activations(int64_t B, int64_t T) {
   targets_.resize(static_cast<size_t>(N));
   batch_ = B;
   seq_ = T;
+  planned_checkpoint_ = checkpoint_;
+}
+
+void Gpt::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
+  const int64_t C = config_.width, NH = config_.heads, N = B * T;
+  const BlockSlots& s = blocks_[l];
+  const BlockActs& a = acts_of_[l];
+  layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, param(s.ln1_w), param(s.ln1_b), N, C);
+  linear_forward(a.qkv, a.ln1, param(s.qkv_w), param(s.qkv_b), N, C, 3 * C);
+  attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
+  linear_forward(a.res2, a.atty, param(s.proj_w), param(s.proj_b), N, C, C);
+  residual_forward(a.res2, a.res2, x, N * C);
+  layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(s.ln2_w), param(s.ln2_b), N, C);
+  linear_forward(a.fch, a.ln2, param(s.fc_w), param(s.fc_b), N, C, 4 * C);
+  gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
+  linear_forward(a.res3, a.fch_gelu, param(s.fcproj_w), param(s.fcproj_b), N, 4 * C, C);
+  residual_forward(a.res3, a.res3, a.res2, N * C);
 }
 
 ForwardStats Gpt::forward(const Batch& batch) {
-  const int64_t B = batch.B, T = batch.T, C = config_.width, V = config_.vocab, NH = config_.heads;
+  const int64_t B = batch.B, T = batch.T, C = config_.width, V = config_.vocab;
   const int64_t Vp = config_.rows();
   const int64_t N = B * T;
   if (T < 1 || T > config_.context)
@@ -177,21 +223,10 @@ ForwardStats Gpt::forward(const Batch& batch) {
   close(embed_unit_);
   const float* x = encoded_;  // the residual stream entering each block
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    const BlockSlots& s = blocks_[l];
-    BlockActs& a = acts_of_[l];
     open(static_cast<int>(l) + 1);
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, param(s.ln1_w), param(s.ln1_b), N, C);
-    linear_forward(a.qkv, a.ln1, param(s.qkv_w), param(s.qkv_b), N, C, 3 * C);
-    attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
-    linear_forward(a.res2, a.atty, param(s.proj_w), param(s.proj_b), N, C, C);
-    residual_forward(a.res2, a.res2, x, N * C);
-    layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(s.ln2_w), param(s.ln2_b), N, C);
-    linear_forward(a.fch, a.ln2, param(s.fc_w), param(s.fc_b), N, C, 4 * C);
-    gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
-    linear_forward(a.res3, a.fch_gelu, param(s.fcproj_w), param(s.fcproj_b), N, 4 * C, C);
-    residual_forward(a.res3, a.res3, a.res2, N * C);
+    block_forward(l, x, B, T);
     close(static_cast<int>(l) + 1);
-    x = a.res3;
+    x = acts_of_[l].res3;
   }
   open(lnf_unit_);
   layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, param(lnf_w_), param(lnf_b_), N, C);
@@ -236,6 +271,11 @@ void Gpt::backward(float loss_scale) {
     const BlockActs& a = acts_of_[l];
     open(static_cast<int>(l) + 1);
     const float* x = l > 0 ? acts_of_[l - 1].res3 : encoded_;
+    // Checkpointing: refill the scratch block from the block's saved input,
+    // inside the same open as its backward, so a sharded strategy gathers
+    // the unit once for both (as FSDP's recompute uses the parameters its
+    // backward gathers). It rewrites res3 with the very same values.
+    if (checkpoint_) block_forward(l, x, B, T);
     // Each layer's parameters are reported final as soon as its backward is
     // done: backward visits them in exactly the reverse of the layout's order
     // (ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj).

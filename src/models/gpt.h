@@ -54,6 +54,9 @@ class Gpt : public Model {
     int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
   };
   // Activations of one block for the current batch (pointers into acts_).
+  // With checkpointing, every block's res3 (its output: the next block's
+  // input) is its own, and all the rest point to one scratch block shared by
+  // all blocks, refilled by recomputation before each block's backward.
   struct BlockActs {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2;
     float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
@@ -66,12 +69,15 @@ class Gpt : public Model {
   void pack_logits(int64_t N);
   void unpack_logit_grads(int64_t N);
   int64_t activation_floats(int64_t B, int64_t T) const;
+  // Block l's forward from its input x into acts_of_[l] (with unit l + 1 open).
+  void block_forward(size_t l, const float* x, int64_t B, int64_t T);
 
   GptConfig config_;
   int wte_, wpe_, lnf_w_, lnf_b_;
   int embed_unit_ = 0, lnf_unit_ = 0;  // block l is unit l + 1
   std::vector<BlockSlots> blocks_;
   int64_t batch_ = 0, seq_ = 0;  // the arena's layout (B, T)
+  bool planned_checkpoint_ = false;  // ... and whether it was planned for checkpointing
   std::vector<BlockActs> acts_of_;
   float *encoded_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
   float* logits_ = nullptr;  // [B*T, padded V]; [B*T, V] probabilities after forward

@@ -103,6 +103,15 @@ class Model {
   size_t param_count() const { return layout_.numel(); }
   size_t activation_bytes() const { return acts_.bytes(); }
 
+  // Activation checkpointing: forward keeps only each unit's input, and
+  // backward recomputes a unit's forward from it just before that unit's
+  // backward (docs/memory.md). Gradients are bitwise those of a run without
+  // it (same kernels, same order); the arena shrinks, the compute grows by
+  // about one forward. Set before the first forward; activation_bytes_for
+  // answers for the current setting.
+  void set_checkpoint_activations(bool on) { checkpoint_ = on; }
+  bool checkpoint_activations() const { return checkpoint_; }
+
   // Where forward and backward find parameters and put gradients: the
   // model's own full buffers (nullptr) or a strategy's store.
   void set_store(UnitStore* store) { store_ = store ? store : &own_; }
@@ -135,6 +144,7 @@ class Model {
 
   Layout layout_;
   FlatBuffer acts_;
+  bool checkpoint_ = false;
 
  private:
   template <typename T>

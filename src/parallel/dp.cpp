@@ -50,6 +50,7 @@ TrainResult run_dp_training(const TrainOptions& o) {
   for (int i = 0; i < R; ++i) {
     if (i > 0) {
       replicas.push_back(make_model(master.metadata()));
+      replicas.back()->set_checkpoint_activations(o.checkpoint_activations);
       std::memcpy(replicas.back()->params(), master.params(), n * sizeof(float));
     }
     data.push_back(std::make_unique<DataSource>(o, *replicas.back(), sets, micro, i, R));

@@ -22,6 +22,9 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--val-data", o.val_data,
                    "gpt: held-out shards or text (default: the last --val-fraction of --data)");
   cmd_->add_flag("--synthetic", o.synthetic, "random batches (measures compute, not data)");
+  cmd_->add_flag("--checkpoint-activations", o.checkpoint_activations,
+                 "keep only each unit's input in forward, recompute the unit in backward (less activation "
+                 "memory, about one more forward of compute)");
   cmd_->add_option("--steps", o.steps, "optimizer steps (default: 3 epochs for mlp, 200 for gpt)")
       ->check(non_negative());
   cmd_->add_option("--epochs", o.epochs, "mlp: epochs when --steps is not given")->check(positive());

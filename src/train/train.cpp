@@ -132,9 +132,14 @@ int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name) {
 std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
   std::map<std::string, std::string> hp = o.hparams;
   hp["dpt.model"] = o.model;
-  if (!o.load.empty()) return model_from_file(o.load, hp, parse_weight_format(o.load_format));
-  auto model = make_model(hp);
-  model->init_params(seed);
+  std::unique_ptr<Model> model;
+  if (!o.load.empty()) {
+    model = model_from_file(o.load, hp, parse_weight_format(o.load_format));
+  } else {
+    model = make_model(hp);
+    model->init_params(seed);
+  }
+  model->set_checkpoint_activations(o.checkpoint_activations);
   return model;
 }
 
@@ -514,6 +519,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // The model's shape first; where its parameters live, and their initial
   // values, are the strategy's (a zero3 rank never holds them all).
   auto model = make_model(saved ? resumed_hparams(o, *saved) : model_hparams(o));
+  model->set_checkpoint_activations(o.checkpoint_activations);
   const StrategyOptions so = strategy_options(o);
   check_memory(o, so, *model, micro, pg);
   auto strategy = make_strategy(so, *model, pg, {o.seed, o.load, parse_weight_format(o.load_format)});

@@ -35,6 +35,9 @@ struct TrainOptions {
   // parallelism over dp_replicas threads).
   std::string strategy;
   int dp_replicas = 2;
+  // Keep only each unit's input in forward and recompute the unit in
+  // backward: less activation memory for about one more forward (docs/memory.md).
+  bool checkpoint_activations = false;
   ReducerOptions ddp;       // buckets, overlap, per-parameter mode
   bool zero_scatter = false;          // zero1: reduce-scatter instead of all-reduce
   bool zero_accumulate_locally = false;  // zero2/3 + grad_accum: reduce once per step
