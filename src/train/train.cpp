@@ -488,6 +488,45 @@ int64_t resume_from(const std::string& path, const CheckpointInfo& saved, const 
   return saved.step;
 }
 
+// The bytes this rank sent per step since the ledger stood at
+// (bytes_at_start, phases_at_start), over `ran` steps, in total and by phase.
+void count_comm(comm::ProcessGroup& pg, uint64_t bytes_at_start, const std::map<std::string, comm::OpStats>& phases_at_start,
+                int64_t ran, TrainResult& r) {
+  const auto n = static_cast<uint64_t>(std::max<int64_t>(1, ran));
+  r.comm_bytes_per_step = (pg.ledger().total().bytes_sent - bytes_at_start) / n;
+  for (const auto& [phase, stats] : comm::difference(pg.ledger().phases(), phases_at_start))
+    r.comm_bytes_per_phase[phase] = stats.bytes_sent / n;
+}
+
+// Writes a checkpoint of the state after `done` steps and counts its time
+// and bytes in r. Returns its path.
+std::string checkpoint_now(const TrainOptions& o, const Model& model, Strategy& strategy, const DataSource& data,
+                           comm::ProcessGroup& pg, int64_t done, TrainResult& r) {
+  const auto t0 = Clock::now();
+  const WrittenCheckpoint written =
+      write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done, pg.size()), strategy, model, pg, o.keep);
+  ++r.checkpoints;
+  r.checkpoint_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  r.checkpoint_bytes += written.bytes;
+  return written.path;
+}
+
+// A finished run's report: every rank's medians and memory gathered, the
+// summary printed (unless quiet) and written (rank 0, --summary-out).
+void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& model, const Strategy& strategy,
+                bool evaluated, size_t steps_timed, double baseline, double total_s, bool quiet, TrainResult& r) {
+  r.peak_rss = peak_rss_bytes();
+  r.memory = strategy.bytes();
+  r.activation_bytes = model.activation_bytes();
+  std::vector<RankTimes> ranks = gather_ranks(pg, r, o, model, baseline);
+  const Report report{.options = o, .model = model, .strategy = strategy, .result = r,
+                      .ranks = std::move(ranks), .seconds = total_s, .skipped_steps = warmup_steps(steps_timed),
+                      .evaluated = evaluated, .ledger = pg.ledger().to_json()};
+  if (!quiet) report.print();
+  if (pg.rank() == 0 && !o.summary_out.empty())
+    write_summary(o.summary_out, report.json(), r, o.model == "mlp", evaluated);
+}
+
 }  // namespace
 
 TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
@@ -585,16 +624,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     r.stopped_by = agreed_signal(pg);
     if (r.stopped_by || ((step + 1) % std::max<int64_t>(o.checkpoint_every, 1) == 0 && o.checkpoint_every > 0 &&
                          step + 1 < steps)) {
-      const auto t0 = Clock::now();
-      const WrittenCheckpoint written = write_checkpoint(
-          o.checkpoint_dir, checkpoint_info(o, *model, data, step + 1, world), *strategy, *model, pg, o.keep);
-      ++r.checkpoints;
-      r.checkpoint_s += std::chrono::duration<double>(Clock::now() - t0).count();
-      r.checkpoint_bytes += written.bytes;
+      const std::string path = checkpoint_now(o, *model, *strategy, data, pg, step + 1, r);
       if (r.stopped_by) {
         progress.finish();
         if (!quiet) std::printf("stopped by signal %d after step %lld; checkpoint %s\n", r.stopped_by,
-                                static_cast<long long>(step + 1), written.path.c_str());
+                                static_cast<long long>(step + 1), path.c_str());
         r.steps = step + 1;
         return r;
       }
@@ -603,11 +637,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   progress.finish();
   if (timeline) timeline->write(trace_file.get(), pg);
   const double total_s = std::chrono::duration<double>(Clock::now() - run_start).count();
-  const auto ran = static_cast<uint64_t>(std::max<int64_t>(1, steps - start));
   r.steps = steps;
-  r.comm_bytes_per_step = (pg.ledger().total().bytes_sent - bytes_at_start) / ran;
-  for (const auto& [phase, stats] : comm::difference(pg.ledger().phases(), phases_at_start))
-    r.comm_bytes_per_phase[phase] = stats.bytes_sent / ran;
+  count_comm(pg, bytes_at_start, phases_at_start, steps - start, r);
 
   // The weights are written before anything else can fail (evaluation, the
   // summary), so a finished run is never lost.
@@ -619,15 +650,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   }
 
   r.breakdown = times.medians();
-  r.peak_rss = peak_rss_bytes();
-  r.memory = strategy->bytes();
-  r.activation_bytes = model->activation_bytes();
-  std::vector<RankTimes> ranks = gather_ranks(pg, r, o, *model, baseline);
-  const Report report{.options = o, .model = *model, .strategy = *strategy, .result = r,
-                      .ranks = std::move(ranks), .seconds = total_s, .skipped_steps = warmup_steps(times.size()),
-                      .evaluated = data.evaluable(), .ledger = pg.ledger().to_json()};
-  if (!quiet) report.print();
-  if (lead && !o.summary_out.empty()) write_summary(o.summary_out, report.json(), r, mlp, data.evaluable());
+  report_run(o, pg, *model, *strategy, data.evaluable(), times.size(), baseline, total_s, quiet, r);
   return r;
 }
 
