@@ -129,32 +129,8 @@ void Gpt::plan_activations(int64_t B, int64_t T) {
   };
   encoded_ = take(N * C);
   acts_of_.assign(static_cast<size_t>(config_.layers), BlockActs{});
-  if (checkpoint_) {
-    for (auto& a : acts_of_) a.res3 = take(N * C);
-    // One scratch block; every block's other activations live in it.
-    BlockActs scratch{};
-    if (!acts_of_.empty()) {
-      scratch.ln1 = take(N * C);
-      scratch.ln1_mean = take(N);
-      scratch.ln1_rstd = take(N);
-      scratch.qkv = take(N * 3 * C);
-      scratch.atty = take(N * C);
-      scratch.att = take(B * NH * T * T);
-      scratch.res2 = take(N * C);
-      scratch.ln2 = take(N * C);
-      scratch.ln2_mean = take(N);
-      scratch.ln2_rstd = take(N);
-      scratch.fch = take(N * 4 * C);
-      scratch.fch_gelu = take(N * 4 * C);
-    }
-    for (auto& a : acts_of_) {
-      float* out = a.res3;
-      a = scratch;
-      a.res3 = out;
-    }
-  }
-  for (auto& a : acts_of_) {
-    if (checkpoint_) break;  // laid out above
+  // A block's activations but its output (res3), laid out from the arena.
+  auto lay_out = [&](BlockActs& a) {
     a.ln1 = take(N * C);
     a.ln1_mean = take(N);
     a.ln1_rstd = take(N);
@@ -167,7 +143,21 @@ void Gpt::plan_activations(int64_t B, int64_t T) {
     a.ln2_rstd = take(N);
     a.fch = take(N * 4 * C);
     a.fch_gelu = take(N * 4 * C);
-    a.res3 = take(N * C);
+  };
+  if (checkpoint_) {
+    // Each block keeps its output (the next block's input); everything else
+    // lives in one scratch block that all blocks share.
+    BlockActs scratch{};
+    if (!acts_of_.empty()) lay_out(scratch);
+    for (auto& a : acts_of_) {
+      a = scratch;
+      a.res3 = take(N * C);
+    }
+  } else {
+    for (auto& a : acts_of_) {
+      lay_out(a);
+      a.res3 = take(N * C);
+    }
   }
   lnf_ = take(N * C);
   lnf_mean_ = take(N);
