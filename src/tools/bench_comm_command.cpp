@@ -195,13 +195,7 @@ double median(std::vector<float> v) {
 }  // namespace
 
 BenchCommCommand::BenchCommCommand(CLI::App& app) {
-  CLI::App* bench = nullptr;
-  for (CLI::App* s : app.get_subcommands([](CLI::App*) { return true; }))
-    if (s->get_name() == "bench") bench = s;
-  if (!bench) {
-    bench = app.add_subcommand("bench", "measure the engine");
-    bench->require_subcommand(1);
-  }
+  CLI::App* bench = bench_subcommand(app);
   cmd_ = bench->add_subcommand("comm", "time and check collectives on every rank (run under dpt launch)");
   cmd_->add_option("--ops", ops_, "comma-separated: all_reduce, reduce_scatter, all_gather, broadcast")
       ->capture_default_str();

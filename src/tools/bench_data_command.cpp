@@ -18,13 +18,7 @@ namespace dpt {
 using Clock = std::chrono::steady_clock;
 
 BenchDataCommand::BenchDataCommand(CLI::App& app) {
-  CLI::App* bench = nullptr;
-  for (CLI::App* s : app.get_subcommands([](CLI::App*) { return true; }))
-    if (s->get_name() == "bench") bench = s;
-  if (!bench) {
-    bench = app.add_subcommand("bench", "measure the engine");
-    bench->require_subcommand(1);
-  }
+  CLI::App* bench = bench_subcommand(app);
   cmd_ = bench->add_subcommand("data", "read training windows from token shards as fast as the sampler can");
   cmd_->add_option("--data", data_, "token shards: file, directory or glob")->required();
   cmd_->add_option("--data-format", format_, "llmc or u16 (default: llmc)")->check(CLI::IsMember({"llmc", "u16"}));

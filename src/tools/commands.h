@@ -93,6 +93,9 @@ class LaunchCommand {
   std::vector<std::string> command_;
 };
 
+// `dpt bench`, created by the first of its subcommands to ask for it.
+CLI::App* bench_subcommand(CLI::App& app);
+
 // `dpt bench comm`: times and checks the collectives (W-COMM).
 class BenchCommCommand {
  public:

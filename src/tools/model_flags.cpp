@@ -54,4 +54,12 @@ void set_gemm_flag(const std::string& gemm) {
   if (!gemm.empty()) set_gemm_backend(parse_gemm_backend(gemm));
 }
 
+CLI::App* bench_subcommand(CLI::App& app) {
+  for (CLI::App* s : app.get_subcommands([](CLI::App*) { return true; }))
+    if (s->get_name() == "bench") return s;
+  CLI::App* bench = app.add_subcommand("bench", "measure the engine");
+  bench->require_subcommand(1);
+  return bench;
+}
+
 }  // namespace dpt
