@@ -16,9 +16,14 @@ Optimizer::Optimizer(OptimizerConfig config, const Layout& layout, size_t begin,
   }
 }
 
+size_t state_floats(const OptimizerConfig& config) {
+  if (config.name == "adamw") return 2;
+  return config.momentum != 0.0f ? 1 : 0;
+}
+
 Sgd::Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n)
     : Optimizer(std::move(config), layout, begin, n) {
-  if (config_.momentum != 0.0f) state_ = FlatBuffer(n);
+  if (const size_t k = state_floats(config_)) state_ = FlatBuffer(k * n);
 }
 
 std::vector<std::string> Sgd::state_names() const {
@@ -51,7 +56,7 @@ void Sgd::step(float* params, const float* grads, float lr) {
 
 AdamW::AdamW(OptimizerConfig config, const Layout& layout, size_t begin, size_t n)
     : Optimizer(std::move(config), layout, begin, n) {
-  state_ = FlatBuffer(2 * n);  // m then v
+  state_ = FlatBuffer(state_floats(config_) * n);  // m then v
 }
 
 void AdamW::step(float* params, const float* grads, float lr) {

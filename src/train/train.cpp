@@ -27,6 +27,7 @@
 #include "train/checkpoint.h"
 #include "train/data_source.h"
 #include "train/metrics_file.h"
+#include "train/plan.h"
 #include "train/progress.h"
 #include "train/report.h"
 #include "train/stop_signal.h"
@@ -165,28 +166,6 @@ TrainResult run_training(TrainOptions o) {
 }
 
 namespace {
-
-// MemAvailable from /proc/meminfo, in bytes (0 if unknown).
-size_t host_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  size_t kib = 0;
-  while (in >> key) {
-    if (key == "MemAvailable:") {
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 10, '\n');
-  }
-  return 0;
-}
-
-// Ranks of this job on this host: the launcher says (Open MPI), else all.
-int ranks_on_host(int world) {
-  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(v));
-  return world;
-}
-
 
 // Writes the weights a unit at a time: every rank takes part in each unit's
 // gather, rank 0 streams it into the file (the tensors of a unit are

@@ -1,0 +1,85 @@
+#include "parallel/rank_bytes.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "comm/types.h"
+
+namespace dpt {
+
+namespace {
+// Units a zero3 rank holds gathered at once: the open one and the next
+// (prefetched, or the one forward ends on, kept for backward).
+constexpr size_t kGatheredAtOnce = 2;
+// Unit gradients a zero2/3 backward holds at once before it waits for a
+// reduce-scatter to give a buffer back: the unit being computed, the tied
+// embedding waiting for its second contribution, and one being reduced.
+constexpr size_t kGradBuffers = 3;
+
+// The cheapest set of buffers from which a BufferPool (smallest free buffer
+// that fits) can serve any k units at a time without growing, for units of
+// these sizes, among three that always can:
+//   - k buffers of the largest unit: anything fits anywhere;
+//   - the largest unit's, and k of the second largest size: the k - 1 other
+//     units held beside a request never take all k smaller buffers, so no
+//     smaller unit ever takes the largest one's;
+//   - one buffer per unit, at its size: by induction from the smallest size,
+//     a unit always finds a free buffer of its own size.
+std::vector<size_t> pool_for(size_t k, std::vector<size_t> sizes) {
+  std::sort(sizes.begin(), sizes.end(), std::greater<>());
+  if (sizes.empty()) return {};
+  const size_t largest = sizes[0], second = sizes.size() > 1 ? sizes[1] : 0;
+  std::vector<size_t> each_largest(k, largest), largest_and_second(1, largest);
+  largest_and_second.insert(largest_and_second.end(), k, second);
+  auto sum = [](const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); };
+  std::vector<size_t> best = sizes;
+  for (const auto* c : {&each_largest, &largest_and_second})
+    if (sum(*c) < sum(best)) best = *c;
+  return best;
+}
+
+size_t bytes_of(const std::vector<size_t>& buffers) {
+  return sizeof(float) * std::accumulate(buffers.begin(), buffers.end(), size_t{0});
+}
+}  // namespace
+
+int zero_stage(const std::string& name) {
+  if (name == "zero1") return 1;
+  if (name == "zero2") return 2;
+  if (name == "zero3" || name == "fsdp") return 3;
+  return 0;
+}
+
+ZeroPools zero_pools(const StrategyOptions& options, const Layout& layout) {
+  const int stage = zero_stage(options.name);
+  std::vector<size_t> sizes;
+  for (const Unit& u : layout.units()) sizes.push_back(u.numel);
+  ZeroPools p;
+  // Without resharding every unit stays gathered from its forward to its
+  // backward: one buffer each.
+  if (stage == 3) p.gathered = options.reshard_after_forward ? pool_for(kGatheredAtOnce, sizes) : sizes;
+  // Accumulating locally, unit gradients are reduced from the full buffer.
+  if (stage >= 2 && !options.accumulate_locally) p.scratch = pool_for(kGradBuffers, sizes);
+  return p;
+}
+
+size_t optimizer_state_bytes(const OptimizerConfig& config, size_t n) {
+  return sizeof(float) * state_floats(config) * n;
+}
+
+MemoryBytes rank_bytes(const StrategyOptions& options, const Layout& layout, int world, int rank) {
+  size_t shard = 0;
+  for (const Unit& u : layout.units()) shard += comm::chunk_range(u.numel, world, rank).size;
+  const size_t f = sizeof(float), full = layout.numel();
+  const int stage = zero_stage(options.name);
+  const ZeroPools pools = zero_pools(options, layout);
+  MemoryBytes b;
+  b.parameters = f * (stage == 3 ? shard : full);
+  b.gradients = f * (stage <= 1 ? full : shard + (options.accumulate_locally ? full : 0));
+  b.optimizer = optimizer_state_bytes(options.optimizer, stage == 0 ? full : shard);
+  b.gathered = bytes_of(pools.gathered);
+  b.scratch = bytes_of(pools.scratch);
+  return b;
+}
+
+}  // namespace dpt
