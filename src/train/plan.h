@@ -107,9 +107,16 @@ struct PlanRequest {
   MachineRates machine;
 };
 
+// Step-time estimates closer than this fraction are not told apart: they
+// count GEMMs at the measured peak, copies and the optimizer's sweep, and
+// leave out the elementwise kernels (the same work under every strategy),
+// so a few percent between two rows is below what they resolve. Among such
+// rows the plan takes the simpler (less sharded, without checkpointing).
+constexpr double kTieMargin = 0.05;
+
 struct Plan {
   std::vector<PlanRow> rows;
-  int best = -1;       // the fastest row that fits, or -1
+  int best = -1;       // the fastest row that fits (up to kTieMargin), or -1
   std::string reason;  // why, in words, with the numbers
 };
 

@@ -78,19 +78,29 @@ PlanRow make_row(const PlanRequest& r, const Model& model, const PlanPoint& p, i
   return row;
 }
 
-// Seed 000's "when to use what", the row that the chosen strategy answers.
-const char* seed_row(const std::string& strategy) {
-  switch (zero_stage(strategy)) {
-    case 0:
-      return strategy == "local" ? "one rank holds everything"
-                                 : "the model fits in memory: DDP (fastest)";
-    case 1:
-      return "the model and its gradients fit, the optimizer state does not: ZeRO-1";
-    case 2:
-      return "the model fits, its gradients and optimizer state do not: ZeRO-2 / FSDP SHARD_GRAD_OP";
-    default:
-      return "the model does not fit: ZeRO-3 / FSDP FULL_SHARD";
+// Seed 000's "when to use what", computed: its row is decided by the least
+// sharded strategy that fits here (rows are in the grid's order: ddp, zero1,
+// zero2, zero3, each without checkpointing first).
+std::string seed_verdict(const Plan& plan) {
+  for (const PlanRow& row : plan.rows) {
+    if (!row.fits) continue;
+    const char* why = "one rank holds everything";
+    switch (zero_stage(row.point.strategy)) {
+      case 0:
+        if (row.point.strategy == "ddp") why = "the model, its gradients and optimizer state fit on every rank: DDP";
+        break;
+      case 1:
+        why = "the model and its gradients fit, the optimizer state does not: ZeRO-1";
+        break;
+      case 2:
+        why = "the model fits, its gradients and optimizer state do not: ZeRO-2 / FSDP SHARD_GRAD_OP";
+        break;
+      default:
+        why = "the model does not fit: ZeRO-3 / FSDP FULL_SHARD";
+    }
+    return fmt::format("{}{}", why, row.point.checkpoint ? ", with activation checkpointing" : "");
   }
+  return "nothing fits";
 }
 
 std::string row_name(const PlanPoint& p) {
@@ -115,21 +125,30 @@ std::string reason_for(const PlanRequest& r, const Plan& plan) {
                        human_bytes(smallest->need), human_bytes(smallest->need * here));
   }
   const PlanRow& best = plan.rows[static_cast<size_t>(plan.best)];
-  std::string why = fmt::format("{} is the fastest that fits: about {:.3g} s per step, {} per rank ({} for {} rank{} "
-                                "of {} available), {} sent per step",
-                                row_name(best.point), best.step_s, human_bytes(best.need), human_bytes(best.need * here),
-                                here, here == 1 ? "" : "s", human_bytes(r.available),
+  std::string why = fmt::format("{} fits: {} per rank ({} for {} rank{} of {} available), about {:.3g} s per step, "
+                                "{} sent per step",
+                                row_name(best.point), human_bytes(best.need), human_bytes(best.need * here), here,
+                                here == 1 ? "" : "s", human_bytes(r.available), best.step_s,
                                 human_bytes(best.comm.per_step()));
-  std::vector<std::string> faster;
-  for (const PlanRow& row : plan.rows)
-    if (!row.fits && row.step_s < best.step_s)
-      faster.push_back(fmt::format("{} ({:.3g} s, {} per rank)", row_name(row.point), row.step_s,
-                                   human_bytes(row.need)));
-  if (!faster.empty()) {
-    why += "; faster but too big: ";
-    for (size_t i = 0; i < faster.size(); ++i) why += (i ? ", " : "") + faster[i];
+  std::vector<std::string> close, too_big;
+  for (const PlanRow& row : plan.rows) {
+    if (row.step_s >= best.step_s) continue;
+    const std::string what = fmt::format("{} ({:.3g} s, {} per rank)", row_name(row.point), row.step_s,
+                                         human_bytes(row.need));
+    (row.fits ? close : too_big).push_back(what);
   }
-  return why + fmt::format("; seed 000: {}", seed_row(best.point.strategy));
+  auto list = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + v[i];
+    return out;
+  };
+  if (!close.empty())
+    why += fmt::format("; estimated faster by less than the estimates can tell ({:.0f}%), so the simpler: {}",
+                       100.0 * kTieMargin, list(close));
+  else
+    why += "; the fastest that fits";
+  if (!too_big.empty()) why += "; faster but too big: " + list(too_big);
+  return why + "; seed 000, from what fits here: " + seed_verdict(plan);
 }
 
 // The strategies asked for (fsdp is zero3), or every one that makes sense on
@@ -175,14 +194,13 @@ Plan make_plan(const PlanRequest& r, Model& model) {
         }
       }
   model.set_checkpoint_activations(was);
-  for (size_t i = 0; i < plan.rows.size(); ++i) {
-    const PlanRow& row = plan.rows[i];
-    if (!row.fits) continue;
-    const PlanRow* best = plan.best < 0 ? nullptr : &plan.rows[static_cast<size_t>(plan.best)];
-    // Fastest; among equal times (no rates given), the smallest.
-    if (!best || row.step_s < best->step_s || (row.step_s == best->step_s && row.need < best->need))
-      plan.best = static_cast<int>(i);
-  }
+  // The fastest that fits, or the first in the grid's order (less sharded,
+  // no checkpointing) whose estimate is within kTieMargin of it.
+  double fastest = -1;
+  for (const PlanRow& row : plan.rows)
+    if (row.fits && (fastest < 0 || row.step_s < fastest)) fastest = row.step_s;
+  for (size_t i = 0; i < plan.rows.size() && plan.best < 0; ++i)
+    if (plan.rows[i].fits && plan.rows[i].step_s <= fastest * (1.0 + kTieMargin)) plan.best = static_cast<int>(i);
   plan.reason = reason_for(r, plan);
   return plan;
 }
@@ -210,7 +228,7 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
             {"optimizer", r.base.optimizer.name}, {"available", r.available},
             {"machine", {{"gemm_gflops", r.machine.gemm_gflops}, {"copy_gbs", r.machine.copy_gbs},
                          {"threads", r.machine.threads}, {"runtime_bytes", r.machine.runtime_bytes}}},
-            {"rows", rows}, {"reason", plan.reason}};
+            {"rows", rows}, {"reason", plan.reason}, {"tie_margin", kTieMargin}};
   j["recommended"] = plan.best < 0 ? json(nullptr) : json(plan.best);
   return j;
 }
