@@ -12,8 +12,9 @@ namespace {
 // (prefetched, or the one forward ends on, kept for backward).
 constexpr size_t kGatheredAtOnce = 2;
 // Unit gradients a zero2/3 backward holds at once before it waits for a
-// reduce-scatter to give a buffer back: the unit being computed, the tied
-// embedding waiting for its second contribution, and one being reduced.
+// reduce-scatter to give a buffer back: the unit being computed, one being
+// reduced, and a third: another reduction in flight, or the GPT's tied
+// embedding waiting for its second contribution.
 constexpr size_t kGradBuffers = 3;
 
 // The cheapest set of buffers from which a BufferPool (smallest free buffer
@@ -50,16 +51,28 @@ int zero_stage(const std::string& name) {
   return 0;
 }
 
-ZeroPools zero_pools(const StrategyOptions& options, const Layout& layout) {
+ZeroPools zero_pools(const StrategyOptions& options, const Model& model) {
   const int stage = zero_stage(options.name);
+  const auto& units = model.layout().units();
   std::vector<size_t> sizes;
-  for (const Unit& u : layout.units()) sizes.push_back(u.numel);
+  for (const Unit& u : units) sizes.push_back(u.numel);
   ZeroPools p;
   // Without resharding every unit stays gathered from its forward to its
   // backward: one buffer each.
   if (stage == 3) p.gathered = options.reshard_after_forward ? pool_for(kGatheredAtOnce, sizes) : sizes;
   // Accumulating locally, unit gradients are reduced from the full buffer.
-  if (stage >= 2 && !options.accumulate_locally) p.scratch = pool_for(kGradBuffers, sizes);
+  if (stage < 2 || options.accumulate_locally) return p;
+  // A unit a pass opens twice holds its gradients from its first backward
+  // opening to its last: a buffer of its own (the GPT's tied embedding is
+  // backward's first unit, so it takes that buffer before any other unit
+  // asks). The other units share the rest, k at a time.
+  std::vector<int> opened(units.size(), 0);
+  for (int u : model.unit_order()) ++opened[static_cast<size_t>(u)];
+  std::vector<size_t> others;
+  for (size_t u = 0; u < units.size(); ++u) (opened[u] > 1 ? p.scratch : others).push_back(sizes[u]);
+  const size_t k = std::max<size_t>(2, kGradBuffers - std::min(kGradBuffers, p.scratch.size()));
+  const std::vector<size_t> shared = pool_for(k, others);
+  p.scratch.insert(p.scratch.end(), shared.begin(), shared.end());
   return p;
 }
 
@@ -67,12 +80,13 @@ size_t optimizer_state_bytes(const OptimizerConfig& config, size_t n) {
   return sizeof(float) * state_floats(config) * n;
 }
 
-MemoryBytes rank_bytes(const StrategyOptions& options, const Layout& layout, int world, int rank) {
+MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int world, int rank) {
+  const Layout& layout = model.layout();
   size_t shard = 0;
   for (const Unit& u : layout.units()) shard += comm::chunk_range(u.numel, world, rank).size;
   const size_t f = sizeof(float), full = layout.numel();
   const int stage = zero_stage(options.name);
-  const ZeroPools pools = zero_pools(options, layout);
+  const ZeroPools pools = zero_pools(options, model);
   MemoryBytes b;
   b.parameters = f * (stage == 3 ? shard : full);
   b.gradients = f * (stage <= 1 ? full : shard + (options.accumulate_locally ? full : 0));

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "parallel/strategy.h"
-#include "tensor/layout.h"
+#include "models/model.h"
 
 namespace dpt {
 
@@ -20,11 +20,12 @@ int zero_stage(const std::string& name);
 // step and never grows past: `gathered` holds all-gathered units (zero3),
 // `scratch` unit gradients while backward writes them and while they are
 // reduce-scattered (zero2/3 without local accumulation). Empty when the
-// strategy needs none.
+// strategy needs none. The model's unit order says which units a pass opens
+// twice (the GPT's tied embedding).
 struct ZeroPools {
   std::vector<size_t> gathered, scratch;
 };
-ZeroPools zero_pools(const StrategyOptions& options, const Layout& layout);
+ZeroPools zero_pools(const StrategyOptions& options, const Model& model);
 
 // Optimizer state a rank holds for n parameters (optim/optimizer.h's
 // state_floats per element).
@@ -34,6 +35,6 @@ size_t optimizer_state_bytes(const OptimizerConfig& config, size_t n);
 // and optimizer state (full or its shard), gathered units and communication
 // scratch (the pools above). Rank 0's shard is the largest (chunk_range puts
 // the larger chunks first), so rank 0's figures bound every rank's.
-MemoryBytes rank_bytes(const StrategyOptions& options, const Layout& layout, int world, int rank = 0);
+MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int world, int rank = 0);
 
 }  // namespace dpt

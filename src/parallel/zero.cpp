@@ -91,7 +91,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     }
   }
   if (stage_ >= 2) grad_shard_ = FlatBuffer(shard_numel_);
-  const ZeroPools pools = zero_pools(options_, layout_);
+  const ZeroPools pools = zero_pools(options_, model_);
   gather_pool_.reserve(pools.gathered);
   grad_pool_.reserve(pools.scratch);
   if (full_grads()) model_.zero_grads();

@@ -133,7 +133,7 @@ void check_fits(const StrategyOptions& options, const Model& model, size_t activ
   auto need = [&](const std::string& name) {
     StrategyOptions s = options;
     s.name = name;
-    return rank_bytes(s, model.layout(), world).total() + activation_bytes;
+    return rank_bytes(s, model, world).total() + activation_bytes;
   };
   const size_t mine = need(options.name);
   if (fits_on_host(mine, ranks_here, available)) return;

@@ -59,7 +59,7 @@ PlanRow make_row(const PlanRequest& r, const Model& model, const PlanPoint& p, i
   const MachineRates& m = r.machine;
   PlanRow row;
   row.point = p;
-  row.bytes = rank_bytes(so, model.layout(), r.world);
+  row.bytes = rank_bytes(so, model, r.world);
   row.activations = model.activation_bytes_for(micro);
   row.need = row.bytes.total() + row.activations;
   row.peak_rss = row.need + m.runtime_bytes + (r.world > 1 ? kMpiRuntimeBytes : 0);

@@ -531,7 +531,7 @@ void check_memory(const Workload& s, const Variant& v) {
   // The estimate (before anything is allocated) uses rank 0's shard, the
   // largest (chunk_range puts the larger chunks first): exact on rank 0, an
   // upper bound on the others.
-  const MemoryBytes est = rank_bytes(strategy_options(o), model->layout(), world());
+  const MemoryBytes est = rank_bytes(strategy_options(o), *model, world());
   const size_t S0 = shard_of(layout, 0) * 4;
   EXPECT_EQ(est.parameters, stage == 3 ? S0 : P) << what;
   EXPECT_EQ(est.gradients, (stage <= 1 ? P : S0) + (stage >= 2 && v.local_accum ? P : 0)) << what;
@@ -847,7 +847,7 @@ TEST(MemoryEstimate, RefusesDdpThatCannotFitAndRunsZero3) {
   auto need = [&](const char* name) {
     TrainOptions t = o;
     t.strategy = name;
-    const MemoryBytes b = rank_bytes(strategy_options(t), model->layout(), world());
+    const MemoryBytes b = rank_bytes(strategy_options(t), *model, world());
     return b.parameters + b.gradients + b.optimizer + b.gathered + b.scratch + acts;
   };
   const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
