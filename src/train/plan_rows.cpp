@@ -78,9 +78,18 @@ PlanRow make_row(const PlanRequest& r, const Model& model, const PlanPoint& p, i
   return row;
 }
 
+std::string row_name(const PlanPoint& p) {
+  std::string s = p.strategy;
+  if (p.precision != "fp32") s += " " + p.precision;
+  if (p.checkpoint) s += " +ckpt";
+  if (p.offload != "none") s += " +offload " + p.offload;
+  return s;
+}
+
 // Seed 000's "when to use what", computed: its row is decided by the least
 // sharded strategy that fits here (rows are in the grid's order: ddp, zero1,
-// zero2, zero3, each without checkpointing first).
+// zero2, zero3, each without checkpointing first), and when that is not the
+// plan's choice, what it would cost. Called with a best row.
 std::string seed_verdict(const Plan& plan) {
   for (const PlanRow& row : plan.rows) {
     if (!row.fits) continue;
@@ -98,17 +107,14 @@ std::string seed_verdict(const Plan& plan) {
       default:
         why = "the model does not fit: ZeRO-3 / FSDP FULL_SHARD";
     }
-    return fmt::format("{}{}", why, row.point.checkpoint ? ", with activation checkpointing" : "");
+    std::string verdict = fmt::format("{}{}", why, row.point.checkpoint ? ", with activation checkpointing" : "");
+    const PlanRow& best = plan.rows[static_cast<size_t>(plan.best)];
+    if (&row != &best)
+      verdict += fmt::format(" ({}: about {:.3g} s per step, {:.0f}% slower)", row_name(row.point), row.step_s,
+                             100.0 * (row.step_s / best.step_s - 1.0));
+    return verdict;
   }
   return "nothing fits";
-}
-
-std::string row_name(const PlanPoint& p) {
-  std::string s = p.strategy;
-  if (p.precision != "fp32") s += " " + p.precision;
-  if (p.checkpoint) s += " +ckpt";
-  if (p.offload != "none") s += " +offload " + p.offload;
-  return s;
 }
 
 // Why the best row, from the numbers: what it needs against what is
