@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -86,6 +87,28 @@ const json* find_row(const json& plan, const std::string& strategy, bool ckpt) {
 
 class PlanMatchesRun : public PlanCliTest, public ::testing::WithParamInterface<std::tuple<const Net*, const char*>> {};
 
+// The run's accounted bytes and its ledger against the plan's row.
+void expect_row_matches(const json& row, const json& s, const std::string& what) {
+  const json& got = s.at("bytes");
+  const json& planned = row.at("bytes");
+  for (const char* k : {"parameters", "gradients", "optimizer", "gathered", "scratch", "activations"})
+    EXPECT_EQ(got.at(k).get<uint64_t>(), planned.at(k).get<uint64_t>()) << what << ": " << k;
+  // The ledger: every step's bytes, the first step's extra gather, and the
+  // logged last step's loss average and norm all-gather, over the steps
+  // (integer division, as the run reports it); then by phase.
+  const json& c = row.at("comm");
+  auto u = [&](const char* k) { return c.at(k).get<uint64_t>(); };
+  const uint64_t steps = kSteps;
+  EXPECT_EQ(s.at("comm_bytes_per_step").get<uint64_t>(),
+            (steps * u("per_step") + u("first_step") + u("logged_other") + u("logged_optimizer")) / steps)
+      << what;
+  const json& phase = s.at("comm_bytes_per_phase");
+  auto got_phase = [&](const char* k) { return phase.contains(k) ? phase.at(k).get<uint64_t>() : uint64_t{0}; };
+  EXPECT_EQ(got_phase("forward"), u("forward")) << what;
+  EXPECT_EQ(got_phase("backward"), (steps * u("backward") + u("first_step")) / steps) << what;
+  EXPECT_EQ(got_phase("optimizer"), (steps * u("optimizer") + u("logged_optimizer")) / steps) << what;
+}
+
 TEST_P(PlanMatchesRun, BytesPerCategoryAndPerStep) {
   const auto [net, strategy] = GetParam();
   const json p = plan(*net);
@@ -101,24 +124,28 @@ TEST_P(PlanMatchesRun, BytesPerCategoryAndPerStep) {
     }
     const json s = train(*net, strategy, ckpt);
     ASSERT_FALSE(s.is_null()) << what;
-    const json& got = s.at("bytes");
-    const json& planned = row->at("bytes");
-    for (const char* k : {"parameters", "gradients", "optimizer", "gathered", "scratch", "activations"})
-      EXPECT_EQ(got.at(k).get<uint64_t>(), planned.at(k).get<uint64_t>()) << what << ": " << k;
-    // The ledger: every step's bytes, the first step's extra gather, and the
-    // logged last step's loss average and norm all-gather, over the steps
-    // (integer division, as the run reports it); then by phase.
-    const json& c = row->at("comm");
-    auto u = [&](const char* k) { return c.at(k).get<uint64_t>(); };
-    const uint64_t steps = kSteps;
-    EXPECT_EQ(s.at("comm_bytes_per_step").get<uint64_t>(),
-              (steps * u("per_step") + u("first_step") + u("logged_other") + u("logged_optimizer")) / steps)
-        << what;
-    const json& phase = s.at("comm_bytes_per_phase");
-    auto got_phase = [&](const char* k) { return phase.contains(k) ? phase.at(k).get<uint64_t>() : uint64_t{0}; };
-    EXPECT_EQ(got_phase("forward"), u("forward")) << what;
-    EXPECT_EQ(got_phase("backward"), (steps * u("backward") + u("first_step")) / steps) << what;
-    EXPECT_EQ(got_phase("optimizer"), (steps * u("optimizer") + u("logged_optimizer")) / steps) << what;
+    expect_row_matches(*row, s, what);
+  }
+}
+
+// The ZeRO variants: zero1 reducing by reduce-scatter, zero2/3 with two
+// micro-batches (reduce-scattered every micro-step, or accumulated locally
+// and reduced once), zero3 keeping units from forward to backward.
+TEST_F(PlanCliTest, ZeroVariantsMatchRuns) {
+  for (const auto& [strategy, flags] : std::vector<std::pair<std::string, std::string>>{
+           {"zero1", "--zero-reduce scatter"},
+           {"zero2", "--grad-accum 2"},
+           {"zero2", "--grad-accum 2 --zero-accumulate local"},
+           {"zero3", "--grad-accum 2"},
+           {"zero3", "--grad-accum 2 --zero-accumulate local"},
+           {"zero3", "--reshard-after-forward false"}}) {
+    const Net net{"variant", kGpt.flags + " " + flags};
+    const std::string what = strategy + " " + flags;
+    const json p = plan(net);
+    ASSERT_FALSE(p.is_null()) << what;
+    const json s = train(net, strategy, false);
+    ASSERT_FALSE(s.is_null()) << what;
+    expect_row_matches(*find_row(p, strategy, false), s, what);
   }
 }
 

@@ -106,7 +106,7 @@ class PlanCommand {
   ModelFlags model_;
   TrainOptions opts_;  // batch, micro-batches, optimizer: as train fills them
   int ranks_ = 1, ranks_per_host_ = 0, threads_ = 0;
-  std::string memory_, gemm_;
+  std::string memory_, gemm_, zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter";
   std::vector<std::string> strategies_;
   double gemm_gflops_ = 0, copy_gbs_ = 0;
   bool json_ = false;

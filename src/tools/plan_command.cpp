@@ -89,6 +89,14 @@ PlanCommand::PlanCommand(CLI::App& app) {
   cmd_->add_option("--optimizer", opts_.optimizer.name, "sgd or adamw (default sgd mlp, adamw gpt)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
   cmd_->add_option("--momentum", opts_.optimizer.momentum, "sgd momentum (0: no state)")->check(fraction(0.0, 1.0));
+  cmd_->add_option("--zero-reduce", zero_reduce_, "zero1: reduce gradients by all-reduce (DDP's buckets) or scatter")
+      ->check(CLI::IsMember({"all-reduce", "scatter"}));
+  cmd_->add_option("--zero-accumulate", zero_accumulate_,
+                   "zero2/zero3 with --grad-accum: scatter (every micro-step) or local (full gradients kept)")
+      ->check(CLI::IsMember({"scatter", "local"}));
+  cmd_->add_option("--reshard-after-forward", opts_.reshard_after_forward,
+                   "zero3: free a unit's gathered parameters after its forward (true) or keep them for backward")
+      ->default_str("true");
   cmd_->add_option("--strategy", strategies_, "only these strategies (repeat or comma-separate; default: all)")
       ->delimiter(',');
   cmd_->add_option("--threads", threads_, "threads per rank (default: cores / ranks on this host)")
@@ -108,6 +116,8 @@ int PlanCommand::run() {
   opts_.hparams.erase("dpt.model");
   opts_.model = model_.kind();
   if (opts_.model.empty()) throw InputError("--model is required (mlp, gpt or a GPT-2 preset)");
+  opts_.zero_scatter = zero_reduce_ == "scatter";
+  opts_.zero_accumulate_locally = zero_accumulate_ == "local";
   apply_defaults(opts_);
   PlanRequest r;
   r.base = strategy_options(opts_);
