@@ -28,16 +28,18 @@ inline float fast_tanh(float u) {
 }
 }  // namespace
 
-void gelu_forward(float* out, const float* inp, int64_t n) {
+template <typename T>
+void gelu_forward(T* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float x = inp[i];
     float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    out[i] = 0.5f * x * (1.0f + fast_tanh(u));
+    out[i] = from_f32<T>(0.5f * x * (1.0f + fast_tanh(u)));
   }
 }
 
-void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+template <typename T>
+void gelu_backward(T* dinp, const float* dout, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float x = inp[i];
@@ -45,8 +47,13 @@ void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) 
     float t = fast_tanh(u);
     float sech2 = 1.0f - t * t;
     float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    dinp[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * x * sech2 * du);
+    dinp[i] = from_f32<T>(dout[i] * (0.5f * (1.0f + t) + 0.5f * x * sech2 * du));
   }
 }
+
+template void gelu_forward(float*, const float*, int64_t);
+template void gelu_forward(bf16*, const float*, int64_t);
+template void gelu_backward(float*, const float*, const float*, int64_t);
+template void gelu_backward(bf16*, const float*, const float*, int64_t);
 
 }  // namespace dpt

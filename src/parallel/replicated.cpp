@@ -50,6 +50,10 @@ void LocalStrategy::restored(int64_t optimizer_steps) { opt_->set_steps(optimize
 
 MemoryBytes LocalStrategy::bytes() const {
   const size_t p = model_.param_count() * sizeof(float);
+  // Mixed precision: the model's bf16 copy is the parameters, its fp32
+  // buffer the master weights, counted with the optimizer state.
+  if (model_.precision() == DType::BF16)
+    return {.parameters = model_.param_count() * sizeof(bf16), .gradients = p, .optimizer = opt_->state_bytes() + p};
   return {.parameters = p, .gradients = p, .optimizer = opt_->state_bytes()};
 }
 

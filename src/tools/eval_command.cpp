@@ -28,12 +28,14 @@ EvalCommand::EvalCommand(CLI::App& app) {
   cmd_->add_option("--batch", batch_, "samples per forward pass")->check(positive());
   cmd_->add_option("--threads", threads_, "threads (default: all cores)")->check(non_negative());
   add_gemm_flag(cmd_, gemm_);
+  add_precision_flag(cmd_, precision_);
 }
 
 int EvalCommand::run() {
   set_gemm_flag(gemm_);
   set_threads(threads_);
   auto model = model_from_file(weights_, model_.hparams(), parse_weight_format(load_format_));
+  model->set_precision(parse_precision(precision_));
   if (model->kind() == "mlp") {
     ImageSet test = load_fashion_mnist(data_.empty() ? kFashionMnistDir : data_, "test");
     EvalResult r = evaluate_images(*model, test, batch_ > 0 ? batch_ : 1000);
