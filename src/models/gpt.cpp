@@ -281,7 +281,7 @@ void Gpt::backward_as(float loss_scale) {
   // embedding's at the very end, so its unit is ready last: both
   // contributions are summed in the unit's gradients before any reduction.
   // In a bf16 run each output gradient is converted once for its GEMMs
-  // (operand), and the bias gradients are summed from that bf16 copy.
+  // (operand); the bias gradients are summed from the fp32 gradient.
   open(embed_unit_);
   linear_backward(a.dC, grad(wte_), nullptr, operand<CT>(a.logits, N * Vp, a.dout16), as<CT>(a.lnf),
                   weight<CT>(wte_), N, C, Vp);
@@ -310,23 +310,22 @@ void Gpt::backward_as(float loss_scale) {
     // (ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj).
     // MLP branch: its output gradient is the residual stream's gradient.
     linear_backward(a.d4C, grad(s.fcproj_w), grad(s.fcproj_b), operand<CT>(a.dres, N * C, a.dout16),
-                    as<CT>(b.fch_gelu), weight<CT>(s.fcproj_w), N, 4 * C, C);
+                    as<CT>(b.fch_gelu), weight<CT>(s.fcproj_w), N, 4 * C, C, a.dres);
     slots_ready(s.fcproj_w, s.fcproj_b);
-    // GELU's input gradient, written in the compute type (in place in fp32).
-    CT* d4 = std::is_same_v<CT, float> ? reinterpret_cast<CT*>(a.d4C) : as<CT>(a.dout16);
-    gelu_backward(d4, a.d4C, b.fch, N * 4 * C);
-    linear_backward(a.dC, grad(s.fc_w), grad(s.fc_b), d4, as<CT>(b.ln2), weight<CT>(s.fc_w), N, C, 4 * C);
+    gelu_backward(a.d4C, a.d4C, b.fch, N * 4 * C);
+    linear_backward(a.dC, grad(s.fc_w), grad(s.fc_b), operand<CT>(a.d4C, N * 4 * C, a.dout16), as<CT>(b.ln2),
+                    weight<CT>(s.fc_w), N, C, 4 * C, a.d4C);
     slots_ready(s.fc_w, s.fc_b);
     layernorm_backward(a.dres, grad(s.ln2_w), grad(s.ln2_b), a.dC, b.res2, param(s.ln2_w), b.ln2_mean,
                        b.ln2_rstd, N, C);
     slots_ready(s.ln2_w, s.ln2_b);
     // Attention branch.
     linear_backward(a.dC, grad(s.proj_w), grad(s.proj_b), operand<CT>(a.dres, N * C, a.dout16), as<CT>(b.atty),
-                    weight<CT>(s.proj_w), N, C, C);
+                    weight<CT>(s.proj_w), N, C, C, a.dres);
     slots_ready(s.proj_w, s.proj_b);
     attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, C, NH);
     linear_backward(a.dC, grad(s.qkv_w), grad(s.qkv_b), operand<CT>(a.d3C, N * 3 * C, a.dout16), as<CT>(b.ln1),
-                    weight<CT>(s.qkv_w), N, C, 3 * C);
+                    weight<CT>(s.qkv_w), N, C, 3 * C, a.d3C);
     slots_ready(s.qkv_w, s.qkv_b);
     layernorm_backward(a.dres, grad(s.ln1_w), grad(s.ln1_b), a.dC, x, param(s.ln1_w), b.ln1_mean, b.ln1_rstd, N,
                        C);

@@ -192,7 +192,7 @@ void Mlp::backward_as(float loss_scale) {
     // backward runs. The weight is done in blocks of about kReadyBlock
     // elements: the first layer is the last thing backward computes, and
     // without blocks its whole gradient would wait until the very end.
-    linear_backward_bias(grad(bias_[l]), d, B, OC);
+    linear_backward_bias(grad(bias_[l]), dout, B, OC);  // from fp32 in a bf16 run too
     slots_ready(bias_[l], bias_[l]);
     const size_t w0 = layout_.slot(weight_[l]).offset;
     const int64_t blocks = std::max<int64_t>(1, (OC * C + kReadyBlock - 1) / kReadyBlock);

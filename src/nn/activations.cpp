@@ -38,8 +38,7 @@ void gelu_forward(T* out, const float* inp, int64_t n) {
   }
 }
 
-template <typename T>
-void gelu_backward(T* dinp, const float* dout, const float* inp, int64_t n) {
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float x = inp[i];
@@ -47,13 +46,11 @@ void gelu_backward(T* dinp, const float* dout, const float* inp, int64_t n) {
     float t = fast_tanh(u);
     float sech2 = 1.0f - t * t;
     float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    dinp[i] = from_f32<T>(dout[i] * (0.5f * (1.0f + t) + 0.5f * x * sech2 * du));
+    dinp[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * x * sech2 * du);
   }
 }
 
 template void gelu_forward(float*, const float*, int64_t);
 template void gelu_forward(bf16*, const float*, int64_t);
-template void gelu_backward(float*, const float*, const float*, int64_t);
-template void gelu_backward(bf16*, const float*, const float*, int64_t);
 
 }  // namespace dpt

@@ -18,9 +18,7 @@ void relu_backward(float* dinp, const float* dout, const float* out, int64_t n);
 // out is float, or bf16 when it feeds a bf16 GEMM.
 template <typename T>
 void gelu_forward(T* out, const float* inp, int64_t n);
-// dinp = dout * gelu'(inp), written (fp32, or bf16 for a bf16 GEMM). A
-// float dinp may alias dout.
-template <typename T>
-void gelu_backward(T* dinp, const float* dout, const float* inp, int64_t n);
+// dinp = dout * gelu'(inp), written. dinp may alias dout.
+void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n);
 
 }  // namespace dpt

@@ -1,6 +1,9 @@
 #include "nn/linear.h"
 
 #include <cstring>
+#include <type_traits>
+
+#include "core/error.h"
 
 #include "nn/gemm.h"
 
@@ -32,8 +35,7 @@ void linear_backward_weight(float* dweight, const T* dout, const T* inp, int64_t
   gemm(Op::T, Op::N, o1 - o0, C, N, 1.0f, dout + o0, OC, inp, C, 1.0f, dweight + o0 * C, C);
 }
 
-template <typename T>
-void linear_backward_bias(float* dbias, const T* dout, int64_t N, int64_t OC) {
+void linear_backward_bias(float* dbias, const float* dout, int64_t N, int64_t OC) {
   // Column sums; threads split the columns so no two write the same bias.
 #pragma omp parallel
   {
@@ -42,8 +44,8 @@ void linear_backward_bias(float* dbias, const T* dout, int64_t N, int64_t OC) {
       int64_t o1 = o0 + 64 < OC ? o0 + 64 : OC;
       float acc[64] = {0};
       for (int64_t n = 0; n < N; ++n) {
-        const T* row = dout + n * OC;
-        for (int64_t o = o0; o < o1; ++o) acc[o - o0] += to_f32(row[o]);
+        const float* row = dout + n * OC;
+        for (int64_t o = o0; o < o1; ++o) acc[o - o0] += row[o];
       }
       for (int64_t o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
     }
@@ -52,10 +54,16 @@ void linear_backward_bias(float* dbias, const T* dout, int64_t N, int64_t OC) {
 
 template <typename T>
 void linear_backward(float* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                     int64_t N, int64_t C, int64_t OC) {
+                     int64_t N, int64_t C, int64_t OC, const float* dout_bias) {
   if (dinp) linear_backward_input(dinp, dout, weight, N, C, OC);
   linear_backward_weight(dweight, dout, inp, N, C, OC, 0, OC);
-  if (dbias) linear_backward_bias(dbias, dout, N, OC);
+  if (!dbias) return;
+  if constexpr (std::is_same_v<T, float>) {
+    linear_backward_bias(dbias, dout_bias ? dout_bias : dout, N, OC);
+  } else {
+    DPT_CHECK(dout_bias != nullptr, "a bf16 linear backward needs the fp32 output gradient for its bias");
+    linear_backward_bias(dbias, dout_bias, N, OC);
+  }
 }
 
 #define DPT_LINEAR(T)                                                                                  \
@@ -63,8 +71,8 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const T* dout, c
   template void linear_backward_input(float*, const T*, const T*, int64_t, int64_t, int64_t);                 \
   template void linear_backward_weight(float*, const T*, const T*, int64_t, int64_t, int64_t, int64_t,        \
                                        int64_t);                                                              \
-  template void linear_backward_bias(float*, const T*, int64_t, int64_t);                                     \
-  template void linear_backward(float*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t);
+  template void linear_backward(float*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
+                                const float*);
 DPT_LINEAR(float)
 DPT_LINEAR(bf16)
 #undef DPT_LINEAR

@@ -34,13 +34,16 @@ template <typename T>
 void linear_backward_weight(float* dweight, const T* dout, const T* inp, int64_t N, int64_t C, int64_t OC,
                             int64_t o0, int64_t o1);
 // dbias += sum_n dout   (accumulated)
-template <typename T>
-void linear_backward_bias(float* dbias, const T* dout, int64_t N, int64_t OC);
+// (fp32 always: a bf16 run sums its bias gradients from the fp32 output
+// gradient, docs/precision.md says why.)
+void linear_backward_bias(float* dbias, const float* dout, int64_t N, int64_t OC);
 
 // All of it: dinp (skipped when nullptr: the first layer of a model needs no
-// input gradient), dweight (all rows), dbias (skipped when nullptr).
+// input gradient), dweight (all rows), dbias (skipped when nullptr) from
+// dout_bias: dout itself in fp32; a bf16 run passes the fp32 gradient that
+// dout was converted from.
 template <typename T>
 void linear_backward(float* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                     int64_t N, int64_t C, int64_t OC);
+                     int64_t N, int64_t C, int64_t OC, const float* dout_bias = nullptr);
 
 }  // namespace dpt
