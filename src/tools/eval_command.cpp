@@ -59,7 +59,7 @@ int EvalCommand::run() {
     ByteCorpus text = ByteCorpus::load(path, 0.0,
                                        static_cast<size_t>(model->positions() + 1));
     EvalResult r = evaluate_text(*model, text.train(), text.train_size(), batch_ > 0 ? batch_ : 16, 0);
-    std::printf("loss %.4f (%lld positions)\n", r.loss(), static_cast<long long>(r.count));
+    std::printf("loss %.6f (%lld positions)\n", r.loss(), static_cast<long long>(r.count));
   }
   return 0;
 }
