@@ -337,6 +337,7 @@ json run_settings(const TrainOptions& o) {
           {"batch", o.batch},
           {"grad_accum", o.grad_accum},
           {"precision", precision_name(o.precision)},
+          {"reduce_dtype", precision_name(o.ddp.reduce_dtype)},
           {"seed", o.seed},
           {"clip", number(o.clip)},
           {"val_fraction", o.val_fraction},
@@ -545,6 +546,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
       throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
     if (o.precision != DType::F32)
       throw InputError("--strategy dp computes in fp32 only; use local, ddp or zero1/2/3 for --precision bf16");
+    if (o.ddp.reduce_dtype != DType::F32)
+      throw InputError("--strategy dp sums its replicas' gradients in fp32 only; use ddp or zero1/2/3 for --reduce-dtype bf16");
     return run_dp_training(o);
   }
   if (!o.load.empty() && !o.resume.empty())
