@@ -74,9 +74,10 @@ TEST(Plan, VerdictsAreThoseOfTheMemoryCheck) {
   for (size_t available : budgets) {
     r.available = available;
     const Plan plan = make_plan(r, *model);
-    ASSERT_EQ(plan.rows.size(), 8u);
+    ASSERT_EQ(plan.rows.size(), 16u);  // 4 strategies x fp32, bf16 x checkpointing off, on
     for (const PlanRow& row : plan.rows) {
       model->set_checkpoint_activations(row.point.checkpoint);
+      model->set_precision(parse_precision(row.point.precision));
       bool refused = false;
       try {
         check_fits(adamw(row.point.strategy), *model, model->activation_bytes_for(r.batch / r.world), r.world,
@@ -84,10 +85,11 @@ TEST(Plan, VerdictsAreThoseOfTheMemoryCheck) {
       } catch (const InputError&) {
         refused = true;
       }
-      EXPECT_EQ(row.fits, !refused) << row.point.strategy << (row.point.checkpoint ? " +ckpt" : "") << " in "
-                                    << available;
+      EXPECT_EQ(row.fits, !refused) << row.point.strategy << " " << row.point.precision
+                                    << (row.point.checkpoint ? " +ckpt" : "") << " in " << available;
     }
     model->set_checkpoint_activations(false);
+    model->set_precision(DType::F32);
     if (plan.best >= 0) {
       EXPECT_TRUE(plan.rows[static_cast<size_t>(plan.best)].fits);
     }

@@ -66,12 +66,12 @@ class PlanCliTest : public ::testing::Test {
   }
 
   // A 2-rank synthetic run's summary.
-  static json train(const Net& net, const std::string& strategy, bool ckpt) {
-    const fs::path summary = dir_ / fmt::format("{}_{}_{}.json", net.name, strategy, ckpt);
-    const RunResult r = dpt(fmt::format("launch -n 2 -- {} train {} --strategy {} {} --synthetic --steps {} "
-                                        "--log-every 100 --threads 1 --quiet --summary-out {}",
+  static json train(const Net& net, const std::string& strategy, bool ckpt, const std::string& precision = "fp32") {
+    const fs::path summary = dir_ / fmt::format("{}_{}_{}_{}.json", net.name, strategy, ckpt, precision);
+    const RunResult r = dpt(fmt::format("launch -n 2 -- {} train {} --strategy {} {} --precision {} --synthetic "
+                                        "--steps {} --log-every 100 --threads 1 --quiet --summary-out {}",
                                         q(dpt_bin()), net.flags, strategy, ckpt ? "--checkpoint-activations" : "",
-                                        kSteps, q(summary)));
+                                        precision, kSteps, q(summary)));
     EXPECT_EQ(r.code, 0) << r.all();
     return r.code == 0 ? json::parse(test::read_file(summary)) : json();
   }
@@ -79,9 +79,10 @@ class PlanCliTest : public ::testing::Test {
   static inline fs::path dir_;
 };
 
-const json* find_row(const json& plan, const std::string& strategy, bool ckpt) {
+const json* find_row(const json& plan, const std::string& strategy, bool ckpt, const std::string& precision = "fp32") {
   for (const json& row : plan.at("rows"))
-    if (row.at("strategy") == strategy && row.at("checkpoint_activations") == ckpt) return &row;
+    if (row.at("strategy") == strategy && row.at("checkpoint_activations") == ckpt && row.at("precision") == precision)
+      return &row;
   return nullptr;
 }
 
@@ -113,27 +114,36 @@ TEST_P(PlanMatchesRun, BytesPerCategoryAndPerStep) {
   const auto [net, strategy] = GetParam();
   const json p = plan(*net);
   ASSERT_FALSE(p.is_null());
-  for (bool ckpt : {false, true}) {
-    const std::string what = fmt::format("{} {}{}", net->name, strategy, ckpt ? " +ckpt" : "");
-    // The MLP's units are single layers: checkpointing drops nothing, so the
-    // plan has no such row, and the run must account what the plain row says.
-    const json* row = find_row(p, strategy, ckpt && net == &kGpt);
-    ASSERT_NE(row, nullptr) << what;
-    if (net == &kMlp) {
-      EXPECT_EQ(find_row(p, strategy, true), nullptr) << "a checkpointing row that changes nothing";
+  for (const char* precision : {"fp32", "bf16"})
+    for (bool ckpt : {false, true}) {
+      const std::string what = fmt::format("{} {} {}{}", net->name, strategy, precision, ckpt ? " +ckpt" : "");
+      // The MLP's units are single layers: checkpointing drops nothing, so
+      // the plan has no such row, and the run must account what the plain
+      // row says.
+      const json* row = find_row(p, strategy, ckpt && net == &kGpt, precision);
+      ASSERT_NE(row, nullptr) << what;
+      if (net == &kMlp) {
+        EXPECT_EQ(find_row(p, strategy, true, precision), nullptr) << "a checkpointing row that changes nothing";
+      }
+      const json s = train(*net, strategy, ckpt, precision);
+      ASSERT_FALSE(s.is_null()) << what;
+      expect_row_matches(*row, s, what);
     }
-    const json s = train(*net, strategy, ckpt);
-    ASSERT_FALSE(s.is_null()) << what;
-    expect_row_matches(*row, s, what);
-  }
 }
 
 // The ZeRO variants: zero1 reducing by reduce-scatter, zero2/3 with two
 // micro-batches (reduce-scattered every micro-step, or accumulated locally
-// and reduced once), zero3 keeping units from forward to backward.
+// and reduced once), zero3 keeping units from forward to backward; and
+// reductions in bf16 (--reduce-dtype: bf16 copies of the gradients on the
+// wire, half the bytes).
 TEST_F(PlanCliTest, ZeroVariantsMatchRuns) {
   for (const auto& [strategy, flags] : std::vector<std::pair<std::string, std::string>>{
            {"zero1", "--zero-reduce scatter"},
+           {"ddp", "--reduce-dtype bf16"},
+           {"zero1", "--reduce-dtype bf16"},
+           {"zero1", "--zero-reduce scatter --reduce-dtype bf16"},
+           {"zero2", "--grad-accum 2 --reduce-dtype bf16"},
+           {"zero3", "--grad-accum 2 --zero-accumulate local --reduce-dtype bf16"},
            {"zero2", "--grad-accum 2"},
            {"zero2", "--grad-accum 2 --zero-accumulate local"},
            {"zero3", "--grad-accum 2"},

@@ -51,28 +51,49 @@ int zero_stage(const std::string& name) {
   return 0;
 }
 
+namespace {
+// A bf16 unit in a pool of float buffers takes half as many, rounded up.
+std::vector<size_t> halves(std::vector<size_t> v) {
+  for (size_t& n : v) n = (n + 1) / 2;
+  return v;
+}
+
+// Unit gradients in scratch: a unit a pass opens twice holds its gradients
+// from its first backward opening to its last, so it gets a buffer of its
+// own (the GPT's tied embedding is backward's first unit: it takes that
+// buffer before any other unit asks); the other units share the rest, k at
+// a time.
+std::vector<size_t> grad_scratch(const Model& model, const std::vector<size_t>& sizes) {
+  std::vector<int> opened(sizes.size(), 0);
+  for (int u : model.unit_order()) ++opened[static_cast<size_t>(u)];
+  std::vector<size_t> own, others;
+  for (size_t u = 0; u < sizes.size(); ++u) (opened[u] > 1 ? own : others).push_back(sizes[u]);
+  const size_t k = std::max<size_t>(2, kGradBuffers - std::min(kGradBuffers, own.size()));
+  const std::vector<size_t> shared = pool_for(k, others);
+  own.insert(own.end(), shared.begin(), shared.end());
+  return own;
+}
+}  // namespace
+
 ZeroPools zero_pools(const StrategyOptions& options, const Model& model) {
   const int stage = zero_stage(options.name);
-  const auto& units = model.layout().units();
   std::vector<size_t> sizes;
-  for (const Unit& u : units) sizes.push_back(u.numel);
+  for (const Unit& u : model.layout().units()) sizes.push_back(u.numel);
   ZeroPools p;
   // Without resharding every unit stays gathered from its forward to its
-  // backward: one buffer each.
-  if (stage == 3) p.gathered = options.reshard_after_forward ? pool_for(kGatheredAtOnce, sizes) : sizes;
-  // Accumulating locally, unit gradients are reduced from the full buffer.
-  if (stage < 2 || options.accumulate_locally) return p;
-  // A unit a pass opens twice holds its gradients from its first backward
-  // opening to its last: a buffer of its own (the GPT's tied embedding is
-  // backward's first unit, so it takes that buffer before any other unit
-  // asks). The other units share the rest, k at a time.
-  std::vector<int> opened(units.size(), 0);
-  for (int u : model.unit_order()) ++opened[static_cast<size_t>(u)];
-  std::vector<size_t> others;
-  for (size_t u = 0; u < units.size(); ++u) (opened[u] > 1 ? p.scratch : others).push_back(sizes[u]);
-  const size_t k = std::max<size_t>(2, kGradBuffers - std::min(kGradBuffers, p.scratch.size()));
-  const std::vector<size_t> shared = pool_for(k, others);
-  p.scratch.insert(p.scratch.end(), shared.begin(), shared.end());
+  // backward: one buffer each. Mixed precision gathers bf16 units.
+  if (stage == 3) {
+    p.gathered = options.reshard_after_forward ? pool_for(kGatheredAtOnce, sizes) : sizes;
+    if (model.precision() == DType::BF16) p.gathered = halves(p.gathered);
+  }
+  // Accumulating locally (or zero1), unit gradients are reduced from the
+  // full buffer.
+  if (stage >= 2 && !options.accumulate_locally) p.scratch = grad_scratch(model, sizes);
+  // --reduce-dtype bf16: each reduce-scatter in flight has a bf16 copy of
+  // its unit; from scratch buffers, at most one per scratch buffer; from the
+  // full gradients, possibly every unit at once.
+  const bool scattered = stage >= 2 || (stage == 1 && options.zero_scatter);
+  if (scattered && options.ddp.reduce_dtype == DType::BF16) p.wire = halves(p.scratch.empty() ? sizes : p.scratch);
   return p;
 }
 
@@ -86,13 +107,21 @@ MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int w
   for (const Unit& u : layout.units()) shard += comm::chunk_range(u.numel, world, rank).size;
   const size_t f = sizeof(float), full = layout.numel();
   const int stage = zero_stage(options.name);
+  const size_t owned = stage == 0 ? full : shard;  // the elements this rank steps
   const ZeroPools pools = zero_pools(options, model);
   MemoryBytes b;
-  b.parameters = f * (stage == 3 ? shard : full);
+  // Mixed precision (docs/precision.md): the bf16 compute copies are the
+  // parameters; the fp32 masters count with the optimizer state.
+  const bool mixed = model.precision() == DType::BF16;
+  b.parameters = (mixed ? sizeof(bf16) : f) * (stage == 3 ? shard : full);
   b.gradients = f * (stage <= 1 ? full : shard + (options.accumulate_locally ? full : 0));
-  b.optimizer = optimizer_state_bytes(options.optimizer, stage == 0 ? full : shard);
+  b.optimizer = optimizer_state_bytes(options.optimizer, owned) + (mixed ? f * owned : 0);
   b.gathered = bytes_of(pools.gathered);
-  b.scratch = bytes_of(pools.scratch);
+  b.scratch = bytes_of(pools.scratch) + bytes_of(pools.wire);
+  // --reduce-dtype bf16 with DDP's buckets (ddp, zero1 by all-reduce): one
+  // bf16 copy of the whole gradient buffer.
+  const bool buckets = options.name == "ddp" || (stage == 1 && !options.zero_scatter);
+  if (buckets && options.ddp.reduce_dtype == DType::BF16) b.scratch += sizeof(bf16) * full;
   return b;
 }
 

@@ -24,6 +24,7 @@ int zero_stage(const std::string& name);
 // twice (the GPT's tied embedding).
 struct ZeroPools {
   std::vector<size_t> gathered, scratch;
+  std::vector<size_t> wire;  // --reduce-dtype bf16: bf16 copies of units being reduce-scattered
 };
 ZeroPools zero_pools(const StrategyOptions& options, const Model& model);
 

@@ -50,6 +50,10 @@ void LocalStrategy::restored(int64_t optimizer_steps) { opt_->set_steps(optimize
 
 MemoryBytes LocalStrategy::bytes() const {
   const size_t p = model_.param_count() * sizeof(float);
+  // Mixed precision: the model's bf16 copy is the parameters, its fp32
+  // buffer the master weights, counted with the optimizer state.
+  if (model_.precision() == DType::BF16)
+    return {.parameters = model_.param_count() * sizeof(bf16), .gradients = p, .optimizer = opt_->state_bytes() + p};
   return {.parameters = p, .gradients = p, .optimizer = opt_->state_bytes()};
 }
 
@@ -104,10 +108,16 @@ void DdpStrategy::trace(Timeline& tl, int64_t step) const {
   const auto& buckets = reducer_->buckets();
   for (size_t i = 0; i < buckets.size(); ++i)
     if (buckets[i].work)
-      tl.add(Timeline::AllReduce, step, static_cast<int>(i), buckets[i].numel * sizeof(float),
+      tl.add(Timeline::AllReduce, step, static_cast<int>(i), buckets[i].numel * dtype_size(options_.ddp.reduce_dtype),
              buckets[i].work->started_at(), buckets[i].work->finished_at());
 }
 
 size_t DdpStrategy::trace_spans() const { return reducer_->buckets().size(); }
+
+MemoryBytes DdpStrategy::bytes() const {
+  MemoryBytes b = LocalStrategy::bytes();
+  b.scratch = reducer_->wire_bytes();  // --reduce-dtype bf16: the gradients' bf16 copy
+  return b;
+}
 
 }  // namespace dpt

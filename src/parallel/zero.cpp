@@ -51,6 +51,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     : options_(options),
       stage_(stage),
       model_(model),
+      mixed_(model.precision() == DType::BF16),
       pg_(pg),
       layout_(model.layout()),
       world_(pg.size()),
@@ -70,8 +71,9 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
 
   // Initial weights: the same values under every strategy and world size
   // (Model::init_range is keyed by element position), each rank filling
-  // what it holds: the whole model (stages 1, 2) or its shards (stage 3).
-  if (stage_ < 3) {
+  // what it holds: the whole model (stages 1, 2) or its shards (stage 3,
+  // and the masters of a mixed run).
+  if (!sharded_params()) {
     if (!init.load.empty())
       load_weights(model_, load_safetensors(init.load), init.load, init.load_format);
     else
@@ -94,10 +96,15 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
   const ZeroPools pools = zero_pools(options_, model_);
   gather_pool_.reserve(pools.gathered);
   grad_pool_.reserve(pools.scratch);
+  wire_pool_.reserve(pools.wire);
   if (full_grads()) model_.zero_grads();
   if (stage_ == 1 && !options_.zero_scatter) reducer_ = std::make_unique<Reducer>(model_, pg_, options_.ddp);
   model_.set_store(this);
-  if (stage_ < 3) verify_replicas(model_, pg_, 0);
+  if (mixed_) {
+    params16_.reserve(stage_ == 3 ? shard_numel_ : layout_.numel());
+    for (size_t u = 0; u < U; ++u) publish(static_cast<int>(u));
+  }
+  verify(0);
 }
 
 ZeroStrategy::~ZeroStrategy() {
@@ -145,7 +152,19 @@ nlohmann::json ZeroStrategy::detail() const {
 
 float* ZeroStrategy::param_shard(int u) {
   const Shard& s = shards_[static_cast<size_t>(u)];
-  return stage_ == 3 ? param_shard_.f32() + s.at : model_.params() + unit(u).offset + s.begin;
+  return sharded_params() ? param_shard_.f32() + s.at : model_.params() + unit(u).offset + s.begin;
+}
+
+bf16* ZeroStrategy::compute_chunk(int u) {
+  const Shard& s = shards_[static_cast<size_t>(u)];
+  return stage_ == 3 ? params16_.b16() + s.at : params16_.b16() + unit(u).offset + s.begin;
+}
+
+void ZeroStrategy::publish(int u) {
+  convert(compute_chunk(u), param_shard(u), shards_[static_cast<size_t>(u)].n);
+  if (stage_ == 3) return;
+  param_gather_[static_cast<size_t>(u)] = pg_.all_gather_async(params16_.b16() + unit(u).offset, unit(u).numel, DType::BF16);
+  record(Timeline::AllGather, u, param_gather_[static_cast<size_t>(u)]);
 }
 
 float* ZeroStrategy::grad_shard(int u) {
@@ -178,7 +197,9 @@ void ZeroStrategy::record(Timeline::Kind kind, int u, const std::shared_ptr<comm
 
 void ZeroStrategy::trace(Timeline& tl, int64_t step) const {
   for (const Traced& t : traced_)
-    tl.add(t.kind, step, t.unit, unit(t.unit).numel * sizeof(float), t.work->started_at(), t.work->finished_at());
+    tl.add(t.kind, step, t.unit,
+           unit(t.unit).numel * (t.kind == Timeline::AllGather ? gather_elem_bytes() : dtype_size(options_.ddp.reduce_dtype)),
+           t.work->started_at(), t.work->finished_at());
 }
 
 // ---------------------------------------------------------------- the step
@@ -214,14 +235,26 @@ void ZeroStrategy::complete_oldest() {
   UnitGrads& g = grads_[static_cast<size_t>(u)];
   g.work->wait();
   g.work.reset();
-  if (stage_ == 1) return;  // reduced in place in the full gradients
-  // This rank's chunk of the reduced unit, added to its gradient shard
-  // (micro-steps accumulate there).
   const Shard& s = shards_[static_cast<size_t>(u)];
-  const float* src = (full_grads() ? model_.grads() + unit(u).offset : grad_pool_.data(g.buf)) + s.begin;
   float* dst = grad_shard(u);
+  if (g.wire >= 0) {
+    // Reduced in bf16: this rank's chunk widened, into the full gradients'
+    // chunk (stage 1: replaced, as the in-place fp32 reduction would) or
+    // added to the shard (stages 2, 3).
+    const bf16* w = reinterpret_cast<const bf16*>(wire_pool_.data(g.wire)) + s.begin;
+    if (stage_ == 1)
+      for (size_t i = 0; i < s.n; ++i) dst[i] = to_f32(w[i]);
+    else
+      for (size_t i = 0; i < s.n; ++i) dst[i] += to_f32(w[i]);
+    wire_pool_.give(g.wire);
+    g.wire = -1;
+  } else if (stage_ > 1) {
+    // This rank's chunk of the reduced unit, added to its gradient shard
+    // (micro-steps accumulate there); stage 1 reduced in place.
+    const float* src = (full_grads() ? model_.grads() + unit(u).offset : grad_pool_.data(g.buf)) + s.begin;
 #pragma omp simd
-  for (size_t i = 0; i < s.n; ++i) dst[i] += src[i];
+    for (size_t i = 0; i < s.n; ++i) dst[i] += src[i];
+  }
   if (g.buf >= 0) {
     grad_pool_.give(g.buf);
     g.buf = -1;
@@ -249,8 +282,9 @@ void ZeroStrategy::step(float lr) {
   for (size_t u = 0; u < shards_.size(); ++u) {
     const int ui = static_cast<int>(u);
     opts_[u]->step(param_shard(ui), grad_shard(ui), lr);
+    if (mixed_) publish(ui);
   }
-  if (stage_ == 3) return;
+  if (stage_ == 3 || mixed_) return;
   // Stages 1, 2: every rank's updated chunk of each unit goes to every rank,
   // in place. Nothing waits here: the next forward waits for each unit as
   // it opens it, so the all-gathers run behind the forward of earlier units.
@@ -262,7 +296,7 @@ void ZeroStrategy::step(float lr) {
 }
 
 void ZeroStrategy::gather_unit(int u, float* out) {
-  if (stage_ < 3) {
+  if (!sharded_params()) {
     wait_param_gather(u);
     std::memcpy(out, model_.params() + unit(u).offset, unit(u).numel * sizeof(float));
     return;
@@ -275,7 +309,10 @@ void ZeroStrategy::gather_unit(int u, float* out) {
 void ZeroStrategy::verify(int64_t step) {
   if (stage_ == 3) return;  // no replicas: every rank holds other shards
   for (size_t u = 0; u < param_gather_.size(); ++u) wait_param_gather(static_cast<int>(u));
-  verify_replicas(model_, pg_, step);
+  if (mixed_)
+    verify_replicas(params16_.b16(), params16_.bytes(), pg_, step);
+  else
+    verify_replicas(model_, pg_, step);
 }
 
 // A rank's shards: the parameters it updates and their optimizer state.
@@ -292,6 +329,11 @@ std::vector<StateSpan> ZeroStrategy::state_spans() {
 
 void ZeroStrategy::restored(int64_t optimizer_steps) {
   for (auto& o : opts_) o->set_steps(optimizer_steps);
+  if (mixed_) {  // the bf16 copies follow the masters just read
+    for (size_t u = 0; u < shards_.size(); ++u) publish(static_cast<int>(u));
+    verify(0);
+    return;
+  }
   if (stage_ == 3) return;
   // Stages 1, 2 keep full parameters: every rank read its chunk of each unit.
   for (const Unit& u : layout_.units()) pg_.all_gather(model_.params() + u.offset, u.numel, DType::F32);
@@ -303,11 +345,13 @@ MemoryBytes ZeroStrategy::bytes() const {
   for (const auto& o : opts_) opt += o->state_bytes();
   const size_t full = layout_.numel() * sizeof(float), shard = shard_numel_ * sizeof(float);
   MemoryBytes b;
-  b.parameters = stage_ == 3 ? shard : full;
+  // Mixed precision: the parameters are the bf16 copies; the fp32 masters
+  // count with the optimizer state (WORKLOADS.md's K = 12 for AdamW).
+  b.parameters = mixed_ ? params16_.bytes() : (stage_ == 3 ? shard : full);
   b.gradients = (stage_ == 1 ? full : shard) + (stage_ >= 2 && options_.accumulate_locally ? full : 0);
-  b.optimizer = opt;
+  b.optimizer = opt + (mixed_ ? shard : 0);
   b.gathered = gather_pool_.bytes();
-  b.scratch = grad_pool_.bytes();
+  b.scratch = grad_pool_.bytes() + wire_pool_.bytes() + (reducer_ ? reducer_->wire_bytes() : 0);
   return b;
 }
 
@@ -341,11 +385,16 @@ int ZeroStrategy::next_unit() const {
 
 void ZeroStrategy::start_gather(int u) {
   Gathered& g = gathered_[static_cast<size_t>(u)];
-  g.buf = gather_pool_.take(unit(u).numel);
-  float* b = gather_pool_.data(g.buf);
+  const size_t numel = unit(u).numel;
   const Shard& s = shards_[static_cast<size_t>(u)];
-  std::memcpy(b + s.begin, param_shard_.f32() + s.at, s.n * sizeof(float));
-  g.work = pg_.all_gather_async(b, unit(u).numel, DType::F32);
+  // A pool buffer of floats; a bf16 unit takes half as many.
+  g.buf = gather_pool_.take(mixed_ ? (numel + 1) / 2 : numel);
+  void* b = gather_pool_.data(g.buf);
+  if (mixed_)
+    std::memcpy(static_cast<bf16*>(b) + s.begin, params16_.b16() + s.at, s.n * sizeof(bf16));
+  else
+    std::memcpy(static_cast<float*>(b) + s.begin, param_shard_.f32() + s.at, s.n * sizeof(float));
+  g.work = pg_.all_gather_async(b, numel, mixed_ ? DType::BF16 : DType::F32);
   record(Timeline::AllGather, u, g.work);
 }
 
@@ -357,6 +406,17 @@ void ZeroStrategy::free_gathered(int u) {
   }
   gather_pool_.give(g.buf);
   g.buf = -1;
+}
+
+const bf16* ZeroStrategy::acquire_bf16(int u) {
+  DPT_CHECK(mixed_, "bf16 parameters asked of an fp32 {} run", options_.name);
+  if (stage_ < 3) {
+    if (!recorded_) order_[pass_ == Pass::Forward ? 0 : 1].push_back(u);
+    ++pos_;
+    wait_param_gather(u);
+    return params16_.b16() + unit(u).offset;
+  }
+  return static_cast<const bf16*>(static_cast<const void*>(acquire(u)));
 }
 
 const float* ZeroStrategy::acquire(int u) {
@@ -424,7 +484,14 @@ void ZeroStrategy::grads_ready(size_t offset, size_t numel) {
   if (g.pending == 0 && sync_) {
     // Sum: the 1/world of the average is already in the loss scale.
     float* b = full_grads() ? model_.grads() + unit(u).offset : grad_pool_.data(g.buf);
-    g.work = pg_.reduce_scatter_async(b, unit(u).numel, DType::F32, comm::ReduceOp::Sum);
+    if (wire_bf16()) {  // a bf16 copy goes on the wire: half the bytes
+      g.wire = wire_pool_.take((unit(u).numel + 1) / 2);
+      bf16* w = reinterpret_cast<bf16*>(wire_pool_.data(g.wire));
+      convert(w, b, unit(u).numel);
+      g.work = pg_.reduce_scatter_async(w, unit(u).numel, DType::BF16, comm::ReduceOp::Sum);
+    } else {
+      g.work = pg_.reduce_scatter_async(b, unit(u).numel, DType::F32, comm::ReduceOp::Sum);
+    }
     inflight_.push_back(u);
     record(Timeline::ReduceScatter, u, g.work);
   }

@@ -27,6 +27,9 @@ struct ModelFlags {
 // InputError from set_gemm_flag.
 void add_gemm_flag(CLI::App* cmd, std::string& gemm);
 void set_gemm_flag(const std::string& gemm);
+// --precision fp32|bf16, parsed by parse_precision (core/dtype.h) for the
+// engine's one-sentence error.
+void add_precision_flag(CLI::App* cmd, std::string& precision);
 
 class TrainCommand {
  public:
@@ -43,7 +46,7 @@ class TrainCommand {
   bool no_overlap_ = false;
   std::string zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter";
   double memory_budget_mb_ = 0.0;
-  std::string comm_algo_, transport_, gemm_;
+  std::string comm_algo_, transport_, gemm_, precision_ = "fp32", reduce_dtype_ = "fp32";
 };
 
 class EvalCommand {
@@ -58,7 +61,7 @@ class EvalCommand {
   std::string weights_, data_, format_, load_format_;
   int64_t batch_ = 0;
   int threads_ = 0;
-  std::string gemm_;
+  std::string gemm_, precision_ = "fp32";
 };
 
 // `dpt tokens`: llm.c-format shards from text or uint16 tokens.
@@ -106,7 +109,7 @@ class PlanCommand {
   ModelFlags model_;
   TrainOptions opts_;  // batch, micro-batches, optimizer: as train fills them
   int ranks_ = 1, ranks_per_host_ = 0, threads_ = 0;
-  std::string memory_, gemm_, zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter";
+  std::string memory_, gemm_, zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter", reduce_dtype_ = "fp32";
   std::vector<std::string> strategies_;
   double gemm_gflops_ = 0, copy_gbs_ = 0;
   bool json_ = false;

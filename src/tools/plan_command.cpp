@@ -50,11 +50,11 @@ void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, cons
               r.grad_accum > 1 ? fmt::format(" in {} micro-batches", r.grad_accum).c_str() : "", r.world,
               r.world == 1 ? "" : "s", r.ranks_here);
   std::printf("memory: %s for the %d rank%s on this host; rates %s: GEMM %.1f GFLOP/s per rank (%s, %d thread%s), "
-              "memcpy %.2f GB/s per rank; runtime %.1f MiB per rank\n",
+              "bf16 %.1f, memcpy %.2f GB/s per rank; runtime %.1f MiB per rank\n",
               human_bytes(r.available).c_str(), r.ranks_here, r.ranks_here == 1 ? "" : "s",
               measured ? "measured" : "given", m.gemm_gflops, gemm_backend_name(gemm_backend()), m.threads,
-              m.threads == 1 ? "" : "s", m.copy_gbs, static_cast<double>(m.runtime_bytes) / (1 << 20));
-  std::printf("MiB per rank:     params    grads    optim gathered  scratch     acts    total peak RSS | MiB sent/step"
+              m.threads == 1 ? "" : "s", m.gemm_bf16_gflops > 0 ? m.gemm_bf16_gflops : m.gemm_gflops, m.copy_gbs, static_cast<double>(m.runtime_bytes) / (1 << 20));
+  std::printf("MiB per rank:         params    grads    optim gathered  scratch     acts    total peak RSS | MiB sent/step"
               "  s/step (compute comm optim) | fits\n");
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const PlanRow& row = plan.rows[i];
@@ -63,7 +63,7 @@ void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, cons
     if (row.point.precision != "fp32") name += " " + row.point.precision;
     if (row.point.checkpoint) name += " +ckpt";
     if (row.point.offload != "none") name += " +" + row.point.offload;
-    std::printf("%c %-13s %8s %8s %8s %8s %8s %8s %8s %8s | %13s %7.3g (%.3g %.3g %.3g) | %s\n",
+    std::printf("%c %-17s %8s %8s %8s %8s %8s %8s %8s %8s | %13s %7.3g (%.3g %.3g %.3g) | %s\n",
                 static_cast<int>(i) == plan.best ? '*' : ' ', name.c_str(), mib(b.parameters).c_str(),
                 mib(b.gradients).c_str(), mib(b.optimizer).c_str(), mib(b.gathered).c_str(), mib(b.scratch).c_str(),
                 mib(row.activations).c_str(), mib(row.need).c_str(), mib(row.peak_rss).c_str(),
@@ -97,6 +97,7 @@ PlanCommand::PlanCommand(CLI::App& app) {
   cmd_->add_option("--reshard-after-forward", opts_.reshard_after_forward,
                    "zero3: free a unit's gathered parameters after its forward (true) or keep them for backward")
       ->default_str("true");
+  cmd_->add_option("--reduce-dtype", reduce_dtype_, "fp32, or bf16: gradients reduced on bf16 copies (half the bytes)");
   cmd_->add_option("--strategy", strategies_, "only these strategies (repeat or comma-separate; default: all)")
       ->delimiter(',');
   cmd_->add_option("--threads", threads_, "threads per rank (default: cores / ranks on this host)")
@@ -118,6 +119,7 @@ int PlanCommand::run() {
   if (opts_.model.empty()) throw InputError("--model is required (mlp, gpt or a GPT-2 preset)");
   opts_.zero_scatter = zero_reduce_ == "scatter";
   opts_.zero_accumulate_locally = zero_accumulate_ == "local";
+  opts_.ddp.reduce_dtype = parse_precision(reduce_dtype_, "--reduce-dtype");
   apply_defaults(opts_);
   PlanRequest r;
   r.base = strategy_options(opts_);

@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 
 #include "comm/types.h"
+#include "core/dtype.h"
 #include "core/error.h"
+#include "core/gemm_peak.h"
 #include "core/membw.h"
 #include "core/threads.h"
 #include "nn/gemm.h"
@@ -19,27 +21,29 @@ namespace dpt {
 
 namespace {
 
-// Bytes the ring sends from `rank` for an m-float collective: a
-// reduce-scatter sends every chunk but the rank's own, an all-gather every
-// chunk but its next neighbour's (comm/ring.cpp), an all-reduce both.
+// Bytes the ring sends from `rank` for an m-element collective of `es`-byte
+// elements: a reduce-scatter sends every chunk but the rank's own, an
+// all-gather every chunk but its next neighbour's (comm/ring.cpp), an
+// all-reduce both.
 struct Ring {
   int world, rank;
-  uint64_t rs(size_t m) const { return 4 * (m - comm::chunk_range(m, world, rank).size); }
-  uint64_t ag(size_t m) const { return 4 * (m - comm::chunk_range(m, world, (rank + 1) % world).size); }
-  uint64_t ar(size_t m) const { return rs(m) + ag(m); }
+  uint64_t rs(size_t m, size_t es) const { return es * (m - comm::chunk_range(m, world, rank).size); }
+  uint64_t ag(size_t m, size_t es) const { return es * (m - comm::chunk_range(m, world, (rank + 1) % world).size); }
+  uint64_t ar(size_t m, size_t es) const { return rs(m, es) + ag(m, es); }
 };
 
-// zero3's all-gathers of one micro-step, from the order the model opens its
-// units. Resharding, every opening gathers, except that backward's first
-// unit is forward's last, kept (once the order is recorded: c.first_step).
-// Without it, a unit gathered in forward stays until backward, and only a
-// unit opened again in backward (after its first backward use freed it) is
-// gathered there.
-void zero3_gathers(const StrategyOptions& o, const Model& model, const Ring& ring, uint64_t micro, CommPlan& c) {
+// zero3's all-gathers of one micro-step (units of `es` bytes an element),
+// from the order the model opens its units. Resharding, every opening
+// gathers, except that backward's first unit is forward's last, kept (once
+// the order is recorded: c.first_step). Without it, a unit gathered in
+// forward stays until backward, and only a unit opened again in backward
+// (after its first backward use freed it) is gathered there.
+void zero3_gathers(const StrategyOptions& o, const Model& model, const Ring& ring, size_t es, uint64_t micro,
+                   CommPlan& c) {
   const auto& units = model.layout().units();
   const std::vector<int> fwd = model.unit_order();
   const std::vector<int> bwd(fwd.rbegin(), fwd.rend());
-  auto ag = [&](int u) { return ring.ag(units[static_cast<size_t>(u)].numel); };
+  auto ag = [&](int u) { return ring.ag(units[static_cast<size_t>(u)].numel, es); };
   uint64_t f = 0, b = 0;
   if (o.reshard_after_forward) {
     for (int u : fwd) f += ag(u);
@@ -65,12 +69,15 @@ CommPlan planned_comm(const StrategyOptions& o, const Model& model, int world, i
   if (world < 2) return c;
   const Ring ring{world, rank};
   const Layout& layout = model.layout();
+  // Reductions move --reduce-dtype (bf16: half the bytes); parameter
+  // all-gathers move the compute copies (bf16 under mixed precision).
+  const size_t red = dtype_size(o.ddp.reduce_dtype), par = dtype_size(model.precision());
   uint64_t rs = 0, ag = 0, buckets = 0;
   for (const Unit& u : layout.units()) {
-    rs += ring.rs(u.numel);
-    ag += ring.ag(u.numel);
+    rs += ring.rs(u.numel, red);
+    ag += ring.ag(u.numel, par);
   }
-  for (const Bucket& b : Reducer::assign(layout, o.ddp)) buckets += ring.ar(b.numel);
+  for (const Bucket& b : Reducer::assign(layout, o.ddp)) buckets += ring.ar(b.numel, red);
   const uint64_t micro = static_cast<uint64_t>(grad_accum);
   // Full gradients are reduced once, on the last micro-step; unit
   // gradients in scratch every micro-step.
@@ -90,11 +97,11 @@ CommPlan planned_comm(const StrategyOptions& o, const Model& model, int world, i
       break;
     default:
       c.backward = scattered;
-      zero3_gathers(o, model, ring, micro, c);
+      zero3_gathers(o, model, ring, par, micro, c);
   }
-  c.logged_other = ring.ar(1);
+  c.logged_other = ring.ar(1, sizeof(float));
   // Every rank's sum of squares, a double each, gathered as two floats.
-  c.logged_optimizer = stage > 0 ? ring.ag(2 * static_cast<size_t>(world)) : 0;
+  c.logged_optimizer = stage > 0 ? ring.ag(2 * static_cast<size_t>(world), sizeof(float)) : 0;
   return c;
 }
 
@@ -155,6 +162,19 @@ MachineRates measure_machine(int threads, int ranks_here) {
   const int before = dpt::threads();
   set_threads(m.threads);
   m.gemm_gflops = measure_gemm_gflops();
+  // bf16 inputs, on the backend in use: widened to fp32 where the CPU has no
+  // bf16 kernels (slower than fp32), native where it has (faster).
+  std::vector<bf16> a16, b16;
+  m.gemm_bf16_gflops = measure_gflops([&](int n, const float* a, const float* b, float* c) {
+    const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
+    if (a16.size() != nn) {  // the untimed first run converts
+      a16.resize(nn);
+      b16.resize(nn);
+      convert(a16.data(), a, nn);
+      convert(b16.data(), b, nn);
+    }
+    gemm(Op::N, Op::T, n, n, n, 1.0f, a16.data(), n, b16.data(), n, 0.0f, c, n);
+  });
   set_threads(before);
   // The host's ranks copy at once (their collectives, their optimizer
   // steps): each gets its share of what that many threads copy together.

@@ -62,9 +62,9 @@ bool fits_on_host(size_t per_rank, int ranks_here, size_t available);
 void check_fits(const StrategyOptions& options, const Model& model, size_t activation_bytes, int world,
                 int ranks_here, size_t available);
 
-// One configuration. Precision and offload are dimensions of the grid that
-// only have one value each today (fp32, none); bf16 and optimizer offload
-// become more entries of kPrecisions and kOffloads.
+// One configuration. Precision is fp32 or bf16 (mixed: bf16 compute copies,
+// fp32 masters); offload is a dimension with one value today (none):
+// optimizer offload becomes another entry of kOffloads.
 struct PlanPoint {
   std::string strategy;  // local, ddp, zero1, zero2, zero3
   std::string precision = "fp32";
@@ -74,7 +74,8 @@ struct PlanPoint {
 
 // The machine, measured (or given): what the time estimates divide by.
 struct MachineRates {
-  double gemm_gflops = 0;    // one rank's GEMM rate at its threads
+  double gemm_gflops = 0;    // one rank's fp32 GEMM rate at its threads
+  double gemm_bf16_gflops = 0;  // the same with bf16 inputs (mixed precision); 0: as fp32
   double copy_gbs = 0;       // one rank's memcpy rate (bytes copied) with the host's ranks copying at once
   // A rank's resident memory besides the accounted buffers: `dpt plan`
   // reads its own (the same binary and libraries) before allocating.
@@ -82,8 +83,8 @@ struct MachineRates {
   int threads = 1;           // per rank
 };
 
-// Measures the two rates for ranks of `threads` threads, `ranks_here` of
-// them copying at once (about half a second).
+// Measures the rates for ranks of `threads` threads, `ranks_here` of them
+// copying at once (about half a second).
 MachineRates measure_machine(int threads, int ranks_here);
 
 struct PlanRow {

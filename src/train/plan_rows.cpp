@@ -13,11 +13,12 @@ namespace dpt {
 
 namespace {
 
-// The grid's dimensions besides the strategy and checkpointing. One entry
-// each until bf16 mixed precision and optimizer offload exist; a new entry
-// needs its effect on StrategyOptions in options_for, and rank_bytes then
+// The grid's dimensions besides the strategy and checkpointing. Precision
+// is set on the model (Model::set_precision), which rank_bytes, the arena
+// and planned_comm read; offload has one entry until optimizer offload
+// exists: a new entry needs its effect in options_for, and rank_bytes then
 // accounts it.
-const std::vector<std::string> kPrecisions = {"fp32"};
+const std::vector<std::string> kPrecisions = {"fp32", "bf16"};
 const std::vector<std::string> kOffloads = {"none"};
 
 // What a rank holds besides its accounted buffers that a plan cannot see in
@@ -28,9 +29,11 @@ constexpr size_t kMpiRuntimeBytes = size_t{11} << 20;
 
 // Bytes of memory traffic of an optimizer step over n parameters (reads
 // and writes): AdamW reads p, g, m, v and writes p, m, v; SGD with momentum
-// reads p, g, b and writes p, b; plain SGD reads p, g and writes p.
-double optimizer_traffic_bytes(const OptimizerConfig& o, size_t n) {
-  return sizeof(float) * (3.0 + 2.0 * static_cast<double>(state_floats(o))) * static_cast<double>(n);
+// reads p, g, b and writes p, b; plain SGD reads p, g and writes p. Mixed
+// precision writes the bf16 copy too.
+double optimizer_traffic_bytes(const OptimizerConfig& o, size_t n, bool mixed) {
+  const double per = sizeof(float) * (3.0 + 2.0 * static_cast<double>(state_floats(o))) + (mixed ? 2.0 : 0.0);
+  return per * static_cast<double>(n);
 }
 
 // The options a row's run would get.
@@ -67,12 +70,14 @@ PlanRow make_row(const PlanRequest& r, const Model& model, const PlanPoint& p, i
   row.fits = fits_on_host(row.need, r.ranks_here, r.available);
   const int64_t per_rank = r.batch / r.world;
   const double flops = model.train_flops(per_rank) + model.recompute_flops(per_rank);
-  row.compute_s = m.gemm_gflops > 0 ? flops / (m.gemm_gflops * 1e9) : 0.0;
+  const bool mixed = model.precision() == DType::BF16;
+  const double rate = mixed && m.gemm_bf16_gflops > 0 ? m.gemm_bf16_gflops : m.gemm_gflops;
+  row.compute_s = rate > 0 ? flops / (rate * 1e9) : 0.0;
   // A shared-memory ring copies each byte sent into a segment and the
   // receiver copies it out: two copies per byte.
   row.comm_s = m.copy_gbs > 0 ? 2.0 * static_cast<double>(row.comm.per_step()) / (m.copy_gbs * 1e9) : 0.0;
   // A copy of B bytes moves 2B of memory traffic.
-  const double traffic = optimizer_traffic_bytes(so.optimizer, stepped_elements(so, model.layout(), r.world));
+  const double traffic = optimizer_traffic_bytes(so.optimizer, stepped_elements(so, model.layout(), r.world), mixed);
   row.optimizer_s = m.copy_gbs > 0 ? traffic / (2.0 * m.copy_gbs * 1e9) : 0.0;
   row.step_s = row.compute_s + row.comm_s + row.optimizer_s;
   return row;
@@ -183,6 +188,7 @@ Plan make_plan(const PlanRequest& r, Model& model) {
                                  r.world, r.grad_accum));
   const int64_t micro = r.batch / r.world / r.grad_accum;
   const bool was = model.checkpoint_activations();
+  const DType was_precision = model.precision();
   // Checkpointing makes sense only where it drops something (not the MLP).
   model.set_checkpoint_activations(false);
   const size_t plain = model.activation_bytes_for(micro);
@@ -196,10 +202,12 @@ Plan make_plan(const PlanRequest& r, Model& model) {
         if (ckpt && !ckpt_helps) continue;
         for (const std::string& offload : kOffloads) {
           model.set_checkpoint_activations(ckpt);
+          model.set_precision(parse_precision(precision));
           plan.rows.push_back(make_row(r, model, {s, precision, ckpt, offload}, micro));
         }
       }
   model.set_checkpoint_activations(was);
+  model.set_precision(was_precision);
   // The fastest that fits, or the first in the grid's order (less sharded,
   // no checkpointing) whose estimate is within kTieMargin of it.
   double fastest = -1;
@@ -232,7 +240,8 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
   json j = {{"model", model.kind()}, {"params", model.param_count()}, {"world", r.world},
             {"ranks_here", r.ranks_here}, {"batch", r.batch}, {"grad_accum", r.grad_accum},
             {"optimizer", r.base.optimizer.name}, {"available", r.available},
-            {"machine", {{"gemm_gflops", r.machine.gemm_gflops}, {"copy_gbs", r.machine.copy_gbs},
+            {"machine", {{"gemm_gflops", r.machine.gemm_gflops}, {"gemm_bf16_gflops", r.machine.gemm_bf16_gflops},
+                         {"copy_gbs", r.machine.copy_gbs},
                          {"threads", r.machine.threads}, {"runtime_bytes", r.machine.runtime_bytes}}},
             {"rows", rows}, {"reason", plan.reason}, {"tie_margin", kTieMargin}};
   j["recommended"] = plan.best < 0 ? json(nullptr) : json(plan.best);

@@ -141,6 +141,7 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
     model->init_params(seed);
   }
   model->set_checkpoint_activations(o.checkpoint_activations);
+  model->set_precision(o.precision);
   return model;
 }
 
@@ -212,9 +213,10 @@ class StepTimes {
 
 void print_header(const TrainOptions& o, const Model& model, const Strategy& strategy, int world, int64_t micro,
                   int64_t steps, bool evaluable) {
-  std::printf("dpt train: %s, %zu parameters, %s, %s on %d rank%s, global batch %lld (%lld per rank%s), "
+  std::printf("dpt train: %s, %zu parameters, %s, %s%s on %d rank%s, global batch %lld (%lld per rank%s), "
               "%lld steps, %d thread%s per rank\n",
-              o.model.c_str(), model.param_count(), o.optimizer.name.c_str(), o.strategy.c_str(), world,
+              o.model.c_str(), model.param_count(), o.optimizer.name.c_str(), o.strategy.c_str(),
+              o.precision == DType::BF16 ? " in bf16 mixed precision" : "", world,
               world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / world),
               o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
               static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
@@ -313,6 +315,8 @@ json run_settings(const TrainOptions& o) {
           {"synthetic", o.synthetic},
           {"batch", o.batch},
           {"grad_accum", o.grad_accum},
+          {"precision", precision_name(o.precision)},
+          {"reduce_dtype", precision_name(o.ddp.reduce_dtype)},
           {"seed", o.seed},
           {"clip", number(o.clip)},
           {"val_fraction", o.val_fraction},
@@ -506,6 +510,19 @@ void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& mode
     write_summary(o.summary_out, report.json(), r, o.model == "mlp", evaluated);
 }
 
+// Naive DP, kept for comparison, runs in one process, in fp32, without
+// the strategies' checkpoints and traces: anything else is refused.
+void check_dp_options(const TrainOptions& o, int world) {
+  if (world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
+  if (!o.trace_out.empty()) throw InputError("--trace-out records training across ranks, not --strategy dp");
+  if (!o.checkpoint_dir.empty() || !o.resume.empty())
+    throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
+  if (o.precision != DType::F32)
+    throw InputError("--strategy dp computes in fp32 only; use local, ddp or zero1/2/3 for --precision bf16");
+  if (o.ddp.reduce_dtype != DType::F32)
+    throw InputError("--strategy dp sums its replicas' gradients in fp32 only; use ddp or zero1/2/3 for --reduce-dtype bf16");
+}
+
 }  // namespace
 
 TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
@@ -515,10 +532,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (o.strategy.empty()) o.strategy = default_strategy(world);
   check_outputs(o, pg);
   if (o.strategy == "dp") {
-    if (world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
-    if (!o.trace_out.empty()) throw InputError("--trace-out records training across ranks, not --strategy dp");
-    if (!o.checkpoint_dir.empty() || !o.resume.empty())
-      throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
+    check_dp_options(o, world);
     return run_dp_training(o);
   }
   if (!o.load.empty() && !o.resume.empty())
@@ -538,6 +552,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // values, are the strategy's (a zero3 rank never holds them all).
   auto model = make_model(saved ? resumed_hparams(o, *saved) : model_hparams(o));
   model->set_checkpoint_activations(o.checkpoint_activations);
+  model->set_precision(o.precision);
   const StrategyOptions so = strategy_options(o);
   check_memory(o, so, *model, micro, pg);
   auto strategy = make_strategy(so, *model, pg, {o.seed, o.load, parse_weight_format(o.load_format)});
