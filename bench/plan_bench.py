@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """`dpt plan` against measured runs: W-GPT-L (12 layers, width 768, context
 128, 2 sequences per rank, AdamW fp32, 3 steps, --synthetic) on 2 ranks,
-every strategy with and without activation checkpointing. For each: the
+every strategy in fp32 and bf16, with and without activation checkpointing. For each: the
 planned bytes per category beside the run's accounted bytes (equal), the
 predicted peak RSS beside the measured one (the issue's bar: within 10%),
 and the planned bytes sent per step beside the ledger's. Writes
 bench/results/plan.json.
 
-Usage: bench/plan_bench.py [--dpt build/dpt] [--strategies ddp,zero1,zero2,zero3]
+Usage: bench/plan_bench.py [--dpt build/dpt] [--strategies ddp,zero1,zero2,zero3] [--precisions fp32,bf16]
+                           [--out bench/results/plan.json]
 """
 import argparse
 import json
@@ -30,9 +31,10 @@ def plan(dpt):
     return json.loads(out.stdout)
 
 
-def run(dpt, strategy, ckpt, tmp):
+def run(dpt, strategy, ckpt, precision, tmp):
     summary = os.path.join(tmp, "s.json")
-    cmd = [dpt, "launch", "-n", "2", "--", dpt, "train", *W_GPT_L, "--strategy", strategy, "--synthetic",
+    cmd = [dpt, "launch", "-n", "2", "--", dpt, "train", *W_GPT_L, "--strategy", strategy, "--precision", precision,
+           "--synthetic",
            "--steps", str(STEPS), "--log-every", "100", "--threads", "1", "--quiet", "--summary-out", summary]
     if ckpt:
         cmd.append("--checkpoint-activations")
@@ -43,7 +45,8 @@ def compare(row, s):
     got, want, c = s["bytes"], row["bytes"], row["comm"]
     ledger = (STEPS * c["per_step"] + c["first_step"] + c["logged_other"] + c["logged_optimizer"]) // STEPS
     return {
-        "strategy": row["strategy"], "checkpoint_activations": row["checkpoint_activations"],
+        "strategy": row["strategy"], "precision": row["precision"],
+        "checkpoint_activations": row["checkpoint_activations"],
         "bytes_equal": all(got[k] == want[k] for k in CATEGORIES),
         "accounted": {k: got[k] for k in CATEGORIES}, "planned": {k: want[k] for k in CATEGORIES},
         "peak_rss_measured": got["peak_rss"], "peak_rss_predicted": want["peak_rss"],
@@ -57,19 +60,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dpt", default="build/dpt")
     ap.add_argument("--strategies", default="ddp,zero1,zero2,zero3")
+    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--out", default="bench/results/plan.json")
     a = ap.parse_args()
     p = plan(a.dpt)
     out = {"workload": "W-GPT-L, 2 ranks x 1 thread, batch 4 (2 per rank), 3 steps, --synthetic",
            "params": p["params"], "machine": p["machine"], "plan_reason": p["reason"], "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         for row in p["rows"]:
-            if row["strategy"] not in a.strategies.split(","):
+            if row["strategy"] not in a.strategies.split(",") or row["precision"] not in a.precisions.split(","):
                 continue
-            r = compare(row, run(a.dpt, row["strategy"], row["checkpoint_activations"], tmp))
+            r = compare(row, run(a.dpt, row["strategy"], row["checkpoint_activations"], row["precision"], tmp))
             print(json.dumps(r), flush=True)
             out["rows"].append(r)
     out["max_abs_peak_rss_error"] = max(abs(r["peak_rss_error"]) for r in out["rows"])
-    write_json("bench/results/plan.json", out)
+    write_json(a.out, out)
     print(json.dumps({k: out[k] for k in ("params", "max_abs_peak_rss_error")}))
 
 
