@@ -17,6 +17,12 @@ uint64_t params_hash(const Model& model);
 // naming the first rank that differs. `step` is for the message.
 void verify_replicas(const Model& model, comm::ProcessGroup& pg, int64_t step);
 
+// Collective: every rank's chunk (comm::chunk_range) of each state tensor
+// of `opt` copied to every other rank, as an all-gather would, but through
+// the optimizer's tier in pieces of at most `piece` elements, so offloaded
+// state never needs RAM of its size. After a replicated strategy's resume.
+void gather_optimizer_state(Optimizer& opt, comm::ProcessGroup& pg, size_t piece = size_t{1} << 20);
+
 // Naive data parallelism in one process (src/parallel/dp.cpp).
 TrainResult run_dp_training(const TrainOptions& opts);
 

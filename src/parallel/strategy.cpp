@@ -5,6 +5,7 @@
 
 #include "comm/types.h"
 #include "core/error.h"
+#include "optim/file_tier.h"
 #include "parallel/replicated.h"
 #include "parallel/zero.h"
 
@@ -76,7 +77,23 @@ MemoryBytes estimate_bytes(const StrategyOptions& options, const Model& model, i
     for (size_t n : sizes) two_each += 2 * n * f;
     b.gathered = options.reshard_after_forward ? std::min(full, two_each) : full;
   }
+  apply_offload(b, options, model, world);
   return b;
+}
+
+// --offload optimizer: the state goes to a file (optim/file_tier.h) and RAM
+// keeps the tier's chunk buffers, sized for the longest span an optimizer
+// covers (the whole model when replicated, a unit's chunk under ZeRO).
+void apply_offload(MemoryBytes& b, const StrategyOptions& options, const Model& model, int world) {
+  if (options.offload.what.empty()) return;
+  size_t longest = model.layout().numel();
+  if (zero_stage(options.name) > 0) {
+    longest = 0;
+    for (const Unit& u : model.layout().units()) longest = std::max(longest, comm::chunk_range(u.numel, world, 0).size);
+  }
+  const size_t tensors = options.optimizer.name == "adamw" ? 2 : 1;
+  b.offloaded = b.optimizer;
+  b.optimizer = offload_buffer_bytes(tensors, longest, options.offload.chunk_bytes);
 }
 
 namespace {

@@ -55,12 +55,13 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
       layout_(model.layout()),
       world_(pg.size()),
       rank_(pg.rank()) {
+  tier_ = make_state_tier(options_.offload, rank_);
   for (const Unit& u : layout_.units()) {
     const comm::Range r = comm::chunk_range(u.numel, world_, rank_);
     shards_.push_back({r.begin, r.size, shard_numel_});
     shard_numel_ += r.size;
     max_unit_ = std::max(max_unit_, u.numel);
-    opts_.push_back(make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size));
+    opts_.push_back(make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size, tier_.get()));
   }
   const size_t U = layout_.units().size();
   grads_.resize(U);
@@ -246,8 +247,9 @@ void ZeroStrategy::scale_grads(float factor) {
 void ZeroStrategy::step(float lr) {
   for (size_t u = 0; u < shards_.size(); ++u) {
     const int ui = static_cast<int>(u);
-    opts_[u]->step(param_shard(ui), grad_shard(ui), lr);
+    opts_[u]->prepare(param_shard(ui), grad_shard(ui), lr);
   }
+  step_prepared(opts_);  // one pass of the tier: an offloaded unit's state is read while the last is updated
   if (stage_ == 3) return;
   // Stages 1, 2: every rank's updated chunk of each unit goes to every rank,
   // in place. Nothing waits here: the next forward waits for each unit as
@@ -297,13 +299,12 @@ void ZeroStrategy::restored(int64_t optimizer_steps) {
 }
 
 MemoryBytes ZeroStrategy::bytes() const {
-  size_t opt = 0;
-  for (const auto& o : opts_) opt += o->state_bytes();
   const size_t full = layout_.numel() * sizeof(float), shard = shard_numel_ * sizeof(float);
   MemoryBytes b;
   b.parameters = stage_ == 3 ? shard : full;
   b.gradients = (stage_ == 1 ? full : shard) + (stage_ >= 2 && options_.accumulate_locally ? full : 0);
-  b.optimizer = opt;
+  b.optimizer = tier_->ram_bytes();
+  b.offloaded = tier_->offloaded_bytes();
   b.gathered = gather_pool_.bytes();
   b.scratch = grad_pool_.bytes();
   return b;

@@ -21,6 +21,7 @@
 #include "core/threads.h"
 #include "nn/gemm.h"
 #include "io/atomic_file.h"
+#include "optim/file_tier.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
 #include "parallel/replicas.h"
@@ -119,6 +120,7 @@ StrategyOptions strategy_options(const TrainOptions& o) {
   so.accumulate_locally = o.zero_accumulate_locally;
   so.reshard_after_forward = o.reshard_after_forward;
   so.prefetch = parse_prefetch(o.prefetch);
+  so.offload = {.what = o.offload, .dir = o.offload_dir, .chunk_bytes = o.offload_chunk_bytes};
   return so;
 }
 
@@ -317,6 +319,30 @@ void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model&
   const size_t available = o.memory_budget > 0 ? o.memory_budget : host_available_bytes();
   if (available == 0) return;
   check_fits(so, model, model.activation_bytes_for(micro), pg.size(), ranks_on_host(pg.size()), available);
+}
+
+void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg) {
+  if (o.offload.empty()) {
+    if (!o.offload_dir.empty()) throw InputError("--offload-dir is given without --offload optimizer");
+    return;
+  }
+  if (o.offload == "params")
+    throw InputError("--offload params is not supported yet (fp32 master weights come with bf16 mixed precision); "
+                     "use --offload optimizer");
+  if (o.offload != "optimizer") throw InputError(fmt::format("unknown --offload '{}' (expected optimizer)", o.offload));
+  // Every rank checks the directory it sees (ranks on other hosts see other
+  // disks); any rank's refusal ends the run on every rank.
+  std::string problem;
+  try {
+    const MemoryBytes b = estimate_bytes(so, model, pg.size());
+    check_offload_dir(o.offload_dir, static_cast<uint64_t>(b.offloaded) * ranks_on_host(pg.size()));
+  } catch (const InputError& e) {
+    problem = e.what();
+  }
+  float bad = problem.empty() ? 0.0f : 1.0f;
+  if (pg.size() > 1) pg.all_reduce(&bad, 1, DType::F32, comm::ReduceOp::Max);
+  if (!problem.empty()) throw InputError(problem);
+  if (bad > 0.0f) throw InputError("another rank cannot use its --offload-dir (its error names it)");
 }
 
 namespace {
@@ -540,6 +566,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     if (!o.trace_out.empty()) throw InputError("--trace-out records training across ranks, not --strategy dp");
     if (!o.checkpoint_dir.empty() || !o.resume.empty())
       throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
+    if (!o.offload.empty()) throw InputError("--strategy dp offloads nothing; use local, ddp or zero1/2/3");
     return run_dp_training(o);
   }
   if (!o.load.empty() && !o.resume.empty())
@@ -560,6 +587,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   auto model = make_model(saved ? resumed_hparams(o, *saved) : model_hparams(o));
   model->set_checkpoint_activations(o.checkpoint_activations);
   const StrategyOptions so = strategy_options(o);
+  check_offload(o, so, *model, pg);
   check_memory(o, so, *model, micro, pg);
   auto strategy = make_strategy(so, *model, pg, {o.seed, o.load, parse_weight_format(o.load_format)});
 
