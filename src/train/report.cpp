@@ -80,11 +80,11 @@ void Report::print_offload() const {
   const nlohmann::json d = strategy.offload_detail();
   if (d.is_null()) return;
   const double steps = std::max(1.0, d["streams"].get<double>());
-  std::printf("offload: %.1f MiB of optimizer state per rank in %s (%s), through %zu buffers of %.1f MiB; per "
+  std::printf("offload: %.1f MiB of optimizer state per rank in %s (%s), through %zu buffers of %.0f KiB; per "
               "step %.1f MiB read, %.1f MiB written, %.3f s waited\n",
               result.memory.offloaded * kMiB, d["dir"].get<std::string>().c_str(),
               d["direct_io"].get<bool>() ? "direct I/O" : "buffered, pages dropped", d["buffers"].get<size_t>(),
-              d["chunk_bytes"].get<double>() * kMiB, d["read_bytes"].get<double>() / steps * kMiB,
+              d["chunk_bytes"].get<double>() / 1024.0, d["read_bytes"].get<double>() / steps * kMiB,
               d["written_bytes"].get<double>() / steps * kMiB, d["wait_s"].get<double>() / steps);
 }
 
