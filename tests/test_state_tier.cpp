@@ -234,8 +234,9 @@ TEST_F(StateTierTest, ABadOffloadDirectoryIsRefusedInOneSentence) {
   const std::string full = refused(dir_.string(), uint64_t{1} << 60);
   EXPECT_NE(full.find("free, but the ranks on this host offload"), std::string::npos) << full;
   struct statfs shm {};
-  if (::statfs("/dev/shm", &shm) == 0 && shm.f_type == TMPFS_MAGIC)
+  if (::statfs("/dev/shm", &shm) == 0 && shm.f_type == TMPFS_MAGIC) {
     EXPECT_NE(refused("/dev/shm", 1).find("in memory"), std::string::npos);
+  }
 }
 
 }  // namespace
