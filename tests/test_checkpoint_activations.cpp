@@ -18,9 +18,10 @@ namespace {
 // Gradients of two forward/backward passes (two batch sizes, accumulated),
 // from a model built by make() with checkpointing on or off.
 template <typename Make>
-std::vector<float> grads_of(Make make, bool checkpoint, size_t* arena) {
+std::vector<float> grads_of(Make make, bool checkpoint, size_t* arena, DType precision = DType::F32) {
   auto model = make();
   model->set_checkpoint_activations(checkpoint);
+  model->set_precision(precision);
   model->zero_grads();
   for (int64_t B : {3, 2}) {
     Batch batch;
@@ -53,6 +54,24 @@ TEST(CheckpointActivations, GptGradientsBitwiseAndArenaShrinks) {
   const int64_t per_block = N * (16 * C + 4) + B * c.heads * T * T;
   const size_t saved = static_cast<size_t>((c.layers - 1) * (per_block - N * C)) * sizeof(float);
   EXPECT_EQ(kept, full - saved);
+  EXPECT_LT(kept, full);
+}
+
+TEST(CheckpointActivations, Bf16GptGradientsBitwise) {
+  // The recomputed forward rounds the same fp32 values to the same bf16
+  // operands, so mixed precision keeps the gradients bitwise too.
+  set_threads(2);
+  GptConfig c{13, 3, 2, 16, 8};
+  auto make = [&] {
+    auto m = std::make_unique<Gpt>(c);
+    m->init_params(3);
+    return m;
+  };
+  size_t full = 0, kept = 0;
+  const auto want = grads_of(make, false, &full, DType::BF16);
+  const auto got = grads_of(make, true, &kept, DType::BF16);
+  const test::Diff d = test::diff(got.data(), want.data(), want.size());
+  EXPECT_TRUE(d.bitwise()) << d.describe();
   EXPECT_LT(kept, full);
 }
 

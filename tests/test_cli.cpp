@@ -148,6 +148,31 @@ TEST_F(CliTest, SummaryNamesTheGemmBackendAndItsPeak) {
   }
 }
 
+TEST_F(CliTest, PrecisionIsCheckedAndReported) {
+  expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --precision fp16", kSmallGpt), "--precision");
+  expect_user_error("train --model mlp --strategy dp --steps 1 --precision bf16", "bf16");
+  const fs::path summary = dir_ / "bf16_summary.json";
+  RunResult r = run(fmt::format("train --model gpt {} --synthetic --steps 2 --threads 1 --precision bf16 --summary-out {}",
+                                kSmallGpt, q(summary)));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("bf16 mixed precision"), std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(read_file(summary));
+  EXPECT_EQ(j["precision"], "bf16");
+  EXPECT_EQ(j["bytes"]["parameters"].get<int64_t>(), 2 * kSmallGptParams);
+}
+
+TEST_F(CliTest, EvalInBf16DiffersFromFp32ByRounding) {
+  auto loss = [&](const char* precision) {
+    RunResult r = run(fmt::format("eval --threads 1 --weights {} --data {} --precision {}", q(gpt_weights_), q(text_),
+                                  precision));
+    EXPECT_EQ(r.code, 0) << r.err;
+    return std::stod(r.out.substr(r.out.find("loss ") + 5));
+  };
+  const double f = loss("fp32"), h = loss("bf16");
+  EXPECT_NE(f, h);
+  EXPECT_NEAR(h, f, 0.01 * f);
+}
+
 TEST_F(CliTest, EvalUnderEitherGemmBackendGivesTheSameLoss) {
   RunResult a = run("eval --weights " + q(gpt_weights_) + " --data " + q(text_) + " --threads 1 --gemm openblas");
   RunResult b = run("eval --weights " + q(gpt_weights_) + " --data " + q(text_) + " --threads 1 --gemm onednn");
@@ -268,7 +293,7 @@ TEST_F(CliTest, GptEvalReportsTheLoadedModelsLoss) {
   EXPECT_EQ(positions, windows * T);
   std::printf("[ measure  ] dpt eval: %s           want loss %.6f\n", r.out.substr(0, r.out.find('\n')).c_str(),
               want);
-  // Printed to 4 decimals; fp32 means of batches of 16 windows against
+  // Printed to 6 decimals; fp32 means of batches of 16 windows against
   // means of one.
   EXPECT_TRUE(test::near(loss, want, 5e-5 + 1e-5 * want)) << r.out << "want loss " << want;
   EXPECT_GT(want, std::log(256.0) + 1.0) << "the weights must be far from an initialisation";

@@ -21,8 +21,11 @@
 #include "compare.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "models/model.h"
 #include "optim/optimizer.h"
+#include "parallel/strategy.h"
 #include "tensor/layout.h"
+#include "train/train.h"
 
 namespace dpt {
 namespace {
@@ -214,6 +217,39 @@ TEST_F(StateTierTest, OptimizersThroughAFileGiveTheRamResultBitwise) {
         EXPECT_EQ(off[o]->ram_state(i), nullptr);
       }
   }
+}
+
+// The memory estimate counts the chunk buffers in RAM and the state as
+// offloaded, and a run accounts exactly that.
+TEST_F(StateTierTest, TheEstimateCountsTheBuffersAndARunAccountsThem) {
+  TrainOptions o;
+  o.model = "gpt";
+  o.hparams = {{"n_layer", "2"}, {"n_embd", "32"}, {"n_head", "2"}, {"block_size", "16"}};
+  o.batch = 4;
+  o.steps = 2;
+  o.synthetic = true;
+  o.quiet = true;
+  o.strategy = "local";
+  o.offload = "optimizer";
+  o.offload_dir = dir_.string();
+  o.offload_chunk_bytes = 8192;
+  apply_defaults(o);
+  auto model = make_model(model_hparams(o));
+  const size_t P = model->param_count();
+  StrategyOptions so = strategy_options(o);
+  const MemoryBytes est = estimate_bytes(so, *model, 1);
+  EXPECT_EQ(est.offloaded, 8 * P);
+  EXPECT_EQ(est.optimizer, 4u * 2u * 8192u);  // 4 buffers of m's and v's 2048-element chunks
+  const TrainResult r = run_training(o);
+  EXPECT_EQ(r.memory.optimizer, est.optimizer);
+  EXPECT_EQ(r.memory.offloaded, est.offloaded);
+  EXPECT_TRUE(fs::is_empty(dir_));
+  // ZeRO on 2 ranks: rank 0's shard, buffers of its longest unit chunk at most.
+  so.name = "zero3";
+  const MemoryBytes z = estimate_bytes(so, *model, 2);
+  so.offload.what.clear();
+  EXPECT_EQ(z.offloaded, estimate_bytes(so, *model, 2).optimizer);
+  EXPECT_LE(z.optimizer, est.optimizer);
 }
 
 TEST_F(StateTierTest, ABadOffloadDirectoryIsRefusedInOneSentence) {

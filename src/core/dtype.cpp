@@ -6,10 +6,30 @@ namespace dpt {
 
 const char* dtype_name(DType t) { return t == DType::F32 ? "F32" : "BF16"; }
 
+const char* precision_name(DType t) { return t == DType::F32 ? "fp32" : "bf16"; }
+
+DType parse_precision(const std::string& name) {
+  if (name == "fp32") return DType::F32;
+  if (name == "bf16") return DType::BF16;
+  throw InputError(fmt::format("--precision must be fp32 or bf16, not '{}'", name));
+}
+
 DType dtype_from_name(const std::string& name) {
   if (name == "F32") return DType::F32;
   if (name == "BF16") return DType::BF16;
   throw InputError(fmt::format("unsupported dtype '{}' (supported: F32, BF16)", name));
+}
+
+void convert(bf16* out, const float* in, size_t n) {
+  const auto m = static_cast<int64_t>(n);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < m; ++i) out[i] = to_bf16(in[i]);
+}
+
+void convert(float* out, const bf16* in, size_t n) {
+  const auto m = static_cast<int64_t>(n);
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < m; ++i) out[i] = to_f32(in[i]);
 }
 
 }  // namespace dpt

@@ -1,11 +1,12 @@
-// Element types of flat buffers. Training runs in fp32 today; the dtype is a
-// field everywhere so bf16 compute (with fp32 master weights) can follow.
+// Element types of flat buffers: fp32, and bf16 for the compute copies of a
+// mixed-precision run (docs/precision.md).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 namespace dpt {
 
@@ -13,6 +14,9 @@ enum class DType { F32, BF16 };
 
 constexpr size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
 const char* dtype_name(DType t);  // safetensors spelling: "F32", "BF16"
+// A run's compute precision as flags spell it: "fp32", "bf16".
+const char* precision_name(DType t);
+DType parse_precision(const std::string& name);  // throws InputError if unknown
 DType dtype_from_name(const std::string& name);  // throws InputError if unknown
 
 // bfloat16: the top 16 bits of an fp32 (same exponent range, 8-bit
@@ -36,6 +40,32 @@ inline bf16 to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x40u)};
   u += 0x7fffu + ((u >> 16) & 1u);
   return bf16{static_cast<uint16_t>(u >> 16)};
+}
+
+// The conversions a kernel templated on its compute type T (float or bf16)
+// uses to write a T from an fp32 value and to read one back.
+template <typename T>
+T from_f32(float x);
+template <>
+inline float from_f32<float>(float x) { return x; }
+template <>
+inline bf16 from_f32<bf16>(float x) { return to_bf16(x); }
+inline float to_f32(float x) { return x; }
+
+// n elements converted, in parallel on the engine's threads.
+void convert(bf16* out, const float* in, size_t n);
+void convert(float* out, const bf16* in, size_t n);
+
+// An fp32 buffer of n elements as a GEMM operand of type T: the buffer
+// itself (float), or its conversion into `scratch` (bf16).
+template <typename T>
+const T* operand(const float* src, int64_t n, void* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    convert(static_cast<bf16*>(scratch), src, static_cast<size_t>(n));
+    return static_cast<const bf16*>(scratch);
+  }
 }
 
 }  // namespace dpt

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -102,98 +103,119 @@ void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
   }
 }
 
-int64_t Gpt::activation_floats(int64_t B, int64_t T) const {
-  const int64_t C = config_.width, V = config_.rows(), NH = config_.heads, N = B * T;
-  const int64_t per_block = N * (16 * C + 4) + B * NH * T * T;
-  // Checkpointing keeps each block's output (N * C) plus one block's worth
-  // of the rest, the scratch its forward is recomputed into.
-  const int64_t blocks = checkpoint_ ? config_.layers * N * C + (config_.layers > 0 ? per_block - N * C : 0)
-                                     : config_.layers * per_block;
-  return N * C + blocks + N * (C + 2) + N * V + N * (C + C + 3 * C + 4 * C);
+namespace {
+// An arena pointer as the compute type's buffer.
+template <typename CT>
+CT* as(void* p) {
+  return static_cast<CT*>(p);
 }
 
-size_t Gpt::activation_bytes_for(int64_t B) const {
-  return static_cast<size_t>(activation_floats(B, config_.context)) * sizeof(float);
-}
+}  // namespace
 
-void Gpt::plan_activations(int64_t B, int64_t T) {
-  if (B == batch_ && T == seq_ && checkpoint_ == planned_checkpoint_) return;
+int64_t Gpt::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
   const int64_t C = config_.width, NH = config_.heads, N = B * T, V = config_.rows();
-  const int64_t total = activation_floats(B, T);
-  acts_.reserve(static_cast<size_t>(total));
-  float* p = acts_.f32();
-  auto take = [&p](int64_t n) {
-    float* r = p;
-    p += n;
+  const bool b16 = precision_ == DType::BF16;
+  int64_t used = 0;
+  auto take = [&](int64_t n) {
+    float* r = base ? base + used : nullptr;
+    used += n;
     return r;
   };
-  encoded_ = take(N * C);
-  acts_of_.assign(static_cast<size_t>(config_.layers), BlockActs{});
-  // A block's activations but its output (res3), laid out from the arena.
-  auto lay_out = [&](BlockActs& a) {
-    a.ln1 = take(N * C);
-    a.ln1_mean = take(N);
-    a.ln1_rstd = take(N);
-    a.qkv = take(N * 3 * C);
-    a.atty = take(N * C);
-    a.att = take(B * NH * T * T);
-    a.res2 = take(N * C);
-    a.ln2 = take(N * C);
-    a.ln2_mean = take(N);
-    a.ln2_rstd = take(N);
-    a.fch = take(N * 4 * C);
-    a.fch_gelu = take(N * 4 * C);
+  // A GEMM operand of n elements: fp32, or bf16 in half as many floats
+  // (rounded up to 64 bytes, so the buffers after it stay aligned).
+  auto take_operand = [&](int64_t n) -> void* { return take(b16 ? (n + 31) / 32 * 16 : n); };
+  a.encoded = take(N * C);
+  a.blocks.assign(static_cast<size_t>(config_.layers), BlockActs{});
+  // A block's activations but its output (res3).
+  auto lay_out_block = [&](BlockActs& b) {
+    b.ln1 = take_operand(N * C);
+    b.ln1_mean = take(N);
+    b.ln1_rstd = take(N);
+    b.qkv = take(N * 3 * C);
+    b.atty = take_operand(N * C);
+    b.att = take(B * NH * T * T);
+    b.res2 = take(N * C);
+    b.ln2 = take_operand(N * C);
+    b.ln2_mean = take(N);
+    b.ln2_rstd = take(N);
+    b.fch = take(N * 4 * C);
+    b.fch_gelu = take_operand(N * 4 * C);
   };
   if (checkpoint_) {
     // Each block keeps its output (the next block's input); everything else
     // lives in one scratch block that all blocks share.
     BlockActs scratch{};
-    if (!acts_of_.empty()) lay_out(scratch);
-    for (auto& a : acts_of_) {
-      a = scratch;
-      a.res3 = take(N * C);
+    if (!a.blocks.empty()) lay_out_block(scratch);
+    for (auto& b : a.blocks) {
+      b = scratch;
+      b.res3 = take(N * C);
     }
   } else {
-    for (auto& a : acts_of_) {
-      lay_out(a);
-      a.res3 = take(N * C);
+    for (auto& b : a.blocks) {
+      lay_out_block(b);
+      b.res3 = take(N * C);
     }
   }
-  lnf_ = take(N * C);
-  lnf_mean_ = take(N);
-  lnf_rstd_ = take(N);
-  logits_ = take(N * V);
-  dres_ = take(N * C);
-  dC_ = take(N * C);
-  d3C_ = take(N * 3 * C);
-  d4C_ = take(N * 4 * C);
-  DPT_CHECK(p - acts_.f32() == total, "activation plan is {} floats, arena {}", p - acts_.f32(), total);
+  a.lnf = take_operand(N * C);
+  a.lnf_mean = take(N);
+  a.lnf_rstd = take(N);
+  a.logits = take(N * V);
+  a.dres = take(N * C);
+  a.dC = take(N * C);
+  a.d3C = take(N * 3 * C);
+  a.d4C = take(N * 4 * C);
+  a.atty32 = b16 ? take(N * C) : nullptr;
+  a.dout16 = b16 ? take_operand(N * std::max(V, 4 * C)) : nullptr;
+  return used;
+}
+
+size_t Gpt::activation_bytes_for(int64_t B) const {
+  Acts counted;
+  return static_cast<size_t>(lay_out(B, config_.context, nullptr, counted)) * sizeof(float);
+}
+
+void Gpt::plan_activations(int64_t B, int64_t T) {
+  if (B == batch_ && T == seq_ && checkpoint_ == planned_checkpoint_ && precision_ == planned_precision_) return;
+  Acts counted;
+  const int64_t total = lay_out(B, T, nullptr, counted);
+  acts_.reserve(static_cast<size_t>(total));
+  lay_out(B, T, acts_.f32(), act_);
+  const int64_t N = B * T;
   tokens_.resize(static_cast<size_t>(N));
   targets_.resize(static_cast<size_t>(N));
   batch_ = B;
   seq_ = T;
   planned_checkpoint_ = checkpoint_;
+  planned_precision_ = precision_;
 }
 
+template <typename CT>
 void Gpt::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
   const int64_t C = config_.width, NH = config_.heads, N = B * T;
   const BlockSlots& s = blocks_[l];
-  const BlockActs& a = acts_of_[l];
-  layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, param(s.ln1_w), param(s.ln1_b), N, C);
-  linear_forward(a.qkv, a.ln1, param(s.qkv_w), param(s.qkv_b), N, C, 3 * C);
-  attention_forward(a.atty, a.att, a.qkv, B, T, C, NH);
-  linear_forward(a.res2, a.atty, param(s.proj_w), param(s.proj_b), N, C, C);
+  const BlockActs& a = act_.blocks[l];
+  CT *ln1 = as<CT>(a.ln1), *atty = as<CT>(a.atty), *ln2 = as<CT>(a.ln2), *fch_gelu = as<CT>(a.fch_gelu);
+  layernorm_forward(ln1, a.ln1_mean, a.ln1_rstd, x, param(s.ln1_w), param(s.ln1_b), N, C);
+  linear_forward(a.qkv, ln1, weight<CT>(s.qkv_w), param(s.qkv_b), N, C, 3 * C);
+  // Attention computes in fp32 (its softmax needs the range); a bf16 run
+  // converts its output for c_proj.
+  if constexpr (std::is_same_v<CT, float>) {
+    attention_forward(atty, a.att, a.qkv, B, T, C, NH);
+  } else {
+    attention_forward(act_.atty32, a.att, a.qkv, B, T, C, NH);
+    convert(atty, act_.atty32, static_cast<size_t>(N * C));
+  }
+  linear_forward(a.res2, atty, weight<CT>(s.proj_w), param(s.proj_b), N, C, C);
   residual_forward(a.res2, a.res2, x, N * C);
-  layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(s.ln2_w), param(s.ln2_b), N, C);
-  linear_forward(a.fch, a.ln2, param(s.fc_w), param(s.fc_b), N, C, 4 * C);
-  gelu_forward(a.fch_gelu, a.fch, N * 4 * C);
-  linear_forward(a.res3, a.fch_gelu, param(s.fcproj_w), param(s.fcproj_b), N, 4 * C, C);
+  layernorm_forward(ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(s.ln2_w), param(s.ln2_b), N, C);
+  linear_forward(a.fch, ln2, weight<CT>(s.fc_w), param(s.fc_b), N, C, 4 * C);
+  gelu_forward(fch_gelu, a.fch, N * 4 * C);
+  linear_forward(a.res3, fch_gelu, weight<CT>(s.fcproj_w), param(s.fcproj_b), N, 4 * C, C);
   residual_forward(a.res3, a.res3, a.res2, N * C);
 }
 
 ForwardStats Gpt::forward(const Batch& batch) {
-  const int64_t B = batch.B, T = batch.T, C = config_.width, V = config_.vocab;
-  const int64_t Vp = config_.rows();
+  const int64_t B = batch.B, T = batch.T, V = config_.vocab;
   const int64_t N = B * T;
   if (T < 1 || T > config_.context)
     throw InputError(fmt::format("GPT sequence length {} is outside 1..{}", T, config_.context));
@@ -205,94 +227,114 @@ ForwardStats Gpt::forward(const Batch& batch) {
   for (int64_t i = 0; i < N; ++i)
     if (tokens_[i] < 0 || tokens_[i] >= V || targets_[i] < 0 || targets_[i] >= V)
       throw InputError(fmt::format("GPT token {} is outside the vocabulary 0..{}", tokens_[i], V - 1));
+  return precision_ == DType::BF16 ? forward_as<bf16>(B, T) : forward_as<float>(B, T);
+}
 
+template <typename CT>
+ForwardStats Gpt::forward_as(int64_t B, int64_t T) {
+  const int64_t C = config_.width, V = config_.vocab, Vp = config_.rows(), N = B * T;
   begin(Pass::Forward);
   open(embed_unit_);
-  embedding_forward(encoded_, tokens_.data(), param(wte_), N, C);
-  position_embedding_forward(encoded_, param(wpe_), B, T, C);
+  embedding_forward(act_.encoded, tokens_.data(), weight<CT>(wte_), N, C);
+  position_embedding_forward(act_.encoded, weight<CT>(wpe_), B, T, C);
   close(embed_unit_);
-  const float* x = encoded_;  // the residual stream entering each block
+  const float* x = act_.encoded;  // the residual stream entering each block
   for (size_t l = 0; l < blocks_.size(); ++l) {
     open(static_cast<int>(l) + 1);
-    block_forward(l, x, B, T);
+    block_forward<CT>(l, x, B, T);
     close(static_cast<int>(l) + 1);
-    x = acts_of_[l].res3;
+    x = act_.blocks[l].res3;
   }
+  CT* lnf = as<CT>(act_.lnf);
   open(lnf_unit_);
-  layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, param(lnf_w_), param(lnf_b_), N, C);
+  layernorm_forward(lnf, act_.lnf_mean, act_.lnf_rstd, x, param(lnf_w_), param(lnf_b_), N, C);
   close(lnf_unit_);
   // Output projection tied to the token embedding: logits = lnf @ wte^T.
   // The embedding's unit is opened a second time for it.
   open(embed_unit_);
-  linear_forward(logits_, lnf_, param(wte_), nullptr, N, C, Vp);
+  linear_forward(act_.logits, lnf, weight<CT>(wte_), nullptr, N, C, Vp);
   close(embed_unit_);
   pack_logits(N);
   ForwardStats st;
   st.count = N;
-  st.loss = cross_entropy_forward(logits_, logits_, targets_.data(), N, V, &st.correct);
+  st.loss = cross_entropy_forward(act_.logits, act_.logits, targets_.data(), N, V, &st.correct);
   return st;
 }
 
 void Gpt::backward(float loss_scale) {
+  if (precision_ == DType::BF16)
+    backward_as<bf16>(loss_scale);
+  else
+    backward_as<float>(loss_scale);
+}
+
+template <typename CT>
+void Gpt::backward_as(float loss_scale) {
   const int64_t B = batch_, T = seq_, C = config_.width, V = config_.vocab, NH = config_.heads;
   const int64_t Vp = config_.rows();
   const int64_t N = B * T;
-  cross_entropy_backward(logits_, logits_, targets_.data(), N, V, loss_scale / static_cast<float>(N));
+  const Acts& a = act_;
+  cross_entropy_backward(a.logits, a.logits, targets_.data(), N, V, loss_scale / static_cast<float>(N));
   unpack_logit_grads(N);
   begin(Pass::Backward);
   // The tied weight gets the output projection's gradient here and the
   // embedding's at the very end, so its unit is ready last: both
   // contributions are summed in the unit's gradients before any reduction.
+  // In a bf16 run each output gradient is converted once for its GEMMs
+  // (operand); the bias gradients are summed from the fp32 gradient.
   open(embed_unit_);
-  linear_backward(dC_, grad(wte_), nullptr, logits_, lnf_, param(wte_), N, C, Vp);
+  linear_backward(a.dC, grad(wte_), nullptr, operand<CT>(a.logits, N * Vp, a.dout16), as<CT>(a.lnf),
+                  weight<CT>(wte_), N, C, Vp);
   close(embed_unit_);
   open(lnf_unit_);
-  // dres_ is the gradient of the residual stream; every LayerNorm backward
+  // dres is the gradient of the residual stream; every LayerNorm backward
   // adds its input gradient into it, which is how the skip connections'
   // identity backward is carried (see nn/residual.h).
-  std::memset(dres_, 0, sizeof(float) * static_cast<size_t>(N * C));
-  const float* last = blocks_.empty() ? encoded_ : acts_of_.back().res3;
-  layernorm_backward(dres_, grad(lnf_w_), grad(lnf_b_), dC_, last, param(lnf_w_), lnf_mean_,
-                     lnf_rstd_, N, C);
+  std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N * C));
+  const float* last = blocks_.empty() ? a.encoded : a.blocks.back().res3;
+  layernorm_backward(a.dres, grad(lnf_w_), grad(lnf_b_), a.dC, last, param(lnf_w_), a.lnf_mean, a.lnf_rstd, N, C);
   slots_ready(lnf_w_, lnf_b_);
   close(lnf_unit_);
   for (size_t l = blocks_.size(); l-- > 0;) {
     const BlockSlots& s = blocks_[l];
-    const BlockActs& a = acts_of_[l];
+    const BlockActs& b = a.blocks[l];
     open(static_cast<int>(l) + 1);
-    const float* x = l > 0 ? acts_of_[l - 1].res3 : encoded_;
+    const float* x = l > 0 ? a.blocks[l - 1].res3 : a.encoded;
     // Checkpointing: refill the scratch block from the block's saved input,
     // inside the same open as its backward, so a sharded strategy gathers
     // the unit once for both (as FSDP's recompute uses the parameters its
     // backward gathers). It rewrites res3 with the very same values.
-    if (checkpoint_) block_forward(l, x, B, T);
+    if (checkpoint_) block_forward<CT>(l, x, B, T);
     // Each layer's parameters are reported final as soon as its backward is
     // done: backward visits them in exactly the reverse of the layout's order
     // (ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj).
     // MLP branch: its output gradient is the residual stream's gradient.
-    linear_backward(d4C_, grad(s.fcproj_w), grad(s.fcproj_b), dres_, a.fch_gelu, param(s.fcproj_w),
-                    N, 4 * C, C);
+    linear_backward(a.d4C, grad(s.fcproj_w), grad(s.fcproj_b), operand<CT>(a.dres, N * C, a.dout16),
+                    as<CT>(b.fch_gelu), weight<CT>(s.fcproj_w), N, 4 * C, C, a.dres);
     slots_ready(s.fcproj_w, s.fcproj_b);
-    gelu_backward(d4C_, d4C_, a.fch, N * 4 * C);
-    linear_backward(dC_, grad(s.fc_w), grad(s.fc_b), d4C_, a.ln2, param(s.fc_w), N, C, 4 * C);
+    gelu_backward(a.d4C, a.d4C, b.fch, N * 4 * C);
+    linear_backward(a.dC, grad(s.fc_w), grad(s.fc_b), operand<CT>(a.d4C, N * 4 * C, a.dout16), as<CT>(b.ln2),
+                    weight<CT>(s.fc_w), N, C, 4 * C, a.d4C);
     slots_ready(s.fc_w, s.fc_b);
-    layernorm_backward(dres_, grad(s.ln2_w), grad(s.ln2_b), dC_, a.res2, param(s.ln2_w), a.ln2_mean,
-                       a.ln2_rstd, N, C);
+    layernorm_backward(a.dres, grad(s.ln2_w), grad(s.ln2_b), a.dC, b.res2, param(s.ln2_w), b.ln2_mean,
+                       b.ln2_rstd, N, C);
     slots_ready(s.ln2_w, s.ln2_b);
     // Attention branch.
-    linear_backward(dC_, grad(s.proj_w), grad(s.proj_b), dres_, a.atty, param(s.proj_w), N, C, C);
+    linear_backward(a.dC, grad(s.proj_w), grad(s.proj_b), operand<CT>(a.dres, N * C, a.dout16), as<CT>(b.atty),
+                    weight<CT>(s.proj_w), N, C, C, a.dres);
     slots_ready(s.proj_w, s.proj_b);
-    attention_backward(d3C_, dC_, a.qkv, a.att, B, T, C, NH);
-    linear_backward(dC_, grad(s.qkv_w), grad(s.qkv_b), d3C_, a.ln1, param(s.qkv_w), N, C, 3 * C);
+    attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, C, NH);
+    linear_backward(a.dC, grad(s.qkv_w), grad(s.qkv_b), operand<CT>(a.d3C, N * 3 * C, a.dout16), as<CT>(b.ln1),
+                    weight<CT>(s.qkv_w), N, C, 3 * C, a.d3C);
     slots_ready(s.qkv_w, s.qkv_b);
-    layernorm_backward(dres_, grad(s.ln1_w), grad(s.ln1_b), dC_, x, param(s.ln1_w), a.ln1_mean,
-                       a.ln1_rstd, N, C);
+    layernorm_backward(a.dres, grad(s.ln1_w), grad(s.ln1_b), a.dC, x, param(s.ln1_w), b.ln1_mean, b.ln1_rstd, N,
+                       C);
     slots_ready(s.ln1_w, s.ln1_b);
     close(static_cast<int>(l) + 1);
   }
   open(embed_unit_);
-  position_embedding_backward(grad(wpe_), dres_, B, T, C);
-  embedding_backward(grad(wte_), dres_, tokens_.data(), N, C);
+  position_embedding_backward(grad(wpe_), a.dres, B, T, C);
+  embedding_backward(grad(wte_), a.dres, tokens_.data(), N, C);
   slots_ready(wte_, wpe_);
   close(embed_unit_);
 }
@@ -300,19 +342,21 @@ void Gpt::backward(float loss_scale) {
 void Gpt::pack_logits(int64_t N) {
   const int64_t V = config_.vocab, Vp = config_.rows();
   if (Vp == V) return;
+  float* logits = act_.logits;
   // Rows move down (row n from n*Vp to n*V), so in increasing n no row is
   // overwritten before it has moved.
-  for (int64_t n = 1; n < N; ++n) std::memmove(logits_ + n * V, logits_ + n * Vp, sizeof(float) * V);
+  for (int64_t n = 1; n < N; ++n) std::memmove(logits + n * V, logits + n * Vp, sizeof(float) * V);
 }
 
 void Gpt::unpack_logit_grads(int64_t N) {
   const int64_t V = config_.vocab, Vp = config_.rows();
   if (Vp == V) return;
+  float* logits = act_.logits;
   // The reverse of pack_logits, last row first; the pad logits took no part
   // in the loss, so their gradients are zero.
   for (int64_t n = N; n-- > 0;) {
-    std::memmove(logits_ + n * Vp, logits_ + n * V, sizeof(float) * V);
-    std::fill(logits_ + n * Vp + V, logits_ + (n + 1) * Vp, 0.0f);
+    std::memmove(logits + n * Vp, logits + n * V, sizeof(float) * V);
+    std::fill(logits + n * Vp + V, logits + (n + 1) * Vp, 0.0f);
   }
 }
 

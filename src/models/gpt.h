@@ -54,13 +54,32 @@ class Gpt : public Model {
     int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
   };
   // Activations of one block for the current batch (pointers into acts_).
-  // With checkpointing, every block's res3 (its output: the next block's
-  // input) is its own, and all the rest point to one scratch block shared by
-  // all blocks, refilled by recomputation before each block's backward.
+  // ln1, atty, ln2 and fch_gelu only feed GEMMs, so they are held in the
+  // compute type (float, or bf16 in a bf16 run: void* here, typed by the
+  // passes, which are templates on it). With checkpointing, every block's
+  // res3 (its output: the next block's input) is its own, and all the rest
+  // point to one scratch block shared by all blocks, refilled by
+  // recomputation before each block's backward.
   struct BlockActs {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2;
-    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *res3;
+    float *ln1_mean, *ln1_rstd, *qkv, *att, *res2;
+    float *ln2_mean, *ln2_rstd, *fch, *res3;
+    void *ln1, *atty, *ln2, *fch_gelu;
   };
+  // Every pointer into the arena for one (B, T).
+  struct Acts {
+    std::vector<BlockActs> blocks;
+    float *encoded = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;
+    float* logits = nullptr;  // [B*T, padded V]; [B*T, V] probabilities after forward
+    void* lnf = nullptr;      // compute type
+    // Backward scratch, reused by every block.
+    float *dres = nullptr, *dC = nullptr, *d3C = nullptr, *d4C = nullptr;
+    float* atty32 = nullptr;  // bf16 runs: attention's fp32 output before conversion
+    void* dout16 = nullptr;   // bf16 runs: an output gradient converted for the GEMMs
+  };
+  // Lays the arena out for (B, T) from base, or only counts when base is
+  // null; returns the floats it takes. The one description of the arena:
+  // activation_bytes_for asks it too.
+  int64_t lay_out(int64_t B, int64_t T, float* base, Acts& a) const;
   void plan_activations(int64_t B, int64_t T);
   // With a padded vocabulary the head's GEMM writes [N, padded_vocab]
   // logits; the loss reads [N, vocab]: pack_logits drops the pad columns in
@@ -68,8 +87,13 @@ class Gpt : public Model {
   // the head's backward.
   void pack_logits(int64_t N);
   void unpack_logit_grads(int64_t N);
-  int64_t activation_floats(int64_t B, int64_t T) const;
-  // Block l's forward from its input x into acts_of_[l] (with unit l + 1 open).
+  // The passes, on compute type CT (float or bf16).
+  template <typename CT>
+  ForwardStats forward_as(int64_t B, int64_t T);
+  template <typename CT>
+  void backward_as(float loss_scale);
+  // Block l's forward from its input x into act_.blocks[l] (with unit l + 1 open).
+  template <typename CT>
   void block_forward(size_t l, const float* x, int64_t B, int64_t T);
 
   GptConfig config_;
@@ -77,12 +101,9 @@ class Gpt : public Model {
   int embed_unit_ = 0, lnf_unit_ = 0;  // block l is unit l + 1
   std::vector<BlockSlots> blocks_;
   int64_t batch_ = 0, seq_ = 0;  // the arena's layout (B, T)
-  bool planned_checkpoint_ = false;  // ... and whether it was planned for checkpointing
-  std::vector<BlockActs> acts_of_;
-  float *encoded_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
-  float* logits_ = nullptr;  // [B*T, padded V]; [B*T, V] probabilities after forward
-  // Backward scratch, reused by every block.
-  float *dres_ = nullptr, *dC_ = nullptr, *d3C_ = nullptr, *d4C_ = nullptr;
+  bool planned_checkpoint_ = false;  // ... whether it was planned for checkpointing
+  DType planned_precision_ = DType::F32;  // ... and for which compute type
+  Acts act_;
   std::vector<int32_t> tokens_, targets_;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -77,7 +78,12 @@ int64_t Mlp::activation_floats(int64_t B) const {
     total += B * s[l];
     widest = std::max(widest, s[l]);
   }
-  return total + 2 * B * widest;
+  total += 2 * B * widest;
+  if (precision_ == DType::BF16) {  // in16_ per layer and dout16_, 64-byte rounded
+    for (size_t l = 0; l + 1 < s.size(); ++l) total += (B * s[l] + 31) / 32 * 16;
+    total += (B * widest + 31) / 32 * 16;
+  }
+  return total;
 }
 
 size_t Mlp::activation_bytes_for(int64_t B) const {
@@ -85,11 +91,12 @@ size_t Mlp::activation_bytes_for(int64_t B) const {
 }
 
 void Mlp::plan_activations(int64_t B) {
-  if (B == batch_) return;
+  if (B == batch_ && precision_ == planned_precision_) return;
   const auto& s = config_.sizes;
   int64_t widest = 0;
   for (size_t l = 1; l < s.size(); ++l) widest = std::max(widest, s[l]);
-  acts_.reserve(static_cast<size_t>(activation_floats(B)));
+  const int64_t total = activation_floats(B);
+  acts_.reserve(static_cast<size_t>(total));
   float* p = acts_.f32();
   out_.clear();
   for (size_t l = 1; l < s.size(); ++l) {
@@ -98,8 +105,21 @@ void Mlp::plan_activations(int64_t B) {
   }
   dbuf_[0] = p;
   dbuf_[1] = p + B * widest;
+  p += 2 * B * widest;
+  in16_.assign(s.size() - 1, nullptr);
+  dout16_ = nullptr;
+  if (precision_ == DType::BF16) {
+    for (size_t l = 0; l + 1 < s.size(); ++l) {
+      in16_[l] = p;
+      p += (B * s[l] + 31) / 32 * 16;
+    }
+    dout16_ = p;
+    p += (B * widest + 31) / 32 * 16;
+  }
+  DPT_CHECK(p - acts_.f32() == total, "MLP activation plan is {} floats, arena {}", p - acts_.f32(), total);
   targets_.resize(static_cast<size_t>(B));
   batch_ = B;
+  planned_precision_ = precision_;
 }
 
 ForwardStats Mlp::forward(const Batch& batch) {
@@ -111,17 +131,11 @@ ForwardStats Mlp::forward(const Batch& batch) {
   plan_activations(B);
   input_ = batch.features.data();
   std::copy(batch.targets.begin(), batch.targets.begin() + B, targets_.begin());
+  if (precision_ == DType::BF16)
+    forward_as<bf16>(B);
+  else
+    forward_as<float>(B);
   const size_t L = weight_.size();
-  const float* x = input_;
-  begin(Pass::Forward);
-  for (size_t l = 0; l < L; ++l) {
-    // x [B, s[l]] -> out [B, s[l+1]]; layer l is unit l.
-    open(static_cast<int>(l));
-    linear_forward(out_[l], x, param(weight_[l]), param(bias_[l]), B, s[l], s[l + 1]);
-    close(static_cast<int>(l));
-    if (l + 1 < L) relu_forward(out_[l], out_[l], B * s[l + 1]);
-    x = out_[l];
-  }
   ForwardStats st;
   st.count = B;
   // logits -> probabilities in place
@@ -129,7 +143,33 @@ ForwardStats Mlp::forward(const Batch& batch) {
   return st;
 }
 
+template <typename CT>
+void Mlp::forward_as(int64_t B) {
+  const auto& s = config_.sizes;
+  const size_t L = weight_.size();
+  const float* x = input_;
+  begin(Pass::Forward);
+  for (size_t l = 0; l < L; ++l) {
+    // x [B, s[l]] -> out [B, s[l+1]]; layer l is unit l. A bf16 run keeps
+    // the layer's input as bf16 for this GEMM and the weight gradient's.
+    open(static_cast<int>(l));
+    linear_forward(out_[l], operand<CT>(x, B * s[l], in16_[l]), weight<CT>(weight_[l]), param(bias_[l]), B, s[l],
+                   s[l + 1]);
+    close(static_cast<int>(l));
+    if (l + 1 < L) relu_forward(out_[l], out_[l], B * s[l + 1]);
+    x = out_[l];
+  }
+}
+
 void Mlp::backward(float loss_scale) {
+  if (precision_ == DType::BF16)
+    backward_as<bf16>(loss_scale);
+  else
+    backward_as<float>(loss_scale);
+}
+
+template <typename CT>
+void Mlp::backward_as(float loss_scale) {
   const auto& s = config_.sizes;
   const int64_t B = batch_;
   const size_t L = weight_.size();
@@ -140,27 +180,32 @@ void Mlp::backward(float loss_scale) {
   for (size_t l = L; l-- > 0;) {
     const int64_t C = s[l], OC = s[l + 1];
     open(static_cast<int>(l));
-    const float* inp = l > 0 ? out_[l - 1] : input_;
+    const CT* d = operand<CT>(dout, B * OC, dout16_);
+    const CT* inp;
+    if constexpr (std::is_same_v<CT, float>)
+      inp = l > 0 ? out_[l - 1] : input_;
+    else
+      inp = static_cast<const bf16*>(in16_[l]);
     // Parameter gradients first, reported as they become final from the end
     // of the layer's range to its start (bias, then the weight's rows from
     // the last block to the first), so DDP can reduce them while the rest of
     // backward runs. The weight is done in blocks of about kReadyBlock
     // elements: the first layer is the last thing backward computes, and
     // without blocks its whole gradient would wait until the very end.
-    linear_backward_bias(grad(bias_[l]), dout, B, OC);
+    linear_backward_bias(grad(bias_[l]), dout, B, OC);  // from fp32 in a bf16 run too
     slots_ready(bias_[l], bias_[l]);
     const size_t w0 = layout_.slot(weight_[l]).offset;
     const int64_t blocks = std::max<int64_t>(1, (OC * C + kReadyBlock - 1) / kReadyBlock);
     const int64_t rows = (OC + blocks - 1) / blocks;
     for (int64_t o1 = OC; o1 > 0; o1 -= rows) {
       const int64_t o0 = std::max<int64_t>(0, o1 - rows);
-      linear_backward_weight(grad(weight_[l]), dout, inp, B, C, OC, o0, o1);
+      linear_backward_weight(grad(weight_[l]), d, inp, B, C, OC, o0, o1);
       grads_ready(w0 + static_cast<size_t>(o0 * C), static_cast<size_t>((o1 - o0) * C));
     }
     // The first layer's input is data: it needs no gradient.
     if (l > 0) {
       float* dinp = dbuf_[l % 2];
-      linear_backward_input(dinp, dout, param(weight_[l]), B, C, OC);
+      linear_backward_input(dinp, d, weight<CT>(weight_[l]), B, C, OC);
       relu_backward(dinp, dinp, out_[l - 1], B * C);
       dout = dinp;
     }

@@ -35,6 +35,11 @@ class Mlp : public Model {
   // Points the activation pointers into acts_ for a batch of B rows.
   void plan_activations(int64_t B);
   int64_t activation_floats(int64_t B) const;
+  // The passes, on compute type CT (float or bf16).
+  template <typename CT>
+  void forward_as(int64_t B);
+  template <typename CT>
+  void backward_as(float loss_scale);
 
   // Elements per block of a weight gradient reported ready (1 MiB of fp32).
   static constexpr int64_t kReadyBlock = int64_t{1} << 18;
@@ -45,6 +50,11 @@ class Mlp : public Model {
   const float* input_ = nullptr;    // the last forward's features (caller's)
   std::vector<float*> out_;         // per layer: [B, sizes[l+1]]; last = probs
   float* dbuf_[2] = {nullptr, nullptr};
+  // bf16 runs: each layer's input as the bf16 GEMM operand (kept for the
+  // weight gradient), and an output gradient converted for the GEMMs.
+  std::vector<void*> in16_;
+  void* dout16_ = nullptr;
+  DType planned_precision_ = DType::F32;
   std::vector<int32_t> targets_;
 };
 

@@ -16,22 +16,75 @@ float* Model::own_grads() const {
   return grads_.f32();
 }
 
+const bf16* UnitStore::acquire_bf16(int /*unit*/) {
+  throw InternalError("this parameter store holds no bf16 compute copies");
+}
+
+const bf16* Model::own_params16(int unit) {
+  const auto u = static_cast<size_t>(unit);
+  if (params16_.numel() != layout_.numel()) {
+    params16_.reserve(layout_.numel());
+    converted_version_.assign(layout_.units().size(), 0);
+  }
+  const size_t off = unit_offset(unit);
+  if (converted_version_[u] != params_version_) {
+    convert(params16_.b16() + off, own_params() + off, layout_.units()[u].numel);
+    converted_version_[u] = params_version_;
+  }
+  return params16_.b16() + off;
+}
+
+void Model::widen_vectors(int unit) {
+  if (vector_at_.empty()) {
+    size_t n = 0;
+    vector_at_.assign(layout_.slots().size(), 0);
+    for (size_t i = 0; i < layout_.slots().size(); ++i)
+      if (layout_.slots()[i].shape.size() == 1) {
+        vector_at_[i] = n;
+        n += layout_.slots()[i].numel;
+      }
+    vectors_.reserve(n);
+  }
+  const Unit& u = layout_.units()[static_cast<size_t>(unit)];
+  const bf16* base = unit_params16_[static_cast<size_t>(unit)];
+  for (size_t i = 0; i < layout_.slots().size(); ++i) {
+    const Slot& s = layout_.slots()[i];
+    if (s.unit == unit && s.shape.size() == 1)
+      for (size_t k = 0; k < s.numel; ++k) vectors_.f32()[vector_at_[i] + k] = to_f32(base[s.offset - u.offset + k]);
+  }
+}
+
+const float* Model::param(int slot) const {
+  if (precision_ == DType::F32) return at(unit_params_, slot);
+  const Slot& s = layout_.slot(slot);
+  DPT_CHECK(s.shape.size() == 1, "matrix {} read as fp32 in a bf16 run", s.name);
+  DPT_CHECK(unit_params16_[static_cast<size_t>(s.unit)] != nullptr, "slot {} used outside an open unit", s.name);
+  return vectors_.f32() + vector_at_[static_cast<size_t>(slot)];
+}
+
 void Model::begin(Pass pass) {
   pass_ = pass;
   unit_params_.assign(layout_.units().size(), nullptr);
+  unit_params16_.assign(layout_.units().size(), nullptr);
   unit_grads_.assign(layout_.units().size(), nullptr);
   store_->begin_pass(pass);
 }
 
 void Model::open(int unit) {
   const auto u = static_cast<size_t>(unit);
-  unit_params_[u] = store_->acquire(unit);
+  if (precision_ == DType::BF16) {
+    unit_params16_[u] = store_->acquire_bf16(unit);
+    widen_vectors(unit);
+  } else {
+    unit_params_[u] = store_->acquire(unit);
+  }
   if (pass_ == Pass::Backward) unit_grads_[u] = store_->unit_grads(unit);
 }
 
 void Model::close(int unit) {
   const auto u = static_cast<size_t>(unit);
   unit_params_[u] = nullptr;
+  unit_params16_[u] = nullptr;
   unit_grads_[u] = nullptr;
   store_->release(unit);
 }

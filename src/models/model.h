@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -54,6 +55,9 @@ class UnitStore {
   // Called as forward or backward starts.
   virtual void begin_pass(Pass) {}
   virtual const float* acquire(int unit) = 0;
+  // A bf16 run's acquire: the unit's bf16 compute copy of its parameters
+  // (docs/precision.md). Stores that do not hold one throw InternalError.
+  virtual const bf16* acquire_bf16(int unit);
   virtual void release(int /*unit*/) {}
   virtual float* unit_grads(int unit) = 0;
   virtual void grads_ready(size_t offset, size_t numel) = 0;
@@ -95,7 +99,12 @@ class Model {
   const Layout& layout() const { return layout_; }
   // The model's own full buffers (allocated on first use). A strategy that
   // installs another store never touches them, so they are never allocated.
-  float* params() { return own_params(); }
+  // Writable access marks the bf16 compute copy stale: whoever writes the
+  // parameters (an optimizer, a loader) goes through here.
+  float* params() {
+    ++params_version_;
+    return own_params();
+  }
   const float* params() const { return own_params(); }
   float* grads() { return own_grads(); }
   const float* grads() const { return own_grads(); }
@@ -111,6 +120,18 @@ class Model {
   // answers for the current setting.
   void set_checkpoint_activations(bool on) { checkpoint_ = on; }
   bool checkpoint_activations() const { return checkpoint_; }
+
+  // Compute precision: DType::F32, or DType::BF16 for mixed precision:
+  // every GEMM reads bf16 weights and bf16 inputs and accumulates in fp32;
+  // the rest (LayerNorm, softmax, GELU, the loss, the residual stream, all
+  // gradients) stays fp32 (docs/precision.md says why). The store then
+  // hands out bf16 units (acquire_bf16); the model's own store keeps a bf16
+  // copy of its fp32 parameters, refreshed a unit at a time after they
+  // change. Set before the first forward.
+  void set_precision(DType p) { precision_ = p; }
+  DType precision() const { return precision_; }
+  // Bytes of bf16 compute copies the model's own store holds (0 in fp32).
+  size_t compute_copy_bytes() const { return params16_.bytes(); }
 
   // Where forward and backward find parameters and put gradients: the
   // model's own full buffers (nullptr) or a strategy's store.
@@ -138,13 +159,25 @@ class Model {
     const size_t begin = layout_.slot(first).offset;
     grads_ready(begin, layout_.slot(last).offset + layout_.slot(last).numel - begin);
   }
-  // A slot's parameters and gradients, inside its open unit.
-  const float* param(int slot) const { return at(unit_params_, slot); }
+  // A slot's parameters and gradients, inside its open unit. In a bf16 run
+  // param() serves vectors (biases, LayerNorm) as fp32 widened from the
+  // unit's bf16 copy when it was opened, and param16() serves matrices.
+  const float* param(int slot) const;
+  const bf16* param16(int slot) const { return at(unit_params16_, slot); }
+  // The weight as a GEMM of compute type T reads it.
+  template <typename T>
+  const T* weight(int slot) const {
+    if constexpr (std::is_same_v<T, bf16>)
+      return param16(slot);
+    else
+      return param(slot);
+  }
   float* grad(int slot) { return at(unit_grads_, slot); }
 
   Layout layout_;
   FlatBuffer acts_;
   bool checkpoint_ = false;
+  DType precision_ = DType::F32;
 
  private:
   template <typename T>
@@ -159,6 +192,7 @@ class Model {
    public:
     explicit OwnStore(Model& m) : m_(m) {}
     const float* acquire(int unit) override { return m_.own_params() + m_.unit_offset(unit); }
+    const bf16* acquire_bf16(int unit) override { return m_.own_params16(unit); }
     float* unit_grads(int unit) override { return m_.own_grads() + m_.unit_offset(unit); }
     void grads_ready(size_t offset, size_t numel) override {
       if (m_.on_grads_ready) m_.on_grads_ready(offset, numel);
@@ -170,13 +204,24 @@ class Model {
   size_t unit_offset(int unit) const { return layout_.units()[static_cast<size_t>(unit)].offset; }
   float* own_params() const;
   float* own_grads() const;
+  // Unit u of the bf16 copy, converted from the fp32 parameters if they
+  // were written since (params_version_).
+  const bf16* own_params16(int unit);
+  // Widens the vector slots of unit u into vectors_ (bf16 runs).
+  void widen_vectors(int unit);
 
   OwnStore own_;
   UnitStore* store_;
   Pass pass_ = Pass::Forward;
   std::vector<const float*> unit_params_;
+  std::vector<const bf16*> unit_params16_;
   std::vector<float*> unit_grads_;
   mutable FlatBuffer params_, grads_;
+  FlatBuffer params16_{0, DType::BF16};
+  std::vector<uint64_t> converted_version_;  // per unit: params_version_ its bf16 copy was made at
+  uint64_t params_version_ = 1;
+  FlatBuffer vectors_;                   // bf16 runs: vector slots widened to fp32
+  std::vector<size_t> vector_at_;        // per slot: its place in vectors_ (vector slots)
 };
 
 // The integer hyper-parameter `key`, or `fallback` when absent. Throws

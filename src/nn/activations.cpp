@@ -28,12 +28,13 @@ inline float fast_tanh(float u) {
 }
 }  // namespace
 
-void gelu_forward(float* out, const float* inp, int64_t n) {
+template <typename T>
+void gelu_forward(T* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float x = inp[i];
     float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    out[i] = 0.5f * x * (1.0f + fast_tanh(u));
+    out[i] = from_f32<T>(0.5f * x * (1.0f + fast_tanh(u)));
   }
 }
 
@@ -48,5 +49,8 @@ void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) 
     dinp[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * x * sech2 * du);
   }
 }
+
+template void gelu_forward(float*, const float*, int64_t);
+template void gelu_forward(bf16*, const float*, int64_t);
 
 }  // namespace dpt

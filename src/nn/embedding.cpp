@@ -1,14 +1,24 @@
 #include "nn/embedding.h"
 
 #include <cstring>
+#include <type_traits>
 
 namespace dpt {
 
-void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) {
+template <typename T>
+void embedding_forward(float* out, const int32_t* ids, const T* table, int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n)
-    std::memcpy(out + n * C, table + static_cast<int64_t>(ids[n]) * C, sizeof(float) * C);
+  for (int64_t n = 0; n < N; ++n) {
+    const T* row = table + static_cast<int64_t>(ids[n]) * C;
+    float* o = out + n * C;
+    if constexpr (std::is_same_v<T, float>)
+      std::memcpy(o, row, sizeof(float) * C);
+    else
+      for (int64_t c = 0; c < C; ++c) o[c] = to_f32(row[c]);
+  }
 }
+template void embedding_forward(float*, const int32_t*, const float*, int64_t, int64_t);
+template void embedding_forward(float*, const int32_t*, const bf16*, int64_t, int64_t);
 
 void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C) {
   // Rows may repeat an id, so threads split the channels, not the rows: no
@@ -24,15 +34,18 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
   }
 }
 
-void position_embedding_forward(float* out, const float* pos, int64_t B, int64_t T, int64_t C) {
+template <typename P>
+void position_embedding_forward(float* out, const P* pos, int64_t B, int64_t T, int64_t C) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       float* o = out + (b * T + t) * C;
-      const float* p = pos + t * C;
-      for (int64_t c = 0; c < C; ++c) o[c] += p[c];
+      const P* p = pos + t * C;
+      for (int64_t c = 0; c < C; ++c) o[c] += to_f32(p[c]);
     }
 }
+template void position_embedding_forward(float*, const float*, int64_t, int64_t, int64_t);
+template void position_embedding_forward(float*, const bf16*, int64_t, int64_t, int64_t);
 
 void position_embedding_backward(float* dpos, const float* dout, int64_t B, int64_t T, int64_t C) {
 #pragma omp parallel for schedule(static)

@@ -31,6 +31,8 @@ CBLAS_TRANSPOSE cblas_op(Op op) { return op == Op::N ? CblasNoTrans : CblasTrans
 // The [rows, cols] block of a row-major operand with leading dimension ld,
 // widened to fp32 into dst (dense: ld = cols).
 void widen(float* dst, const bf16* src, int64_t rows, int64_t cols, int64_t ld) {
+  // On the engine's threads (serial when called from a parallel region).
+#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = to_f32(src[r * ld + c]);
 }

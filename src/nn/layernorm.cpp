@@ -7,12 +7,13 @@
 
 namespace dpt {
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int64_t C) {
+template <typename T>
+void layernorm_forward(T* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* x = inp + n * C;
-    float* y = out + n * C;
+    T* y = out + n * C;
     float m = 0.0f;
     for (int64_t c = 0; c < C; ++c) m += x[c];
     m /= static_cast<float>(C);
@@ -20,11 +21,16 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
     for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
     v /= static_cast<float>(C);
     float s = 1.0f / std::sqrt(v + kLayerNormEps);
-    for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    for (int64_t c = 0; c < C; ++c) y[c] = from_f32<T>((x[c] - m) * s * weight[c] + bias[c]);
     mean[n] = m;
     rstd[n] = s;
   }
 }
+
+template void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t,
+                                int64_t);
+template void layernorm_forward(bf16*, float*, float*, const float*, const float*, const float*, int64_t,
+                                int64_t);
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,

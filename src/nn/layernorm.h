@@ -5,12 +5,17 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace dpt {
 
 constexpr float kLayerNormEps = 1e-5f;
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int64_t N, int64_t C);
+// out is float, or bf16 when the LayerNorm feeds a bf16 GEMM (written
+// directly, no fp32 copy: backward needs only inp, mean and rstd).
+template <typename T>
+void layernorm_forward(T* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int64_t N, int64_t C);
 
 // dinp    += gradient w.r.t. inp. Accumulated, not written: a LayerNorm's
 //            input is always the residual stream, whose gradient already

@@ -1,13 +1,17 @@
 #include "nn/linear.h"
 
 #include <cstring>
+#include <type_traits>
+
+#include "core/error.h"
 
 #include "nn/gemm.h"
 
 namespace dpt {
 
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
-                    int64_t C, int64_t OC) {
+template <typename T>
+void linear_forward(float* out, const T* inp, const T* weight, const float* bias, int64_t N, int64_t C,
+                    int64_t OC) {
   // Pre-fill rows with the bias and let the GEMM add into them (beta = 1): one
   // pass over `out` instead of a second bias pass after the GEMM.
   float beta = 0.0f;
@@ -19,13 +23,14 @@ void linear_forward(float* out, const float* inp, const float* weight, const flo
   gemm(Op::N, Op::T, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
 }
 
-void linear_backward_input(float* dinp, const float* dout, const float* weight, int64_t N, int64_t C,
-                           int64_t OC) {
+template <typename T>
+void linear_backward_input(float* dinp, const T* dout, const T* weight, int64_t N, int64_t C, int64_t OC) {
   gemm(Op::N, Op::N, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
 }
 
-void linear_backward_weight(float* dweight, const float* dout, const float* inp, int64_t N, int64_t C,
-                            int64_t OC, int64_t o0, int64_t o1) {
+template <typename T>
+void linear_backward_weight(float* dweight, const T* dout, const T* inp, int64_t N, int64_t C, int64_t OC,
+                            int64_t o0, int64_t o1) {
   // dout[:, o0:o1] is a column block of a row-major [N, OC] matrix: lda = OC.
   gemm(Op::T, Op::N, o1 - o0, C, N, 1.0f, dout + o0, OC, inp, C, 1.0f, dweight + o0 * C, C);
 }
@@ -47,11 +52,29 @@ void linear_backward_bias(float* dbias, const float* dout, int64_t N, int64_t OC
   }
 }
 
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int64_t N, int64_t C, int64_t OC) {
+template <typename T>
+void linear_backward(float* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                     int64_t N, int64_t C, int64_t OC, const float* dout_bias) {
   if (dinp) linear_backward_input(dinp, dout, weight, N, C, OC);
   linear_backward_weight(dweight, dout, inp, N, C, OC, 0, OC);
-  if (dbias) linear_backward_bias(dbias, dout, N, OC);
+  if (!dbias) return;
+  if constexpr (std::is_same_v<T, float>) {
+    linear_backward_bias(dbias, dout_bias ? dout_bias : dout, N, OC);
+  } else {
+    DPT_CHECK(dout_bias != nullptr, "a bf16 linear backward needs the fp32 output gradient for its bias");
+    linear_backward_bias(dbias, dout_bias, N, OC);
+  }
 }
+
+#define DPT_LINEAR(T)                                                                                  \
+  template void linear_forward(float*, const T*, const T*, const float*, int64_t, int64_t, int64_t);          \
+  template void linear_backward_input(float*, const T*, const T*, int64_t, int64_t, int64_t);                 \
+  template void linear_backward_weight(float*, const T*, const T*, int64_t, int64_t, int64_t, int64_t,        \
+                                       int64_t);                                                              \
+  template void linear_backward(float*, float*, float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
+                                const float*);
+DPT_LINEAR(float)
+DPT_LINEAR(bf16)
+#undef DPT_LINEAR
 
 }  // namespace dpt

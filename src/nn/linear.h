@@ -4,33 +4,46 @@
 //   bias   [OC]     or nullptr
 //   out    [N, OC]
 // GEMMs go through nn/gemm.h (OpenBLAS or oneDNN).
+//
+// T is the GEMM operands' type: float, or bf16 in a mixed-precision run
+// (inputs, weights and output gradients as bf16 compute copies; outputs,
+// gradients and biases fp32, the products accumulated in fp32).
 #pragma once
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace dpt {
 
-void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
-                    int64_t C, int64_t OC);
+template <typename T>
+void linear_forward(float* out, const T* inp, const T* weight, const float* bias, int64_t N, int64_t C,
+                    int64_t OC);
 
 // The three parts of backward, for callers that report gradients as they
 // become final (the MLP does the weight in row blocks):
 // dinp = dout @ weight (written)
-void linear_backward_input(float* dinp, const float* dout, const float* weight, int64_t N, int64_t C,
-                           int64_t OC);
+template <typename T>
+void linear_backward_input(float* dinp, const T* dout, const T* weight, int64_t N, int64_t C, int64_t OC);
 // dweight[o0:o1, :] += dout[:, o0:o1]^T @ inp   (rows o0..o1-1 of the weight;
 // accumulated, for gradient accumulation). The last bits of a row may depend
 // on the blocks (OpenBLAS's AVX2 kernels round a block's edge rows their own
 // way, and oneDNN picks its kernel by shape), so a caller that wants
 // reproducible runs always uses the same blocks.
-void linear_backward_weight(float* dweight, const float* dout, const float* inp, int64_t N, int64_t C,
-                            int64_t OC, int64_t o0, int64_t o1);
+template <typename T>
+void linear_backward_weight(float* dweight, const T* dout, const T* inp, int64_t N, int64_t C, int64_t OC,
+                            int64_t o0, int64_t o1);
 // dbias += sum_n dout   (accumulated)
+// (fp32 always: a bf16 run sums its bias gradients from the fp32 output
+// gradient, docs/precision.md says why.)
 void linear_backward_bias(float* dbias, const float* dout, int64_t N, int64_t OC);
 
 // All of it: dinp (skipped when nullptr: the first layer of a model needs no
-// input gradient), dweight (all rows), dbias (skipped when nullptr).
-void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int64_t N, int64_t C, int64_t OC);
+// input gradient), dweight (all rows), dbias (skipped when nullptr) from
+// dout_bias: dout itself in fp32; a bf16 run passes the fp32 gradient that
+// dout was converted from.
+template <typename T>
+void linear_backward(float* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                     int64_t N, int64_t C, int64_t OC, const float* dout_bias = nullptr);
 
 }  // namespace dpt

@@ -18,21 +18,28 @@ uint64_t mix(uint64_t x) {  // splitmix64's finaliser
 }
 }  // namespace
 
-uint64_t params_hash(const Model& model) {
+uint64_t bytes_hash(const void* data, size_t bytes) {
   // Each 32-bit word mixed with its position, then summed: order-free, so
-  // threads can split the buffer.
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(model.params());
-  const size_t n = model.param_count();
+  // threads can split the buffer. A trailing half word counts on its own.
+  const uint32_t* w = static_cast<const uint32_t*>(data);
+  const size_t n = bytes / 4;
   uint64_t h = 0;
 #pragma omp parallel for reduction(+ : h) schedule(static)
   for (size_t i = 0; i < n; ++i) h += mix((static_cast<uint64_t>(i) << 32) | w[i]);
+  if (bytes % 4 >= 2) h += mix((static_cast<uint64_t>(n) << 32) | static_cast<const uint16_t*>(data)[2 * n]);
   return h;
 }
 
+uint64_t params_hash(const Model& model) { return bytes_hash(model.params(), model.param_count() * sizeof(float)); }
+
 void verify_replicas(const Model& model, comm::ProcessGroup& pg, int64_t step) {
+  verify_replicas(model.params(), model.param_count() * sizeof(float), pg, step);
+}
+
+void verify_replicas(const void* data, size_t bytes, comm::ProcessGroup& pg, int64_t step) {
   if (pg.size() == 1) return;
   std::vector<uint64_t> all(static_cast<size_t>(pg.size()));
-  all[static_cast<size_t>(pg.rank())] = params_hash(model);
+  all[static_cast<size_t>(pg.rank())] = bytes_hash(data, bytes);
   pg.all_gather(all.data(), all.size() * 2, DType::F32);
   for (size_t r = 1; r < all.size(); ++r)
     if (all[r] != all[0])

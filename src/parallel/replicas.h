@@ -13,9 +13,14 @@ namespace dpt {
 // identical replicas, barring a 2^-64 accident).
 uint64_t params_hash(const Model& model);
 
+// The same of any buffer of 4-byte-aligned bytes (a multiple of 2 bytes).
+uint64_t bytes_hash(const void* data, size_t bytes);
+
 // Compares every rank's parameter hash with rank 0's; throws InternalError
 // naming the first rank that differs. `step` is for the message.
 void verify_replicas(const Model& model, comm::ProcessGroup& pg, int64_t step);
+// The same for a replicated buffer (a mixed-precision run's bf16 copies).
+void verify_replicas(const void* data, size_t bytes, comm::ProcessGroup& pg, int64_t step);
 
 // Collective: every rank's chunk (comm::chunk_range) of each state tensor
 // of `opt` copied to every other rank, as an all-gather would, but through

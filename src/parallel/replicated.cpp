@@ -51,7 +51,12 @@ void LocalStrategy::restored(int64_t optimizer_steps) { opt_->set_steps(optimize
 
 MemoryBytes LocalStrategy::bytes() const {
   const size_t p = model_.param_count() * sizeof(float);
-  return {.parameters = p, .gradients = p, .optimizer = tier_->ram_bytes(), .offloaded = tier_->offloaded_bytes()};
+  // Mixed precision: the model's bf16 copy is the parameters, its fp32
+  // buffer the master weights, counted with the optimizer state (in RAM:
+  // --offload optimizer moves only the state).
+  const bool mixed = model_.precision() == DType::BF16;
+  return {.parameters = mixed ? model_.param_count() * sizeof(bf16) : p, .gradients = p,
+          .optimizer = tier_->ram_bytes() + (mixed ? p : 0), .offloaded = tier_->offloaded_bytes()};
 }
 
 // Ranks other than 0 start from other weights on purpose: DDP's initial

@@ -58,33 +58,48 @@ MemoryBytes estimate_bytes(const StrategyOptions& options, const Model& model, i
   const size_t f = sizeof(float), full = layout.numel() * f;
   const size_t state_per_element = options.optimizer.name == "adamw" ? 2 * f : f;
   const int stage = zero_stage(options.name);
+  // Mixed precision (docs/precision.md): bf16 compute copies are the
+  // parameters; the fp32 masters count with the optimizer state.
+  const bool mixed = model.precision() == DType::BF16;
+  const size_t owned = stage == 0 ? layout.numel() : shard;  // elements this rank steps
   MemoryBytes b;
-  b.parameters = stage == 3 ? shard * f : full;
+  if (mixed)
+    b.parameters = (stage == 3 ? shard : layout.numel()) * sizeof(bf16);
+  else
+    b.parameters = stage == 3 ? shard * f : full;
   b.gradients = stage <= 1 ? full : shard * f + (options.accumulate_locally ? full : 0);
-  b.optimizer = (stage == 0 ? layout.numel() : shard) * state_per_element;
+  b.optimizer = owned * state_per_element + (mixed ? owned * f : 0);
   // zero.cpp's pools: gradient scratch grows to at most kGradBuffers (3)
   // largest units; at most two units are gathered at once (the open one and
   // the prefetched or kept next one), in buffers of their own sizes, so at
   // most two buffers of each size; without resharding every unit stays
-  // gathered: the whole model.
+  // gathered: the whole model. A gathered bf16 unit takes half as many
+  // floats, rounded up.
   if (stage >= 2 && !options.accumulate_locally) b.scratch = 3 * max_unit * f;
   if (stage == 3) {
+    auto gathered_bytes = [&](size_t n) { return (mixed ? (n + 1) / 2 : n) * f; };
     std::vector<size_t> sizes;
-    for (const Unit& u : layout.units()) sizes.push_back(u.numel);
+    size_t all_units = 0;
+    for (const Unit& u : layout.units()) {
+      sizes.push_back(u.numel);
+      all_units += gathered_bytes(u.numel);
+    }
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
     size_t two_each = 0;
-    for (size_t n : sizes) two_each += 2 * n * f;
-    b.gathered = options.reshard_after_forward ? std::min(full, two_each) : full;
+    for (size_t n : sizes) two_each += 2 * gathered_bytes(n);
+    b.gathered = options.reshard_after_forward ? std::min(all_units, two_each) : all_units;
   }
-  apply_offload(b, options, model, world);
+  apply_offload(b, options, model, world, owned * state_per_element);
   return b;
 }
 
 // --offload optimizer: the state goes to a file (optim/file_tier.h) and RAM
 // keeps the tier's chunk buffers, sized for the longest span an optimizer
-// covers (the whole model when replicated, a unit's chunk under ZeRO).
-void apply_offload(MemoryBytes& b, const StrategyOptions& options, const Model& model, int world) {
+// covers (the whole model when replicated, a unit's chunk under ZeRO). The
+// fp32 masters of mixed precision stay in RAM (--offload params: not yet).
+void apply_offload(MemoryBytes& b, const StrategyOptions& options, const Model& model, int world,
+                   size_t state_bytes) {
   if (options.offload.what.empty()) return;
   size_t longest = model.layout().numel();
   if (zero_stage(options.name) > 0) {
@@ -92,8 +107,8 @@ void apply_offload(MemoryBytes& b, const StrategyOptions& options, const Model& 
     for (const Unit& u : model.layout().units()) longest = std::max(longest, comm::chunk_range(u.numel, world, 0).size);
   }
   const size_t tensors = options.optimizer.name == "adamw" ? 2 : 1;
-  b.offloaded = b.optimizer;
-  b.optimizer = offload_buffer_bytes(tensors, longest, options.offload.chunk_bytes);
+  b.offloaded = state_bytes;
+  b.optimizer = b.optimizer - state_bytes + offload_buffer_bytes(tensors, longest, options.offload.chunk_bytes);
 }
 
 namespace {

@@ -166,8 +166,10 @@ std::string default_strategy(int world);
 // before anything is allocated: the memory estimate.
 MemoryBytes estimate_bytes(const StrategyOptions& options, const Model& model, int world);
 // estimate_bytes' offload term: with options.offload, the optimizer state
-// moves to `offloaded` and the optimizer figure becomes the chunk buffers.
-void apply_offload(MemoryBytes& b, const StrategyOptions& options, const Model& model, int world);
+// (state_bytes) moves to `offloaded` and the chunk buffers take its place in
+// the optimizer figure.
+void apply_offload(MemoryBytes& b, const StrategyOptions& options, const Model& model, int world,
+                   size_t state_bytes);
 
 // Throws InputError, in one sentence, when the `ranks_here` ranks of this
 // host would need more than `available` bytes under `options` (the

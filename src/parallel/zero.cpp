@@ -51,6 +51,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     : options_(options),
       stage_(stage),
       model_(model),
+      mixed_(model.precision() == DType::BF16),
       pg_(pg),
       layout_(model.layout()),
       world_(pg.size()),
@@ -72,8 +73,9 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
 
   // Initial weights: the same values under every strategy and world size
   // (Model::init_range is keyed by element position), each rank filling
-  // what it holds: the whole model (stages 1, 2) or its shards (stage 3).
-  if (stage_ < 3) {
+  // what it holds: the whole model (stages 1, 2) or its shards (stage 3,
+  // and the masters of a mixed run).
+  if (!sharded_params()) {
     if (!init.load.empty())
       load_weights(model_, load_safetensors(init.load), init.load, init.load_format);
     else
@@ -96,7 +98,11 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
   if (full_grads()) model_.zero_grads();
   if (stage_ == 1 && !options_.zero_scatter) reducer_ = std::make_unique<Reducer>(model_, pg_, options_.ddp);
   model_.set_store(this);
-  if (stage_ < 3) verify_replicas(model_, pg_, 0);
+  if (mixed_) {
+    params16_.reserve(stage_ == 3 ? shard_numel_ : layout_.numel());
+    for (size_t u = 0; u < U; ++u) publish(static_cast<int>(u));
+  }
+  verify(0);
 }
 
 ZeroStrategy::~ZeroStrategy() {
@@ -144,7 +150,19 @@ nlohmann::json ZeroStrategy::detail() const {
 
 float* ZeroStrategy::param_shard(int u) {
   const Shard& s = shards_[static_cast<size_t>(u)];
-  return stage_ == 3 ? param_shard_.f32() + s.at : model_.params() + unit(u).offset + s.begin;
+  return sharded_params() ? param_shard_.f32() + s.at : model_.params() + unit(u).offset + s.begin;
+}
+
+bf16* ZeroStrategy::compute_chunk(int u) {
+  const Shard& s = shards_[static_cast<size_t>(u)];
+  return stage_ == 3 ? params16_.b16() + s.at : params16_.b16() + unit(u).offset + s.begin;
+}
+
+void ZeroStrategy::publish(int u) {
+  convert(compute_chunk(u), param_shard(u), shards_[static_cast<size_t>(u)].n);
+  if (stage_ == 3) return;
+  param_gather_[static_cast<size_t>(u)] = pg_.all_gather_async(params16_.b16() + unit(u).offset, unit(u).numel, DType::BF16);
+  record(Timeline::AllGather, u, param_gather_[static_cast<size_t>(u)]);
 }
 
 float* ZeroStrategy::grad_shard(int u) {
@@ -177,7 +195,8 @@ void ZeroStrategy::record(Timeline::Kind kind, int u, const std::shared_ptr<comm
 
 void ZeroStrategy::trace(Timeline& tl, int64_t step) const {
   for (const Traced& t : traced_)
-    tl.add(t.kind, step, t.unit, unit(t.unit).numel * sizeof(float), t.work->started_at(), t.work->finished_at());
+    tl.add(t.kind, step, t.unit, unit(t.unit).numel * (t.kind == Timeline::AllGather ? gather_elem_bytes() : sizeof(float)),
+           t.work->started_at(), t.work->finished_at());
 }
 
 // ---------------------------------------------------------------- the step
@@ -250,7 +269,9 @@ void ZeroStrategy::step(float lr) {
     opts_[u]->prepare(param_shard(ui), grad_shard(ui), lr);
   }
   step_prepared(opts_);  // one pass of the tier: an offloaded unit's state is read while the last is updated
-  if (stage_ == 3) return;
+  if (mixed_)
+    for (size_t u = 0; u < shards_.size(); ++u) publish(static_cast<int>(u));
+  if (stage_ == 3 || mixed_) return;
   // Stages 1, 2: every rank's updated chunk of each unit goes to every rank,
   // in place. Nothing waits here: the next forward waits for each unit as
   // it opens it, so the all-gathers run behind the forward of earlier units.
@@ -262,7 +283,7 @@ void ZeroStrategy::step(float lr) {
 }
 
 void ZeroStrategy::gather_unit(int u, float* out) {
-  if (stage_ < 3) {
+  if (!sharded_params()) {
     wait_param_gather(u);
     std::memcpy(out, model_.params() + unit(u).offset, unit(u).numel * sizeof(float));
     return;
@@ -275,7 +296,10 @@ void ZeroStrategy::gather_unit(int u, float* out) {
 void ZeroStrategy::verify(int64_t step) {
   if (stage_ == 3) return;  // no replicas: every rank holds other shards
   for (size_t u = 0; u < param_gather_.size(); ++u) wait_param_gather(static_cast<int>(u));
-  verify_replicas(model_, pg_, step);
+  if (mixed_)
+    verify_replicas(params16_.b16(), params16_.bytes(), pg_, step);
+  else
+    verify_replicas(model_, pg_, step);
 }
 
 // A rank's shards: the parameters it updates and their optimizer state.
@@ -292,6 +316,11 @@ std::vector<StateSpan> ZeroStrategy::state_spans() {
 
 void ZeroStrategy::restored(int64_t optimizer_steps) {
   for (auto& o : opts_) o->set_steps(optimizer_steps);
+  if (mixed_) {  // the bf16 copies follow the masters just read
+    for (size_t u = 0; u < shards_.size(); ++u) publish(static_cast<int>(u));
+    verify(0);
+    return;
+  }
   if (stage_ == 3) return;
   // Stages 1, 2 keep full parameters: every rank read its chunk of each unit.
   for (const Unit& u : layout_.units()) pg_.all_gather(model_.params() + u.offset, u.numel, DType::F32);
@@ -301,9 +330,11 @@ void ZeroStrategy::restored(int64_t optimizer_steps) {
 MemoryBytes ZeroStrategy::bytes() const {
   const size_t full = layout_.numel() * sizeof(float), shard = shard_numel_ * sizeof(float);
   MemoryBytes b;
-  b.parameters = stage_ == 3 ? shard : full;
+  // Mixed precision: the parameters are the bf16 copies; the fp32 masters
+  // count with the optimizer state (WORKLOADS.md's K = 12 for AdamW).
+  b.parameters = mixed_ ? params16_.bytes() : (stage_ == 3 ? shard : full);
   b.gradients = (stage_ == 1 ? full : shard) + (stage_ >= 2 && options_.accumulate_locally ? full : 0);
-  b.optimizer = tier_->ram_bytes();
+  b.optimizer = tier_->ram_bytes() + (mixed_ ? shard : 0);
   b.offloaded = tier_->offloaded_bytes();
   b.gathered = gather_pool_.bytes();
   b.scratch = grad_pool_.bytes();
@@ -340,11 +371,16 @@ int ZeroStrategy::next_unit() const {
 
 void ZeroStrategy::start_gather(int u) {
   Gathered& g = gathered_[static_cast<size_t>(u)];
-  g.buf = gather_pool_.take(unit(u).numel);
-  float* b = gather_pool_.data(g.buf);
+  const size_t numel = unit(u).numel;
   const Shard& s = shards_[static_cast<size_t>(u)];
-  std::memcpy(b + s.begin, param_shard_.f32() + s.at, s.n * sizeof(float));
-  g.work = pg_.all_gather_async(b, unit(u).numel, DType::F32);
+  // A pool buffer of floats; a bf16 unit takes half as many.
+  g.buf = gather_pool_.take(mixed_ ? (numel + 1) / 2 : numel);
+  void* b = gather_pool_.data(g.buf);
+  if (mixed_)
+    std::memcpy(static_cast<bf16*>(b) + s.begin, params16_.b16() + s.at, s.n * sizeof(bf16));
+  else
+    std::memcpy(static_cast<float*>(b) + s.begin, param_shard_.f32() + s.at, s.n * sizeof(float));
+  g.work = pg_.all_gather_async(b, numel, mixed_ ? DType::BF16 : DType::F32);
   record(Timeline::AllGather, u, g.work);
 }
 
@@ -356,6 +392,17 @@ void ZeroStrategy::free_gathered(int u) {
   }
   gather_pool_.give(g.buf);
   g.buf = -1;
+}
+
+const bf16* ZeroStrategy::acquire_bf16(int u) {
+  DPT_CHECK(mixed_, "bf16 parameters asked of an fp32 {} run", options_.name);
+  if (stage_ < 3) {
+    if (!recorded_) order_[pass_ == Pass::Forward ? 0 : 1].push_back(u);
+    ++pos_;
+    wait_param_gather(u);
+    return params16_.b16() + unit(u).offset;
+  }
+  return static_cast<const bf16*>(static_cast<const void*>(acquire(u)));
 }
 
 const float* ZeroStrategy::acquire(int u) {

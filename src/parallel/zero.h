@@ -18,6 +18,13 @@
 //            just before the model opens it and freed when it closes; the
 //            next unit's all-gather is issued first (prefetch), in forward and
 //            backward, in the order recorded on the first micro-step.
+//
+// bf16 mixed precision (Model::precision() == BF16, docs/precision.md): at
+// every stage the fp32 parameters exist only as the rank's master shards
+// (optimizer state, as the ZeRO paper counts them); the model computes on
+// bf16 copies: full on every rank at stages 1 and 2 (each rank converts its
+// updated shard and the step's all-gather moves bf16), a bf16 shard at
+// stage 3 whose units are all-gathered in bf16 (half the bytes).
 #pragma once
 
 #include <deque>
@@ -85,13 +92,22 @@ class ZeroStrategy : public Strategy, private UnitStore {
   // UnitStore: what the model sees.
   void begin_pass(Pass pass) override;
   const float* acquire(int unit) override;
+  const bf16* acquire_bf16(int unit) override;
   void release(int unit) override;
   float* unit_grads(int unit) override;
   void grads_ready(size_t offset, size_t numel) override;
 
   const Unit& unit(int u) const { return layout_.units()[static_cast<size_t>(u)]; }
   bool full_grads() const { return stage_ == 1 || options_.accumulate_locally; }
-  float* param_shard(int u);  // the rank's chunk of unit u's parameters
+  // The fp32 parameters live only as shards (stage 3, or mixed precision).
+  bool sharded_params() const { return stage_ == 3 || mixed_; }
+  float* param_shard(int u);  // the rank's chunk of unit u's (master) parameters
+  bf16* compute_chunk(int u);  // mixed: where the rank's chunk of unit u's bf16 copy lives
+  // Mixed: unit u's master shard converted into its bf16 chunk, and at
+  // stages 1, 2 the unit's all-gather started.
+  void publish(int u);
+  // The bytes of one unit's all-gather element (bf16 in a mixed run).
+  size_t gather_elem_bytes() const { return mixed_ ? sizeof(bf16) : sizeof(float); }
   float* grad_shard(int u);   // the rank's chunk of unit u's reduced gradients
   void wait_timed(const std::shared_ptr<comm::Work>& w);
   void wait_param_gather(int u);  // stages 1, 2: unit u's all-gather from the last step
@@ -104,6 +120,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   StrategyOptions options_;
   int stage_;
   Model& model_;
+  bool mixed_;  // bf16 compute copies, fp32 masters
   comm::ProcessGroup& pg_;
   const Layout& layout_;
   int world_, rank_;
@@ -111,7 +128,8 @@ class ZeroStrategy : public Strategy, private UnitStore {
   size_t shard_numel_ = 0, max_unit_ = 0;
   std::unique_ptr<StateTier> tier_;               // their state: RAM or a file (outlives opts_)
   std::vector<std::unique_ptr<Optimizer>> opts_;  // one per unit's shard
-  FlatBuffer param_shard_, grad_shard_;           // stage 3; stages 2 and 3
+  FlatBuffer param_shard_, grad_shard_;           // stage 3 or mixed; stages 2 and 3
+  FlatBuffer params16_{0, DType::BF16};           // mixed: full (stages 1, 2) or the shard (stage 3)
 
   std::unique_ptr<Reducer> reducer_;  // stage 1 with all-reduce
   std::vector<std::shared_ptr<comm::Work>> param_gather_;  // stages 1, 2: after step

@@ -21,6 +21,8 @@ class FlatBuffer {
 
   float* f32() { return reinterpret_cast<float*>(data_.get()); }
   const float* f32() const { return reinterpret_cast<const float*>(data_.get()); }
+  bf16* b16() { return reinterpret_cast<bf16*>(data_.get()); }
+  const bf16* b16() const { return reinterpret_cast<const bf16*>(data_.get()); }
   size_t numel() const { return numel_; }
   size_t bytes() const { return numel_ * dtype_size(dtype_); }
   DType dtype() const { return dtype_; }

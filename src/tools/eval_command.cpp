@@ -28,12 +28,14 @@ EvalCommand::EvalCommand(CLI::App& app) {
   cmd_->add_option("--batch", batch_, "samples per forward pass")->check(positive());
   cmd_->add_option("--threads", threads_, "threads (default: all cores)")->check(non_negative());
   add_gemm_flag(cmd_, gemm_);
+  add_precision_flag(cmd_, precision_);
 }
 
 int EvalCommand::run() {
   set_gemm_flag(gemm_);
   set_threads(threads_);
   auto model = model_from_file(weights_, model_.hparams(), parse_weight_format(load_format_));
+  model->set_precision(parse_precision(precision_));
   if (model->kind() == "mlp") {
     ImageSet test = load_fashion_mnist(data_.empty() ? kFashionMnistDir : data_, "test");
     EvalResult r = evaluate_images(*model, test, batch_ > 0 ? batch_ : 1000);
@@ -57,7 +59,7 @@ int EvalCommand::run() {
     ByteCorpus text = ByteCorpus::load(path, 0.0,
                                        static_cast<size_t>(model->positions() + 1));
     EvalResult r = evaluate_text(*model, text.train(), text.train_size(), batch_ > 0 ? batch_ : 16, 0);
-    std::printf("loss %.4f (%lld positions)\n", r.loss(), static_cast<long long>(r.count));
+    std::printf("loss %.6f (%lld positions)\n", r.loss(), static_cast<long long>(r.count));
   }
   return 0;
 }

@@ -50,6 +50,12 @@ void add_gemm_flag(CLI::App* cmd, std::string& gemm) {
                   fmt::format("GEMM backend: onednn or openblas (default {})", gemm_backend_name(kDefaultGemmBackend)));
 }
 
+void add_precision_flag(CLI::App* cmd, std::string& precision) {
+  cmd->add_option("--precision", precision,
+                  "fp32, or bf16: bf16 weights and inputs for every matrix product, fp32 master weights, "
+                  "gradients and the rest (default fp32)");
+}
+
 void set_gemm_flag(const std::string& gemm) {
   if (!gemm.empty()) set_gemm_backend(parse_gemm_backend(gemm));
 }

@@ -51,6 +51,7 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--threads", threads_, "threads for GEMM and kernels (default: all cores)")
       ->check(non_negative());
   add_gemm_flag(cmd_, gemm_);
+  add_precision_flag(cmd_, precision_);
   cmd_->add_option("--val-fraction", o.val_fraction, "gpt: held-out tail of the data (windows of token shards)")
       ->check(fraction(0.0, 0.99));
   cmd_->add_option("--eval-every", o.eval_every, "steps between evaluations (0: at the end only)")
@@ -132,6 +133,7 @@ TrainCommand::TrainCommand(CLI::App& app) {
 
 int TrainCommand::run() {
   set_gemm_flag(gemm_);
+  opts_.precision = parse_precision(precision_);
   opts_.hparams = model_.hparams();
   opts_.hparams.erase("dpt.model");
   opts_.model = model_.kind();

@@ -142,6 +142,7 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
     model->init_params(seed);
   }
   model->set_checkpoint_activations(o.checkpoint_activations);
+  model->set_precision(o.precision);
   return model;
 }
 
@@ -235,9 +236,10 @@ class StepTimes {
 
 void print_header(const TrainOptions& o, const Model& model, const Strategy& strategy, int world, int64_t micro,
                   int64_t steps, bool evaluable) {
-  std::printf("dpt train: %s, %zu parameters, %s, %s on %d rank%s, global batch %lld (%lld per rank%s), "
+  std::printf("dpt train: %s, %zu parameters, %s, %s%s on %d rank%s, global batch %lld (%lld per rank%s), "
               "%lld steps, %d thread%s per rank\n",
-              o.model.c_str(), model.param_count(), o.optimizer.name.c_str(), o.strategy.c_str(), world,
+              o.model.c_str(), model.param_count(), o.optimizer.name.c_str(), o.strategy.c_str(),
+              o.precision == DType::BF16 ? " in bf16 mixed precision" : "", world,
               world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / world),
               o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
               static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
@@ -360,6 +362,7 @@ json run_settings(const TrainOptions& o) {
           {"synthetic", o.synthetic},
           {"batch", o.batch},
           {"grad_accum", o.grad_accum},
+          {"precision", precision_name(o.precision)},
           {"seed", o.seed},
           {"clip", number(o.clip)},
           {"val_fraction", o.val_fraction},
@@ -567,6 +570,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     if (!o.checkpoint_dir.empty() || !o.resume.empty())
       throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
     if (!o.offload.empty()) throw InputError("--strategy dp offloads nothing; use local, ddp or zero1/2/3");
+    if (o.precision != DType::F32)
+      throw InputError("--strategy dp computes in fp32 only; use local, ddp or zero1/2/3 for --precision bf16");
     return run_dp_training(o);
   }
   if (!o.load.empty() && !o.resume.empty())
@@ -586,6 +591,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // values, are the strategy's (a zero3 rank never holds them all).
   auto model = make_model(saved ? resumed_hparams(o, *saved) : model_hparams(o));
   model->set_checkpoint_activations(o.checkpoint_activations);
+  model->set_precision(o.precision);
   const StrategyOptions so = strategy_options(o);
   check_offload(o, so, *model, pg);
   check_memory(o, so, *model, micro, pg);

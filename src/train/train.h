@@ -38,6 +38,9 @@ struct TrainOptions {
   // Keep only each unit's input in forward and recompute the unit in
   // backward: less activation memory for about one more forward (docs/memory.md).
   bool checkpoint_activations = false;
+  // Compute precision (docs/precision.md): F32, or BF16 (bf16 compute copies
+  // of the parameters, fp32 master weights, fp32 gradients and reductions).
+  DType precision = DType::F32;
   ReducerOptions ddp;       // buckets, overlap, per-parameter mode
   bool zero_scatter = false;          // zero1: reduce-scatter instead of all-reduce
   bool zero_accumulate_locally = false;  // zero2/3 + grad_accum: reduce once per step

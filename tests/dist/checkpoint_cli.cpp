@@ -100,6 +100,7 @@ struct ResumeCase {
   const char* model;
   const char* strategy;
   int grad_accum;
+  const char* precision = "fp32";  // bf16: the checkpoint holds the fp32 masters
 };
 
 void PrintTo(const ResumeCase& c, std::ostream* os) {
@@ -110,8 +111,8 @@ class ExactResume : public CheckpointCli, public ::testing::WithParamInterface<R
 
 TEST_P(ExactResume, EqualsTheUninterruptedRunBitForBit) {
   const ResumeCase c = GetParam();
-  const std::string common = fmt::format("{} {} --strategy {} --grad-accum {} --steps 9", c.model, kQuiet, c.strategy,
-                                         c.grad_accum);
+  const std::string common = fmt::format("{} {} --strategy {} --grad-accum {} --precision {} --steps 9", c.model,
+                                         kQuiet, c.strategy, c.grad_accum, c.precision);
   // The run that checkpoints is the uninterrupted one: checkpoints read,
   // never change, the state.
   RunResult r = train(2, fmt::format("{} --checkpoint-dir {} --checkpoint-every 4 --save {}", common,
@@ -129,10 +130,12 @@ TEST_P(ExactResume, EqualsTheUninterruptedRunBitForBit) {
 INSTANTIATE_TEST_SUITE_P(, ExactResume,
                          ::testing::Values(ResumeCase{kMlp, "ddp", 1}, ResumeCase{kMlp, "zero1", 2},
                                            ResumeCase{kMlp, "zero3", 1}, ResumeCase{kGpt, "ddp", 2},
-                                           ResumeCase{kGpt, "zero1", 1}, ResumeCase{kGpt, "zero3", 2}),
+                                           ResumeCase{kGpt, "zero1", 1}, ResumeCase{kGpt, "zero3", 2},
+                                           ResumeCase{kGpt, "ddp", 1, "bf16"}, ResumeCase{kGpt, "zero1", 1, "bf16"},
+                                           ResumeCase{kGpt, "zero3", 1, "bf16"}),
                          [](const auto& info) {
-                           return fmt::format("{}_{}_accum{}", std::string(info.param.model).substr(8, 3),
-                                              info.param.strategy, info.param.grad_accum);
+                           return fmt::format("{}_{}_accum{}_{}", std::string(info.param.model).substr(8, 3),
+                                              info.param.strategy, info.param.grad_accum, info.param.precision);
                          });
 
 // ------------------------------------------------------------ resharding
