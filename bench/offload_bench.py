@@ -28,6 +28,7 @@ test suite; the machine is shared, so times and host figures are noisy.
 """
 
 import argparse
+import json
 import mmap
 import os
 import statistics
@@ -107,16 +108,18 @@ def run(args, workload, offload, tmp):
 
 
 def direct_bandwidth(directory, size, streams, block=4 << 20):
-    """Sequential write and read in bytes/s with O_DIRECT (the tier's own
-    way: 4 MiB aligned blocks, no page cache, no fsync needed), `streams`
-    files of size / streams at the same time."""
+    """Sequential overwrite and read in bytes/s with O_DIRECT, the tier's own
+    pattern: files written once beforehand (the tier's are fallocated and
+    rewritten in place every step, so no block is allocated while timed),
+    then rewritten and read in 4 MiB aligned blocks, no page cache,
+    `streams` files of size / streams at the same time."""
     paths = [os.path.join(directory, f"direct_probe_{i}") for i in range(streams)]
     n = max(1, size // streams // block)
 
     def io(path, write):
         buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT wants
         buf.write(os.urandom(block))
-        flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if write else os.O_RDONLY
+        flags = (os.O_WRONLY | os.O_CREAT) if write else os.O_RDONLY
         fd = os.open(path, flags | os.O_DIRECT, 0o600)
         try:
             for i in range(n):
@@ -133,6 +136,7 @@ def direct_bandwidth(directory, size, streams, block=4 << 20):
             t.join()
         return streams * n * block / (time.perf_counter() - t0)
 
+    timed(True)  # the files' blocks allocated, as the tier's are
     w, r = timed(True), timed(False)
     for p in paths:
         os.remove(p)
@@ -173,6 +177,27 @@ def measure(args, workload, tmp):
             "optimizer_step_s_added": on["optimizer_step_s"] - off["optimizer_step_s"]}
 
 
+def probe_again(args):
+    with open(args.out) as f:
+        result = json.load(f)
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        directory = args.dir or tmp
+        for row in result["rows"]:
+            size = 2 * row["with"]["offloaded_bytes"]
+            row["disk_write_bytes_per_s"], row["disk_read_bytes_per_s"] = disk_bandwidth(directory, size, 2)
+            row["direct_write_bytes_per_s"], row["direct_read_bytes_per_s"] = direct_bandwidth(directory, size, 2)
+            on = row["with"]
+            row["io_floor_s_per_step"] = 2 * (on["read_bytes_per_step"] / row["direct_read_bytes_per_s"] +
+                                              on["written_bytes_per_step"] / row["direct_write_bytes_per_s"])
+            mib = 2 ** 20
+            print(f"{row['workload']}: buffered {row['disk_write_bytes_per_s'] / mib:.0f}/"
+                  f"{row['disk_read_bytes_per_s'] / mib:.0f} MiB/s, direct {row['direct_write_bytes_per_s'] / mib:.0f}/"
+                  f"{row['direct_read_bytes_per_s'] / mib:.0f} MiB/s (write/read), floor "
+                  f"{row['io_floor_s_per_step']:.2f} s/step", flush=True)
+    write_json(args.out, result)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dpt", default=os.path.join(ROOT, "build", "dpt"))
@@ -181,7 +206,11 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--dir", default="", help="the offload directory (default: a temporary one under /var/tmp)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "offload.json"))
+    ap.add_argument("--probe-only", action="store_true",
+                    help="probe the disk again for the rows already in --out (training runs kept)")
     args = ap.parse_args()
+    if args.probe_only:
+        return probe_again(args)
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         if not args.dir:
             args.dir = tmp
