@@ -31,7 +31,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dpt", default="build/dpt")
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="bench/results/precision.json")
     a = ap.parse_args()
     out = {"workload": "W-GPT (gpt defaults), 1 process, bundled text", "steps": a.steps, "threads": a.threads,

@@ -22,6 +22,13 @@ void combine_bytes(void* dst, const void* src, size_t n, Combine c) {
     std::memcpy(dst, src, n);
     return;
   }
+  if (c == Combine::SumBf16) {
+    bf16* d = static_cast<bf16*>(dst);
+    const bf16* s = static_cast<const bf16*>(src);
+    const size_t m = n / sizeof(bf16);
+    for (size_t i = 0; i < m; ++i) d[i] = to_bf16(to_f32(d[i]) + to_f32(s[i]));
+    return;
+  }
   float* d = static_cast<float*>(dst);
   const float* s = static_cast<const float*>(src);
   const size_t m = n / sizeof(float);

@@ -17,7 +17,8 @@ namespace dpt::comm {
 
 // What a receive does with the incoming bytes: copy them, or combine them
 // elementwise (fp32) into what the destination already holds.
-enum class Combine { Copy, Sum, Max };
+// SumBf16: bf16 elements added in fp32 and rounded back (bf16 reductions).
+enum class Combine { Copy, Sum, Max, SumBf16 };
 
 // Applies a Combine to n bytes.
 void combine_bytes(void* dst, const void* src, size_t n, Combine c);

@@ -380,10 +380,32 @@ std::string ProcessGroup::transport_to(int peer) const {
 }
 
 namespace {
-void require_fp32(DType dtype, const char* op) {
-  if (dtype != DType::F32)
-    throw InputError(fmt::format("{} reduces fp32 only (got {})", op, dtype_name(dtype)));
+// fp32 reductions take every ReduceOp; bf16 ones (gradients reduced in
+// bf16, --reduce-dtype bf16) sum only: each hop adds in fp32 and rounds.
+void check_reduction(DType dtype, ReduceOp op, const char* name) {
+  if (dtype == DType::BF16 && op != ReduceOp::Sum)
+    throw InputError(fmt::format("{} of bf16 sums only", name));
 }
+
+// MPI has no bf16 type: bf16 travels as 16-bit integers, summed by an op of
+// our own (created once, as MPI_Init's user ops must be).
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const bf16* a = static_cast<const bf16*>(in);
+  bf16* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = to_bf16(to_f32(a[i]) + to_f32(b[i]));
+}
+
+MPI_Op bf16_sum_op() {
+  static MPI_Op op = [] {
+    MPI_Op o;
+    MPI_Op_create(&bf16_sum, 1, &o);
+    return o;
+  }();
+  return op;
+}
+
+MPI_Datatype mpi_type(DType dtype) { return dtype == DType::BF16 ? MPI_UINT16_T : MPI_FLOAT; }
+MPI_Op mpi_reduce_op(DType dtype, ReduceOp op) { return dtype == DType::BF16 ? bf16_sum_op() : mpi_op(op); }
 
 void check_rank(int r, int size, const char* what) {
   if (r < 0 || r >= size) throw InputError(fmt::format("{} rank {} is outside 0..{}", what, r, size - 1));
@@ -391,14 +413,15 @@ void check_rank(int r, int size, const char* what) {
 }  // namespace
 
 std::shared_ptr<Work> ProcessGroup::all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op) {
-  require_fp32(dtype, "all_reduce");
+  check_reduction(dtype, op, "all_reduce");
   char* d = static_cast<char*>(data);
   const int n = size_;
-  return impl_->submit(OpCode::AllReduce, count, dtype, -1, [this, d, count, op, n](OpContext& ctx) {
+  return impl_->submit(OpCode::AllReduce, count, dtype, -1, [this, d, count, op, n, dtype](OpContext& ctx) {
     if (n == 1) return;
-    if (config_.algo == Algo::Ring) return impl_->ring->all_reduce(ctx, d, count, 4, op);
+    if (config_.algo == Algo::Ring) return impl_->ring->all_reduce(ctx, d, count, dtype_size(dtype), op);
     impl_->mpi_blocking(ctx, "MPI_Allreduce", [&] {
-      return MPI_Allreduce(MPI_IN_PLACE, d, static_cast<int>(count), MPI_FLOAT, mpi_op(op), impl_->comm);
+      return MPI_Allreduce(MPI_IN_PLACE, d, static_cast<int>(count), mpi_type(dtype), mpi_reduce_op(dtype, op),
+                           impl_->comm);
     });
     if (op == ReduceOp::Avg) {
       float* f = reinterpret_cast<float*>(d);
@@ -408,22 +431,24 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_async(void* data, size_t count, D
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(void* data, size_t count, DType dtype, ReduceOp op) {
-  require_fp32(dtype, "reduce_scatter");
+  check_reduction(dtype, op, "reduce_scatter");
   char* d = static_cast<char*>(data);
   const int n = size_, rank = rank_;
-  return impl_->submit(OpCode::ReduceScatter, count, dtype, -1, [this, d, count, op, n, rank](OpContext& ctx) {
+  return impl_->submit(OpCode::ReduceScatter, count, dtype, -1, [this, d, count, op, n, rank, dtype](OpContext& ctx) {
     if (n == 1) return;
-    if (config_.algo == Algo::Ring) return impl_->ring->reduce_scatter(ctx, d, count, 4, op);
+    const size_t es = dtype_size(dtype);
+    if (config_.algo == Algo::Ring) return impl_->ring->reduce_scatter(ctx, d, count, es, op);
     // MPI puts this rank's result at the start of the buffer; move it to
     // its chunk, where the engine's contract has it.
     std::vector<int> counts(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = static_cast<int>(chunk_range(count, n, r).size);
     impl_->mpi_blocking(ctx, "MPI_Reduce_scatter", [&] {
-      return MPI_Reduce_scatter(MPI_IN_PLACE, d, counts.data(), MPI_FLOAT, mpi_op(op), impl_->comm);
+      return MPI_Reduce_scatter(MPI_IN_PLACE, d, counts.data(), mpi_type(dtype), mpi_reduce_op(dtype, op),
+                                impl_->comm);
     });
     Range mine = chunk_range(count, n, rank);
+    std::memmove(d + mine.begin * es, d, mine.size * es);
     float* f = reinterpret_cast<float*>(d);
-    std::memmove(f + mine.begin, f, mine.size * sizeof(float));
     if (op == ReduceOp::Avg)
       for (size_t i = 0; i < mine.size; ++i) f[mine.begin + i] /= static_cast<float>(n);
   });
@@ -463,16 +488,16 @@ std::shared_ptr<Work> ProcessGroup::broadcast_async(void* data, size_t count, DT
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_async(void* data, size_t count, DType dtype, ReduceOp op, int root) {
-  require_fp32(dtype, "reduce");
+  check_reduction(dtype, op, "reduce");
   check_rank(root, size_, "reduce root");
   char* d = static_cast<char*>(data);
-  return impl_->submit(OpCode::Reduce, count, dtype, root, [this, d, count, op, root](OpContext& ctx) {
+  return impl_->submit(OpCode::Reduce, count, dtype, root, [this, d, count, op, root, dtype](OpContext& ctx) {
     if (size_ == 1) return;
-    if (config_.algo == Algo::Ring) return impl_->ring->reduce(ctx, d, count, 4, op, root);
+    if (config_.algo == Algo::Ring) return impl_->ring->reduce(ctx, d, count, dtype_size(dtype), op, root);
     impl_->mpi_blocking(ctx, "MPI_Reduce", [&] {
       void* send = rank_ == root ? MPI_IN_PLACE : d;
-      return MPI_Reduce(send, rank_ == root ? d : nullptr, static_cast<int>(count), MPI_FLOAT, mpi_op(op), root,
-                        impl_->comm);
+      return MPI_Reduce(send, rank_ == root ? d : nullptr, static_cast<int>(count), mpi_type(dtype),
+                        mpi_reduce_op(dtype, op), root, impl_->comm);
     });
     if (op == ReduceOp::Avg && rank_ == root) {
       float* f = reinterpret_cast<float*>(d);

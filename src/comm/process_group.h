@@ -19,8 +19,9 @@
 //   broadcast       data[0, count) of root is copied to every rank
 //   reduce          root's data becomes the reduction; others' is scratch
 // where chunk(r) = chunk_range(count, size, r): uneven chunks, no padding.
-// Reductions are fp32 (Sum, Avg, Max); all_gather, broadcast, send and recv
-// move any dtype.
+// Reductions are fp32 (Sum, Avg, Max) or bf16 (Sum: each addition in fp32,
+// rounded to bf16, as NCCL's bf16 sums); all_gather, broadcast, send and
+// recv move any dtype.
 //
 // send and recv are queued like every other operation, and a send completes
 // only once the peer receives it (MPI_Ssend's semantics): two ranks that

@@ -21,7 +21,11 @@ void Ring::step(const OpContext& ctx, int to, const char* src, size_t sbytes, in
 }
 
 namespace {
-Combine combine_of(ReduceOp op) { return op == ReduceOp::Max ? Combine::Max : Combine::Sum; }
+// bf16 (esize 2) reductions are sums only (ProcessGroup checks).
+Combine combine_of(ReduceOp op, size_t esize) {
+  if (esize == sizeof(bf16)) return Combine::SumBf16;
+  return op == ReduceOp::Max ? Combine::Max : Combine::Sum;
+}
 
 void scale(char* data, size_t count, float factor) {
   float* f = reinterpret_cast<float*>(data);
@@ -34,7 +38,7 @@ void Ring::reduce_scatter(const OpContext& ctx, char* data, size_t count, size_t
   for (int s = 0; s < n_ - 1; ++s) {
     Range out = chunk_at(count, pos_ - s - 1), in = chunk_at(count, pos_ - s - 2);
     step(ctx, next, data + out.begin * esize, out.size * esize, prev, data + in.begin * esize,
-         in.size * esize, combine_of(op));
+         in.size * esize, combine_of(op, esize));
   }
   if (op == ReduceOp::Avg) {
     Range mine = chunk_range(count, n_, rank_);
@@ -90,7 +94,7 @@ void Ring::reduce(const OpContext& ctx, char* data, size_t count, size_t esize, 
     size_t sk = first ? k : k - 1;
     if (!send && !recv) continue;
     step(ctx, send ? to : -1, send ? data + sk * kPipe : nullptr, send ? piece(sk) : 0,
-         recv ? from : -1, recv ? data + k * kPipe : nullptr, recv ? piece(k) : 0, combine_of(op));
+         recv ? from : -1, recv ? data + k * kPipe : nullptr, recv ? piece(k) : 0, combine_of(op, esize));
   }
   if (op == ReduceOp::Avg && q == 0) scale(data, count, 1.0f / static_cast<float>(n_));
 }

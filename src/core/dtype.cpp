@@ -8,10 +8,10 @@ const char* dtype_name(DType t) { return t == DType::F32 ? "F32" : "BF16"; }
 
 const char* precision_name(DType t) { return t == DType::F32 ? "fp32" : "bf16"; }
 
-DType parse_precision(const std::string& name) {
+DType parse_precision(const std::string& name, const char* flag) {
   if (name == "fp32") return DType::F32;
   if (name == "bf16") return DType::BF16;
-  throw InputError(fmt::format("--precision must be fp32 or bf16, not '{}'", name));
+  throw InputError(fmt::format("{} must be fp32 or bf16, not '{}'", flag, name));
 }
 
 DType dtype_from_name(const std::string& name) {

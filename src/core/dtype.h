@@ -16,7 +16,8 @@ constexpr size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
 const char* dtype_name(DType t);  // safetensors spelling: "F32", "BF16"
 // A run's compute precision as flags spell it: "fp32", "bf16".
 const char* precision_name(DType t);
-DType parse_precision(const std::string& name);  // throws InputError if unknown
+// Throws InputError naming `flag` if the name is neither.
+DType parse_precision(const std::string& name, const char* flag = "--precision");
 DType dtype_from_name(const std::string& name);  // throws InputError if unknown
 
 // bfloat16: the top 16 bits of an fp32 (same exponent range, 8-bit

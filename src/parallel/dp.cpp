@@ -33,6 +33,39 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 }  // namespace
 
+// Per-step times of a DP run, in ms: the step, the replicas' forward and
+// backward, and replica 0's gather, optimizer step and broadcast.
+struct DpTimes {
+  std::vector<double> step, compute, gather, opt, bcast;
+};
+
+// The end of a DP run: the printed lines and the summary file.
+void report_dp_run(const TrainOptions& o, const TrainResult& r, int R, const DpTimes& t, bool evaluable) {
+  const bool mlp = o.model == "mlp";
+  const int64_t steps = r.steps;
+  auto steady = [](const std::vector<double>& v) { return steady_median(v); };
+  if (!o.quiet) {
+    std::printf("done: %lld steps, train loss %.4f -> %.4f", static_cast<long long>(steps), r.first_loss, r.final_loss);
+    if (evaluable)
+      std::printf(mlp ? ", test accuracy %.2f%%" : ", validation loss %.4f",
+                  mlp ? 100.0 * r.eval_accuracy : r.eval_loss);
+    std::printf("\nthroughput: %.0f %s (median step %.2f ms): replicas' forward+backward %.2f ms, then on "
+                "replica 0 alone: gather %.2f ms, optimizer %.2f ms, broadcast %.2f ms\n",
+                mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s", r.step_ms_median,
+                steady(t.compute), steady(t.gather), steady(t.opt), steady(t.bcast));
+  }
+  if (!o.summary_out.empty()) {
+    nlohmann::json j = {{"model", o.model}, {"strategy", "dp"}, {"world", 1}, {"replicas", R},
+                        {"steps", steps}, {"batch", o.batch}, {"first_loss", r.first_loss},
+                        {"final_loss", r.final_loss}, {"step_ms_median", r.step_ms_median},
+                        {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
+                        {"compute_ms", steady(t.compute)}, {"gather_ms", steady(t.gather)},
+                        {"optimizer_ms", steady(t.opt)}, {"broadcast_ms", steady(t.bcast)},
+                        {"peak_rss", r.peak_rss}};
+    write_summary(o.summary_out, std::move(j), r, mlp, evaluable);
+  }
+}
+
 TrainResult run_dp_training(const TrainOptions& o) {
   const int R = o.dp_replicas;
   if (R < 1) throw InputError(fmt::format("--dp-replicas {} must be positive", R));
@@ -67,7 +100,9 @@ TrainResult run_dp_training(const TrainOptions& o) {
                 static_cast<long long>(steps));
 
   TrainResult r;
-  std::vector<double> step_ms, compute_ms, gather_ms, opt_ms, bcast_ms, losses(static_cast<size_t>(R));
+  DpTimes times;
+  auto& [step_ms, compute_ms, gather_ms, opt_ms, bcast_ms] = times;
+  std::vector<double> losses(static_cast<size_t>(R));
   std::vector<Batch> batches(static_cast<size_t>(R));
   std::string error;
   const double per_step = static_cast<double>(o.batch * (mlp ? 1 : master.positions()));
@@ -133,9 +168,13 @@ TrainResult run_dp_training(const TrainOptions& o) {
   if (!error.empty()) throw InputError(error);
   progress.finish();
   r.steps = steps;
-  auto steady = [](const std::vector<double>& v) { return steady_median(v); };
-  r.step_ms_median = steady(step_ms);
-  r.breakdown = {0.0, 0.0, steady(compute_ms), steady(gather_ms) + steady(bcast_ms), steady(opt_ms), r.step_ms_median};
+  r.step_ms_median = steady_median(step_ms);
+  r.breakdown = {0.0,
+                 0.0,
+                 steady_median(compute_ms),
+                 steady_median(gather_ms) + steady_median(bcast_ms),
+                 steady_median(opt_ms),
+                 r.step_ms_median};
   r.samples_per_s = static_cast<double>(o.batch) * 1000.0 / r.step_ms_median;
   if (!mlp) r.tokens_per_s = r.samples_per_s * static_cast<double>(master.positions());
   r.gflops = master.train_flops(o.batch) / (r.step_ms_median * 1e-3) / 1e9;
@@ -147,26 +186,7 @@ TrainResult run_dp_training(const TrainOptions& o) {
     r.eval_accuracy = ev.accuracy();
   }
   r.peak_rss = peak_rss_bytes();
-  if (!o.quiet) {
-    std::printf("done: %lld steps, train loss %.4f -> %.4f", static_cast<long long>(steps), r.first_loss, r.final_loss);
-    if (data[0]->evaluable())
-      std::printf(mlp ? ", test accuracy %.2f%%" : ", validation loss %.4f",
-                  mlp ? 100.0 * r.eval_accuracy : r.eval_loss);
-    std::printf("\nthroughput: %.0f %s (median step %.2f ms): replicas' forward+backward %.2f ms, then on "
-                "replica 0 alone: gather %.2f ms, optimizer %.2f ms, broadcast %.2f ms\n",
-                mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s", r.step_ms_median,
-                steady(compute_ms), steady(gather_ms), steady(opt_ms), steady(bcast_ms));
-  }
-  if (!o.summary_out.empty()) {
-    nlohmann::json j = {{"model", o.model}, {"strategy", "dp"}, {"world", 1}, {"replicas", R},
-                        {"steps", steps}, {"batch", o.batch}, {"first_loss", r.first_loss},
-                        {"final_loss", r.final_loss}, {"step_ms_median", r.step_ms_median},
-                        {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
-                        {"compute_ms", steady(compute_ms)}, {"gather_ms", steady(gather_ms)},
-                        {"optimizer_ms", steady(opt_ms)}, {"broadcast_ms", steady(bcast_ms)},
-                        {"peak_rss", r.peak_rss}};
-    write_summary(o.summary_out, std::move(j), r, mlp, data[0]->evaluable());
-  }
+  report_dp_run(o, r, R, times, data[0]->evaluable());
   return r;
 }
 

@@ -45,6 +45,7 @@ std::vector<Bucket> Reducer::assign(const Layout& layout, const ReducerOptions& 
 Reducer::Reducer(Model& model, comm::ProcessGroup& pg, ReducerOptions options)
     : model_(model), pg_(pg), options_(options) {
   buckets_ = assign(model.layout(), options_);
+  if (options_.reduce_dtype == DType::BF16) wire_.reserve(model.param_count());
   model_.on_grads_ready = [this](size_t offset, size_t numel) { on_grads_ready(offset, numel); };
 }
 
@@ -88,7 +89,12 @@ void Reducer::launch_ready() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_++];
     // Sum: the 1/world of the average is already in the loss scale.
-    b.work = pg_.all_reduce_async(model_.grads() + b.offset, b.numel, DType::F32, comm::ReduceOp::Sum);
+    if (options_.reduce_dtype == DType::BF16) {
+      convert(wire_.b16() + b.offset, model_.grads() + b.offset, b.numel);
+      b.work = pg_.all_reduce_async(wire_.b16() + b.offset, b.numel, DType::BF16, comm::ReduceOp::Sum);
+    } else {
+      b.work = pg_.all_reduce_async(model_.grads() + b.offset, b.numel, DType::F32, comm::ReduceOp::Sum);
+    }
   }
 }
 
@@ -100,7 +106,10 @@ double Reducer::finish() {
   launch_ready();
   auto t0 = std::chrono::steady_clock::now();
   for (Bucket& b : buckets_) b.work->wait();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (options_.reduce_dtype == DType::BF16)
+    for (const Bucket& b : buckets_) convert(model_.grads() + b.offset, wire_.b16() + b.offset, b.numel);
+  return waited;
 }
 
 }  // namespace dpt

@@ -29,6 +29,10 @@ struct ReducerOptions {
   size_t first_bucket_bytes = 1u << 20;  // cap of bucket 0
   bool overlap = true;    // false: all-reduce every bucket after backward
   bool per_param = false; // one all-reduce per parameter tensor, no buckets
+  // BF16: each bucket is converted into a bf16 copy, all-reduced in bf16
+  // (half the bytes) and widened back into the fp32 gradients after the
+  // wait (--reduce-dtype bf16; the gradients themselves stay fp32).
+  DType reduce_dtype = DType::F32;
 };
 
 struct Bucket {
@@ -51,6 +55,8 @@ class Reducer {
   double finish();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Bytes of the bf16 copy the reductions run on (0 when they run in fp32).
+  size_t wire_bytes() const { return wire_.bytes(); }
   // Bucket assignment alone, for tests and docs: the buckets a layout gets.
   // Caps are rounded down to whole 64-byte lines (16 floats), at least one,
   // and bucket 0 gives up the few floats (< 16) that put its start on a line
@@ -67,6 +73,7 @@ class Reducer {
   comm::ProcessGroup& pg_;
   ReducerOptions options_;
   std::vector<Bucket> buckets_;  // descending offsets
+  FlatBuffer wire_{0, DType::BF16};  // reduce_dtype bf16: the whole gradient buffer's bf16 copy
   size_t next_launch_ = 0;
   bool sync_ = true;
 };

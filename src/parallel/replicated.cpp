@@ -110,10 +110,16 @@ void DdpStrategy::trace(Timeline& tl, int64_t step) const {
   const auto& buckets = reducer_->buckets();
   for (size_t i = 0; i < buckets.size(); ++i)
     if (buckets[i].work)
-      tl.add(Timeline::AllReduce, step, static_cast<int>(i), buckets[i].numel * sizeof(float),
+      tl.add(Timeline::AllReduce, step, static_cast<int>(i), buckets[i].numel * dtype_size(options_.ddp.reduce_dtype),
              buckets[i].work->started_at(), buckets[i].work->finished_at());
 }
 
 size_t DdpStrategy::trace_spans() const { return reducer_->buckets().size(); }
+
+MemoryBytes DdpStrategy::bytes() const {
+  MemoryBytes b = LocalStrategy::bytes();
+  b.scratch = reducer_->wire_bytes();  // --reduce-dtype bf16: the gradients' bf16 copy
+  return b;
+}
 
 }  // namespace dpt

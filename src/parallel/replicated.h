@@ -51,6 +51,7 @@ class DdpStrategy : public LocalStrategy {
   void restored(int64_t optimizer_steps) override;
   void trace(Timeline& tl, int64_t step) const override;
   size_t trace_spans() const override;
+  MemoryBytes bytes() const override;
 
  private:
   std::unique_ptr<Reducer> reducer_;

@@ -76,8 +76,19 @@ MemoryBytes estimate_bytes(const StrategyOptions& options, const Model& model, i
   // gathered: the whole model. A gathered bf16 unit takes half as many
   // floats, rounded up.
   if (stage >= 2 && !options.accumulate_locally) b.scratch = 3 * max_unit * f;
+  auto gathered_bytes = [&](size_t n) { return (mixed ? (n + 1) / 2 : n) * f; };
+  size_t bf16_units = 0;  // every unit's bf16 copy, in floats rounded up
+  for (const Unit& u : layout.units()) bf16_units += (u.numel + 1) / 2 * f;
+  // --reduce-dtype bf16: the bf16 copies the reductions run on. DDP's
+  // buckets (and zero1's) have one for the whole gradient buffer; a
+  // reduce-scatter's lives while it is in flight: with unit scratch at most
+  // as many as there are scratch buffers (half their bytes), with full
+  // gradients possibly every unit at once.
+  if (options.ddp.reduce_dtype == DType::BF16 && stage <= 1 && !(stage == 1 && options.zero_scatter))
+    b.scratch += layout.numel() * sizeof(bf16);
+  else if (options.ddp.reduce_dtype == DType::BF16 && stage >= 1)
+    b.scratch += b.scratch > 0 ? 3 * (max_unit + 1) / 2 * f : bf16_units;
   if (stage == 3) {
-    auto gathered_bytes = [&](size_t n) { return (mixed ? (n + 1) / 2 : n) * f; };
     std::vector<size_t> sizes;
     size_t all_units = 0;
     for (const Unit& u : layout.units()) {

@@ -195,7 +195,8 @@ void ZeroStrategy::record(Timeline::Kind kind, int u, const std::shared_ptr<comm
 
 void ZeroStrategy::trace(Timeline& tl, int64_t step) const {
   for (const Traced& t : traced_)
-    tl.add(t.kind, step, t.unit, unit(t.unit).numel * (t.kind == Timeline::AllGather ? gather_elem_bytes() : sizeof(float)),
+    tl.add(t.kind, step, t.unit,
+           unit(t.unit).numel * (t.kind == Timeline::AllGather ? gather_elem_bytes() : dtype_size(options_.ddp.reduce_dtype)),
            t.work->started_at(), t.work->finished_at());
 }
 
@@ -232,14 +233,26 @@ void ZeroStrategy::complete_oldest() {
   UnitGrads& g = grads_[static_cast<size_t>(u)];
   g.work->wait();
   g.work.reset();
-  if (stage_ == 1) return;  // reduced in place in the full gradients
-  // This rank's chunk of the reduced unit, added to its gradient shard
-  // (micro-steps accumulate there).
   const Shard& s = shards_[static_cast<size_t>(u)];
-  const float* src = (full_grads() ? model_.grads() + unit(u).offset : grad_pool_.data(g.buf)) + s.begin;
   float* dst = grad_shard(u);
+  if (g.wire >= 0) {
+    // Reduced in bf16: this rank's chunk widened, into the full gradients'
+    // chunk (stage 1: replaced, as the in-place fp32 reduction would) or
+    // added to the shard (stages 2, 3).
+    const bf16* w = reinterpret_cast<const bf16*>(wire_pool_.data(g.wire)) + s.begin;
+    if (stage_ == 1)
+      for (size_t i = 0; i < s.n; ++i) dst[i] = to_f32(w[i]);
+    else
+      for (size_t i = 0; i < s.n; ++i) dst[i] += to_f32(w[i]);
+    wire_pool_.give(g.wire);
+    g.wire = -1;
+  } else if (stage_ > 1) {
+    // This rank's chunk of the reduced unit, added to its gradient shard
+    // (micro-steps accumulate there); stage 1 reduced in place.
+    const float* src = (full_grads() ? model_.grads() + unit(u).offset : grad_pool_.data(g.buf)) + s.begin;
 #pragma omp simd
-  for (size_t i = 0; i < s.n; ++i) dst[i] += src[i];
+    for (size_t i = 0; i < s.n; ++i) dst[i] += src[i];
+  }
   if (g.buf >= 0) {
     grad_pool_.give(g.buf);
     g.buf = -1;
@@ -337,7 +350,7 @@ MemoryBytes ZeroStrategy::bytes() const {
   b.optimizer = tier_->ram_bytes() + (mixed_ ? shard : 0);
   b.offloaded = tier_->offloaded_bytes();
   b.gathered = gather_pool_.bytes();
-  b.scratch = grad_pool_.bytes();
+  b.scratch = grad_pool_.bytes() + wire_pool_.bytes() + (reducer_ ? reducer_->wire_bytes() : 0);
   return b;
 }
 
@@ -473,7 +486,14 @@ void ZeroStrategy::grads_ready(size_t offset, size_t numel) {
   if (g.pending == 0 && sync_) {
     // Sum: the 1/world of the average is already in the loss scale.
     float* b = full_grads() ? model_.grads() + unit(u).offset : grad_pool_.data(g.buf);
-    g.work = pg_.reduce_scatter_async(b, unit(u).numel, DType::F32, comm::ReduceOp::Sum);
+    if (wire_bf16()) {  // a bf16 copy goes on the wire: half the bytes
+      g.wire = wire_pool_.take((unit(u).numel + 1) / 2);
+      bf16* w = reinterpret_cast<bf16*>(wire_pool_.data(g.wire));
+      convert(w, b, unit(u).numel);
+      g.work = pg_.reduce_scatter_async(w, unit(u).numel, DType::BF16, comm::ReduceOp::Sum);
+    } else {
+      g.work = pg_.reduce_scatter_async(b, unit(u).numel, DType::F32, comm::ReduceOp::Sum);
+    }
     inflight_.push_back(u);
     record(Timeline::ReduceScatter, u, g.work);
   }

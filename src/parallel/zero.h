@@ -136,12 +136,15 @@ class ZeroStrategy : public Strategy, private UnitStore {
 
   struct UnitGrads {
     int buf = -1;        // grad pool buffer (stages 2, 3 without local accumulation)
+    int wire = -1;       // --reduce-dtype bf16: wire pool buffer, the unit's bf16 copy reduced
     size_t pending = 0;  // elements not final yet in this backward
     std::shared_ptr<comm::Work> work;  // its reduce-scatter
   };
   std::vector<UnitGrads> grads_;
   std::deque<int> inflight_;  // units whose reduce-scatter is in flight, oldest first
   BufferPool grad_pool_;
+  BufferPool wire_pool_;  // bf16 copies of unit gradients being reduce-scattered
+  bool wire_bf16() const { return options_.ddp.reduce_dtype == DType::BF16; }
   bool sync_ = true;
 
   struct Gathered {

@@ -52,6 +52,9 @@ TrainCommand::TrainCommand(CLI::App& app) {
       ->check(non_negative());
   add_gemm_flag(cmd_, gemm_);
   add_precision_flag(cmd_, precision_);
+  cmd_->add_option("--reduce-dtype", reduce_dtype_,
+                   "gradient reductions in fp32 (default) or bf16 (half the bytes; each rank's gradients are "
+                   "converted for the wire and the sums widened back; docs/precision.md)");
   cmd_->add_option("--val-fraction", o.val_fraction, "gpt: held-out tail of the data (windows of token shards)")
       ->check(fraction(0.0, 0.99));
   cmd_->add_option("--eval-every", o.eval_every, "steps between evaluations (0: at the end only)")
@@ -135,6 +138,7 @@ TrainCommand::TrainCommand(CLI::App& app) {
 int TrainCommand::run() {
   set_gemm_flag(gemm_);
   opts_.precision = parse_precision(precision_);
+  opts_.ddp.reduce_dtype = parse_precision(reduce_dtype_, "--reduce-dtype");
   opts_.hparams = model_.hparams();
   opts_.hparams.erase("dpt.model");
   opts_.model = model_.kind();

@@ -101,7 +101,7 @@ nlohmann::json Report::json() const {
   const MemoryBytes& m = r.memory;
   json j = {{"model", o.model}, {"strategy", strategy.name()}, {"world", ranks.size()}, {"threads", threads()},
             {"steps", r.steps}, {"batch", o.batch}, {"grad_accum", o.grad_accum},
-            {"precision", precision_name(o.precision)},
+            {"precision", precision_name(o.precision)}, {"reduce_dtype", precision_name(o.ddp.reduce_dtype)},
             {"params", model.param_count()}, {"first_loss", r.first_loss}, {"final_loss", r.final_loss},
             {"step_ms_median", r.step_ms_median}, {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
             {"gemm", gemm_backend_name(gemm_backend())}, {"gemm_gflops", r.gemm_gflops}, {"mfu", r.mfu}, {"seconds", seconds},

@@ -363,6 +363,7 @@ json run_settings(const TrainOptions& o) {
           {"batch", o.batch},
           {"grad_accum", o.grad_accum},
           {"precision", precision_name(o.precision)},
+          {"reduce_dtype", precision_name(o.ddp.reduce_dtype)},
           {"seed", o.seed},
           {"clip", number(o.clip)},
           {"val_fraction", o.val_fraction},
@@ -556,6 +557,20 @@ void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& mode
     write_summary(o.summary_out, report.json(), r, o.model == "mlp", evaluated);
 }
 
+// Naive DP, kept for comparison, runs in one process, in fp32, without
+// the strategies' checkpoints and traces: anything else is refused.
+void check_dp_options(const TrainOptions& o, int world) {
+  if (world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
+  if (!o.trace_out.empty()) throw InputError("--trace-out records training across ranks, not --strategy dp");
+  if (!o.checkpoint_dir.empty() || !o.resume.empty())
+    throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
+  if (o.precision != DType::F32)
+    throw InputError("--strategy dp computes in fp32 only; use local, ddp or zero1/2/3 for --precision bf16");
+  if (!o.offload.empty()) throw InputError("--strategy dp offloads nothing; use local, ddp or zero1/2/3");
+  if (o.ddp.reduce_dtype != DType::F32)
+    throw InputError("--strategy dp sums its replicas' gradients in fp32 only; use ddp or zero1/2/3 for --reduce-dtype bf16");
+}
+
 }  // namespace
 
 TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
@@ -565,13 +580,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (o.strategy.empty()) o.strategy = default_strategy(world);
   check_outputs(o, pg);
   if (o.strategy == "dp") {
-    if (world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
-    if (!o.trace_out.empty()) throw InputError("--trace-out records training across ranks, not --strategy dp");
-    if (!o.checkpoint_dir.empty() || !o.resume.empty())
-      throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
-    if (!o.offload.empty()) throw InputError("--strategy dp offloads nothing; use local, ddp or zero1/2/3");
-    if (o.precision != DType::F32)
-      throw InputError("--strategy dp computes in fp32 only; use local, ddp or zero1/2/3 for --precision bf16");
+    check_dp_options(o, world);
     return run_dp_training(o);
   }
   if (!o.load.empty() && !o.resume.empty())

@@ -180,6 +180,40 @@ TEST_P(Collective, ReduceScatterSum) {
   EXPECT_EQ(v[count], kGuard) << "wrote past count";
 }
 
+// bf16 sums (--reduce-dtype bf16): the contributions are small integers,
+// exact in bf16, and so are their sums: the result must be exact.
+std::vector<dpt::bf16> contribution_bf16(size_t count) {
+  const auto f = contribution(count);
+  std::vector<dpt::bf16> v(count + 1);
+  for (size_t i = 0; i <= count; ++i) v[i] = dpt::to_bf16(f[i]);
+  return v;
+}
+
+std::vector<float> widened(const std::vector<dpt::bf16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = dpt::to_f32(v[i]);
+  return f;
+}
+
+TEST_P(Collective, AllReduceSumBF16) {
+  const size_t count = GetParam();
+  auto v = contribution_bf16(count);
+  pg().all_reduce(v.data(), count, DType::BF16, ReduceOp::Sum);
+  const auto f = widened(v);
+  EXPECT_TRUE(matches(f.data(), 0, count, sum_over_ranks));
+  EXPECT_EQ(f[count], dpt::to_f32(dpt::to_bf16(kGuard))) << "wrote past count";
+}
+
+TEST_P(Collective, ReduceScatterSumBF16) {
+  const size_t count = GetParam();
+  auto v = contribution_bf16(count);
+  pg().reduce_scatter(v.data(), count, DType::BF16, ReduceOp::Sum);
+  const auto f = widened(v);
+  const Range c = chunk_range(count, world(), me());
+  EXPECT_TRUE(matches(f.data(), c.begin, c.begin + c.size, sum_over_ranks));
+  EXPECT_EQ(f[count], dpt::to_f32(dpt::to_bf16(kGuard))) << "wrote past count";
+}
+
 TEST_P(Collective, AllGatherF32) {
   const size_t count = GetParam();
   const int n = world();
@@ -563,10 +597,11 @@ TEST(BadArguments, RootsAndPeersOutOfRange) {
   EXPECT_TRUE(matches(ok.data(), 0, 8, sum_over_ranks));
 }
 
-// Reductions are fp32 only (process_group.h).
+// bf16 reductions sum only (process_group.h).
 TEST(BadArguments, ReductionOfBF16) {
   std::vector<uint16_t> v(8, 0);
-  EXPECT_THROW(pg().all_reduce(v.data(), 8, DType::BF16, ReduceOp::Sum), InputError);
+  EXPECT_THROW(pg().all_reduce(v.data(), 8, DType::BF16, ReduceOp::Avg), InputError);
+  EXPECT_THROW(pg().reduce_scatter(v.data(), 8, DType::BF16, ReduceOp::Max), InputError);
   auto ok = contribution(8);
   EXPECT_NO_THROW(pg().all_reduce(ok.data(), 8, DType::F32, ReduceOp::Max));
   EXPECT_TRUE(matches(ok.data(), 0, 8, max_over_ranks));

@@ -236,9 +236,11 @@ struct Workload {
   float clip = 0.0f;
   int64_t accum = 1;
   DType precision = DType::F32;
+  DType reduce = DType::F32;  // --reduce-dtype
   bool bf16() const { return precision == DType::BF16; }
   std::string key() const {
-    return fmt::format("{}_clip{}_accum{}{}", net == Net::Mlp ? "mlp" : "gpt", clip, accum, bf16() ? "_bf16" : "");
+    return fmt::format("{}_clip{}_accum{}{}{}", net == Net::Mlp ? "mlp" : "gpt", clip, accum, bf16() ? "_bf16" : "",
+                       reduce == DType::BF16 ? "_reducebf16" : "");
   }
 };
 
@@ -268,6 +270,7 @@ TrainOptions options(const Workload& s, int ranks) {
   o.clip = s.clip;
   o.grad_accum = s.accum;
   o.precision = s.precision;
+  o.ddp.reduce_dtype = s.reduce;
   // Only the last step logs: its loss all-reduce and (ZeRO) its gradient
   // norm all-gather are the only collectives besides the strategy's.
   o.log_every = 1000;
@@ -488,6 +491,39 @@ TEST(Equivalence, GptAdamWBf16GradAccum2) {
   check_equivalence({.net = Net::Gpt, .accum = 2, .precision = DType::BF16}, {kZero1, kZero2, kZero3, kZero3Local});
 }
 
+// --reduce-dtype bf16: every strategy's reductions sum the same bf16
+// values, each addition rounded; at N = 2 that is one addition per element,
+// so the strategies agree bit for bit. From N = 3 the ring adds in an order
+// set by the chunking (DDP's buckets, ZeRO's units), each order rounds its
+// own way, and AdamW's first steps (updates of about lr x sign(g)) turn a
+// gradient that is rounding noise into a step of lr either way: measured at
+// most 3.06e-4 (one lr) at N = 3 and 4, on 9,894 to 16,544 of 22,475
+// elements. kReduceBf16Tol = 1e-3 only bounds that; the loss, against one
+// process in fp32 reductions, is what shows the sums are right.
+constexpr double kReduceBf16Tol = 1e-3;
+
+TEST(Equivalence, GptAdamWReduceBf16) {
+  for (const DType precision : {DType::F32, DType::BF16}) {
+    const Workload s{.net = Net::Gpt, .precision = precision, .reduce = DType::BF16};
+    const TrainRun& ddp = run(s, kDdp);
+    const TrainRun& local = reference({.net = Net::Gpt, .precision = precision});
+    ASSERT_TRUE(ddp.ok);
+    // DDP holds the gradients' bf16 copy for its buckets.
+    auto model = make_model(model_hparams(options(s, world())));
+    EXPECT_EQ(ddp.result.memory.scratch, model->param_count() * sizeof(bf16));
+    for (const Variant& v : {kZero1, kZero1Scatter, kZero2, kZero3}) {
+      const TrainRun& z = run(s, v);
+      EXPECT_TRUE(z.ok) << v.name;
+      if (me() != 0 || !z.ok) continue;
+      expect_close(z.weights, ddp.weights, world() == 2 ? 0.0 : kReduceBf16Tol, world() == 2,
+                   s.key() + " " + v.name + " vs ddp");
+      if (local.ok) {
+        EXPECT_NEAR(z.result.final_loss, local.result.final_loss, 2e-3 * local.result.final_loss) << v.name;
+      }
+    }
+  }
+}
+
 TEST(Equivalence, GptAdamWGradAccum2) {
   check_equivalence({.net = Net::Gpt, .accum = 2}, {kZero1, kZero1Scatter, kZero2, kZero2Local, kZero3, kZero3Local});
 }
@@ -604,9 +640,9 @@ TEST(Memory, AccountedBytesMatchTheTable) {
 // floats (comm/ring.cpp; on one host ring position = rank): the
 // reduce-scatter sends every chunk but its own, the all-gather every chunk
 // but its next neighbour's, the all-reduce both; chunks by chunk_range.
-uint64_t rs_bytes(size_t m) { return 4 * (m - chunk_range(m, world(), me()).size); }
+uint64_t rs_bytes(size_t m, size_t elem = 4) { return elem * (m - chunk_range(m, world(), me()).size); }
 uint64_t ag_bytes(size_t m, size_t elem = 4) { return elem * (m - chunk_range(m, world(), (me() + 1) % world()).size); }
-uint64_t ar_bytes(size_t m) { return rs_bytes(m) + ag_bytes(m); }
+uint64_t ar_bytes(size_t m, size_t elem = 4) { return rs_bytes(m, elem) + ag_bytes(m, elem); }
 
 struct Volume {
   uint64_t per_step = 0;        // every step once prefetching has its recorded order
@@ -654,15 +690,17 @@ Volume expected_volume(const Workload& s, const Variant& v) {
   // Parameter all-gathers move bf16 in a mixed-precision run: half the bytes.
   const size_t pe = s.bf16() ? 2 : 4;
   auto pag = [&](size_t m) { return ag_bytes(m, pe); };
+  // Gradient reductions move bf16 with --reduce-dtype bf16.
+  const size_t re = s.reduce == DType::BF16 ? 2 : 4;
   uint64_t rs = 0, ag = 0;
   for (const Unit& u : units) {
-    rs += rs_bytes(u.numel);
+    rs += rs_bytes(u.numel, re);
     ag += pag(u.numel);
   }
   const uint64_t micro = static_cast<uint64_t>(s.accum);
   Volume vol;
   uint64_t buckets = 0;
-  for (const Bucket& b : Reducer::assign(layout, o.ddp)) buckets += ar_bytes(b.numel);
+  for (const Bucket& b : Reducer::assign(layout, o.ddp)) buckets += ar_bytes(b.numel, re);
   switch (v.stage()) {
     case 0:
       vol.backward = buckets;
@@ -748,7 +786,9 @@ TEST(CommVolume, LedgerBytesPerStepMatchTheTable) {
   for (const Workload& s : {Workload{.net = Net::Mlp, .accum = 2}, Workload{.net = Net::Gpt, .accum = 2}})
     for (const Variant& v : {kDdp, kZero1, kZero2, kZero2Local, kZero3, kZero3Local}) check_volume(s, v);
   for (const Workload& s : {Workload{.net = Net::Mlp, .precision = DType::BF16},
-                            Workload{.net = Net::Gpt, .precision = DType::BF16}})
+                            Workload{.net = Net::Gpt, .precision = DType::BF16},
+                            Workload{.net = Net::Gpt, .reduce = DType::BF16},
+                            Workload{.net = Net::Gpt, .precision = DType::BF16, .reduce = DType::BF16}})
     for (const Variant& v : {kDdp, kZero1, kZero1Scatter, kZero2, kZero3, kZero3Keep, kZero3NoPrefetch})
       check_volume(s, v);
 }
