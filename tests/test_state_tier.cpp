@@ -23,6 +23,7 @@
 #include "core/rng.h"
 #include "models/model.h"
 #include "optim/optimizer.h"
+#include "parallel/rank_bytes.h"
 #include "parallel/strategy.h"
 #include "tensor/layout.h"
 #include "train/train.h"
@@ -237,7 +238,7 @@ TEST_F(StateTierTest, TheEstimateCountsTheBuffersAndARunAccountsThem) {
   auto model = make_model(model_hparams(o));
   const size_t P = model->param_count();
   StrategyOptions so = strategy_options(o);
-  const MemoryBytes est = estimate_bytes(so, *model, 1);
+  const MemoryBytes est = rank_bytes(so, *model, 1);
   EXPECT_EQ(est.offloaded, 8 * P);
   EXPECT_EQ(est.optimizer, 4u * 2u * 8192u);  // 4 buffers of m's and v's 2048-element chunks
   const TrainResult r = run_training(o);
@@ -246,9 +247,9 @@ TEST_F(StateTierTest, TheEstimateCountsTheBuffersAndARunAccountsThem) {
   EXPECT_TRUE(fs::is_empty(dir_));
   // ZeRO on 2 ranks: rank 0's shard, buffers of its longest unit chunk at most.
   so.name = "zero3";
-  const MemoryBytes z = estimate_bytes(so, *model, 2);
+  const MemoryBytes z = rank_bytes(so, *model, 2);
   so.offload.what.clear();
-  EXPECT_EQ(z.offloaded, estimate_bytes(so, *model, 2).optimizer);
+  EXPECT_EQ(z.offloaded, rank_bytes(so, *model, 2).optimizer);
   EXPECT_LE(z.optimizer, est.optimizer);
 }
 

@@ -6,18 +6,26 @@
 
 namespace dpt {
 
-size_t peak_rss_bytes() {
+namespace {
+// A "Key:   12345 kB" line of /proc/self/status, in bytes (0 if absent).
+size_t status_kib_field(const char* key) {
   std::FILE* f = std::fopen("/proc/self/status", "r");
   if (!f) return 0;
   char line[256];
+  const size_t n = std::strlen(key);
   size_t kib = 0;
   while (std::fgets(line, sizeof line, f))
-    if (std::strncmp(line, "VmHWM:", 6) == 0) {
-      kib = std::strtoull(line + 6, nullptr, 10);  // "VmHWM:    12345 kB"
+    if (std::strncmp(line, key, n) == 0) {
+      kib = std::strtoull(line + n, nullptr, 10);
       break;
     }
   std::fclose(f);
   return kib * 1024;
 }
+}  // namespace
+
+size_t peak_rss_bytes() { return status_kib_field("VmHWM:"); }
+
+size_t current_rss_bytes() { return status_kib_field("VmRSS:"); }
 
 }  // namespace dpt

@@ -12,4 +12,7 @@ namespace dpt {
 // would report the harness's memory, not the engine's.
 size_t peak_rss_bytes();
 
+// Resident set size now (VmRSS), in bytes.
+size_t current_rss_bytes();
+
 }  // namespace dpt

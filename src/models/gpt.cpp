@@ -371,4 +371,23 @@ double Gpt::train_flops(int64_t B) const {
   return tokens * (6.0 * gemm_params + 12.0 * L * T * C);
 }
 
+double Gpt::recompute_flops(int64_t B) const {
+  // Every block's forward once more (a third of its forward + backward:
+  // 2 of the 6 FLOPs per parameter per token, 4 of attention's 12); the
+  // head is not recomputed.
+  if (!checkpoint_) return 0.0;
+  const double C = static_cast<double>(config_.width), T = static_cast<double>(config_.context);
+  const double L = static_cast<double>(config_.layers);
+  return static_cast<double>(B) * T * (2.0 * L * 12.0 * C * C + 4.0 * L * T * C);
+}
+
+std::vector<int> Gpt::unit_order() const {
+  // forward(): the token embedding, the blocks, ln_f, the tied projection.
+  std::vector<int> order{embed_unit_};
+  for (size_t l = 0; l < blocks_.size(); ++l) order.push_back(static_cast<int>(l) + 1);
+  order.push_back(lnf_unit_);
+  order.push_back(embed_unit_);
+  return order;
+}
+
 }  // namespace dpt

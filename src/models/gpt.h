@@ -45,6 +45,8 @@ class Gpt : public Model {
   ForwardStats forward(const Batch& batch) override;
   void backward(float loss_scale) override;
   double train_flops(int64_t B) const override;
+  double recompute_flops(int64_t B) const override;
+  std::vector<int> unit_order() const override;
   int64_t positions() const override { return config_.context; }
   size_t activation_bytes_for(int64_t B) const override;
   const GptConfig& config() const { return config_; }

@@ -225,4 +225,10 @@ double Mlp::train_flops(int64_t B) const {
   return f;
 }
 
+std::vector<int> Mlp::unit_order() const {
+  std::vector<int> order;  // one unit per Linear, in forward's order
+  for (size_t l = 0; l + 1 < config_.sizes.size(); ++l) order.push_back(static_cast<int>(l));
+  return order;
+}
+
 }  // namespace dpt

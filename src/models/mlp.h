@@ -27,6 +27,7 @@ class Mlp : public Model {
   ForwardStats forward(const Batch& batch) override;
   void backward(float loss_scale) override;
   double train_flops(int64_t B) const override;
+  std::vector<int> unit_order() const override;
   int64_t positions() const override { return 1; }
   size_t activation_bytes_for(int64_t B) const override;
   const MlpConfig& config() const { return config_; }

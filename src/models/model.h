@@ -90,6 +90,13 @@ class Model {
   // Model FLOPs of one forward + backward on a batch of B samples (the
   // standard count of GEMM work; elementwise work is not counted).
   virtual double train_flops(int64_t B) const = 0;
+  // FLOPs that activation checkpointing adds to train_flops(B): the
+  // recomputed forwards (0 where checkpointing drops nothing).
+  virtual double recompute_flops(int64_t /*B*/) const { return 0.0; }
+  // The units forward opens, in order, a unit opened twice listed twice (the
+  // GPT's tied embedding); backward opens them in the reverse order. What a
+  // zero3 step gathers follows from it (train/plan.h's planned_comm).
+  virtual std::vector<int> unit_order() const = 0;
   // Samples per batch element: T for GPT (tokens), 1 for MLP.
   virtual int64_t positions() const = 0;
   // Bytes of the activation arena for micro-batches of B samples, before

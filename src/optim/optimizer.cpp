@@ -29,6 +29,11 @@ void Optimizer::prepare(float* params, const float* grads, float lr) {
   begin_update();
 }
 
+size_t state_floats(const OptimizerConfig& config) {
+  if (config.name == "adamw") return 2;
+  return config.momentum != 0.0f ? 1 : 0;
+}
+
 void Optimizer::step(float* params, const float* grads, float lr) {
   prepare(params, grads, lr);
   const StateTier::Job j = job();
@@ -49,7 +54,7 @@ void step_prepared(const std::vector<std::unique_ptr<Optimizer>>& optimizers) {
 }
 
 Sgd::Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier)
-    : Optimizer(config, layout, begin, n, config.momentum != 0.0f ? 1 : 0, tier) {}
+    : Optimizer(config, layout, begin, n, state_floats(config), tier) {}
 
 std::vector<std::string> Sgd::state_names() const {
   if (config_.momentum == 0.0f) return {};  // plain SGD keeps nothing
@@ -84,7 +89,7 @@ void Sgd::update(size_t lo, size_t k, float* const* state) {
 }
 
 AdamW::AdamW(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier)
-    : Optimizer(std::move(config), layout, begin, n, 2, tier) {}  // m and v
+    : Optimizer(config, layout, begin, n, state_floats(config), tier) {}  // m and v
 
 void AdamW::begin_update() {
   ++steps_;

@@ -28,6 +28,11 @@ struct OptimizerConfig {
   float weight_decay = 0.0f;  // sgd: L2 added to the gradient; adamw: decoupled
 };
 
+// Floats of state per parameter: 2 for AdamW (m, v), 1 for SGD with
+// momentum, 0 for plain SGD. The optimizers size their state by it, and so
+// do the memory estimates (parallel/rank_bytes.h).
+size_t state_floats(const OptimizerConfig& config);
+
 class Optimizer : private ChunkKernel {
  public:
   // Covers elements [begin, begin + n) of buffers laid out by `layout`. Its

@@ -162,21 +162,4 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& m
 // on one.
 std::string default_strategy(int world);
 
-// The bytes a rank will hold under `options` for `model` on `world` ranks,
-// before anything is allocated: the memory estimate.
-MemoryBytes estimate_bytes(const StrategyOptions& options, const Model& model, int world);
-// estimate_bytes' offload term: with options.offload, the optimizer state
-// (state_bytes) moves to `offloaded` and the chunk buffers take its place in
-// the optimizer figure.
-void apply_offload(MemoryBytes& b, const StrategyOptions& options, const Model& model, int world,
-                   size_t state_bytes);
-
-// Throws InputError, in one sentence, when the `ranks_here` ranks of this
-// host would need more than `available` bytes under `options` (the
-// estimate plus each rank's activations): the estimate per rank and for the
-// host, what is available, and the first of ddp, zero1, zero2, zero3 that
-// would fit (seed 000's "when to use what"), or that none does.
-void check_fits(const StrategyOptions& options, const Model& model, size_t activation_bytes, int world,
-                int ranks_here, size_t available);
-
 }  // namespace dpt

@@ -8,17 +8,17 @@
 
 #include "core/error.h"
 #include "models/weights.h"
+#include "parallel/rank_bytes.h"
 #include "parallel/replicas.h"
 
 namespace dpt {
 
-namespace {
-// Bytes of gradient buffers, in largest units, a zero2/3 backward holds
-// before it waits for a reduce-scatter to free one: the unit being
-// computed, the tied embedding that waits for its second contribution, and
-// one being reduced.
-constexpr size_t kGradBuffers = 3;
-}  // namespace
+void BufferPool::reserve(const std::vector<size_t>& sizes) {
+  for (size_t n : sizes) {
+    bufs_.emplace_back(n);
+    free_.push_back(true);
+  }
+}
 
 int BufferPool::take(size_t numel) {
   int best = -1;
@@ -61,7 +61,6 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     const comm::Range r = comm::chunk_range(u.numel, world_, rank_);
     shards_.push_back({r.begin, r.size, shard_numel_});
     shard_numel_ += r.size;
-    max_unit_ = std::max(max_unit_, u.numel);
     opts_.push_back(make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size, tier_.get()));
   }
   const size_t U = layout_.units().size();
@@ -95,6 +94,10 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     }
   }
   if (stage_ >= 2) grad_shard_ = FlatBuffer(shard_numel_);
+  const ZeroPools pools = zero_pools(options_, model_);
+  gather_pool_.reserve(pools.gathered);
+  grad_pool_.reserve(pools.scratch);
+  wire_pool_.reserve(pools.wire);
   if (full_grads()) model_.zero_grads();
   if (stage_ == 1 && !options_.zero_scatter) reducer_ = std::make_unique<Reducer>(model_, pg_, options_.ddp);
   model_.set_store(this);
@@ -457,12 +460,9 @@ float* ZeroStrategy::unit_grads(int u) {
   if (full_grads()) return model_.grads() + unit(u).offset;
   UnitGrads& g = grads_[static_cast<size_t>(u)];
   if (g.buf < 0) {
-    // Reuse a buffer a finished reduce-scatter gives back rather than grow
-    // past kGradBuffers of the largest unit's size.
-    const size_t budget = kGradBuffers * max_unit_ * sizeof(float);
-    while (!grad_pool_.fits(unit(u).numel) && !inflight_.empty() &&
-           grad_pool_.bytes() + unit(u).numel * sizeof(float) > budget)
-      complete_oldest();
+    // Wait for a reduce-scatter to give a reserved buffer back rather than
+    // grow the pool past what the memory estimate counted.
+    while (!grad_pool_.fits(unit(u).numel) && !inflight_.empty()) complete_oldest();
     g.buf = grad_pool_.take(unit(u).numel);
     std::memset(grad_pool_.data(g.buf), 0, unit(u).numel * sizeof(float));
   }

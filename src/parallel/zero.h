@@ -37,14 +37,17 @@
 
 namespace dpt {
 
-// Buffers handed out and taken back, each allocated at the size first asked
-// for: a request gets the smallest free buffer that holds it (the one of
-// its own size once there is one), else a new buffer of exactly its size.
-// Units repeat their sizes step after step, so after the first step a run
-// allocates nothing, and a small unit (an embedding, a LayerNorm) never
-// holds a buffer the size of a transformer block.
+// Buffers handed out and taken back: a request gets the smallest free
+// buffer that holds it, else a new buffer of exactly its size. ZeroStrategy
+// reserves every buffer it will need up front (zero_pools: sizes chosen so
+// that this rule never runs out), so a run allocates nothing after set-up,
+// holds exactly what the memory estimate said, and a growing pool would show
+// in the accounted bytes (tests/test_plan_cli.cpp).
 class BufferPool {
  public:
+  // Free buffers of these sizes, made before the first step
+  // (parallel/rank_bytes.h's zero_pools), so the pool never grows after.
+  void reserve(const std::vector<size_t>& sizes);
   int take(size_t numel);
   void give(int i) { free_[static_cast<size_t>(i)] = true; }
   float* data(int i) { return bufs_[static_cast<size_t>(i)].f32(); }
@@ -125,7 +128,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   const Layout& layout_;
   int world_, rank_;
   std::vector<Shard> shards_;
-  size_t shard_numel_ = 0, max_unit_ = 0;
+  size_t shard_numel_ = 0;
   std::unique_ptr<StateTier> tier_;               // their state: RAM or a file (outlives opts_)
   std::vector<std::unique_ptr<Optimizer>> opts_;  // one per unit's shard
   FlatBuffer param_shard_, grad_shard_;           // stage 3 or mixed; stages 2 and 3

@@ -97,6 +97,25 @@ class LaunchCommand {
   std::vector<std::string> command_;
 };
 
+// `dpt plan`: bytes, traffic and time of each strategy; the fastest that
+// fits (train/plan.h).
+class PlanCommand {
+ public:
+  explicit PlanCommand(CLI::App& app);
+  bool chosen() const { return cmd_->parsed(); }
+  int run();
+
+ private:
+  CLI::App* cmd_;
+  ModelFlags model_;
+  TrainOptions opts_;  // batch, micro-batches, optimizer: as train fills them
+  int ranks_ = 1, ranks_per_host_ = 0, threads_ = 0;
+  std::string memory_, gemm_, zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter", reduce_dtype_ = "fp32";
+  std::vector<std::string> strategies_;
+  double gemm_gflops_ = 0, copy_gbs_ = 0;
+  bool json_ = false;
+};
+
 // `dpt bench`, created by the first of its subcommands to ask for it.
 CLI::App* bench_subcommand(CLI::App& app);
 

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   dpt::EvalCommand eval(app);
   dpt::TokensCommand tokens(app);
   dpt::LaunchCommand launch(app);
+  dpt::PlanCommand plan(app);
   dpt::BenchCommCommand bench_comm(app);
   dpt::BenchDataCommand bench_data(app);
   try {
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
     if (eval.chosen()) return eval.run();
     if (tokens.chosen()) return tokens.run();
     if (launch.chosen()) return launch.run();
+    if (plan.chosen()) return plan.run();
     if (bench_comm.chosen()) return bench_comm.run();
     if (bench_data.chosen()) return bench_data.run();
   } catch (const dpt::InternalError& e) {

@@ -24,10 +24,12 @@
 #include "optim/file_tier.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
+#include "parallel/rank_bytes.h"
 #include "parallel/replicas.h"
 #include "train/checkpoint.h"
 #include "train/data_source.h"
 #include "train/metrics_file.h"
+#include "train/plan.h"
 #include "train/progress.h"
 #include "train/report.h"
 #include "train/stop_signal.h"
@@ -168,28 +170,6 @@ TrainResult run_training(TrainOptions o) {
 }
 
 namespace {
-
-// MemAvailable from /proc/meminfo, in bytes (0 if unknown).
-size_t host_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  size_t kib = 0;
-  while (in >> key) {
-    if (key == "MemAvailable:") {
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(1 << 10, '\n');
-  }
-  return 0;
-}
-
-// Ranks of this job on this host: the launcher says (Open MPI), else all.
-int ranks_on_host(int world) {
-  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max(1, std::atoi(v));
-  return world;
-}
-
 
 // Writes the weights a unit at a time: every rank takes part in each unit's
 // gather, rank 0 streams it into the file (the tensors of a unit are
@@ -336,7 +316,7 @@ void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model
   // disks); any rank's refusal ends the run on every rank.
   std::string problem;
   try {
-    const MemoryBytes b = estimate_bytes(so, model, pg.size());
+    const MemoryBytes b = rank_bytes(so, model, pg.size());
     check_offload_dir(o.offload_dir, static_cast<uint64_t>(b.offloaded) * ranks_on_host(pg.size()));
   } catch (const InputError& e) {
     problem = e.what();

@@ -58,6 +58,7 @@
 #include "dist_main.h"
 #include "io/safetensors.h"
 #include "models/model.h"
+#include "parallel/rank_bytes.h"
 #include "parallel/reducer.h"
 #include "parallel/strategy.h"
 #include "train/train.h"
@@ -601,8 +602,8 @@ void check_memory(const Workload& s, const Variant& v) {
   }
   // The estimate (before anything is allocated) uses rank 0's shard, the
   // largest (chunk_range puts the larger chunks first): exact on rank 0, an
-  // upper bound on the others; it bounds the buffers too.
-  const MemoryBytes est = estimate_bytes(strategy_options(o), *model, world());
+  // upper bound on the others.
+  const MemoryBytes est = rank_bytes(strategy_options(o), *model, world());
   const size_t S0 = shard_of(layout, 0) * 4;
   EXPECT_EQ(est.parameters, (stage == 3 ? S0 : P) / (mixed ? 2 : 1)) << what;
   EXPECT_EQ(est.gradients, (stage <= 1 ? P : S0) + (stage >= 2 && v.local_accum ? P : 0)) << what;
@@ -613,8 +614,10 @@ void check_memory(const Workload& s, const Variant& v) {
     EXPECT_EQ(est.gradients, got.gradients) << what;
     EXPECT_EQ(est.optimizer, got.optimizer) << what;
   }
-  EXPECT_GE(est.scratch, got.scratch) << what;
-  EXPECT_GE(est.gathered, got.gathered) << what;
+  // The pools are reserved at the estimate's sizes on every rank and never
+  // grow: equal, not merely bounded.
+  EXPECT_EQ(est.scratch, got.scratch) << what;
+  EXPECT_EQ(est.gathered, got.gathered) << what;
   if (me() == 0)
     measure("memory {} {}: parameters {} gradients {} optimizer {} gathered {} scratch {} (estimate {} {} {} {} {})",
             s.key(), v.name, got.parameters, got.gradients, got.optimizer, got.gathered, got.scratch, est.parameters,
@@ -944,7 +947,7 @@ TEST(MemoryEstimate, RefusesDdpThatCannotFitAndRunsZero3) {
   auto need = [&](const char* name) {
     TrainOptions t = o;
     t.strategy = name;
-    const MemoryBytes b = estimate_bytes(strategy_options(t), *model, world());
+    const MemoryBytes b = rank_bytes(strategy_options(t), *model, world());
     return b.parameters + b.gradients + b.optimizer + b.gathered + b.scratch + acts;
   };
   const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");

@@ -1,0 +1,43 @@
+// The bytes a rank holds under a strategy, by category, computed from the
+// layout alone (nothing allocated): the one computation behind the memory
+// check before training (train/plan.h's check_fits), `dpt plan`, and the
+// buffer pools ZeroStrategy reserves, so a plan and a run cannot drift apart
+// (tests/test_plan_cli.cpp holds them equal to what runs account).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "parallel/strategy.h"
+#include "models/model.h"
+
+namespace dpt {
+
+// 0 for local and ddp, 1, 2, 3 for zero1, zero2, zero3 (= fsdp).
+int zero_stage(const std::string& name);
+
+// The buffers (element counts) a zero2/zero3 rank reserves before its first
+// step and never grows past: `gathered` holds all-gathered units (zero3),
+// `scratch` unit gradients while backward writes them and while they are
+// reduce-scattered (zero2/3 without local accumulation). Empty when the
+// strategy needs none. The model's unit order says which units a pass opens
+// twice (the GPT's tied embedding).
+struct ZeroPools {
+  std::vector<size_t> gathered, scratch;
+  std::vector<size_t> wire;  // --reduce-dtype bf16: bf16 copies of units being reduce-scattered
+};
+ZeroPools zero_pools(const StrategyOptions& options, const Model& model);
+
+// Optimizer state a rank holds for n parameters (optim/optimizer.h's
+// state_floats per element).
+size_t optimizer_state_bytes(const OptimizerConfig& config, size_t n);
+
+// What rank `rank` of `world` holds under `options`: parameters, gradients
+// and optimizer state (full or its shard), gathered units and communication
+// scratch (the pools above). Rank 0's shard is the largest (chunk_range puts
+// the larger chunks first), so rank 0's figures bound every rank's.
+// With options.offload, the optimizer state moves to `offloaded` and the
+// tier's chunk buffers take its place in the optimizer figure.
+MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int world, int rank = 0);
+
+}  // namespace dpt

@@ -1,0 +1,149 @@
+// `dpt plan`: what each strategy and technique would hold, send and take
+// per step for a model on N ranks, and the fastest that fits (train/plan.h,
+// docs/memory.md).
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "nn/gemm.h"
+#include "tools/commands.h"
+#include "tools/flag_checks.h"
+#include "train/plan.h"
+
+namespace dpt {
+
+namespace {
+
+// "24G", "512MiB", "1.5 GB", "1073741824": bytes (K, M, G, T are powers of
+// 1024, with or without "B" or "iB"). InputError naming the flag otherwise.
+size_t parse_bytes(const std::string& text) {
+  const char* s = text.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(s, &end);
+  std::string unit = end ? std::string(end) : std::string();
+  unit.erase(0, unit.find_first_not_of(' '));
+  double scale = 0;
+  for (const auto& [names, factor] : std::initializer_list<std::pair<std::vector<std::string>, double>>{
+           {{"", "B"}, 1.0},
+           {{"K", "KB", "KiB", "k"}, 0x1p10},
+           {{"M", "MB", "MiB"}, 0x1p20},
+           {{"G", "GB", "GiB"}, 0x1p30},
+           {{"T", "TB", "TiB"}, 0x1p40}})
+    for (const std::string& n : names)
+      if (unit == n) scale = factor;
+  if (end == s || scale == 0 || !std::isfinite(v) || v <= 0)
+    throw InputError(fmt::format("--memory '{}' is not a positive number of bytes (e.g. 24G, 512MiB, 1073741824)", text));
+  return static_cast<size_t>(v * scale);
+}
+
+std::string mib(uint64_t bytes) { return fmt::format("{:.1f}", static_cast<double>(bytes) / (1 << 20)); }
+
+void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, const std::string& model_name,
+                bool measured) {
+  const MachineRates& m = r.machine;
+  std::printf("dpt plan: %s, %zu parameters, %s, global batch %lld (%lld per rank%s), %d rank%s, %d on this host\n",
+              model_name.c_str(), model.param_count(), r.base.optimizer.name.c_str(),
+              static_cast<long long>(r.batch), static_cast<long long>(r.batch / r.world),
+              r.grad_accum > 1 ? fmt::format(" in {} micro-batches", r.grad_accum).c_str() : "", r.world,
+              r.world == 1 ? "" : "s", r.ranks_here);
+  std::printf("memory: %s for the %d rank%s on this host; rates %s: GEMM %.1f GFLOP/s per rank (%s, %d thread%s), "
+              "bf16 %.1f, memcpy %.2f GB/s per rank; runtime %.1f MiB per rank\n",
+              human_bytes(r.available).c_str(), r.ranks_here, r.ranks_here == 1 ? "" : "s",
+              measured ? "measured" : "given", m.gemm_gflops, gemm_backend_name(gemm_backend()), m.threads,
+              m.threads == 1 ? "" : "s", m.gemm_bf16_gflops > 0 ? m.gemm_bf16_gflops : m.gemm_gflops, m.copy_gbs, static_cast<double>(m.runtime_bytes) / (1 << 20));
+  std::printf("MiB per rank:         params    grads    optim gathered  scratch     acts    total peak RSS | MiB sent/step"
+              "  s/step (compute comm optim) | fits\n");
+  for (size_t i = 0; i < plan.rows.size(); ++i) {
+    const PlanRow& row = plan.rows[i];
+    const MemoryBytes& b = row.bytes;
+    std::string name = row.point.strategy;
+    if (row.point.precision != "fp32") name += " " + row.point.precision;
+    if (row.point.checkpoint) name += " +ckpt";
+    if (row.point.offload != "none") name += " +" + row.point.offload;
+    std::printf("%c %-17s %8s %8s %8s %8s %8s %8s %8s %8s | %13s %7.3g (%.3g %.3g %.3g) | %s\n",
+                static_cast<int>(i) == plan.best ? '*' : ' ', name.c_str(), mib(b.parameters).c_str(),
+                mib(b.gradients).c_str(), mib(b.optimizer).c_str(), mib(b.gathered).c_str(), mib(b.scratch).c_str(),
+                mib(row.activations).c_str(), mib(row.need).c_str(), mib(row.peak_rss).c_str(),
+                mib(row.comm.per_step()).c_str(), row.step_s, row.compute_s, row.comm_s, row.optimizer_s,
+                row.fits ? "yes" : "no");
+  }
+  std::printf("%s: %s\n", plan.best >= 0 ? "recommended" : "none fits", plan.reason.c_str());
+}
+
+}  // namespace
+
+PlanCommand::PlanCommand(CLI::App& app) {
+  cmd_ = app.add_subcommand("plan", "bytes per rank, traffic and step time of each strategy for a model; the "
+                                    "fastest that fits");
+  model_.add(cmd_);
+  cmd_->add_option("--ranks", ranks_, "ranks of the job (default 1)")->check(positive());
+  cmd_->add_option("--ranks-per-host", ranks_per_host_, "ranks sharing this host's memory (default: all)")
+      ->check(positive());
+  cmd_->add_option("--memory", memory_,
+                   "bytes the ranks on this host may use together, e.g. 24G (default: MemAvailable)");
+  cmd_->add_option("--batch", opts_.batch, "global samples per step (default 256 mlp, 16 gpt)")->check(positive());
+  cmd_->add_option("--grad-accum", opts_.grad_accum, "micro-batches per step")->check(positive());
+  cmd_->add_option("--optimizer", opts_.optimizer.name, "sgd or adamw (default sgd mlp, adamw gpt)")
+      ->check(CLI::IsMember({"sgd", "adamw"}));
+  cmd_->add_option("--momentum", opts_.optimizer.momentum, "sgd momentum (0: no state)")->check(fraction(0.0, 1.0));
+  cmd_->add_option("--zero-reduce", zero_reduce_, "zero1: reduce gradients by all-reduce (DDP's buckets) or scatter")
+      ->check(CLI::IsMember({"all-reduce", "scatter"}));
+  cmd_->add_option("--zero-accumulate", zero_accumulate_,
+                   "zero2/zero3 with --grad-accum: scatter (every micro-step) or local (full gradients kept)")
+      ->check(CLI::IsMember({"scatter", "local"}));
+  cmd_->add_option("--reshard-after-forward", opts_.reshard_after_forward,
+                   "zero3: free a unit's gathered parameters after its forward (true) or keep them for backward")
+      ->default_str("true");
+  cmd_->add_option("--reduce-dtype", reduce_dtype_, "fp32, or bf16: gradients reduced on bf16 copies (half the bytes)");
+  cmd_->add_option("--strategy", strategies_, "only these strategies (repeat or comma-separate; default: all)")
+      ->delimiter(',');
+  cmd_->add_option("--threads", threads_, "threads per rank (default: cores / ranks on this host)")
+      ->check(positive());
+  add_gemm_flag(cmd_, gemm_);
+  cmd_->add_option("--gemm-gflops", gemm_gflops_, "a rank's GEMM rate instead of measuring it")->check(positive());
+  cmd_->add_option("--copy-gbs", copy_gbs_, "a rank's memcpy GB/s instead of measuring it")->check(positive());
+  cmd_->add_flag("--json", json_, "print the plan as JSON");
+}
+
+int PlanCommand::run() {
+  // Before anything is allocated: this process is the same binary with the
+  // same libraries as a rank.
+  const size_t runtime = current_rss_bytes();
+  set_gemm_flag(gemm_);
+  opts_.hparams = model_.hparams();
+  opts_.hparams.erase("dpt.model");
+  opts_.model = model_.kind();
+  if (opts_.model.empty()) throw InputError("--model is required (mlp, gpt or a GPT-2 preset)");
+  opts_.zero_scatter = zero_reduce_ == "scatter";
+  opts_.zero_accumulate_locally = zero_accumulate_ == "local";
+  opts_.ddp.reduce_dtype = parse_precision(reduce_dtype_, "--reduce-dtype");
+  apply_defaults(opts_);
+  PlanRequest r;
+  r.base = strategy_options(opts_);
+  r.strategies = strategies_;
+  r.batch = opts_.batch;
+  r.grad_accum = opts_.grad_accum;
+  r.world = ranks_;
+  r.ranks_here = ranks_per_host_ > 0 ? std::min(ranks_per_host_, ranks_) : ranks_;
+  r.available = memory_.empty() ? host_available_bytes() : parse_bytes(memory_);
+  auto model = make_model(model_hparams(opts_));
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = threads_ > 0 ? threads_ : std::max(1, cores / r.ranks_here);
+  const bool measured = gemm_gflops_ <= 0 || copy_gbs_ <= 0;
+  r.machine = measured ? measure_machine(threads, r.ranks_here) : MachineRates{};
+  r.machine.threads = threads;
+  r.machine.runtime_bytes = runtime;
+  if (gemm_gflops_ > 0) r.machine.gemm_gflops = gemm_gflops_;
+  if (copy_gbs_ > 0) r.machine.copy_gbs = copy_gbs_;
+  const Plan plan = make_plan(r, *model);
+  if (json_)
+    std::printf("%s\n", plan_json(r, *model, plan).dump(2).c_str());
+  else
+    print_plan(r, *model, plan, model_.model, measured);
+  return 0;
+}
+
+}  // namespace dpt

@@ -1,0 +1,135 @@
+// The planner behind `dpt plan` (docs/memory.md): for each configuration of
+// a run that makes sense (strategy x precision x activation checkpointing x
+// offload), what a rank holds by category, what it sends per step, an
+// estimated step time from measured machine rates, whether it fits, and the
+// fastest that fits with the reason.
+//
+// Its byte figures are not a second formula: they come from rank_bytes
+// (parallel/rank_bytes.h), which also sizes ZeroStrategy's buffer pools and
+// backs the memory check before training (check_fits below), and
+// Model::activation_bytes_for, which lays out the arena a run allocates.
+// tests/test_plan_cli.cpp holds them, and planned_comm, equal to what real
+// runs account and send.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/model.h"
+#include "parallel/strategy.h"
+
+namespace dpt {
+
+// Bytes one rank sends per step in the engine's ring collectives on one host
+// (the ledger's count), by the phase the collective is issued in.
+struct CommPlan {
+  uint64_t forward = 0, backward = 0, optimizer = 0;  // every step once the run is going
+  // zero3: the run's first step also gathers, in backward, the unit forward
+  // ends on (it is kept for backward once the opening order is recorded).
+  uint64_t first_step = 0;
+  // Each logged step adds the loss average (phase "other") and, where
+  // gradients are sharded, the gradient norm's all-gather ("optimizer").
+  uint64_t logged_other = 0, logged_optimizer = 0;
+  uint64_t per_step() const { return forward + backward + optimizer; }
+};
+
+// The bytes rank `rank` of `world` sends per step under `options`
+// (WORKLOADS.md's "Communication volume per step" with the ring's exact
+// chunks): DDP's bucket all-reduces, ZeRO's reduce-scatters and all-gathers,
+// zero3's gathers as the model opens units (Model::unit_order), grad_accum
+// micro-steps each.
+CommPlan planned_comm(const StrategyOptions& options, const Model& model, int world, int rank, int64_t grad_accum);
+
+// MemAvailable from /proc/meminfo, in bytes (0 if unknown).
+size_t host_available_bytes();
+
+// Ranks of this job on this host: the launcher says (Open MPI), else all.
+int ranks_on_host(int world);
+
+// True when `ranks_here` ranks needing `per_rank` bytes each fit in
+// `available` bytes: the test of both the planner and check_fits.
+bool fits_on_host(size_t per_rank, int ranks_here, size_t available);
+
+// Throws InputError, in one sentence, when the `ranks_here` ranks of this
+// host would need more than `available` bytes under `options` (rank_bytes
+// plus each rank's activations): the need per rank and for the host, what
+// is available, and the first of ddp, zero1, zero2, zero3 that would fit
+// (seed 000's "when to use what"), or that none does.
+void check_fits(const StrategyOptions& options, const Model& model, size_t activation_bytes, int world,
+                int ranks_here, size_t available);
+
+// One configuration. Precision is fp32 or bf16 (mixed: bf16 compute copies,
+// fp32 masters); offload is a dimension with one value today (none):
+// optimizer offload becomes another entry of kOffloads.
+struct PlanPoint {
+  std::string strategy;  // local, ddp, zero1, zero2, zero3
+  std::string precision = "fp32";
+  bool checkpoint = false;  // activation checkpointing
+  std::string offload = "none";
+};
+
+// The machine, measured (or given): what the time estimates divide by.
+struct MachineRates {
+  double gemm_gflops = 0;    // one rank's fp32 GEMM rate at its threads
+  double gemm_bf16_gflops = 0;  // the same with bf16 inputs (mixed precision); 0: as fp32
+  double copy_gbs = 0;       // one rank's memcpy rate (bytes copied) with the host's ranks copying at once
+  // A rank's resident memory besides the accounted buffers: `dpt plan`
+  // reads its own (the same binary and libraries) before allocating.
+  size_t runtime_bytes = 0;
+  int threads = 1;           // per rank
+};
+
+// Measures the rates for ranks of `threads` threads, `ranks_here` of them
+// copying at once (about half a second).
+MachineRates measure_machine(int threads, int ranks_here);
+
+struct PlanRow {
+  PlanPoint point;
+  MemoryBytes bytes;         // rank 0's, as its strategy accounts them
+  size_t activations = 0;    // the arena of one micro-batch
+  size_t need = 0;           // bytes + activations: what the memory check counts
+  size_t peak_rss = 0;       // need + the runtime: the predicted high-water mark
+  CommPlan comm;             // rank 0's
+  double compute_s = 0, comm_s = 0, optimizer_s = 0, step_s = 0;
+  bool fits = false;
+};
+
+struct PlanRequest {
+  StrategyOptions base;          // everything but the strategy's name
+  std::vector<std::string> strategies;  // the rows' strategies; empty: all that make sense
+  int64_t batch = 0;             // global samples per step
+  int64_t grad_accum = 1;
+  int world = 1, ranks_here = 1;
+  size_t available = 0;          // bytes for the ranks_here ranks together
+  MachineRates machine;
+};
+
+// Step-time estimates closer than this fraction are not told apart: they
+// count GEMMs at the measured peak, copies and the optimizer's sweep, and
+// leave out the elementwise kernels (the same work under every strategy),
+// so a few percent between two rows is below what they resolve. Among such
+// rows the plan takes the simpler (less sharded, without checkpointing).
+constexpr double kTieMargin = 0.05;
+
+struct Plan {
+  std::vector<PlanRow> rows;
+  int best = -1;       // the fastest row that fits (up to kTieMargin), or -1
+  std::string reason;  // why, in words, with the numbers
+};
+
+// Every row, the recommendation and its reason. Switches the model's
+// activation checkpointing per row (restored before returning).
+Plan make_plan(const PlanRequest& request, Model& model);
+
+// The plan as JSON (`dpt plan --json`).
+nlohmann::json plan_json(const PlanRequest& request, const Model& model, const Plan& plan);
+
+// "15.7 GiB", "38.2 MiB": GiB from 1 GiB up (the memory check's sentence
+// and the plan's table).
+std::string human_bytes(size_t bytes);
+
+}  // namespace dpt

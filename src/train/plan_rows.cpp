@@ -1,0 +1,251 @@
+// make_plan: the grid of configurations, each row's bytes, traffic and
+// time, and the recommendation with its reason (train/plan.h).
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "comm/types.h"
+#include "core/error.h"
+#include "parallel/rank_bytes.h"
+#include "train/plan.h"
+
+namespace dpt {
+
+namespace {
+
+// The grid's dimensions besides the strategy and checkpointing. Precision
+// is set on the model (Model::set_precision), which rank_bytes, the arena
+// and planned_comm read; offload has one entry until optimizer offload
+// exists: a new entry needs its effect in options_for, and rank_bytes then
+// accounts it.
+const std::vector<std::string> kPrecisions = {"fp32", "bf16"};
+const std::vector<std::string> kOffloads = {"none"};
+
+// What a rank holds besides its accounted buffers that a plan cannot see in
+// its own process: Open MPI's runtime and the shared-memory links between
+// ranks (measured: 11 MiB more peak RSS for the same tiny model at 2 ranks
+// than in one process, Open MPI 4.1).
+constexpr size_t kMpiRuntimeBytes = size_t{11} << 20;
+
+// Bytes of memory traffic of an optimizer step over n parameters (reads
+// and writes): AdamW reads p, g, m, v and writes p, m, v; SGD with momentum
+// reads p, g, b and writes p, b; plain SGD reads p, g and writes p. Mixed
+// precision writes the bf16 copy too.
+double optimizer_traffic_bytes(const OptimizerConfig& o, size_t n, bool mixed) {
+  const double per = sizeof(float) * (3.0 + 2.0 * static_cast<double>(state_floats(o))) + (mixed ? 2.0 : 0.0);
+  return per * static_cast<double>(n);
+}
+
+// The options a row's run would get.
+StrategyOptions options_for(const StrategyOptions& base, const PlanPoint& p) {
+  StrategyOptions so = base;
+  so.name = p.strategy;
+  // Precision and offload: fp32 and none are the defaults of StrategyOptions.
+  return so;
+}
+
+// The parameters a rank's optimizer steps: all of them, or its shard.
+size_t stepped_elements(const StrategyOptions& so, const Layout& layout, int world) {
+  if (zero_stage(so.name) == 0) return layout.numel();
+  size_t n = 0;
+  for (const Unit& u : layout.units()) n += comm::chunk_range(u.numel, world, 0).size;
+  return n;
+}
+
+// One row: bytes from rank_bytes and the model's arena, traffic from
+// planned_comm, time from the machine's rates. On a CPU the collectives'
+// copies and the optimizer's sweep run on the same cores and memory as the
+// compute, so the three add up (docs/zero.md: overlap hides waiting for a
+// peer, not the copying).
+PlanRow make_row(const PlanRequest& r, const Model& model, const PlanPoint& p, int64_t micro) {
+  const StrategyOptions so = options_for(r.base, p);
+  const MachineRates& m = r.machine;
+  PlanRow row;
+  row.point = p;
+  row.bytes = rank_bytes(so, model, r.world);
+  row.activations = model.activation_bytes_for(micro);
+  row.need = row.bytes.total() + row.activations;
+  row.peak_rss = row.need + m.runtime_bytes + (r.world > 1 ? kMpiRuntimeBytes : 0);
+  row.comm = planned_comm(so, model, r.world, 0, r.grad_accum);
+  row.fits = fits_on_host(row.need, r.ranks_here, r.available);
+  const int64_t per_rank = r.batch / r.world;
+  const double flops = model.train_flops(per_rank) + model.recompute_flops(per_rank);
+  const bool mixed = model.precision() == DType::BF16;
+  const double rate = mixed && m.gemm_bf16_gflops > 0 ? m.gemm_bf16_gflops : m.gemm_gflops;
+  row.compute_s = rate > 0 ? flops / (rate * 1e9) : 0.0;
+  // A shared-memory ring copies each byte sent into a segment and the
+  // receiver copies it out: two copies per byte.
+  row.comm_s = m.copy_gbs > 0 ? 2.0 * static_cast<double>(row.comm.per_step()) / (m.copy_gbs * 1e9) : 0.0;
+  // A copy of B bytes moves 2B of memory traffic.
+  const double traffic = optimizer_traffic_bytes(so.optimizer, stepped_elements(so, model.layout(), r.world), mixed);
+  row.optimizer_s = m.copy_gbs > 0 ? traffic / (2.0 * m.copy_gbs * 1e9) : 0.0;
+  row.step_s = row.compute_s + row.comm_s + row.optimizer_s;
+  return row;
+}
+
+std::string row_name(const PlanPoint& p) {
+  std::string s = p.strategy;
+  if (p.precision != "fp32") s += " " + p.precision;
+  if (p.checkpoint) s += " +ckpt";
+  if (p.offload != "none") s += " +offload " + p.offload;
+  return s;
+}
+
+// Seed 000's "when to use what", computed: its row is decided by the least
+// sharded strategy that fits here (rows are in the grid's order: ddp, zero1,
+// zero2, zero3, each without checkpointing first), and when that is not the
+// plan's choice, what it would cost. Called with a best row.
+std::string seed_verdict(const Plan& plan) {
+  for (const PlanRow& row : plan.rows) {
+    if (!row.fits) continue;
+    const char* why = "one rank holds everything";
+    switch (zero_stage(row.point.strategy)) {
+      case 0:
+        if (row.point.strategy == "ddp") why = "the model, its gradients and optimizer state fit on every rank: DDP";
+        break;
+      case 1:
+        why = "the model and its gradients fit, the optimizer state does not: ZeRO-1";
+        break;
+      case 2:
+        why = "the model fits, its gradients and optimizer state do not: ZeRO-2 / FSDP SHARD_GRAD_OP";
+        break;
+      default:
+        why = "the model does not fit: ZeRO-3 / FSDP FULL_SHARD";
+    }
+    std::string verdict = fmt::format("{}{}", why, row.point.checkpoint ? ", with activation checkpointing" : "");
+    const PlanRow& best = plan.rows[static_cast<size_t>(plan.best)];
+    if (&row != &best)
+      verdict += fmt::format(" ({}: about {:.3g} s per step, {:.0f}% slower)", row_name(row.point), row.step_s,
+                             100.0 * (row.step_s / best.step_s - 1.0));
+    return verdict;
+  }
+  return "nothing fits";
+}
+
+// Why the best row, from the numbers: what it needs against what is
+// available, which faster rows do not fit and by how much, and the seed's
+// row it answers; or, when nothing fits, the smallest need.
+std::string reason_for(const PlanRequest& r, const Plan& plan) {
+  const size_t here = static_cast<size_t>(std::max(1, r.ranks_here));
+  if (plan.best < 0) {
+    const auto smallest = std::min_element(plan.rows.begin(), plan.rows.end(),
+                                           [](const PlanRow& a, const PlanRow& b) { return a.need < b.need; });
+    return fmt::format("nothing fits in {} for {} rank{}: the smallest, {}, needs {} per rank ({} for the host); "
+                       "add ranks on other hosts, or shrink the model or the batch",
+                       human_bytes(r.available), here, here == 1 ? "" : "s", row_name(smallest->point),
+                       human_bytes(smallest->need), human_bytes(smallest->need * here));
+  }
+  const PlanRow& best = plan.rows[static_cast<size_t>(plan.best)];
+  std::string why = fmt::format("{} fits: {} per rank ({} for {} rank{} of {} available), about {:.3g} s per step, "
+                                "{} sent per step",
+                                row_name(best.point), human_bytes(best.need), human_bytes(best.need * here), here,
+                                here == 1 ? "" : "s", human_bytes(r.available), best.step_s,
+                                human_bytes(best.comm.per_step()));
+  std::vector<std::string> close, too_big;
+  for (const PlanRow& row : plan.rows) {
+    if (row.step_s >= best.step_s) continue;
+    const std::string what = fmt::format("{} ({:.3g} s, {} per rank)", row_name(row.point), row.step_s,
+                                         human_bytes(row.need));
+    (row.fits ? close : too_big).push_back(what);
+  }
+  auto list = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + v[i];
+    return out;
+  };
+  if (!close.empty())
+    why += fmt::format("; estimated faster by less than the estimates can tell ({:.0f}%), so the simpler: {}",
+                       100.0 * kTieMargin, list(close));
+  else
+    why += "; the fastest that fits";
+  if (!too_big.empty()) why += "; faster but too big: " + list(too_big);
+  return why + "; seed 000, from what fits here: " + seed_verdict(plan);
+}
+
+// The strategies asked for (fsdp is zero3), or every one that makes sense on
+// this many ranks.
+std::vector<std::string> plan_strategies(const PlanRequest& r) {
+  if (r.strategies.empty())
+    return r.world == 1 ? std::vector<std::string>{"local"} : std::vector<std::string>{"ddp", "zero1", "zero2", "zero3"};
+  std::vector<std::string> out;
+  for (std::string s : r.strategies) {
+    if (s == "fsdp") s = "zero3";
+    if (s != "local" && s != "ddp" && zero_stage(s) == 0)
+      throw InputError(fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3 or fsdp)", s));
+    if (s == "local" && r.world > 1)
+      throw InputError(fmt::format("--strategy local trains one process, not {} ranks", r.world));
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace
+
+Plan make_plan(const PlanRequest& r, Model& model) {
+  if (r.world < 1) throw InputError(fmt::format("--ranks must be at least 1 (got {})", r.world));
+  if (r.batch % (static_cast<int64_t>(r.world) * r.grad_accum) != 0)
+    throw InputError(fmt::format("global batch {} does not split into {} ranks x {} equal micro-batches", r.batch,
+                                 r.world, r.grad_accum));
+  const int64_t micro = r.batch / r.world / r.grad_accum;
+  const bool was = model.checkpoint_activations();
+  const DType was_precision = model.precision();
+  // Checkpointing makes sense only where it drops something (not the MLP).
+  model.set_checkpoint_activations(false);
+  const size_t plain = model.activation_bytes_for(micro);
+  model.set_checkpoint_activations(true);
+  const bool ckpt_helps = model.activation_bytes_for(micro) < plain;
+  const std::vector<std::string> strategies = plan_strategies(r);
+  Plan plan;
+  for (const std::string& s : strategies)
+    for (const std::string& precision : kPrecisions)
+      for (bool ckpt : {false, true}) {
+        if (ckpt && !ckpt_helps) continue;
+        for (const std::string& offload : kOffloads) {
+          model.set_checkpoint_activations(ckpt);
+          model.set_precision(parse_precision(precision));
+          plan.rows.push_back(make_row(r, model, {s, precision, ckpt, offload}, micro));
+        }
+      }
+  model.set_checkpoint_activations(was);
+  model.set_precision(was_precision);
+  // The fastest that fits, or the first in the grid's order (less sharded,
+  // no checkpointing) whose estimate is within kTieMargin of it.
+  double fastest = -1;
+  for (const PlanRow& row : plan.rows)
+    if (row.fits && (fastest < 0 || row.step_s < fastest)) fastest = row.step_s;
+  for (size_t i = 0; i < plan.rows.size() && plan.best < 0; ++i)
+    if (plan.rows[i].fits && plan.rows[i].step_s <= fastest * (1.0 + kTieMargin)) plan.best = static_cast<int>(i);
+  plan.reason = reason_for(r, plan);
+  return plan;
+}
+
+nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& plan) {
+  using nlohmann::json;
+  json rows = json::array();
+  for (const PlanRow& row : plan.rows) {
+    const MemoryBytes& b = row.bytes;
+    rows.push_back(
+        {{"strategy", row.point.strategy}, {"precision", row.point.precision},
+         {"checkpoint_activations", row.point.checkpoint}, {"offload", row.point.offload},
+         {"bytes", {{"parameters", b.parameters}, {"gradients", b.gradients}, {"optimizer", b.optimizer},
+                    {"gathered", b.gathered}, {"scratch", b.scratch}, {"activations", row.activations},
+                    {"total", row.need}, {"peak_rss", row.peak_rss}}},
+         {"comm", {{"per_step", row.comm.per_step()}, {"forward", row.comm.forward}, {"backward", row.comm.backward},
+                   {"optimizer", row.comm.optimizer}, {"first_step", row.comm.first_step},
+                   {"logged_other", row.comm.logged_other}, {"logged_optimizer", row.comm.logged_optimizer}}},
+         {"time", {{"compute_s", row.compute_s}, {"comm_s", row.comm_s}, {"optimizer_s", row.optimizer_s},
+                   {"step_s", row.step_s}}},
+         {"fits", row.fits}});
+  }
+  json j = {{"model", model.kind()}, {"params", model.param_count()}, {"world", r.world},
+            {"ranks_here", r.ranks_here}, {"batch", r.batch}, {"grad_accum", r.grad_accum},
+            {"optimizer", r.base.optimizer.name}, {"available", r.available},
+            {"machine", {{"gemm_gflops", r.machine.gemm_gflops}, {"gemm_bf16_gflops", r.machine.gemm_bf16_gflops},
+                         {"copy_gbs", r.machine.copy_gbs},
+                         {"threads", r.machine.threads}, {"runtime_bytes", r.machine.runtime_bytes}}},
+            {"rows", rows}, {"reason", plan.reason}, {"tie_margin", kTieMargin}};
+  j["recommended"] = plan.best < 0 ? json(nullptr) : json(plan.best);
+  return j;
+}
+
+}  // namespace dpt

@@ -1,0 +1,242 @@
+// `dpt plan` against real runs: for every strategy, with and without
+// activation checkpointing, on 2 ranks, the bytes it plans per category are
+// the bytes the run accounts (its summary's memory table, rank 0), and the
+// bytes it plans to send are the ledger's; its predicted peak RSS is near
+// the measured one; bad input is one sentence and exit 1.
+//
+// Every job runs under `timeout` with one thread per rank.
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_run.h"
+
+namespace dpt {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::q;
+using test::RunResult;
+
+std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
+
+struct Net {
+  const char* name;
+  std::string flags;  // model and batch, shared by plan and train
+};
+// A GPT whose embedding (vocabulary 2048) is larger than a block, so the
+// pools take the "largest unit plus k of the second size" form; and a
+// 3-layer MLP, whose pools take one buffer per unit (its optimizer: SGD
+// with momentum).
+const Net kGpt{"gpt", "--model gpt --layers 3 --width 64 --heads 2 --context 32 --vocab 2048 --batch 4"};
+const Net kMlp{"mlp", "--model mlp --sizes 784,128,64,10 --batch 8"};
+constexpr int64_t kSteps = 3;  // only the last is logged (--log-every 100)
+
+class PlanCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / fmt::format("dpt_plan_cli_{}", ::getpid());
+    fs::create_directories(dir_);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static RunResult dpt(const std::string& args, int limit_s = 120) {
+    return test::run_shell(fmt::format("env -u DPT_COMM_ALGO -u DPT_COMM_TRANSPORT OMP_NUM_THREADS=1 {} {}",
+                                       q(dpt_bin()), args),
+                           dir_, limit_s);
+  }
+
+  // The plan as JSON, with rates given (nothing measured: the bytes do not
+  // depend on them), by default with memory to spare.
+  static json plan(const Net& net, const std::string& memory = "1T") {
+    const RunResult r = dpt(fmt::format("plan {} --ranks 2 --json --gemm-gflops 10 --copy-gbs 2 --memory {}",
+                                        net.flags, memory));
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.code == 0 ? json::parse(r.out) : json();
+  }
+
+  // A 2-rank synthetic run's summary.
+  static json train(const Net& net, const std::string& strategy, bool ckpt, const std::string& precision = "fp32") {
+    const fs::path summary = dir_ / fmt::format("{}_{}_{}_{}.json", net.name, strategy, ckpt, precision);
+    const RunResult r = dpt(fmt::format("launch -n 2 -- {} train {} --strategy {} {} --precision {} --synthetic "
+                                        "--steps {} --log-every 100 --threads 1 --quiet --summary-out {}",
+                                        q(dpt_bin()), net.flags, strategy, ckpt ? "--checkpoint-activations" : "",
+                                        precision, kSteps, q(summary)));
+    EXPECT_EQ(r.code, 0) << r.all();
+    return r.code == 0 ? json::parse(test::read_file(summary)) : json();
+  }
+
+  static inline fs::path dir_;
+};
+
+const json* find_row(const json& plan, const std::string& strategy, bool ckpt, const std::string& precision = "fp32") {
+  for (const json& row : plan.at("rows"))
+    if (row.at("strategy") == strategy && row.at("checkpoint_activations") == ckpt && row.at("precision") == precision)
+      return &row;
+  return nullptr;
+}
+
+class PlanMatchesRun : public PlanCliTest, public ::testing::WithParamInterface<std::tuple<const Net*, const char*>> {};
+
+// The run's accounted bytes and its ledger against the plan's row.
+void expect_row_matches(const json& row, const json& s, const std::string& what) {
+  const json& got = s.at("bytes");
+  const json& planned = row.at("bytes");
+  for (const char* k : {"parameters", "gradients", "optimizer", "gathered", "scratch", "activations"})
+    EXPECT_EQ(got.at(k).get<uint64_t>(), planned.at(k).get<uint64_t>()) << what << ": " << k;
+  // The ledger: every step's bytes, the first step's extra gather, and the
+  // logged last step's loss average and norm all-gather, over the steps
+  // (integer division, as the run reports it); then by phase.
+  const json& c = row.at("comm");
+  auto u = [&](const char* k) { return c.at(k).get<uint64_t>(); };
+  const uint64_t steps = kSteps;
+  EXPECT_EQ(s.at("comm_bytes_per_step").get<uint64_t>(),
+            (steps * u("per_step") + u("first_step") + u("logged_other") + u("logged_optimizer")) / steps)
+      << what;
+  const json& phase = s.at("comm_bytes_per_phase");
+  auto got_phase = [&](const char* k) { return phase.contains(k) ? phase.at(k).get<uint64_t>() : uint64_t{0}; };
+  EXPECT_EQ(got_phase("forward"), u("forward")) << what;
+  EXPECT_EQ(got_phase("backward"), (steps * u("backward") + u("first_step")) / steps) << what;
+  EXPECT_EQ(got_phase("optimizer"), (steps * u("optimizer") + u("logged_optimizer")) / steps) << what;
+}
+
+TEST_P(PlanMatchesRun, BytesPerCategoryAndPerStep) {
+  const auto [net, strategy] = GetParam();
+  const json p = plan(*net);
+  ASSERT_FALSE(p.is_null());
+  for (const char* precision : {"fp32", "bf16"})
+    for (bool ckpt : {false, true}) {
+      const std::string what = fmt::format("{} {} {}{}", net->name, strategy, precision, ckpt ? " +ckpt" : "");
+      // The MLP's units are single layers: checkpointing drops nothing, so
+      // the plan has no such row, and the run must account what the plain
+      // row says.
+      const json* row = find_row(p, strategy, ckpt && net == &kGpt, precision);
+      ASSERT_NE(row, nullptr) << what;
+      if (net == &kMlp) {
+        EXPECT_EQ(find_row(p, strategy, true, precision), nullptr) << "a checkpointing row that changes nothing";
+      }
+      const json s = train(*net, strategy, ckpt, precision);
+      ASSERT_FALSE(s.is_null()) << what;
+      expect_row_matches(*row, s, what);
+    }
+}
+
+// The ZeRO variants: zero1 reducing by reduce-scatter, zero2/3 with two
+// micro-batches (reduce-scattered every micro-step, or accumulated locally
+// and reduced once), zero3 keeping units from forward to backward; and
+// reductions in bf16 (--reduce-dtype: bf16 copies of the gradients on the
+// wire, half the bytes).
+TEST_F(PlanCliTest, ZeroVariantsMatchRuns) {
+  for (const auto& [strategy, flags] : std::vector<std::pair<std::string, std::string>>{
+           {"zero1", "--zero-reduce scatter"},
+           {"ddp", "--reduce-dtype bf16"},
+           {"zero1", "--reduce-dtype bf16"},
+           {"zero1", "--zero-reduce scatter --reduce-dtype bf16"},
+           {"zero2", "--grad-accum 2 --reduce-dtype bf16"},
+           {"zero3", "--grad-accum 2 --zero-accumulate local --reduce-dtype bf16"},
+           {"zero2", "--grad-accum 2"},
+           {"zero2", "--grad-accum 2 --zero-accumulate local"},
+           {"zero3", "--grad-accum 2"},
+           {"zero3", "--grad-accum 2 --zero-accumulate local"},
+           {"zero3", "--reshard-after-forward false"}}) {
+    const Net net{"variant", kGpt.flags + " " + flags};
+    const std::string what = strategy + " " + flags;
+    const json p = plan(net);
+    ASSERT_FALSE(p.is_null()) << what;
+    const json s = train(net, strategy, false);
+    ASSERT_FALSE(s.is_null()) << what;
+    expect_row_matches(*find_row(p, strategy, false), s, what);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, PlanMatchesRun,
+                         ::testing::Combine(::testing::Values(&kGpt, &kMlp),
+                                            ::testing::Values("ddp", "zero1", "zero2", "zero3")),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)->name) + "_" + std::get<1>(info.param);
+                         });
+
+// The high-water mark a run reports, against the plan's prediction (its
+// accounted bytes, the arena and the runtime), on W-GPT (3.3 M parameters,
+// 2 sequences per rank): within 15% here, where the runtime's ~20 MiB is a
+// quarter of the total (bench/plan_bench.py holds W-GPT-L to 10%).
+TEST_F(PlanCliTest, PredictedPeakRssNearMeasured) {
+  const Net wgpt{"wgpt", "--model gpt --batch 4"};
+  const json p = plan(wgpt);
+  ASSERT_FALSE(p.is_null());
+  for (const char* strategy : {"ddp", "zero3"}) {
+    const json s = train(wgpt, strategy, false);
+    ASSERT_FALSE(s.is_null());
+    const double measured = s.at("bytes").at("peak_rss").get<double>();
+    const double predicted = find_row(p, strategy, false)->at("bytes").at("peak_rss").get<double>();
+    EXPECT_NEAR(predicted / measured, 1.0, 0.15) << strategy << ": predicted " << predicted << ", measured " << measured;
+  }
+}
+
+TEST_F(PlanCliTest, RecommendsFromTheMemoryGiven) {
+  // Enough for anything: DDP moves the least, and its only rival on speed
+  // is a sharded optimizer step; too little for DDP: a sharded strategy.
+  const json roomy = plan(kGpt);
+  ASSERT_FALSE(roomy.is_null());
+  ASSERT_TRUE(roomy.at("recommended").is_number());
+  for (const json& row : roomy.at("rows")) EXPECT_TRUE(row.at("fits").get<bool>());
+  const json* ddp = find_row(roomy, "ddp", false);
+  const json* zero3 = find_row(roomy, "zero3", false);
+  // For 2 ranks: less than two DDP ranks need, more than two zero3 ranks.
+  const uint64_t between = ddp->at("bytes").at("total").get<uint64_t>() + zero3->at("bytes").at("total").get<uint64_t>();
+  const json tight = plan(kGpt, std::to_string(between));
+  ASSERT_FALSE(tight.is_null());
+  const json& best = tight.at("rows").at(tight.at("recommended").get<size_t>());
+  EXPECT_NE(best.at("strategy"), "ddp");
+  EXPECT_TRUE(best.at("fits").get<bool>());
+  EXPECT_FALSE(find_row(tight, "ddp", false)->at("fits").get<bool>());
+  EXPECT_TRUE(find_row(tight, "zero3", false)->at("fits").get<bool>());
+  // The fastest that fits, up to the estimates' margin, and the reason
+  // names every faster row that does not fit.
+  const std::string reason = tight.at("reason");
+  const double margin = tight.at("tie_margin").get<double>();
+  const double best_s = best.at("time").at("step_s").get<double>();
+  bool faster_too_big = false;
+  for (const json& row : tight.at("rows")) {
+    const double step_s = row.at("time").at("step_s").get<double>();
+    const bool faster = step_s < best_s;
+    if (row.at("fits").get<bool>()) {
+      EXPECT_LE(best_s, step_s * (1.0 + margin)) << row.dump();
+    } else if (faster) {
+      faster_too_big = true;
+      EXPECT_NE(reason.find(row.at("strategy").get<std::string>()), std::string::npos) << reason;
+    }
+  }
+  EXPECT_EQ(reason.find("faster but too big") != std::string::npos, faster_too_big) << reason;
+  const json none = plan(kGpt, "1M");
+  ASSERT_FALSE(none.is_null());
+  EXPECT_TRUE(none.at("recommended").is_null());
+  EXPECT_NE(none.at("reason").get<std::string>().find("nothing fits"), std::string::npos);
+}
+
+TEST_F(PlanCliTest, BadInputIsOneSentenceAndExitOne) {
+  for (const char* args : {"--model gpt --ranks 2 --strategy bogus", "--model gpt --ranks 0",
+                           "--model gpt --ranks 2 --memory lots", "--model gpt --ranks 2 --memory -5G",
+                           "--model gpt --ranks 2 --strategy local", "--model gpt --ranks 3 --batch 16",
+                           "--ranks 2"}) {
+    const RunResult r = dpt(fmt::format("plan {} --gemm-gflops 10 --copy-gbs 2", args));
+    EXPECT_EQ(r.code, 1) << args << ": " << r.all();
+    EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
+    ASSERT_FALSE(r.err.empty()) << args;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << args << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("dpt: error: ", 0), 0u) << args << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace dpt
