@@ -7,13 +7,26 @@
 
 namespace dpt {
 
-Optimizer::Optimizer(OptimizerConfig config, const Layout& layout, size_t begin, size_t n)
-    : config_(std::move(config)), n_(n) {
+Optimizer::Optimizer(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, size_t tensors,
+                     StateTier* tier)
+    : config_(std::move(config)), n_(n), tensors_(tensors), tier_(tier) {
   DPT_CHECK(begin + n <= layout.numel(), "optimizer span past the layout");
   for (const Slot& s : layout.slots()) {
     size_t lo = std::max(begin, s.offset), hi = std::min(begin + n, s.offset + s.numel);
     if (lo < hi) segments_.push_back({lo - begin, hi - lo, s.decay});
   }
+  if (!tier_) {
+    own_tier_ = std::make_unique<RamTier>();
+    tier_ = own_tier_.get();
+  }
+  region_ = tier_->add_region(tensors_, n_);
+}
+
+void Optimizer::prepare(float* params, const float* grads, float lr) {
+  params_ = params;
+  grads_ = grads;
+  lr_ = lr;
+  begin_update();
 }
 
 size_t state_floats(const OptimizerConfig& config) {
@@ -21,72 +34,96 @@ size_t state_floats(const OptimizerConfig& config) {
   return config.momentum != 0.0f ? 1 : 0;
 }
 
-Sgd::Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n)
-    : Optimizer(std::move(config), layout, begin, n) {
-  if (const size_t k = state_floats(config_)) state_ = FlatBuffer(k * n);
+void Optimizer::step(float* params, const float* grads, float lr) {
+  prepare(params, grads, lr);
+  const StateTier::Job j = job();
+  tier_->stream(&j, 1);
 }
+
+void step_prepared(const std::vector<std::unique_ptr<Optimizer>>& optimizers) {
+  if (optimizers.empty()) return;
+  // Kept between calls: a step allocates nothing.
+  static thread_local std::vector<StateTier::Job> jobs;
+  jobs.clear();
+  StateTier& tier = optimizers.front()->tier();
+  for (const auto& o : optimizers) {
+    DPT_CHECK(&o->tier() == &tier, "optimizers stepped together share one state tier");
+    jobs.push_back(o->job());
+  }
+  tier.stream(jobs.data(), jobs.size());
+}
+
+Sgd::Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier)
+    : Optimizer(config, layout, begin, n, state_floats(config), tier) {}
 
 std::vector<std::string> Sgd::state_names() const {
   if (config_.momentum == 0.0f) return {};  // plain SGD keeps nothing
   return {"momentum_buffer"};
 }
 
-void Sgd::step(float* params, const float* grads, float lr) {
-  const float mu = config_.momentum, wd = config_.weight_decay;
-  float* buf = state_.f32();
+void Sgd::begin_update() {
   // PyTorch initialises the momentum buffer with the first gradient.
-  const bool first = steps_ == 0;
-  for (const Segment& seg : segments_) {
-    float* p = params + seg.offset;
-    const float* g = grads + seg.offset;
-    float* b = buf ? buf + seg.offset : nullptr;
+  first_ = steps_ == 0;
+  ++steps_;
+}
+
+void Sgd::update(size_t lo, size_t k, float* const* state) {
+  const float mu = config_.momentum, wd = config_.weight_decay, lr = lr_;
+  const bool first = first_;
+  for_segments(lo, k, [&](size_t a, size_t b, const Segment& seg) {
+    float* p = params_ + a;
+    const float* g = grads_ + a;
+    float* buf = tensors_ ? state[0] + (a - lo) : nullptr;
     const float d = seg.decay ? wd : 0.0f;
+    const size_t m = b - a;
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < seg.n; ++i) {
+    for (size_t i = 0; i < m; ++i) {
       float gi = g[i] + d * p[i];
-      if (b) {
-        b[i] = first ? gi : mu * b[i] + gi;
-        gi = b[i];
+      if (buf) {
+        buf[i] = first ? gi : mu * buf[i] + gi;
+        gi = buf[i];
       }
       p[i] -= lr * gi;
     }
-  }
-  ++steps_;
+  });
 }
 
-AdamW::AdamW(OptimizerConfig config, const Layout& layout, size_t begin, size_t n)
-    : Optimizer(std::move(config), layout, begin, n) {
-  state_ = FlatBuffer(state_floats(config_) * n);  // m then v
-}
+AdamW::AdamW(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier)
+    : Optimizer(config, layout, begin, n, state_floats(config), tier) {}  // m and v
 
-void AdamW::step(float* params, const float* grads, float lr) {
+void AdamW::begin_update() {
   ++steps_;
-  const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
+  const float b1 = config_.beta1, b2 = config_.beta2;
   const float c1 = 1.0f - std::pow(b1, static_cast<float>(steps_));
   const float c2 = 1.0f - std::pow(b2, static_cast<float>(steps_));
   // PyTorch's arithmetic order: p -= (lr / c1) * m / (sqrt(v) / sqrt(c2) + eps).
-  const float step_size = lr / c1, rc2 = 1.0f / std::sqrt(c2);
-  float* m = state_.f32();
-  float* v = m + n_;
-  for (const Segment& seg : segments_) {
-    float* p = params + seg.offset;
-    const float* g = grads + seg.offset;
-    float* ms = m + seg.offset;
-    float* vs = v + seg.offset;
+  step_size_ = lr_ / c1;
+  rc2_ = 1.0f / std::sqrt(c2);
+}
+
+void AdamW::update(size_t lo, size_t k, float* const* state) {
+  const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
+  const float step_size = step_size_, rc2 = rc2_, lr = lr_;
+  for_segments(lo, k, [&](size_t a, size_t b, const Segment& seg) {
+    float* p = params_ + a;
+    const float* g = grads_ + a;
+    float* ms = state[0] + (a - lo);
+    float* vs = state[1] + (a - lo);
     const float keep = 1.0f - lr * (seg.decay ? config_.weight_decay : 0.0f);
+    const size_t m = b - a;
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < seg.n; ++i) {
+    for (size_t i = 0; i < m; ++i) {
       ms[i] = b1 * ms[i] + (1.0f - b1) * g[i];
       vs[i] = b2 * vs[i] + (1.0f - b2) * g[i] * g[i];
       p[i] = p[i] * keep - step_size * ms[i] / (std::sqrt(vs[i]) * rc2 + eps);
     }
-  }
+  });
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const Layout& layout,
-                                          size_t begin, size_t n) {
-  if (config.name == "sgd") return std::make_unique<Sgd>(config, layout, begin, n);
-  if (config.name == "adamw") return std::make_unique<AdamW>(config, layout, begin, n);
+                                          size_t begin, size_t n, StateTier* tier) {
+  if (config.name == "sgd") return std::make_unique<Sgd>(config, layout, begin, n, tier);
+  if (config.name == "adamw") return std::make_unique<AdamW>(config, layout, begin, n, tier);
   throw InputError(fmt::format("unknown optimizer '{}' (expected sgd or adamw)", config.name));
 }
 

@@ -3,15 +3,20 @@
 // An optimizer owns the state for one contiguous range [begin, begin + n) of
 // a model's flat parameter buffer: the whole model today, one rank's shard
 // under ZeRO. It learns which elements get weight decay from the Layout
-// (slots cut to the range), so a shard is simply a shorter span.
+// (slots cut to the range), so a shard is simply a shorter span. Its update
+// is elementwise and runs over chunks of the span that its state tier
+// brings into RAM (all of it at once in RAM, a few MiB at a time from a
+// file: `--offload optimizer`); every element gets the same arithmetic
+// either way, so offloaded training is bitwise the same.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "tensor/flat_buffer.h"
+#include "optim/state_tier.h"
 #include "tensor/layout.h"
 
 namespace dpt {
@@ -28,24 +33,40 @@ struct OptimizerConfig {
 // do the memory estimates (parallel/rank_bytes.h).
 size_t state_floats(const OptimizerConfig& config);
 
-class Optimizer {
+class Optimizer : private ChunkKernel {
  public:
-  // Covers elements [begin, begin + n) of buffers laid out by `layout`.
-  Optimizer(OptimizerConfig config, const Layout& layout, size_t begin, size_t n);
-  virtual ~Optimizer() = default;
+  // Covers elements [begin, begin + n) of buffers laid out by `layout`. Its
+  // state (`tensors` tensors of n floats, zero at first) lives in `tier`,
+  // shared with other optimizers of the rank, or with nullptr in RAM of
+  // its own (optim/state_tier.h).
+  Optimizer(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, size_t tensors,
+            StateTier* tier);
+  ~Optimizer() override = default;
 
   // One update of params[begin, begin + n) from grads over the same range
   // (both pointers are to the start of the span, not of the buffer).
-  virtual void step(float* params, const float* grads, float lr) = 0;
-  // Bytes of optimizer state held (momentum, Adam moments).
-  size_t state_bytes() const { return state_.bytes(); }
+  void step(float* params, const float* grads, float lr);
+  // The same for several optimizers as one pass of their shared tier
+  // (step_prepared): each is prepared with its span's pointers first.
+  void prepare(float* params, const float* grads, float lr);
+  StateTier::Job job() { return {region_, this}; }
+  StateTier& tier() { return *tier_; }
+
+  // Bytes of optimizer state (momentum, Adam moments), wherever the tier
+  // keeps them.
+  size_t state_bytes() const { return tensors_ * n_ * sizeof(float); }
   const OptimizerConfig& config() const { return config_; }
   int64_t steps() const { return steps_; }
 
   // The state as checkpoints store it: PyTorch's names ("momentum_buffer";
   // "exp_avg", "exp_avg_sq"), each n elements over the optimizer's span.
   virtual std::vector<std::string> state_names() const = 0;
-  float* state(size_t i) { return state_.f32() + i * n_; }
+  // Elements [at, at + n) of state tensor i, out of and into the tier.
+  void read_state(size_t i, size_t at, size_t n, float* out) { tier_->read(region_, i, at, n, out); }
+  void write_state(size_t i, size_t at, size_t n, const float* in) { tier_->write(region_, i, at, n, in); }
+  // State tensor i when it is in RAM, else nullptr (offloaded).
+  float* ram_state(size_t i) { return tier_->data(region_, i); }
+  size_t numel() const { return n_; }
   // Restores the step count (AdamW's bias correction and SGD's first step
   // depend on it) when a run resumes.
   void set_steps(int64_t steps) { steps_ = steps; }
@@ -55,33 +76,66 @@ class Optimizer {
     size_t offset, n;  // relative to the span
     bool decay;
   };
+  // Before a step's chunks: the step count and the step's scalars.
+  virtual void begin_update() = 0;
+  // Calls f(i0, i1, seg) for each part [i0, i1) of chunk [lo, lo + k) that
+  // lies in one segment (span offsets).
+  template <typename F>
+  void for_segments(size_t lo, size_t k, F f) const {
+    for (const Segment& seg : segments_) {
+      const size_t a = std::max(seg.offset, lo), b = std::min(seg.offset + seg.n, lo + k);
+      if (a < b) f(a, b, seg);
+    }
+  }
+
   OptimizerConfig config_;
   std::vector<Segment> segments_;  // the span cut by slots
-  size_t n_;
-  FlatBuffer state_;
+  size_t n_, tensors_;
   int64_t steps_ = 0;
+  // The step being applied (prepare).
+  float* params_ = nullptr;
+  const float* grads_ = nullptr;
+  float lr_ = 0.0f;
+
+ private:
+  std::unique_ptr<StateTier> own_tier_;  // when none is given
+  StateTier* tier_;
+  int region_;
 };
+
+// Steps every optimizer, each prepared with its span, as one pass of the
+// tier they share (a file tier then reads the next span's state while it
+// updates the last one's).
+void step_prepared(const std::vector<std::unique_ptr<Optimizer>>& optimizers);
 
 // SGD with momentum, as PyTorch's torch.optim.SGD (dampening 0, no Nesterov):
 //   g = grad + wd * p ; buf = momentum * buf + g ; p -= lr * buf
 class Sgd : public Optimizer {
  public:
-  Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n);
-  void step(float* params, const float* grads, float lr) override;
+  Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier = nullptr);
   std::vector<std::string> state_names() const override;
+
+ private:
+  void begin_update() override;
+  void update(size_t lo, size_t k, float* const* state) override;
+  bool first_ = false;
 };
 
 // AdamW, as torch.optim.AdamW: p -= lr * wd * p (decayed slots only), then
 // the bias-corrected Adam update. State: m and v, 8 bytes per parameter.
 class AdamW : public Optimizer {
  public:
-  AdamW(OptimizerConfig config, const Layout& layout, size_t begin, size_t n);
-  void step(float* params, const float* grads, float lr) override;
+  AdamW(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier = nullptr);
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+
+ private:
+  void begin_update() override;
+  void update(size_t lo, size_t k, float* const* state) override;
+  float step_size_ = 0.0f, rc2_ = 0.0f;
 };
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const Layout& layout,
-                                          size_t begin, size_t n);
+                                          size_t begin, size_t n, StateTier* tier = nullptr);
 
 // Sum of squares of n gradients (in double, for a stable global norm). Under
 // sharding each rank sums its shard and the sums are all-reduced.

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "comm/types.h"
+#include "optim/file_tier.h"
 
 namespace dpt {
 
@@ -122,6 +123,19 @@ MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int w
   // bf16 copy of the whole gradient buffer.
   const bool buckets = options.name == "ddp" || (stage == 1 && !options.zero_scatter);
   if (buckets && options.ddp.reduce_dtype == DType::BF16) b.scratch += sizeof(bf16) * full;
+  if (!options.offload.what.empty()) {
+    // The tier streams each optimizer's span through chunk buffers sized
+    // for the longest span (the rank's largest unit chunk under ZeRO).
+    size_t longest = full;
+    if (stage > 0) {
+      longest = 0;
+      for (const Unit& u : layout.units()) longest = std::max(longest, comm::chunk_range(u.numel, world, rank).size);
+    }
+    const size_t state = optimizer_state_bytes(options.optimizer, owned);
+    b.offloaded = state;
+    b.optimizer = b.optimizer - state +
+                  offload_buffer_bytes(state_floats(options.optimizer), longest, options.offload.chunk_bytes);
+  }
   return b;
 }
 

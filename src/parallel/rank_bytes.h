@@ -36,6 +36,8 @@ size_t optimizer_state_bytes(const OptimizerConfig& config, size_t n);
 // and optimizer state (full or its shard), gathered units and communication
 // scratch (the pools above). Rank 0's shard is the largest (chunk_range puts
 // the larger chunks first), so rank 0's figures bound every rank's.
+// With options.offload, the optimizer state moves to `offloaded` and the
+// tier's chunk buffers take its place in the optimizer figure.
 MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int world, int rank = 0);
 
 }  // namespace dpt

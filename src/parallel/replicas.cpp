@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "comm/types.h"
 #include "core/error.h"
 
 namespace dpt {
@@ -44,6 +45,31 @@ void verify_replicas(const void* data, size_t bytes, comm::ProcessGroup& pg, int
     if (all[r] != all[0])
       throw InternalError(fmt::format("replicas differ after step {}: rank {}'s parameters hash {:016x}, rank 0's {:016x}",
                                       step, r, all[r], all[0]));
+}
+
+void gather_optimizer_state(Optimizer& opt, comm::ProcessGroup& pg, size_t piece) {
+  const size_t n = opt.numel(), tensors = opt.state_names().size();
+  if (pg.size() == 1 || tensors == 0) return;
+  bool in_ram = true;
+  for (size_t i = 0; i < tensors; ++i) in_ram = in_ram && opt.ram_state(i) != nullptr;
+  if (in_ram) {  // one all-gather per tensor, in place
+    for (size_t i = 0; i < tensors; ++i) pg.all_gather(opt.ram_state(i), n, DType::F32);
+    return;
+  }
+  // Offloaded: each rank's chunk in turn, a piece at a time, broadcast from
+  // the rank that read it and written into every other rank's tier.
+  std::vector<float> buf(std::min(piece, n));
+  for (int root = 0; root < pg.size(); ++root) {
+    const comm::Range c = comm::chunk_range(n, pg.size(), root);
+    for (size_t i = 0; i < tensors; ++i)
+      for (size_t done = 0; done < c.size;) {
+        const size_t m = std::min(buf.size(), c.size - done);
+        if (pg.rank() == root) opt.read_state(i, c.begin + done, m, buf.data());
+        pg.broadcast(buf.data(), m, DType::F32, root);
+        if (pg.rank() != root) opt.write_state(i, c.begin + done, m, buf.data());
+        done += m;
+      }
+  }
 }
 
 }  // namespace dpt

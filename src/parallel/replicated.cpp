@@ -24,7 +24,8 @@ LocalStrategy::LocalStrategy(const StrategyOptions& options, Model& model, comm:
   else
     model_.init_params(init.seed + seed_offset);
   model_.set_store(nullptr);
-  opt_ = make_optimizer(options_.optimizer, model_.layout(), 0, model_.param_count());
+  tier_ = make_state_tier(options_.offload, pg_.rank());
+  opt_ = make_optimizer(options_.optimizer, model_.layout(), 0, model_.param_count(), tier_.get());
 }
 
 std::string LocalStrategy::describe() const { return "local: one process holds everything"; }
@@ -51,10 +52,11 @@ void LocalStrategy::restored(int64_t optimizer_steps) { opt_->set_steps(optimize
 MemoryBytes LocalStrategy::bytes() const {
   const size_t p = model_.param_count() * sizeof(float);
   // Mixed precision: the model's bf16 copy is the parameters, its fp32
-  // buffer the master weights, counted with the optimizer state.
-  if (model_.precision() == DType::BF16)
-    return {.parameters = model_.param_count() * sizeof(bf16), .gradients = p, .optimizer = opt_->state_bytes() + p};
-  return {.parameters = p, .gradients = p, .optimizer = opt_->state_bytes()};
+  // buffer the master weights, counted with the optimizer state (in RAM:
+  // --offload optimizer moves only the state).
+  const bool mixed = model_.precision() == DType::BF16;
+  return {.parameters = mixed ? model_.param_count() * sizeof(bf16) : p, .gradients = p,
+          .optimizer = tier_->ram_bytes() + (mixed ? p : 0), .offloaded = tier_->offloaded_bytes()};
 }
 
 // Ranks other than 0 start from other weights on purpose: DDP's initial
@@ -100,7 +102,7 @@ void DdpStrategy::restored(int64_t optimizer_steps) {
   opt_->set_steps(optimizer_steps);
   const size_t n = model_.param_count();
   pg_.all_gather(model_.params(), n, DType::F32);
-  for (size_t i = 0; i < opt_->state_names().size(); ++i) pg_.all_gather(opt_->state(i), n, DType::F32);
+  gather_optimizer_state(*opt_, pg_);
   verify_replicas(model_, pg_, 0);
 }
 

@@ -28,11 +28,13 @@ class LocalStrategy : public Strategy {
   std::vector<StateSpan> state_spans() override;
   void restored(int64_t optimizer_steps) override;
   MemoryBytes bytes() const override;
+  nlohmann::json offload_detail() const override { return tier_->detail(); }
 
  protected:
   StrategyOptions options_;
   Model& model_;
   comm::ProcessGroup& pg_;
+  std::unique_ptr<StateTier> tier_;  // the optimizer's state: RAM or a file (before opt_: outlives it)
   std::unique_ptr<Optimizer> opt_;
 };
 

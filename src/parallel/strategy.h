@@ -60,6 +60,9 @@ struct StrategyOptions {
   // FULL_SHARD) or keep them until its backward (false, SHARD_GRAD_OP).
   bool reshard_after_forward = true;
   Prefetch prefetch = Prefetch::Both;  // zero3: next unit's all-gather
+  // Where the optimizer state lives: RAM, or a file per rank streamed in
+  // chunks (`--offload optimizer`, optim/state_tier.h).
+  OffloadOptions offload;
 };
 
 // Bytes a rank holds, per category (the summary's memory table).
@@ -70,6 +73,9 @@ struct MemoryBytes {
   size_t gathered = 0;     // zero3: buffers that hold gathered units
   size_t scratch = 0;      // communication scratch (zero2/3 unit gradients)
   size_t total() const { return parameters + gradients + optimizer + gathered + scratch; }
+  // Optimizer state kept off RAM (--offload optimizer: in a file; the
+  // optimizer figure above is then its chunk buffers). Not in total().
+  size_t offloaded = 0;
 };
 
 // A span [begin, begin + n) of the model's flat parameter buffer and where
@@ -127,6 +133,8 @@ class Strategy {
   virtual void restored(int64_t optimizer_steps) = 0;
 
   virtual MemoryBytes bytes() const = 0;
+  // Where the optimizer state lives, for the summary (null: in RAM).
+  virtual nlohmann::json offload_detail() const { return nullptr; }
   // Seconds this rank waited for parameter all-gathers since the last call
   // (exposed all-gather: inside forward and backward under zero3, at the
   // start of forward under zero1/2).

@@ -56,11 +56,12 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
       layout_(model.layout()),
       world_(pg.size()),
       rank_(pg.rank()) {
+  tier_ = make_state_tier(options_.offload, rank_);
   for (const Unit& u : layout_.units()) {
     const comm::Range r = comm::chunk_range(u.numel, world_, rank_);
     shards_.push_back({r.begin, r.size, shard_numel_});
     shard_numel_ += r.size;
-    opts_.push_back(make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size));
+    opts_.push_back(make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size, tier_.get()));
   }
   const size_t U = layout_.units().size();
   grads_.resize(U);
@@ -281,9 +282,11 @@ void ZeroStrategy::scale_grads(float factor) {
 void ZeroStrategy::step(float lr) {
   for (size_t u = 0; u < shards_.size(); ++u) {
     const int ui = static_cast<int>(u);
-    opts_[u]->step(param_shard(ui), grad_shard(ui), lr);
-    if (mixed_) publish(ui);
+    opts_[u]->prepare(param_shard(ui), grad_shard(ui), lr);
   }
+  step_prepared(opts_);  // one pass of the tier: an offloaded unit's state is read while the last is updated
+  if (mixed_)
+    for (size_t u = 0; u < shards_.size(); ++u) publish(static_cast<int>(u));
   if (stage_ == 3 || mixed_) return;
   // Stages 1, 2: every rank's updated chunk of each unit goes to every rank,
   // in place. Nothing waits here: the next forward waits for each unit as
@@ -341,15 +344,14 @@ void ZeroStrategy::restored(int64_t optimizer_steps) {
 }
 
 MemoryBytes ZeroStrategy::bytes() const {
-  size_t opt = 0;
-  for (const auto& o : opts_) opt += o->state_bytes();
   const size_t full = layout_.numel() * sizeof(float), shard = shard_numel_ * sizeof(float);
   MemoryBytes b;
   // Mixed precision: the parameters are the bf16 copies; the fp32 masters
   // count with the optimizer state (WORKLOADS.md's K = 12 for AdamW).
   b.parameters = mixed_ ? params16_.bytes() : (stage_ == 3 ? shard : full);
   b.gradients = (stage_ == 1 ? full : shard) + (stage_ >= 2 && options_.accumulate_locally ? full : 0);
-  b.optimizer = opt + (mixed_ ? shard : 0);
+  b.optimizer = tier_->ram_bytes() + (mixed_ ? shard : 0);
+  b.offloaded = tier_->offloaded_bytes();
   b.gathered = gather_pool_.bytes();
   b.scratch = grad_pool_.bytes() + wire_pool_.bytes() + (reducer_ ? reducer_->wire_bytes() : 0);
   return b;

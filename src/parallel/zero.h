@@ -80,6 +80,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   std::vector<StateSpan> state_spans() override;
   void restored(int64_t optimizer_steps) override;
   MemoryBytes bytes() const override;
+  nlohmann::json offload_detail() const override { return tier_->detail(); }
   double take_gather_wait() override;
   void trace(Timeline& tl, int64_t step) const override;
   size_t trace_spans() const override { return 4 * layout_.units().size() + 4; }
@@ -128,6 +129,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   int world_, rank_;
   std::vector<Shard> shards_;
   size_t shard_numel_ = 0;
+  std::unique_ptr<StateTier> tier_;               // their state: RAM or a file (outlives opts_)
   std::vector<std::unique_ptr<Optimizer>> opts_;  // one per unit's shard
   FlatBuffer param_shard_, grad_shard_;           // stage 3 or mixed; stages 2 and 3
   FlatBuffer params16_{0, DType::BF16};           // mixed: full (stages 1, 2) or the shard (stage 3)

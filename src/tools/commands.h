@@ -46,6 +46,7 @@ class TrainCommand {
   bool no_overlap_ = false;
   std::string zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter";
   double memory_budget_mb_ = 0.0;
+  double offload_chunk_mb_ = 4.0;
   std::string comm_algo_, transport_, gemm_, precision_ = "fp32", reduce_dtype_ = "fp32";
 };
 

@@ -104,6 +104,18 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--memory-budget-mb", memory_budget_mb_,
                    "refuse a run whose ranks on this host would need more than this (default: available memory)")
       ->check(positive());
+  cmd_->add_option("--offload", o.offload,
+                   "optimizer: keep the optimizer state (AdamW's m and v, SGD's momentum) in a file per rank under "
+                   "--offload-dir, streamed through RAM in chunks during the optimizer step (same results, less "
+                   "memory, one read and one write of the state per step); params (fp32 masters too) is not "
+                   "supported yet")
+      ->check(CLI::IsMember({"optimizer", "params"}));
+  cmd_->add_option("--offload-dir", o.offload_dir,
+                   "--offload: an existing directory on a local disk (not tmpfs) with room for the state; the file "
+                   "is removed when the run ends, however it ends");
+  cmd_->add_option("--offload-chunk-mb", offload_chunk_mb_,
+                   "--offload: MiB of each state tensor per chunk (4 buffers of a chunk stay in RAM; default 4)")
+      ->check(positive());
   cmd_->add_option("--dp-replicas", o.dp_replicas, "dp: replica threads")->check(positive());
   cmd_->add_option("--bucket-mb", bucket_mb_, "ddp: bucket cap in MiB")->check(positive());
   cmd_->add_option("--first-bucket-mb", first_bucket_mb_, "ddp: cap of the first bucket in MiB")
@@ -144,6 +156,7 @@ int TrainCommand::run() {
   opts_.zero_scatter = zero_reduce_ == "scatter";
   opts_.zero_accumulate_locally = zero_accumulate_ == "local";
   opts_.memory_budget = static_cast<size_t>(memory_budget_mb_ * (1 << 20));
+  opts_.offload_chunk_bytes = static_cast<size_t>(offload_chunk_mb_ * (1 << 20));
   comm::Config config = comm::Config::from_env();
   if (!comm_algo_.empty()) config.algo = comm::parse_algo(comm_algo_);
   if (!transport_.empty()) config.transport = comm::parse_transport(transport_);

@@ -45,7 +45,9 @@ struct Piece {
   int kind;
   int slot;
   size_t start, n;
-  float* data;  // where this rank keeps it
+  float* data;           // parameters: where this rank keeps them
+  Optimizer* optimizer;  // state: its optimizer, from element `at` of its span
+  size_t at;             // (read and written through its tier: it may be offloaded)
 };
 
 std::string kind_name(int kind, const std::vector<std::string>& state) {
@@ -62,8 +64,11 @@ std::vector<Piece> pieces_of(const std::vector<StateSpan>& spans, const Layout& 
         const Slot& s = layout.slots()[i];
         const size_t lo = std::max(sp.begin, s.offset), hi = std::min(sp.begin + sp.n, s.offset + s.numel);
         if (lo >= hi) continue;
-        float* base = kind < 0 ? sp.params : sp.optimizer->state(static_cast<size_t>(kind)) + sp.at;
-        out.push_back({kind, static_cast<int>(i), lo - s.offset, hi - lo, base + (lo - sp.begin)});
+        if (kind < 0)
+          out.push_back({kind, static_cast<int>(i), lo - s.offset, hi - lo, sp.params + (lo - sp.begin), nullptr, 0});
+        else
+          out.push_back({kind, static_cast<int>(i), lo - s.offset, hi - lo, nullptr, sp.optimizer,
+                         sp.at + (lo - sp.begin)});
       }
   return out;
 }
@@ -95,9 +100,24 @@ FileCrcs write_rank_file(const std::string& path, const std::vector<Piece>& piec
   SafetensorsWriter file(path, std::move(specs), meta);
   FileCrcs crcs;
   crcs.file = crc_update(0, nullptr, 0);
+  // Optimizer state comes out of its tier through a bounded buffer.
+  constexpr size_t kStaged = size_t{1} << 20;
+  std::vector<float> staged;
   for (const Piece& p : pieces) {
-    file.write(p.data, p.n);
-    const uint32_t c = crc_update(crc_update(0, nullptr, 0), p.data, p.n * sizeof(float));
+    uint32_t c = crc_update(0, nullptr, 0);
+    if (p.data) {
+      file.write(p.data, p.n);
+      c = crc_update(c, p.data, p.n * sizeof(float));
+    } else {
+      staged.resize(std::min(p.n, kStaged));
+      for (size_t done = 0; done < p.n;) {
+        const size_t m = std::min(staged.size(), p.n - done);
+        p.optimizer->read_state(static_cast<size_t>(p.kind), p.at + done, m, staged.data());
+        file.write(staged.data(), m);
+        c = crc_update(c, staged.data(), m * sizeof(float));
+        done += m;
+      }
+    }
     crcs.pieces.push_back(c);
     crcs.file = static_cast<uint32_t>(crc32_combine(crcs.file, c, static_cast<z_off_t>(p.n * sizeof(float))));
   }
@@ -400,8 +420,12 @@ uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& in
                                         reader.path(), spec.name, c, crcs[ti]));
             loaded = true;
           }
-          std::copy(piece.begin() + static_cast<long>(lo - start), piece.begin() + static_cast<long>(hi - start),
-                    t.data + (lo - t.start));
+          if (t.data)
+            std::copy(piece.begin() + static_cast<long>(lo - start), piece.begin() + static_cast<long>(hi - start),
+                      t.data + (lo - t.start));
+          else
+            t.optimizer->write_state(static_cast<size_t>(t.kind), t.at + (lo - t.start), hi - lo,
+                                     piece.data() + (lo - start));
           read += hi - lo;
         }
       }

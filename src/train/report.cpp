@@ -1,5 +1,6 @@
 #include "train/report.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include <fmt/format.h>
@@ -39,6 +40,7 @@ void Report::print() const {
   if (m.gathered || m.scratch)
     std::printf("gathered units %.1f MiB, communication scratch %.1f MiB, ", m.gathered * kMiB, m.scratch * kMiB);
   std::printf("activations %.1f MiB, peak RSS %.1f MiB\n", r.activation_bytes * kMiB, r.peak_rss * kMiB);
+  print_offload();
   if (r.checkpoints > 0)
     std::printf("checkpoints: %lld written, %.1f MiB each, %.2f s each (%.0f MiB/s), %.1f%% of the run\n",
                 static_cast<long long>(r.checkpoints), r.checkpoint_bytes * kMiB / static_cast<double>(r.checkpoints),
@@ -72,6 +74,20 @@ void Report::print() const {
   if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
 }
 
+// Where the optimizer state went (--offload): the file, its traffic per
+// step and the time the update waited for it.
+void Report::print_offload() const {
+  const nlohmann::json d = strategy.offload_detail();
+  if (d.is_null()) return;
+  const double steps = std::max(1.0, d["streams"].get<double>());
+  std::printf("offload: %.1f MiB of optimizer state per rank in %s (%s), through %zu buffers of %.0f KiB; per "
+              "step %.1f MiB read, %.1f MiB written, %.3f s waited\n",
+              result.memory.offloaded * kMiB, d["dir"].get<std::string>().c_str(),
+              d["direct_io"].get<bool>() ? "direct I/O" : "buffered, pages dropped", d["buffers"].get<size_t>(),
+              d["chunk_bytes"].get<double>() / 1024.0, d["read_bytes"].get<double>() / steps * kMiB,
+              d["written_bytes"].get<double>() / steps * kMiB, d["wait_s"].get<double>() / steps);
+}
+
 nlohmann::json Report::json() const {
   using nlohmann::json;
   const TrainOptions& o = options;
@@ -94,9 +110,10 @@ nlohmann::json Report::json() const {
             {"comm", ledger},
             {"bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
                        {"gathered", m.gathered}, {"scratch", m.scratch}, {"activations", r.activation_bytes},
-                       {"peak_rss", r.peak_rss}}},
+                       {"offloaded", m.offloaded}, {"peak_rss", r.peak_rss}}},
             {"strategy_detail", strategy.describe()}};
   if (r.scaling_efficiency > 0) j["scaling_efficiency"] = r.scaling_efficiency;
+  if (auto d = strategy.offload_detail(); !d.is_null()) j["offload"] = std::move(d);
   if (auto d = strategy.detail(); !d.is_null()) j[strategy.name()] = std::move(d);
   return j;
 }

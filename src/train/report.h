@@ -35,6 +35,9 @@ struct Report {
 
   void print() const;
   nlohmann::json json() const;
+
+ private:
+  void print_offload() const;
 };
 
 }  // namespace dpt

@@ -21,8 +21,10 @@
 #include "core/threads.h"
 #include "nn/gemm.h"
 #include "io/atomic_file.h"
+#include "optim/file_tier.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
+#include "parallel/rank_bytes.h"
 #include "parallel/replicas.h"
 #include "train/checkpoint.h"
 #include "train/data_source.h"
@@ -120,6 +122,7 @@ StrategyOptions strategy_options(const TrainOptions& o) {
   so.accumulate_locally = o.zero_accumulate_locally;
   so.reshard_after_forward = o.reshard_after_forward;
   so.prefetch = parse_prefetch(o.prefetch);
+  so.offload = {.what = o.offload, .dir = o.offload_dir, .chunk_bytes = o.offload_chunk_bytes};
   return so;
 }
 
@@ -298,6 +301,30 @@ void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model&
   const size_t available = o.memory_budget > 0 ? o.memory_budget : host_available_bytes();
   if (available == 0) return;
   check_fits(so, model, model.activation_bytes_for(micro), pg.size(), ranks_on_host(pg.size()), available);
+}
+
+void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg) {
+  if (o.offload.empty()) {
+    if (!o.offload_dir.empty()) throw InputError("--offload-dir is given without --offload optimizer");
+    return;
+  }
+  if (o.offload == "params")
+    throw InputError("--offload params is not supported yet (fp32 master weights come with bf16 mixed precision); "
+                     "use --offload optimizer");
+  if (o.offload != "optimizer") throw InputError(fmt::format("unknown --offload '{}' (expected optimizer)", o.offload));
+  // Every rank checks the directory it sees (ranks on other hosts see other
+  // disks); any rank's refusal ends the run on every rank.
+  std::string problem;
+  try {
+    const MemoryBytes b = rank_bytes(so, model, pg.size());
+    check_offload_dir(o.offload_dir, static_cast<uint64_t>(b.offloaded) * ranks_on_host(pg.size()));
+  } catch (const InputError& e) {
+    problem = e.what();
+  }
+  float bad = problem.empty() ? 0.0f : 1.0f;
+  if (pg.size() > 1) pg.all_reduce(&bad, 1, DType::F32, comm::ReduceOp::Max);
+  if (!problem.empty()) throw InputError(problem);
+  if (bad > 0.0f) throw InputError("another rank cannot use its --offload-dir (its error names it)");
 }
 
 namespace {
@@ -519,6 +546,7 @@ void check_dp_options(const TrainOptions& o, int world) {
     throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
   if (o.precision != DType::F32)
     throw InputError("--strategy dp computes in fp32 only; use local, ddp or zero1/2/3 for --precision bf16");
+  if (!o.offload.empty()) throw InputError("--strategy dp offloads nothing; use local, ddp or zero1/2/3");
   if (o.ddp.reduce_dtype != DType::F32)
     throw InputError("--strategy dp sums its replicas' gradients in fp32 only; use ddp or zero1/2/3 for --reduce-dtype bf16");
 }
@@ -554,6 +582,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
   const StrategyOptions so = strategy_options(o);
+  check_offload(o, so, *model, pg);
   check_memory(o, so, *model, micro, pg);
   auto strategy = make_strategy(so, *model, pg, {o.seed, o.load, parse_weight_format(o.load_format)});
 

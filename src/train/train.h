@@ -49,6 +49,12 @@ struct TrainOptions {
   // Bytes the ranks on this host may use together; 0: the host's available
   // memory (MemAvailable). A run whose estimate exceeds it is refused.
   size_t memory_budget = 0;
+  // Optimizer state off RAM: "optimizer" keeps it in a file per rank under
+  // offload_dir, streamed through RAM in chunks of offload_chunk_bytes per
+  // state tensor during the optimizer step (docs/memory.md, "Offload").
+  std::string offload;
+  std::string offload_dir;
+  size_t offload_chunk_bytes = 4u << 20;
   std::string sampler_tail = "drop";  // DistributedSampler: drop or pad
   int64_t verify_every = 0; // steps between cross-rank replica checks (0: at start only)
   // Unset fields take the model's defaults: name sgd (mlp) or adamw (gpt);
@@ -134,6 +140,12 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
 // strategy that would fit (seed 000's "when to use what").
 void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
                   comm::ProcessGroup& pg);
+
+// Refuses, in one sentence on every rank, an --offload the run cannot have:
+// an unsupported value, a strategy without an optimizer state to offload,
+// or an --offload-dir that is missing, not writable, in memory or too small
+// for the state of the ranks on this host (optim/file_tier.h).
+void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg);
 
 // Fails before training, with the sentence AtomicFile would give at the end,
 // if rank 0 cannot create one of the run's output files (--save,

@@ -1,0 +1,52 @@
+#include "optim/state_tier.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "optim/file_tier.h"
+
+namespace dpt {
+
+int RamTier::add_region(size_t tensors, size_t n) {
+  DPT_CHECK(tensors <= kMaxTensors, "a region of {} tensors (at most {})", tensors, kMaxTensors);
+  regions_.push_back({tensors, n, tensors > 0 ? FlatBuffer(tensors * n) : FlatBuffer()});
+  return static_cast<int>(regions_.size() - 1);
+}
+
+// The whole span in one call: the arithmetic of the engine without a tier.
+void RamTier::stream(const Job* jobs, size_t count) {
+  for (size_t j = 0; j < count; ++j) {
+    Region& r = regions_[static_cast<size_t>(jobs[j].region)];
+    float* tensors[kMaxTensors] = {};
+    for (size_t i = 0; i < r.tensors; ++i) tensors[i] = r.buf.f32() + i * r.n;
+    jobs[j].kernel->update(0, r.n, tensors);
+  }
+}
+
+void RamTier::read(int region, size_t tensor, size_t at, size_t n, float* out) {
+  std::memcpy(out, data(region, tensor) + at, n * sizeof(float));
+}
+
+void RamTier::write(int region, size_t tensor, size_t at, size_t n, const float* in) {
+  std::memcpy(data(region, tensor) + at, in, n * sizeof(float));
+}
+
+float* RamTier::data(int region, size_t tensor) {
+  Region& r = regions_[static_cast<size_t>(region)];
+  DPT_CHECK(tensor < r.tensors, "tensor {} of a region of {}", tensor, r.tensors);
+  return r.buf.f32() + tensor * r.n;
+}
+
+size_t RamTier::ram_bytes() const {
+  size_t b = 0;
+  for (const Region& r : regions_) b += r.buf.bytes();
+  return b;
+}
+
+std::unique_ptr<StateTier> make_state_tier(const OffloadOptions& options, int rank) {
+  if (options.what.empty()) return std::make_unique<RamTier>();
+  DPT_CHECK(options.what == "optimizer", "unknown offload '{}'", options.what);
+  return std::make_unique<FileTier>(options.dir, rank, options.chunk_bytes);
+}
+
+}  // namespace dpt
