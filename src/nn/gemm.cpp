@@ -10,7 +10,9 @@
 
 #include "core/error.h"
 #include "core/gemm_peak.h"
+#ifdef DPT_HAVE_ONEDNN
 #include "nn/gemm_onednn.h"
+#endif
 
 namespace dpt {
 
@@ -41,7 +43,12 @@ void widen(float* dst, const bf16* src, int64_t rows, int64_t cols, int64_t ld) 
 
 GemmBackend parse_gemm_backend(const std::string& name) {
   if (name == "openblas") return GemmBackend::OpenBlas;
-  if (name == "onednn") return GemmBackend::OneDnn;
+  if (name == "onednn") {
+#ifndef DPT_HAVE_ONEDNN
+    throw InputError("GEMM backend onednn: this dpt was built without oneDNN (-DDPT_ONEDNN=OFF)");
+#endif
+    return GemmBackend::OneDnn;
+  }
   throw InputError(fmt::format("unknown GEMM backend '{}' (expected onednn or openblas)", name));
 }
 
@@ -54,9 +61,13 @@ void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const 
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   DPT_CHECK(K > 0, "gemm with K = {}", K);
+#ifdef DPT_HAVE_ONEDNN
   if (gemm_backend() == GemmBackend::OneDnn) {
     onednn::matmul(op_a, op_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, false);
-  } else {
+    return;
+  }
+#endif
+  {
     cblas_sgemm(CblasRowMajor, cblas_op(op_a), cblas_op(op_b), static_cast<int>(M), static_cast<int>(N),
                 static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta, C,
                 static_cast<int>(ldc));
@@ -67,10 +78,12 @@ void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const 
           const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   DPT_CHECK(K > 0, "gemm with K = {}", K);
+#ifdef DPT_HAVE_ONEDNN
   if (gemm_bf16_native()) {
     onednn::matmul(op_a, op_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, true);
     return;
   }
+#endif
   // No bf16 kernel: widen both operands (as stored, transposed or not) into
   // this thread's scratch, which only grows, and run the fp32 path. Widening
   // is exact, so the result is the fp32 GEMM of the bf16 values.
@@ -84,10 +97,20 @@ void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const 
   gemm(op_a, op_b, M, N, K, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, C, ldc);
 }
 
+#ifdef DPT_HAVE_ONEDNN
 bool gemm_bf16_native() { return gemm_backend() == GemmBackend::OneDnn && onednn::bf16_supported(); }
+GemmCacheStats gemm_cache_stats() { return onednn::stats(); }
+#else
+// Without oneDNN the backend is always OpenBLAS (parse refuses onednn): no
+// native bf16 kernel, no primitive cache.
+bool gemm_bf16_native() { return false; }
+GemmCacheStats gemm_cache_stats() { return {}; }
+#endif
 
 std::string gemm_backend_detail() {
+#ifdef DPT_HAVE_ONEDNN
   if (gemm_backend() == GemmBackend::OneDnn) return onednn::describe();
+#endif
   return fmt::format("OpenBLAS ({} kernels)", blas_core());
 }
 
@@ -97,7 +120,5 @@ double measure_gemm_gflops() {
     gemm(Op::N, Op::T, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
   });
 }
-
-GemmCacheStats gemm_cache_stats() { return onednn::stats(); }
 
 }  // namespace dpt

@@ -1,0 +1,204 @@
+// The CPU side of nn/kernels.h: each op is the nn/*.h function of the same
+// name, so CPU runs compute exactly what they computed before the interface.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "core/error.h"
+#include "nn/activations.h"
+#include "nn/attention.h"
+#include "nn/cross_entropy.h"
+#include "nn/embedding.h"
+#include "nn/kernels.h"
+#include "nn/layernorm.h"
+#include "nn/linear.h"
+#include "nn/residual.h"
+#include "optim/optimizer.h"
+
+#ifdef DPT_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
+
+namespace dpt {
+
+namespace {
+
+class CpuKernels final : public Kernels {
+ public:
+  Device device() const override { return Device::CPU; }
+
+  void* alloc(size_t bytes) const override {
+    if (bytes == 0) return nullptr;
+    const size_t rounded = (bytes + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, rounded);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, rounded);
+    return p;
+  }
+  void free(void* p) const override { std::free(p); }
+  void zero(void* p, size_t bytes) const override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) const override {
+    if (bytes) std::memmove(dst, src, bytes);
+  }
+  void upload(void* dst, const void* src, size_t bytes) const override { copy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) const override { copy(dst, src, bytes); }
+  void synchronize() const override {}
+
+  void convert(bf16* out, const float* in, size_t n) const override { dpt::convert(out, in, n); }
+  void convert(float* out, const bf16* in, size_t n) const override { dpt::convert(out, in, n); }
+
+  void linear_forward(float* out, const float* inp, const float* w, const float* b, int64_t N, int64_t C,
+                      int64_t OC) const override {
+    dpt::linear_forward(out, inp, w, b, N, C, OC);
+  }
+  void linear_forward(float* out, const bf16* inp, const bf16* w, const float* b, int64_t N, int64_t C,
+                      int64_t OC) const override {
+    dpt::linear_forward(out, inp, w, b, N, C, OC);
+  }
+  void linear_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                       int64_t N, int64_t C, int64_t OC, const float* dout_bias) const override {
+    dpt::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, dout_bias);
+  }
+  void linear_backward(float* dinp, float* dw, float* db, const bf16* dout, const bf16* inp, const bf16* w,
+                       int64_t N, int64_t C, int64_t OC, const float* dout_bias) const override {
+    dpt::linear_backward(dinp, dw, db, dout, inp, w, N, C, OC, dout_bias);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                         int64_t N, int64_t C) const override {
+    dpt::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_forward(bf16* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                         int64_t N, int64_t C) const override {
+    dpt::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
+                          const float* mean, const float* rstd, int64_t N, int64_t C) const override {
+    dpt::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void relu_forward(float* out, const float* inp, int64_t n) const override { dpt::relu_forward(out, inp, n); }
+  void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) const override {
+    dpt::relu_backward(dinp, dout, out, n);
+  }
+  void gelu_forward(float* out, const float* inp, int64_t n) const override { dpt::gelu_forward(out, inp, n); }
+  void gelu_forward(bf16* out, const float* inp, int64_t n) const override { dpt::gelu_forward(out, inp, n); }
+  void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) const override {
+    dpt::gelu_backward(dinp, dout, inp, n);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+                         int64_t NH) const override {
+    dpt::attention_forward(out, att, qkv, B, T, C, NH);
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
+                          int64_t C, int64_t NH) const override {
+    dpt::attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+  }
+  void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) const override {
+    dpt::embedding_forward(out, ids, table, N, C);
+  }
+  void embedding_forward(float* out, const int32_t* ids, const bf16* table, int64_t N, int64_t C) const override {
+    dpt::embedding_forward(out, ids, table, N, C);
+  }
+  void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N,
+                          int64_t C) const override {
+    dpt::embedding_backward(dtable, dout, ids, N, C);
+  }
+  void position_embedding_forward(float* out, const float* pos, int64_t B, int64_t T, int64_t C) const override {
+    dpt::position_embedding_forward(out, pos, B, T, C);
+  }
+  void position_embedding_forward(float* out, const bf16* pos, int64_t B, int64_t T, int64_t C) const override {
+    dpt::position_embedding_forward(out, pos, B, T, C);
+  }
+  void position_embedding_backward(float* dpos, const float* dout, int64_t B, int64_t T,
+                                   int64_t C) const override {
+    dpt::position_embedding_backward(dpos, dout, B, T, C);
+  }
+  float cross_entropy_forward(float* probs, const float* logits, const int32_t* targets, int64_t N, int64_t V,
+                              int64_t* correct) const override {
+    return dpt::cross_entropy_forward(probs, logits, targets, N, V, correct);
+  }
+  void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int64_t N, int64_t V,
+                              float scale) const override {
+    dpt::cross_entropy_backward(dlogits, probs, targets, N, V, scale);
+  }
+  void residual_forward(float* out, const float* a, const float* b, int64_t n) const override {
+    dpt::residual_forward(out, a, b, n);
+  }
+  void pack_rows(float* x, int64_t N, int64_t width, int64_t padded) const override {
+    // Rows move down (row n from n*padded to n*width), so in increasing n no
+    // row is overwritten before it has moved.
+    for (int64_t n = 1; n < N; ++n) std::memmove(x + n * width, x + n * padded, sizeof(float) * width);
+  }
+  void unpack_rows(float* x, int64_t N, int64_t width, int64_t padded) const override {
+    for (int64_t n = N; n-- > 0;) {
+      std::memmove(x + n * padded, x + n * width, sizeof(float) * width);
+      std::fill(x + n * padded + width, x + (n + 1) * padded, 0.0f);
+    }
+  }
+
+  void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float decay,
+                  bool first) const override {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+      float gi = g[i] + decay * p[i];
+      if (buf) {
+        buf[i] = first ? gi : momentum * buf[i] + gi;
+        gi = buf[i];
+      }
+      p[i] -= lr * gi;
+    }
+  }
+  void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float b1, float b2, float eps,
+                    float keep, float step_size, float rc2) const override {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      p[i] = p[i] * keep - step_size * m[i] / (std::sqrt(v[i]) * rc2 + eps);
+    }
+  }
+  double sum_of_squares(const float* x, size_t n) const override { return dpt::sum_of_squares(x, n); }
+  void scale(float* x, size_t n, float factor) const override { dpt::scale(x, n, factor); }
+};
+
+}  // namespace
+
+const char* device_name(Device d) { return d == Device::CUDA ? "cuda" : "cpu"; }
+
+bool cuda_built() {
+#ifdef DPT_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+Device parse_device(const std::string& name, const char* flag) {
+  if (name == "cpu") return Device::CPU;
+  if (name == "cuda") {
+    if (!cuda_built())
+      throw InputError(fmt::format("{} cuda: this dpt was built without CUDA (no CUDA toolkit found, or "
+                                   "-DDPT_CUDA=OFF)", flag));
+    return Device::CUDA;
+  }
+  throw InputError(fmt::format("{} must be cpu or cuda, not '{}'", flag, name));
+}
+
+const Kernels& cpu_kernels() {
+  static const CpuKernels k;
+  return k;
+}
+
+const Kernels& kernels(Device d) {
+  if (d == Device::CPU) return cpu_kernels();
+#ifdef DPT_HAVE_CUDA
+  return cuda::kernels();
+#else
+  throw InputError("this dpt was built without CUDA (no CUDA toolkit found, or -DDPT_CUDA=OFF)");
+#endif
+}
+
+}  // namespace dpt

@@ -1,0 +1,130 @@
+// The compute a model and an optimizer need, behind one interface per
+// device, so the model code is written once: Gpt and Mlp call kernels(dev).op
+// with pointers into their flat buffers, and those buffers live on the same
+// device (tensor/flat_buffer.h). The CPU kernels are the functions of nn/*.h
+// (their headers define what each op computes; the overloads here are the
+// fp32 and bf16 instances of their templates); the CUDA kernels
+// (src/cuda/) compute the same things on the GPU.
+//
+// Every pointer an op takes is a device pointer of its Kernels, except where
+// a name says host. Ops are asynchronous on the GPU (one compute stream, in
+// issue order); the few that return a value to the host (cross-entropy's
+// loss, sum_of_squares) wait for it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace dpt {
+
+enum class Device { CPU, CUDA };
+const char* device_name(Device d);  // "cpu", "cuda"
+// "cpu" or "cuda"; throws InputError naming the flag otherwise, or when
+// "cuda" is asked of a build without CUDA.
+Device parse_device(const std::string& name, const char* flag = "--device");
+// Whether this build holds the CUDA kernels (CMake DPT_CUDA).
+bool cuda_built();
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  virtual Device device() const = 0;
+
+  // Memory. alloc returns zero-filled memory aligned to 256 bytes (nullptr
+  // for 0 bytes) and throws std::bad_alloc when the device has no room;
+  // copy moves bytes within the device, upload/download between the host
+  // and the device. Downloads and synchronize wait for all queued work.
+  virtual void* alloc(size_t bytes) const = 0;
+  virtual void free(void* p) const = 0;
+  virtual void zero(void* p, size_t bytes) const = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) const = 0;
+  virtual void upload(void* dst, const void* host_src, size_t bytes) const = 0;
+  virtual void download(void* host_dst, const void* src, size_t bytes) const = 0;
+  virtual void synchronize() const = 0;
+
+  // Rounding to bf16 (round to nearest even) and widening (exact).
+  virtual void convert(bf16* out, const float* in, size_t n) const = 0;
+  virtual void convert(float* out, const bf16* in, size_t n) const = 0;
+
+  // nn/linear.h
+  virtual void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N,
+                              int64_t C, int64_t OC) const = 0;
+  virtual void linear_forward(float* out, const bf16* inp, const bf16* weight, const float* bias, int64_t N,
+                              int64_t C, int64_t OC) const = 0;
+  virtual void linear_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* weight, int64_t N, int64_t C, int64_t OC,
+                               const float* dout_bias) const = 0;
+  virtual void linear_backward(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                               const bf16* weight, int64_t N, int64_t C, int64_t OC,
+                               const float* dout_bias) const = 0;
+  // nn/layernorm.h
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                 const float* bias, int64_t N, int64_t C) const = 0;
+  virtual void layernorm_forward(bf16* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                 const float* bias, int64_t N, int64_t C) const = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                  const float* weight, const float* mean, const float* rstd, int64_t N,
+                                  int64_t C) const = 0;
+  // nn/activations.h
+  virtual void relu_forward(float* out, const float* inp, int64_t n) const = 0;
+  virtual void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) const = 0;
+  virtual void gelu_forward(float* out, const float* inp, int64_t n) const = 0;
+  virtual void gelu_forward(bf16* out, const float* inp, int64_t n) const = 0;
+  virtual void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) const = 0;
+  // nn/attention.h
+  virtual void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+                                 int64_t NH) const = 0;
+  virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B,
+                                  int64_t T, int64_t C, int64_t NH) const = 0;
+  // nn/embedding.h (ids are device int32s)
+  virtual void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N,
+                                 int64_t C) const = 0;
+  virtual void embedding_forward(float* out, const int32_t* ids, const bf16* table, int64_t N,
+                                 int64_t C) const = 0;
+  virtual void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N,
+                                  int64_t C) const = 0;
+  virtual void position_embedding_forward(float* out, const float* pos, int64_t B, int64_t T,
+                                          int64_t C) const = 0;
+  virtual void position_embedding_forward(float* out, const bf16* pos, int64_t B, int64_t T,
+                                          int64_t C) const = 0;
+  virtual void position_embedding_backward(float* dpos, const float* dout, int64_t B, int64_t T,
+                                           int64_t C) const = 0;
+  // nn/cross_entropy.h. The loss and the count of correct argmaxes come
+  // back to the host (the GPU version waits for them).
+  virtual float cross_entropy_forward(float* probs, const float* logits, const int32_t* targets, int64_t N,
+                                      int64_t V, int64_t* correct) const = 0;
+  virtual void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int64_t N,
+                                      int64_t V, float scale) const = 0;
+  // nn/residual.h
+  virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) const = 0;
+  // Rows of a padded matrix in place: pack_rows moves N rows of `padded`
+  // floats to rows of `width` (dropping the tail of each), unpack_rows the
+  // reverse, zero-filling the tails.
+  virtual void pack_rows(float* x, int64_t N, int64_t width, int64_t padded) const = 0;
+  virtual void unpack_rows(float* x, int64_t N, int64_t width, int64_t padded) const = 0;
+
+  // Optimizers (optim/optimizer.h), over n elements of one segment.
+  // SGD: g' = g + decay * p; with momentum (buf != nullptr)
+  // buf = first ? g' : momentum * buf + g', g' = buf; then p -= lr * g'.
+  virtual void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float decay,
+                          bool first) const = 0;
+  // AdamW in PyTorch's arithmetic order: m = b1 m + (1 - b1) g,
+  // v = b2 v + (1 - b2) g^2, p = p * keep - step_size * m / (sqrt(v) * rc2 + eps)
+  // with keep = 1 - lr * weight_decay, step_size = lr / (1 - b1^t),
+  // rc2 = 1 / sqrt(1 - b2^t).
+  virtual void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float b1, float b2, float eps,
+                            float keep, float step_size, float rc2) const = 0;
+  // Sum of x^2 in double (returned to the host); x *= factor.
+  virtual double sum_of_squares(const float* x, size_t n) const = 0;
+  virtual void scale(float* x, size_t n, float factor) const = 0;
+};
+
+// The kernels of a device. kernels(Device::CUDA) in a build without CUDA,
+// or on a machine without a usable GPU, throws InputError saying so.
+const Kernels& kernels(Device d);
+const Kernels& cpu_kernels();
+
+}  // namespace dpt
