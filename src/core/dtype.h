@@ -57,16 +57,4 @@ inline float to_f32(float x) { return x; }
 void convert(bf16* out, const float* in, size_t n);
 void convert(float* out, const bf16* in, size_t n);
 
-// An fp32 buffer of n elements as a GEMM operand of type T: the buffer
-// itself (float), or its conversion into `scratch` (bf16).
-template <typename T>
-const T* operand(const float* src, int64_t n, void* scratch) {
-  if constexpr (std::is_same_v<T, float>) {
-    return src;
-  } else {
-    convert(static_cast<bf16*>(scratch), src, static_cast<size_t>(n));
-    return static_cast<const bf16*>(scratch);
-  }
-}
-
 }  // namespace dpt

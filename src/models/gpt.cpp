@@ -183,6 +183,7 @@ void Gpt::plan_activations(int64_t B, int64_t T) {
   const int64_t N = B * T;
   tokens_.resize(static_cast<size_t>(N));
   targets_.resize(static_cast<size_t>(N));
+  if (device_ != Device::CPU) ids_.reserve(static_cast<size_t>(2 * N));  // int32 tokens, then targets
   batch_ = B;
   seq_ = T;
   planned_checkpoint_ = checkpoint_;
@@ -195,23 +196,23 @@ void Gpt::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
   const BlockSlots& s = blocks_[l];
   const BlockActs& a = act_.blocks[l];
   CT *ln1 = as<CT>(a.ln1), *atty = as<CT>(a.atty), *ln2 = as<CT>(a.ln2), *fch_gelu = as<CT>(a.fch_gelu);
-  layernorm_forward(ln1, a.ln1_mean, a.ln1_rstd, x, param(s.ln1_w), param(s.ln1_b), N, C);
-  linear_forward(a.qkv, ln1, weight<CT>(s.qkv_w), param(s.qkv_b), N, C, 3 * C);
+  k().layernorm_forward(ln1, a.ln1_mean, a.ln1_rstd, x, param(s.ln1_w), param(s.ln1_b), N, C);
+  k().linear_forward(a.qkv, ln1, weight<CT>(s.qkv_w), param(s.qkv_b), N, C, 3 * C);
   // Attention computes in fp32 (its softmax needs the range); a bf16 run
   // converts its output for c_proj.
   if constexpr (std::is_same_v<CT, float>) {
-    attention_forward(atty, a.att, a.qkv, B, T, C, NH);
+    k().attention_forward(atty, a.att, a.qkv, B, T, C, NH);
   } else {
-    attention_forward(act_.atty32, a.att, a.qkv, B, T, C, NH);
-    convert(atty, act_.atty32, static_cast<size_t>(N * C));
+    k().attention_forward(act_.atty32, a.att, a.qkv, B, T, C, NH);
+    k().convert(atty, act_.atty32, static_cast<size_t>(N * C));
   }
-  linear_forward(a.res2, atty, weight<CT>(s.proj_w), param(s.proj_b), N, C, C);
-  residual_forward(a.res2, a.res2, x, N * C);
-  layernorm_forward(ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(s.ln2_w), param(s.ln2_b), N, C);
-  linear_forward(a.fch, ln2, weight<CT>(s.fc_w), param(s.fc_b), N, C, 4 * C);
-  gelu_forward(fch_gelu, a.fch, N * 4 * C);
-  linear_forward(a.res3, fch_gelu, weight<CT>(s.fcproj_w), param(s.fcproj_b), N, 4 * C, C);
-  residual_forward(a.res3, a.res3, a.res2, N * C);
+  k().linear_forward(a.res2, atty, weight<CT>(s.proj_w), param(s.proj_b), N, C, C);
+  k().residual_forward(a.res2, a.res2, x, N * C);
+  k().layernorm_forward(ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(s.ln2_w), param(s.ln2_b), N, C);
+  k().linear_forward(a.fch, ln2, weight<CT>(s.fc_w), param(s.fc_b), N, C, 4 * C);
+  k().gelu_forward(fch_gelu, a.fch, N * 4 * C);
+  k().linear_forward(a.res3, fch_gelu, weight<CT>(s.fcproj_w), param(s.fcproj_b), N, 4 * C, C);
+  k().residual_forward(a.res3, a.res3, a.res2, N * C);
 }
 
 ForwardStats Gpt::forward(const Batch& batch) {
@@ -227,6 +228,10 @@ ForwardStats Gpt::forward(const Batch& batch) {
   for (int64_t i = 0; i < N; ++i)
     if (tokens_[i] < 0 || tokens_[i] >= V || targets_[i] < 0 || targets_[i] >= V)
       throw InputError(fmt::format("GPT token {} is outside the vocabulary 0..{}", tokens_[i], V - 1));
+  if (device_ != Device::CPU) {
+    k().upload(ids_.f32(), tokens_.data(), sizeof(int32_t) * static_cast<size_t>(N));
+    k().upload(ids_.f32() + N, targets_.data(), sizeof(int32_t) * static_cast<size_t>(N));
+  }
   return precision_ == DType::BF16 ? forward_as<bf16>(B, T) : forward_as<float>(B, T);
 }
 
@@ -235,8 +240,8 @@ ForwardStats Gpt::forward_as(int64_t B, int64_t T) {
   const int64_t C = config_.width, V = config_.vocab, Vp = config_.rows(), N = B * T;
   begin(Pass::Forward);
   open(embed_unit_);
-  embedding_forward(act_.encoded, tokens_.data(), weight<CT>(wte_), N, C);
-  position_embedding_forward(act_.encoded, weight<CT>(wpe_), B, T, C);
+  k().embedding_forward(act_.encoded, tok(), weight<CT>(wte_), N, C);
+  k().position_embedding_forward(act_.encoded, weight<CT>(wpe_), B, T, C);
   close(embed_unit_);
   const float* x = act_.encoded;  // the residual stream entering each block
   for (size_t l = 0; l < blocks_.size(); ++l) {
@@ -247,17 +252,17 @@ ForwardStats Gpt::forward_as(int64_t B, int64_t T) {
   }
   CT* lnf = as<CT>(act_.lnf);
   open(lnf_unit_);
-  layernorm_forward(lnf, act_.lnf_mean, act_.lnf_rstd, x, param(lnf_w_), param(lnf_b_), N, C);
+  k().layernorm_forward(lnf, act_.lnf_mean, act_.lnf_rstd, x, param(lnf_w_), param(lnf_b_), N, C);
   close(lnf_unit_);
   // Output projection tied to the token embedding: logits = lnf @ wte^T.
   // The embedding's unit is opened a second time for it.
   open(embed_unit_);
-  linear_forward(act_.logits, lnf, weight<CT>(wte_), nullptr, N, C, Vp);
+  k().linear_forward(act_.logits, lnf, weight<CT>(wte_), nullptr, N, C, Vp);
   close(embed_unit_);
   pack_logits(N);
   ForwardStats st;
   st.count = N;
-  st.loss = cross_entropy_forward(act_.logits, act_.logits, targets_.data(), N, V, &st.correct);
+  st.loss = k().cross_entropy_forward(act_.logits, act_.logits, tgt(), N, V, &st.correct);
   return st;
 }
 
@@ -274,7 +279,7 @@ void Gpt::backward_as(float loss_scale) {
   const int64_t Vp = config_.rows();
   const int64_t N = B * T;
   const Acts& a = act_;
-  cross_entropy_backward(a.logits, a.logits, targets_.data(), N, V, loss_scale / static_cast<float>(N));
+  k().cross_entropy_backward(a.logits, a.logits, tgt(), N, V, loss_scale / static_cast<float>(N));
   unpack_logit_grads(N);
   begin(Pass::Backward);
   // The tied weight gets the output projection's gradient here and the
@@ -283,16 +288,16 @@ void Gpt::backward_as(float loss_scale) {
   // In a bf16 run each output gradient is converted once for its GEMMs
   // (operand); the bias gradients are summed from the fp32 gradient.
   open(embed_unit_);
-  linear_backward(a.dC, grad(wte_), nullptr, operand<CT>(a.logits, N * Vp, a.dout16), as<CT>(a.lnf),
-                  weight<CT>(wte_), N, C, Vp);
+  k().linear_backward(a.dC, grad(wte_), nullptr, operand<CT>(k(), a.logits, N * Vp, a.dout16), as<CT>(a.lnf),
+                  weight<CT>(wte_), N, C, Vp, nullptr);
   close(embed_unit_);
   open(lnf_unit_);
   // dres is the gradient of the residual stream; every LayerNorm backward
   // adds its input gradient into it, which is how the skip connections'
   // identity backward is carried (see nn/residual.h).
-  std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N * C));
+  k().zero(a.dres, sizeof(float) * static_cast<size_t>(N * C));
   const float* last = blocks_.empty() ? a.encoded : a.blocks.back().res3;
-  layernorm_backward(a.dres, grad(lnf_w_), grad(lnf_b_), a.dC, last, param(lnf_w_), a.lnf_mean, a.lnf_rstd, N, C);
+  k().layernorm_backward(a.dres, grad(lnf_w_), grad(lnf_b_), a.dC, last, param(lnf_w_), a.lnf_mean, a.lnf_rstd, N, C);
   slots_ready(lnf_w_, lnf_b_);
   close(lnf_unit_);
   for (size_t l = blocks_.size(); l-- > 0;) {
@@ -309,55 +314,43 @@ void Gpt::backward_as(float loss_scale) {
     // done: backward visits them in exactly the reverse of the layout's order
     // (ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj).
     // MLP branch: its output gradient is the residual stream's gradient.
-    linear_backward(a.d4C, grad(s.fcproj_w), grad(s.fcproj_b), operand<CT>(a.dres, N * C, a.dout16),
+    k().linear_backward(a.d4C, grad(s.fcproj_w), grad(s.fcproj_b), operand<CT>(k(), a.dres, N * C, a.dout16),
                     as<CT>(b.fch_gelu), weight<CT>(s.fcproj_w), N, 4 * C, C, a.dres);
     slots_ready(s.fcproj_w, s.fcproj_b);
-    gelu_backward(a.d4C, a.d4C, b.fch, N * 4 * C);
-    linear_backward(a.dC, grad(s.fc_w), grad(s.fc_b), operand<CT>(a.d4C, N * 4 * C, a.dout16), as<CT>(b.ln2),
+    k().gelu_backward(a.d4C, a.d4C, b.fch, N * 4 * C);
+    k().linear_backward(a.dC, grad(s.fc_w), grad(s.fc_b), operand<CT>(k(), a.d4C, N * 4 * C, a.dout16), as<CT>(b.ln2),
                     weight<CT>(s.fc_w), N, C, 4 * C, a.d4C);
     slots_ready(s.fc_w, s.fc_b);
-    layernorm_backward(a.dres, grad(s.ln2_w), grad(s.ln2_b), a.dC, b.res2, param(s.ln2_w), b.ln2_mean,
+    k().layernorm_backward(a.dres, grad(s.ln2_w), grad(s.ln2_b), a.dC, b.res2, param(s.ln2_w), b.ln2_mean,
                        b.ln2_rstd, N, C);
     slots_ready(s.ln2_w, s.ln2_b);
     // Attention branch.
-    linear_backward(a.dC, grad(s.proj_w), grad(s.proj_b), operand<CT>(a.dres, N * C, a.dout16), as<CT>(b.atty),
+    k().linear_backward(a.dC, grad(s.proj_w), grad(s.proj_b), operand<CT>(k(), a.dres, N * C, a.dout16), as<CT>(b.atty),
                     weight<CT>(s.proj_w), N, C, C, a.dres);
     slots_ready(s.proj_w, s.proj_b);
-    attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, C, NH);
-    linear_backward(a.dC, grad(s.qkv_w), grad(s.qkv_b), operand<CT>(a.d3C, N * 3 * C, a.dout16), as<CT>(b.ln1),
+    k().attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, C, NH);
+    k().linear_backward(a.dC, grad(s.qkv_w), grad(s.qkv_b), operand<CT>(k(), a.d3C, N * 3 * C, a.dout16), as<CT>(b.ln1),
                     weight<CT>(s.qkv_w), N, C, 3 * C, a.d3C);
     slots_ready(s.qkv_w, s.qkv_b);
-    layernorm_backward(a.dres, grad(s.ln1_w), grad(s.ln1_b), a.dC, x, param(s.ln1_w), b.ln1_mean, b.ln1_rstd, N,
+    k().layernorm_backward(a.dres, grad(s.ln1_w), grad(s.ln1_b), a.dC, x, param(s.ln1_w), b.ln1_mean, b.ln1_rstd, N,
                        C);
     slots_ready(s.ln1_w, s.ln1_b);
     close(static_cast<int>(l) + 1);
   }
   open(embed_unit_);
-  position_embedding_backward(grad(wpe_), a.dres, B, T, C);
-  embedding_backward(grad(wte_), a.dres, tokens_.data(), N, C);
+  k().position_embedding_backward(grad(wpe_), a.dres, B, T, C);
+  k().embedding_backward(grad(wte_), a.dres, tok(), N, C);
   slots_ready(wte_, wpe_);
   close(embed_unit_);
 }
 
 void Gpt::pack_logits(int64_t N) {
-  const int64_t V = config_.vocab, Vp = config_.rows();
-  if (Vp == V) return;
-  float* logits = act_.logits;
-  // Rows move down (row n from n*Vp to n*V), so in increasing n no row is
-  // overwritten before it has moved.
-  for (int64_t n = 1; n < N; ++n) std::memmove(logits + n * V, logits + n * Vp, sizeof(float) * V);
+  if (config_.rows() != config_.vocab) k().pack_rows(act_.logits, N, config_.vocab, config_.rows());
 }
 
 void Gpt::unpack_logit_grads(int64_t N) {
-  const int64_t V = config_.vocab, Vp = config_.rows();
-  if (Vp == V) return;
-  float* logits = act_.logits;
-  // The reverse of pack_logits, last row first; the pad logits took no part
-  // in the loss, so their gradients are zero.
-  for (int64_t n = N; n-- > 0;) {
-    std::memmove(logits + n * Vp, logits + n * V, sizeof(float) * V);
-    std::fill(logits + n * Vp + V, logits + (n + 1) * Vp, 0.0f);
-  }
+  // The pad logits took no part in the loss, so their gradients are zero.
+  if (config_.rows() != config_.vocab) k().unpack_rows(act_.logits, N, config_.vocab, config_.rows());
 }
 
 double Gpt::train_flops(int64_t B) const {

@@ -98,6 +98,16 @@ class Gpt : public Model {
   template <typename CT>
   void block_forward(size_t l, const float* x, int64_t B, int64_t T);
 
+  void place_buffers(Device d) override { ids_.place(d); }
+  // The batch's token ids and targets where the kernels read them: the
+  // host vectors on the CPU, ids_ (tokens, then targets) on a GPU.
+  const int32_t* tok() const {
+    return device_ == Device::CPU ? tokens_.data() : reinterpret_cast<const int32_t*>(ids_.f32());
+  }
+  const int32_t* tgt() const {
+    return device_ == Device::CPU ? targets_.data() : reinterpret_cast<const int32_t*>(ids_.f32()) + batch_ * seq_;
+  }
+
   GptConfig config_;
   int wte_, wpe_, lnf_w_, lnf_b_;
   int embed_unit_ = 0, lnf_unit_ = 0;  // block l is unit l + 1
@@ -107,6 +117,7 @@ class Gpt : public Model {
   DType planned_precision_ = DType::F32;  // ... and for which compute type
   Acts act_;
   std::vector<int32_t> tokens_, targets_;
+  FlatBuffer ids_;
 };
 
 }  // namespace dpt

@@ -153,7 +153,7 @@ void Mlp::forward_as(int64_t B) {
     // x [B, s[l]] -> out [B, s[l+1]]; layer l is unit l. A bf16 run keeps
     // the layer's input as bf16 for this GEMM and the weight gradient's.
     open(static_cast<int>(l));
-    linear_forward(out_[l], operand<CT>(x, B * s[l], in16_[l]), weight<CT>(weight_[l]), param(bias_[l]), B, s[l],
+    linear_forward(out_[l], operand<CT>(k(), x, B * s[l], in16_[l]), weight<CT>(weight_[l]), param(bias_[l]), B, s[l],
                    s[l + 1]);
     close(static_cast<int>(l));
     if (l + 1 < L) relu_forward(out_[l], out_[l], B * s[l + 1]);
@@ -180,7 +180,7 @@ void Mlp::backward_as(float loss_scale) {
   for (size_t l = L; l-- > 0;) {
     const int64_t C = s[l], OC = s[l + 1];
     open(static_cast<int>(l));
-    const CT* d = operand<CT>(dout, B * OC, dout16_);
+    const CT* d = operand<CT>(k(), dout, B * OC, dout16_);
     const CT* inp;
     if constexpr (std::is_same_v<CT, float>)
       inp = l > 0 ? out_[l - 1] : input_;
@@ -211,6 +211,12 @@ void Mlp::backward_as(float loss_scale) {
     }
     close(static_cast<int>(l));
   }
+}
+
+void Mlp::place_buffers(Device d) {
+  if (d != Device::CPU)
+    throw InputError(fmt::format("--device {}: the MLP model runs on the CPU only; the GPT runs on GPUs",
+                                 device_name(d)));
 }
 
 double Mlp::train_flops(int64_t B) const {

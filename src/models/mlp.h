@@ -42,6 +42,10 @@ class Mlp : public Model {
   template <typename CT>
   void backward_as(float loss_scale);
 
+  // The MLP's passes run on the CPU only (its blocked weight gradients are
+  // not in nn/kernels.h yet): --device cuda is refused for it.
+  void place_buffers(Device d) override;
+
   // Elements per block of a weight gradient reported ready (1 MiB of fp32).
   static constexpr int64_t kReadyBlock = int64_t{1} << 18;
 

@@ -16,6 +16,34 @@ float* Model::own_grads() const {
   return grads_.f32();
 }
 
+void Model::init_params(uint64_t seed) {
+  if (device_ == Device::CPU) {
+    init_range(seed, 0, param_count(), params());
+    return;
+  }
+  std::vector<float> host(param_count());
+  init_range(seed, 0, param_count(), host.data());
+  upload_params(0, host.size(), host.data());
+}
+
+void Model::set_device(Device d) {
+  if (d == device_) return;
+  place_buffers(d);  // first: a model that cannot run there refuses before anything moves
+  for (FlatBuffer* b : {&acts_, &params_, &grads_, &params16_, &vectors_}) b->place(d);
+  device_ = d;
+  k_ = &kernels(d);
+}
+
+void Model::download_params(size_t begin, size_t n, float* host) const {
+  DPT_CHECK(begin + n <= param_count(), "parameters [{}, {}) of {}", begin, begin + n, param_count());
+  k_->download(host, params() + begin, n * sizeof(float));
+}
+
+void Model::upload_params(size_t begin, size_t n, const float* host) {
+  DPT_CHECK(begin + n <= param_count(), "parameters [{}, {}) of {}", begin, begin + n, param_count());
+  k_->upload(params() + begin, host, n * sizeof(float));
+}
+
 const bf16* UnitStore::acquire_bf16(int /*unit*/) {
   throw InternalError("this parameter store holds no bf16 compute copies");
 }
@@ -28,7 +56,7 @@ const bf16* Model::own_params16(int unit) {
   }
   const size_t off = unit_offset(unit);
   if (converted_version_[u] != params_version_) {
-    convert(params16_.b16() + off, own_params() + off, layout_.units()[u].numel);
+    k_->convert(params16_.b16() + off, own_params() + off, layout_.units()[u].numel);
     converted_version_[u] = params_version_;
   }
   return params16_.b16() + off;
@@ -49,8 +77,7 @@ void Model::widen_vectors(int unit) {
   const bf16* base = unit_params16_[static_cast<size_t>(unit)];
   for (size_t i = 0; i < layout_.slots().size(); ++i) {
     const Slot& s = layout_.slots()[i];
-    if (s.unit == unit && s.shape.size() == 1)
-      for (size_t k = 0; k < s.numel; ++k) vectors_.f32()[vector_at_[i] + k] = to_f32(base[s.offset - u.offset + k]);
+    if (s.unit == unit && s.shape.size() == 1) k_->convert(vectors_.f32() + vector_at_[i], base + (s.offset - u.offset), s.numel);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "nn/kernels.h"
 #include "tensor/flat_buffer.h"
 #include "tensor/layout.h"
 
@@ -78,8 +79,9 @@ class Model {
   // (a counter-based generator), so a rank can initialise just its shard
   // and every strategy and world size starts from the very same weights.
   virtual void init_range(uint64_t seed, size_t begin, size_t n, float* out) const = 0;
-  // Fills the model's own parameter buffer: init_range over all of it.
-  void init_params(uint64_t seed) { init_range(seed, 0, param_count(), params()); }
+  // Fills the model's own parameter buffer: init_range over all of it (on
+  // the host, then uploaded when the model computes on a GPU).
+  void init_params(uint64_t seed);
   // Forward pass; keeps what backward needs. The activation arena grows on
   // the first batch of a given size and is reused afterwards.
   virtual ForwardStats forward(const Batch& batch) = 0;
@@ -140,6 +142,19 @@ class Model {
   // Bytes of bf16 compute copies the model's own store holds (0 in fp32).
   size_t compute_copy_bytes() const { return params16_.bytes(); }
 
+  // The device the model computes on: its buffers (parameters, gradients,
+  // activations, compute copies) live there and every op of its passes runs
+  // there (nn/kernels.h). Batches stay host data; forward uploads them.
+  // Setting it moves what is allocated (a model loaded on the host, then
+  // sent to its GPU).
+  void set_device(Device d);
+  Device device() const { return device_; }
+  const Kernels& k() const { return *k_; }
+  // The model's own parameters copied to / from host memory (n floats from
+  // element `begin` of the flat buffer), whatever the device.
+  void download_params(size_t begin, size_t n, float* host) const;
+  void upload_params(size_t begin, size_t n, const float* host);
+
   // Where forward and backward find parameters and put gradients: the
   // model's own full buffers (nullptr) or a strategy's store.
   void set_store(UnitStore* store) { store_ = store ? store : &own_; }
@@ -181,8 +196,13 @@ class Model {
   }
   float* grad(int slot) { return at(unit_grads_, slot); }
 
+  // Derived models place their own buffers on the model's device.
+  virtual void place_buffers(Device /*d*/) {}
+
   Layout layout_;
   FlatBuffer acts_;
+  Device device_ = Device::CPU;
+  const Kernels* k_ = &cpu_kernels();
   bool checkpoint_ = false;
   DType precision_ = DType::F32;
 

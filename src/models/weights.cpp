@@ -101,8 +101,17 @@ void WeightWriter::commit() { file_->commit(); }
 
 void save_weights(const Model& model, const std::string& path, WeightFormat format) {
   WeightWriter w(path, model, format);
-  for (size_t u = 0; u < model.layout().units().size(); ++u)
-    w.write_unit(static_cast<int>(u), model.params() + model.layout().units()[u].offset);
+  std::vector<float> host;  // a GPU model's unit, downloaded
+  for (size_t u = 0; u < model.layout().units().size(); ++u) {
+    const Unit& unit = model.layout().units()[u];
+    const float* values = model.params() + unit.offset;
+    if (model.device() != Device::CPU) {
+      host.resize(unit.numel);
+      model.download_params(unit.offset, unit.numel, host.data());
+      values = host.data();
+    }
+    w.write_unit(static_cast<int>(u), values);
+  }
   w.commit();
 }
 
@@ -110,15 +119,19 @@ void load_weights(Model& model, const SafetensorsFile& file, const std::string& 
   const std::vector<TensorSpec> specs = specs_of(file);
   const WeightNames names = weight_names(model, specs, format);
   const auto tied = check_names(model, specs, names, path);
+  // A GPU model's weights are put together on the host, then uploaded once.
+  std::vector<float> host(model.device() == Device::CPU ? 0 : model.param_count());
+  float* params = host.empty() ? model.params() : host.data();
   for (const Slot& s : model.layout().slots()) {
     const NamedTensor* t = file.find(names.file_name(s.name));
     if (names.transposed(s.name))
-      transpose(t->data.data(), s.shape[1], s.shape[0], model.params() + s.offset);
+      transpose(t->data.data(), s.shape[1], s.shape[0], params + s.offset);
     else
-      std::memcpy(model.params() + s.offset, t->data.data(), sizeof(float) * t->data.size());
+      std::memcpy(params + s.offset, t->data.data(), sizeof(float) * t->data.size());
     // wte's pad rows (a padded vocabulary) are not in the file: zero.
-    std::fill(model.params() + s.offset + t->data.size(), model.params() + s.offset + s.numel, 0.0f);
+    std::fill(params + s.offset + t->data.size(), params + s.offset + s.numel, 0.0f);
   }
+  if (!host.empty()) model.upload_params(0, host.size(), host.data());
   if (tied && file.find("lm_head.weight")->data != file.find(*tied)->data)
     throw InputError(fmt::format("{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them",
                                  path));

@@ -187,6 +187,13 @@ Device parse_device(const std::string& name, const char* flag) {
   throw InputError(fmt::format("{} must be cpu or cuda, not '{}'", flag, name));
 }
 
+DeviceMemory device_memory(Device d) {
+#ifdef DPT_HAVE_CUDA
+  if (d == Device::CUDA) return {cuda::allocated_bytes(), cuda::peak_allocated_bytes()};
+#endif
+  return {};
+}
+
 const Kernels& cpu_kernels() {
   static const CpuKernels k;
   return k;

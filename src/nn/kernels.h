@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/dtype.h"
 
@@ -121,6 +122,25 @@ class Kernels {
   virtual double sum_of_squares(const float* x, size_t n) const = 0;
   virtual void scale(float* x, size_t n, float factor) const = 0;
 };
+
+// An fp32 buffer of n elements as a GEMM operand of type T: the buffer
+// itself (float), or its conversion into `scratch` (bf16) by k.
+template <typename T>
+const T* operand(const Kernels& k, const float* src, int64_t n, void* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    k.convert(static_cast<bf16*>(scratch), src, static_cast<size_t>(n));
+    return static_cast<const bf16*>(scratch);
+  }
+}
+
+// Bytes a device's allocations (Kernels::alloc) hold now and held at most
+// since the process started; zeros for the CPU, whose figure is the RSS.
+struct DeviceMemory {
+  size_t in_use = 0, peak = 0;
+};
+DeviceMemory device_memory(Device d);
 
 // The kernels of a device. kernels(Device::CUDA) in a build without CUDA,
 // or on a machine without a usable GPU, throws InputError saying so.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "nn/kernels.h"
 
 namespace dpt {
 
@@ -68,23 +69,11 @@ void Sgd::begin_update() {
 }
 
 void Sgd::update(size_t lo, size_t k, float* const* state) {
-  const float mu = config_.momentum, wd = config_.weight_decay, lr = lr_;
-  const bool first = first_;
+  const Kernels& kern = kernels(tier().device());
   for_segments(lo, k, [&](size_t a, size_t b, const Segment& seg) {
-    float* p = params_ + a;
-    const float* g = grads_ + a;
     float* buf = tensors_ ? state[0] + (a - lo) : nullptr;
-    const float d = seg.decay ? wd : 0.0f;
-    const size_t m = b - a;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < m; ++i) {
-      float gi = g[i] + d * p[i];
-      if (buf) {
-        buf[i] = first ? gi : mu * buf[i] + gi;
-        gi = buf[i];
-      }
-      p[i] -= lr * gi;
-    }
+    kern.sgd_update(params_ + a, grads_ + a, buf, b - a, lr_, config_.momentum, seg.decay ? config_.weight_decay : 0.0f,
+                    first_);
   });
 }
 
@@ -102,21 +91,11 @@ void AdamW::begin_update() {
 }
 
 void AdamW::update(size_t lo, size_t k, float* const* state) {
-  const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
-  const float step_size = step_size_, rc2 = rc2_, lr = lr_;
+  const Kernels& kern = kernels(tier().device());
   for_segments(lo, k, [&](size_t a, size_t b, const Segment& seg) {
-    float* p = params_ + a;
-    const float* g = grads_ + a;
-    float* ms = state[0] + (a - lo);
-    float* vs = state[1] + (a - lo);
-    const float keep = 1.0f - lr * (seg.decay ? config_.weight_decay : 0.0f);
-    const size_t m = b - a;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < m; ++i) {
-      ms[i] = b1 * ms[i] + (1.0f - b1) * g[i];
-      vs[i] = b2 * vs[i] + (1.0f - b2) * g[i] * g[i];
-      p[i] = p[i] * keep - step_size * ms[i] / (std::sqrt(vs[i]) * rc2 + eps);
-    }
+    const float keep = 1.0f - lr_ * (seg.decay ? config_.weight_decay : 0.0f);
+    kern.adamw_update(params_ + a, grads_ + a, state[0] + (a - lo), state[1] + (a - lo), b - a, config_.beta1,
+                      config_.beta2, config_.eps, keep, step_size_, rc2_);
   });
 }
 

@@ -9,7 +9,7 @@ namespace dpt {
 
 int RamTier::add_region(size_t tensors, size_t n) {
   DPT_CHECK(tensors <= kMaxTensors, "a region of {} tensors (at most {})", tensors, kMaxTensors);
-  regions_.push_back({tensors, n, tensors > 0 ? FlatBuffer(tensors * n) : FlatBuffer()});
+  regions_.push_back({tensors, n, tensors > 0 ? FlatBuffer(tensors * n, DType::F32, device_) : FlatBuffer()});
   return static_cast<int>(regions_.size() - 1);
 }
 
@@ -24,11 +24,11 @@ void RamTier::stream(const Job* jobs, size_t count) {
 }
 
 void RamTier::read(int region, size_t tensor, size_t at, size_t n, float* out) {
-  std::memcpy(out, data(region, tensor) + at, n * sizeof(float));
+  kernels(device_).download(out, data(region, tensor) + at, n * sizeof(float));
 }
 
 void RamTier::write(int region, size_t tensor, size_t at, size_t n, const float* in) {
-  std::memcpy(data(region, tensor) + at, in, n * sizeof(float));
+  kernels(device_).upload(data(region, tensor) + at, in, n * sizeof(float));
 }
 
 float* RamTier::data(int region, size_t tensor) {
@@ -43,8 +43,10 @@ size_t RamTier::ram_bytes() const {
   return b;
 }
 
-std::unique_ptr<StateTier> make_state_tier(const OffloadOptions& options, int rank) {
-  if (options.what.empty()) return std::make_unique<RamTier>();
+std::unique_ptr<StateTier> make_state_tier(const OffloadOptions& options, int rank, Device device) {
+  if (options.what.empty()) return std::make_unique<RamTier>(device);
+  if (device != Device::CPU)
+    throw InputError("--offload optimizer with --device cuda: offload from GPU memory is not built yet");
   DPT_CHECK(options.what == "optimizer", "unknown offload '{}'", options.what);
   return std::make_unique<FileTier>(options.dir, rank, options.chunk_bytes);
 }

@@ -68,18 +68,24 @@ class StateTier {
   virtual size_t offloaded_bytes() const { return 0; }
   // For the summary (null: nothing to say).
   virtual nlohmann::json detail() const { return nullptr; }
+  // Where data() points and the chunk kernels' pointers live.
+  virtual Device device() const { return Device::CPU; }
 };
 
 class RamTier : public StateTier {
  public:
+  // The state in the memory of `device` (a GPU's for --device cuda).
+  explicit RamTier(Device device = Device::CPU) : device_(device) {}
   int add_region(size_t tensors, size_t n) override;
   void stream(const Job* jobs, size_t count) override;
   void read(int region, size_t tensor, size_t at, size_t n, float* out) override;
   void write(int region, size_t tensor, size_t at, size_t n, const float* in) override;
   float* data(int region, size_t tensor) override;
   size_t ram_bytes() const override;
+  Device device() const override { return device_; }
 
  private:
+  Device device_;
   struct Region {
     size_t tensors, n;
     FlatBuffer buf;
@@ -94,8 +100,8 @@ struct OffloadOptions {
   size_t chunk_bytes = 4u << 20;  // per tensor per chunk (--offload-chunk-mb)
 };
 
-// The tier for a rank: a RamTier, or a FileTier in options.dir (its file
-// named for the rank).
-std::unique_ptr<StateTier> make_state_tier(const OffloadOptions& options, int rank);
+// The tier for a rank: a RamTier on `device`, or a FileTier in options.dir
+// (its file named for the rank; CPU runs only).
+std::unique_ptr<StateTier> make_state_tier(const OffloadOptions& options, int rank, Device device);
 
 }  // namespace dpt

@@ -24,7 +24,7 @@ LocalStrategy::LocalStrategy(const StrategyOptions& options, Model& model, comm:
   else
     model_.init_params(init.seed + seed_offset);
   model_.set_store(nullptr);
-  tier_ = make_state_tier(options_.offload, pg_.rank());
+  tier_ = make_state_tier(options_.offload, pg_.rank(), model_.device());
   opt_ = make_optimizer(options_.optimizer, model_.layout(), 0, model_.param_count(), tier_.get());
 }
 
@@ -32,15 +32,15 @@ std::string LocalStrategy::describe() const { return "local: one process holds e
 
 void LocalStrategy::begin_step() { model_.zero_grads(); }
 
-double LocalStrategy::grad_norm_squared() { return sum_of_squares(model_.grads(), model_.param_count()); }
+double LocalStrategy::grad_norm_squared() { return model_.k().sum_of_squares(model_.grads(), model_.param_count()); }
 
-void LocalStrategy::scale_grads(float factor) { scale(model_.grads(), model_.param_count(), factor); }
+void LocalStrategy::scale_grads(float factor) { model_.k().scale(model_.grads(), model_.param_count(), factor); }
 
 void LocalStrategy::step(float lr) { opt_->step(model_.params(), model_.grads(), lr); }
 
 void LocalStrategy::gather_unit(int unit, float* out) {
   const Unit& u = model_.layout().units()[static_cast<size_t>(unit)];
-  std::memcpy(out, model_.params() + u.offset, u.numel * sizeof(float));
+  model_.download_params(u.offset, u.numel, out);
 }
 
 std::vector<StateSpan> LocalStrategy::state_spans() {

@@ -56,7 +56,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
       layout_(model.layout()),
       world_(pg.size()),
       rank_(pg.rank()) {
-  tier_ = make_state_tier(options_.offload, rank_);
+  tier_ = make_state_tier(options_.offload, rank_, Device::CPU);
   for (const Unit& u : layout_.units()) {
     const comm::Range r = comm::chunk_range(u.numel, world_, rank_);
     shards_.push_back({r.begin, r.size, shard_numel_});

@@ -1,20 +1,25 @@
-// One 64-byte-aligned allocation of elements. Parameters, gradients,
-// optimizer moments and activations each live in one; layers get raw
-// pointers into it, so a training step allocates nothing.
+// One aligned allocation of elements, on the CPU or on a GPU. Parameters,
+// gradients, optimizer moments and activations each live in one; layers get
+// raw pointers into it, so a training step allocates nothing.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 
 #include "core/dtype.h"
+#include "nn/kernels.h"
 
 namespace dpt {
 
 class FlatBuffer {
  public:
   FlatBuffer() = default;
-  explicit FlatBuffer(size_t numel, DType dtype = DType::F32);
+  explicit FlatBuffer(size_t numel, DType dtype = DType::F32, Device device = Device::CPU);
 
+  // Where the elements live; moves them there if any are allocated (between
+  // the CPU and a GPU). Pointers from f32()/b16() are that device's.
+  void place(Device device);
+  Device device() const { return device_; }
   // Grows (never shrinks) to at least numel elements, zero-filled.
   void reserve(size_t numel);
   void zero();
@@ -29,11 +34,15 @@ class FlatBuffer {
 
  private:
   struct Free {
+    Free() : device(Device::CPU) {}
+    explicit Free(Device d) : device(d) {}
     void operator()(void* p) const;
+    Device device;
   };
   std::unique_ptr<void, Free> data_;
   size_t numel_ = 0;
   DType dtype_ = DType::F32;
+  Device device_ = Device::CPU;
 };
 
 }  // namespace dpt

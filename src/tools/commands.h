@@ -30,6 +30,7 @@ void set_gemm_flag(const std::string& gemm);
 // --precision fp32|bf16, parsed by parse_precision (core/dtype.h) for the
 // engine's one-sentence error.
 void add_precision_flag(CLI::App* cmd, std::string& precision);
+void add_device_flag(CLI::App* cmd, std::string& device);
 
 class TrainCommand {
  public:
@@ -47,7 +48,7 @@ class TrainCommand {
   std::string zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter";
   double memory_budget_mb_ = 0.0;
   double offload_chunk_mb_ = 4.0;
-  std::string comm_algo_, transport_, gemm_, precision_ = "fp32", reduce_dtype_ = "fp32";
+  std::string comm_algo_, transport_, gemm_, precision_ = "fp32", reduce_dtype_ = "fp32", device_ = "cpu";
 };
 
 class EvalCommand {
@@ -62,7 +63,7 @@ class EvalCommand {
   std::string weights_, data_, format_, load_format_;
   int64_t batch_ = 0;
   int threads_ = 0;
-  std::string gemm_, precision_ = "fp32";
+  std::string gemm_, precision_ = "fp32", device_ = "cpu";
 };
 
 // `dpt tokens`: llm.c-format shards from text or uint16 tokens.

@@ -29,6 +29,7 @@ EvalCommand::EvalCommand(CLI::App& app) {
   cmd_->add_option("--threads", threads_, "threads (default: all cores)")->check(non_negative());
   add_gemm_flag(cmd_, gemm_);
   add_precision_flag(cmd_, precision_);
+  add_device_flag(cmd_, device_);
 }
 
 int EvalCommand::run() {
@@ -36,6 +37,7 @@ int EvalCommand::run() {
   set_threads(threads_);
   auto model = model_from_file(weights_, model_.hparams(), parse_weight_format(load_format_));
   model->set_precision(parse_precision(precision_));
+  model->set_device(parse_device(device_));
   if (model->kind() == "mlp") {
     ImageSet test = load_fashion_mnist(data_.empty() ? kFashionMnistDir : data_, "test");
     EvalResult r = evaluate_images(*model, test, batch_ > 0 ? batch_ : 1000);

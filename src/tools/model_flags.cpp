@@ -56,6 +56,11 @@ void add_precision_flag(CLI::App* cmd, std::string& precision) {
                   "gradients and the rest (default fp32)");
 }
 
+void add_device_flag(CLI::App* cmd, std::string& device) {
+  cmd->add_option("--device", device,
+                  "cpu (default), or cuda: the GPT's buffers and passes on this rank's GPU (docs/gpu.md)");
+}
+
 void set_gemm_flag(const std::string& gemm) {
   if (!gemm.empty()) set_gemm_backend(parse_gemm_backend(gemm));
 }

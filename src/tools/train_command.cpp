@@ -52,6 +52,7 @@ TrainCommand::TrainCommand(CLI::App& app) {
       ->check(non_negative());
   add_gemm_flag(cmd_, gemm_);
   add_precision_flag(cmd_, precision_);
+  add_device_flag(cmd_, device_);
   cmd_->add_option("--reduce-dtype", reduce_dtype_,
                    "gradient reductions in fp32 (default) or bf16 (half the bytes; each rank's gradients are "
                    "converted for the wire and the sums widened back; docs/precision.md)");
@@ -138,6 +139,7 @@ TrainCommand::TrainCommand(CLI::App& app) {
 int TrainCommand::run() {
   set_gemm_flag(gemm_);
   opts_.precision = parse_precision(precision_);
+  opts_.device = parse_device(device_);
   opts_.ddp.reduce_dtype = parse_precision(reduce_dtype_, "--reduce-dtype");
   opts_.hparams = model_.hparams();
   opts_.hparams.erase("dpt.model");

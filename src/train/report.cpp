@@ -40,6 +40,11 @@ void Report::print() const {
   if (m.gathered || m.scratch)
     std::printf("gathered units %.1f MiB, communication scratch %.1f MiB, ", m.gathered * kMiB, m.scratch * kMiB);
   std::printf("activations %.1f MiB, peak RSS %.1f MiB\n", r.activation_bytes * kMiB, r.peak_rss * kMiB);
+  if (o.device != Device::CPU) {
+    const DeviceMemory dm = device_memory(o.device);
+    std::printf("device memory (%s): %.1f MiB allocated, peak %.1f MiB\n", device_name(o.device), dm.in_use * kMiB,
+                dm.peak * kMiB);
+  }
   print_offload();
   if (r.checkpoints > 0)
     std::printf("checkpoints: %lld written, %.1f MiB each, %.2f s each (%.0f MiB/s), %.1f%% of the run\n",
@@ -113,6 +118,11 @@ nlohmann::json Report::json() const {
                        {"offloaded", m.offloaded}, {"peak_rss", r.peak_rss}}},
             {"strategy_detail", strategy.describe()}};
   if (r.scaling_efficiency > 0) j["scaling_efficiency"] = r.scaling_efficiency;
+  j["device"] = device_name(o.device);
+  if (o.device != Device::CPU) {
+    const DeviceMemory dm = device_memory(o.device);
+    j["device_bytes"] = {{"in_use", dm.in_use}, {"peak", dm.peak}};
+  }
   if (auto d = strategy.offload_detail(); !d.is_null()) j["offload"] = std::move(d);
   if (auto d = strategy.detail(); !d.is_null()) j[strategy.name()] = std::move(d);
   return j;

@@ -303,6 +303,21 @@ void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model&
   check_fits(so, model, model.activation_bytes_for(micro), pg.size(), ranks_on_host(pg.size()), available);
 }
 
+namespace {
+
+// What --device cuda runs today (docs/gpu.md): the GPT under --strategy
+// local. The rest is refused before anything starts.
+void check_device(const TrainOptions& o) {
+  if (o.device == Device::CPU) return;
+  if (o.strategy != "local")
+    throw InputError(fmt::format("--device cuda runs --strategy local (one rank) for now, not {}: DDP and ZeRO "
+                                 "over GPUs are not built yet", o.strategy));
+  if (!o.checkpoint_dir.empty() || !o.resume.empty())
+    throw InputError("--device cuda: --checkpoint-dir and --resume are not built for GPU runs yet (--save is)");
+}
+
+}  // namespace
+
 void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg) {
   if (o.offload.empty()) {
     if (!o.offload_dir.empty()) throw InputError("--offload-dir is given without --offload optimizer");
@@ -559,6 +574,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const bool lead = rank == 0;
   if (o.strategy.empty()) o.strategy = default_strategy(world);
   check_outputs(o, pg);
+  check_device(o);
   if (o.strategy == "dp") {
     check_dp_options(o, world);
     return run_dp_training(o);
@@ -581,6 +597,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   auto model = make_model(saved ? resumed_hparams(o, *saved) : model_hparams(o));
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
+  model->set_device(o.device);
   const StrategyOptions so = strategy_options(o);
   check_offload(o, so, *model, pg);
   check_memory(o, so, *model, micro, pg);

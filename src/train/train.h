@@ -41,6 +41,8 @@ struct TrainOptions {
   // Compute precision (docs/precision.md): F32, or BF16 (bf16 compute copies
   // of the parameters, fp32 master weights, fp32 gradients and reductions).
   DType precision = DType::F32;
+  // Where the model computes (--device): the CPU, or this rank's GPU.
+  Device device = Device::CPU;
   ReducerOptions ddp;       // buckets, overlap, per-parameter mode
   bool zero_scatter = false;          // zero1: reduce-scatter instead of all-reduce
   bool zero_accumulate_locally = false;  // zero2/3 + grad_accum: reduce once per step

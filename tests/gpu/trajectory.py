@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""GPU training follows the CPU: issue 17's trajectory check.
+
+Usage: trajectory.py DPT WORKDIR [--steps 50] [--precision fp32] [--tol 1e-4]
+
+Trains W-GPT (synthetic batches, AdamW, clipping) for --steps steps with
+`dpt train --device cpu` and `--device cuda` from the same seed, then checks
+that every step's loss and every saved parameter tensor agree "within r":
+max|gpu - cpu| <= r * max|cpu| per tensor (and per step's loss). Prints the
+largest ratios and writes them to WORKDIR/trajectory.json.
+Exit 0: within; 1: not; 77: no GPU here (CTest counts that as skipped).
+"""
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+from array import array
+
+
+def safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        if t["dtype"] != "F32":
+            raise SystemExit(f"{path}: {name} is {t['dtype']}, expected F32")
+        a, b = t["data_offsets"]
+        out[name] = array("f", data[a:b])
+    return out
+
+
+def losses(path):
+    with open(path) as f:
+        return [json.loads(line)["loss"] for line in f if line.strip()]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dpt")
+    ap.add_argument("workdir")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--tol", type=float, default=1e-4)
+    args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    runs = {}
+    for device in ("cpu", "cuda"):
+        w = os.path.join(args.workdir, device)
+        cmd = [args.dpt, "train", "--model", "gpt", "--synthetic", "--steps", str(args.steps), "--batch", "8",
+               "--optimizer", "adamw", "--lr", "1e-3", "--clip", "1.0", "--seed", "7", "--log-every", "1",
+               "--precision", args.precision, "--device", device,
+               "--metrics-out", w + ".jsonl", "--save", w + ".safetensors"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            if device == "cuda" and ("no CUDA device" in p.stderr or "built without CUDA" in p.stderr):
+                print(f"skipped: {p.stderr.strip()}")
+                return 77
+            print(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}", file=sys.stderr)
+            return 1
+        runs[device] = (losses(w + ".jsonl"), safetensors(w + ".safetensors"))
+    (lc, pc), (lg, pg) = runs["cpu"], runs["cuda"]
+    if len(lc) != args.steps or len(lg) != args.steps:
+        print(f"expected {args.steps} losses, got {len(lc)} (cpu) and {len(lg)} (cuda)", file=sys.stderr)
+        return 1
+    loss_ratio = max(abs(g - c) / abs(c) for c, g in zip(lc, lg))
+    param_ratio = {}
+    for name, c in pc.items():
+        g = pg[name]
+        scale = max(abs(x) for x in c) or 1.0
+        param_ratio[name] = max(abs(x - y) for x, y in zip(c, g)) / scale
+    worst = max(param_ratio, key=param_ratio.get)
+    result = {"steps": args.steps, "precision": args.precision, "tol": args.tol, "loss_max_ratio": loss_ratio,
+              "param_max_ratio": param_ratio[worst], "param_worst": worst, "cpu_losses": lc, "cuda_losses": lg}
+    with open(os.path.join(args.workdir, "trajectory.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"{args.steps} steps {args.precision}: loss within {loss_ratio:.2e}, parameters within "
+          f"{param_ratio[worst]:.2e} ({worst}); bar {args.tol:g}; final loss cpu {lc[-1]:.6f} cuda {lg[-1]:.6f}")
+    return 0 if loss_ratio <= args.tol and param_ratio[worst] <= args.tol else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
