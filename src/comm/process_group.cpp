@@ -16,6 +16,7 @@
 
 #include "comm/mpi_env.h"
 #include "comm/mpi_transport.h"
+#include "nn/kernels.h"
 #include "comm/ring.h"
 #include "comm/shm_transport.h"
 
@@ -83,8 +84,12 @@ struct ProcessGroup::Impl {
   uint64_t next_seq = 0;      // issue order (caller's thread)
 
   void run();
-  std::shared_ptr<Work> submit(OpCode code, size_t count, DType dtype, int root,
-                               std::function<void(OpContext&)> body);
+  // Queues body for the communication thread. It runs on data, or, when
+  // data is in GPU memory, on a host copy of its `count` elements that is
+  // copied back afterwards (docs/gpu.md: the host-staged path).
+  std::shared_ptr<Work> submit(OpCode code, size_t count, DType dtype, int root, void* data,
+                               std::function<void(OpContext&, char*)> body);
+  std::vector<char> staging;  // the host copy, grown to the largest staged buffer
   void check_signature(const OpContext& ctx, const Signature& mine);
   // Runs one of MPI's blocking collectives. MPI's blocking collectives are
   // its fast ones (its non-blocking forms progress only when polled), but a
@@ -141,8 +146,8 @@ void ProcessGroup::Impl::run() {
   }
 }
 
-std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DType dtype, int root,
-                                                 std::function<void(OpContext&)> body) {
+std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DType dtype, int root, void* data,
+                                                 std::function<void(OpContext&, char*)> body) {
   const uint64_t seq = next_seq++;
   const char* name = op_name(code);
   auto work = std::make_shared<Work>(name, &pg->ledger_);
@@ -152,7 +157,10 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
   const bool check = pg->config_.check_order && pg->size_ > 1 && code != OpCode::Send && code != OpCode::Recv;
   auto timeout = pg->config_.timeout;
   const char* phase = pg->phase_;
-  auto wrapped = [this, name, phase, seq, bytes, sig, check, timeout, body = std::move(body)](OpContext& ctx) {
+  char* d = static_cast<char*>(data);
+  const Device device = pointer_device(data);
+  auto wrapped = [this, name, phase, seq, bytes, sig, check, timeout, d, device,
+                  body = std::move(body)](OpContext& ctx) {
     ctx.op = name;
     ctx.phase = phase;
     ctx.seq = seq;
@@ -160,7 +168,13 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
     ctx.timeout = timeout;
     ctx.deadline = std::chrono::steady_clock::now() + timeout;
     if (check) check_signature(ctx, sig);
-    body(ctx);
+    if (device == Device::CPU || bytes == 0 || pg->size_ == 1) return body(ctx, d);
+    // Host-staged: the GPU's queued work is finished by the download (it
+    // waits for the compute stream), the host algorithm runs on the copy.
+    if (staging.size() < bytes) staging.resize(bytes);
+    kernels(device).download(staging.data(), d, bytes);
+    body(ctx, staging.data());
+    kernels(device).upload(d, staging.data(), bytes);
   };
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -414,9 +428,8 @@ void check_rank(int r, int size, const char* what) {
 
 std::shared_ptr<Work> ProcessGroup::all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op) {
   check_reduction(dtype, op, "all_reduce");
-  char* d = static_cast<char*>(data);
   const int n = size_;
-  return impl_->submit(OpCode::AllReduce, count, dtype, -1, [this, d, count, op, n, dtype](OpContext& ctx) {
+  return impl_->submit(OpCode::AllReduce, count, dtype, -1, data, [this, count, op, n, dtype](OpContext& ctx, char* d) {
     if (n == 1) return;
     if (config_.algo == Algo::Ring) return impl_->ring->all_reduce(ctx, d, count, dtype_size(dtype), op);
     impl_->mpi_blocking(ctx, "MPI_Allreduce", [&] {
@@ -432,9 +445,9 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_async(void* data, size_t count, D
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(void* data, size_t count, DType dtype, ReduceOp op) {
   check_reduction(dtype, op, "reduce_scatter");
-  char* d = static_cast<char*>(data);
   const int n = size_, rank = rank_;
-  return impl_->submit(OpCode::ReduceScatter, count, dtype, -1, [this, d, count, op, n, rank, dtype](OpContext& ctx) {
+  return impl_->submit(OpCode::ReduceScatter, count, dtype, -1, data,
+                       [this, count, op, n, rank, dtype](OpContext& ctx, char* d) {
     if (n == 1) return;
     const size_t es = dtype_size(dtype);
     if (config_.algo == Algo::Ring) return impl_->ring->reduce_scatter(ctx, d, count, es, op);
@@ -455,10 +468,9 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(void* data, size_t coun
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather_async(void* data, size_t count, DType dtype) {
-  char* d = static_cast<char*>(data);
   const size_t es = dtype_size(dtype);
   const int n = size_;
-  return impl_->submit(OpCode::AllGather, count, dtype, -1, [this, d, count, es, n](OpContext& ctx) {
+  return impl_->submit(OpCode::AllGather, count, dtype, -1, data, [this, count, es, n](OpContext& ctx, char* d) {
     if (n == 1) return;
     if (config_.algo == Algo::Ring) return impl_->ring->all_gather(ctx, d, count, es);
     std::vector<int> counts(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
@@ -476,9 +488,8 @@ std::shared_ptr<Work> ProcessGroup::all_gather_async(void* data, size_t count, D
 
 std::shared_ptr<Work> ProcessGroup::broadcast_async(void* data, size_t count, DType dtype, int root) {
   check_rank(root, size_, "broadcast root");
-  char* d = static_cast<char*>(data);
   const size_t bytes = count * dtype_size(dtype);
-  return impl_->submit(OpCode::Broadcast, count, dtype, root, [this, d, bytes, root](OpContext& ctx) {
+  return impl_->submit(OpCode::Broadcast, count, dtype, root, data, [this, bytes, root](OpContext& ctx, char* d) {
     if (size_ == 1) return;
     if (config_.algo == Algo::Ring) return impl_->ring->broadcast(ctx, d, bytes, root);
     impl_->mpi_blocking(ctx, "MPI_Bcast", [&] {
@@ -490,8 +501,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast_async(void* data, size_t count, DT
 std::shared_ptr<Work> ProcessGroup::reduce_async(void* data, size_t count, DType dtype, ReduceOp op, int root) {
   check_reduction(dtype, op, "reduce");
   check_rank(root, size_, "reduce root");
-  char* d = static_cast<char*>(data);
-  return impl_->submit(OpCode::Reduce, count, dtype, root, [this, d, count, op, root, dtype](OpContext& ctx) {
+  return impl_->submit(OpCode::Reduce, count, dtype, root, data, [this, count, op, root, dtype](OpContext& ctx, char* d) {
     if (size_ == 1) return;
     if (config_.algo == Algo::Ring) return impl_->ring->reduce(ctx, d, count, dtype_size(dtype), op, root);
     impl_->mpi_blocking(ctx, "MPI_Reduce", [&] {
@@ -507,7 +517,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_async(void* data, size_t count, DType
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier_async() {
-  return impl_->submit(OpCode::Barrier, 0, DType::F32, -1, [this](OpContext& ctx) {
+  return impl_->submit(OpCode::Barrier, 0, DType::F32, -1, nullptr, [this](OpContext& ctx, char*) {
     if (size_ == 1) return;
     if (config_.algo == Algo::Ring) return impl_->ring->barrier(ctx);
     impl_->mpi_blocking(ctx, "MPI_Barrier", [&] { return MPI_Barrier(impl_->comm); });
@@ -517,19 +527,17 @@ std::shared_ptr<Work> ProcessGroup::barrier_async() {
 std::shared_ptr<Work> ProcessGroup::send_async(const void* data, size_t count, DType dtype, int peer) {
   check_rank(peer, size_, "send to");
   if (peer == rank_) throw InputError(fmt::format("rank {} cannot send to itself", rank_));
-  const char* d = static_cast<const char*>(data);
   const size_t bytes = count * dtype_size(dtype);
-  return impl_->submit(OpCode::Send, count, dtype, peer,
-                       [this, d, bytes, peer](OpContext& ctx) { impl_->ring->send(ctx, d, bytes, peer); });
+  return impl_->submit(OpCode::Send, count, dtype, peer, const_cast<void*>(data),  // staged: copied back unchanged
+                       [this, bytes, peer](OpContext& ctx, char* d) { impl_->ring->send(ctx, d, bytes, peer); });
 }
 
 std::shared_ptr<Work> ProcessGroup::recv_async(void* data, size_t count, DType dtype, int peer) {
   check_rank(peer, size_, "receive from");
   if (peer == rank_) throw InputError(fmt::format("rank {} cannot receive from itself", rank_));
-  char* d = static_cast<char*>(data);
   const size_t bytes = count * dtype_size(dtype);
-  return impl_->submit(OpCode::Recv, count, dtype, peer,
-                       [this, d, bytes, peer](OpContext& ctx) { impl_->ring->recv(ctx, d, bytes, peer); });
+  return impl_->submit(OpCode::Recv, count, dtype, peer, data,
+                       [this, bytes, peer](OpContext& ctx, char* d) { impl_->ring->recv(ctx, d, bytes, peer); });
 }
 
 }  // namespace dpt::comm

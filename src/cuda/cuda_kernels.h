@@ -17,4 +17,7 @@ const Kernels& kernels();
 size_t allocated_bytes();
 size_t peak_allocated_bytes();
 
+// Whether p points into GPU memory (src/cuda/pointer.cpp).
+bool is_device_pointer(const void* p);
+
 }  // namespace dpt::cuda

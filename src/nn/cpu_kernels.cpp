@@ -1,6 +1,7 @@
 // The CPU side of nn/kernels.h: each op is the nn/*.h function of the same
 // name, so CPU runs compute exactly what they computed before the interface.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -194,6 +195,20 @@ DeviceMemory device_memory(Device d) {
   return {};
 }
 
+namespace {
+// Set once this process has used its GPU: before that no pointer can be the
+// GPU's, and CPU runs never touch the CUDA runtime.
+std::atomic<bool> cuda_used{false};
+}  // namespace
+
+Device pointer_device(const void* p) {
+#ifdef DPT_HAVE_CUDA
+  if (cuda_used.load(std::memory_order_relaxed) && cuda::is_device_pointer(p)) return Device::CUDA;
+#endif
+  (void)p;
+  return Device::CPU;
+}
+
 const Kernels& cpu_kernels() {
   static const CpuKernels k;
   return k;
@@ -202,7 +217,9 @@ const Kernels& cpu_kernels() {
 const Kernels& kernels(Device d) {
   if (d == Device::CPU) return cpu_kernels();
 #ifdef DPT_HAVE_CUDA
-  return cuda::kernels();
+  const Kernels& k = cuda::kernels();
+  cuda_used.store(true, std::memory_order_relaxed);
+  return k;
 #else
   throw InputError("this dpt was built without CUDA (no CUDA toolkit found, or -DDPT_CUDA=OFF)");
 #endif

@@ -142,6 +142,10 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory(Device d);
 
+// The device whose memory p is in (CPU for host memory and in builds
+// without CUDA).
+Device pointer_device(const void* p);
+
 // The kernels of a device. kernels(Device::CUDA) in a build without CUDA,
 // or on a machine without a usable GPU, throws InputError saying so.
 const Kernels& kernels(Device d);

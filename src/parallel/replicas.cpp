@@ -30,10 +30,26 @@ uint64_t bytes_hash(const void* data, size_t bytes) {
   return h;
 }
 
-uint64_t params_hash(const Model& model) { return bytes_hash(model.params(), model.param_count() * sizeof(float)); }
+namespace {
+// The model's parameters where the host can read them: its own buffer, or
+// (a GPU model) a downloaded copy in `host`.
+const float* host_params(const Model& model, std::vector<float>& host) {
+  if (model.device() == Device::CPU) return model.params();
+  host.resize(model.param_count());
+  model.download_params(0, host.size(), host.data());
+  return host.data();
+}
+}  // namespace
+
+uint64_t params_hash(const Model& model) {
+  std::vector<float> host;
+  return bytes_hash(host_params(model, host), model.param_count() * sizeof(float));
+}
 
 void verify_replicas(const Model& model, comm::ProcessGroup& pg, int64_t step) {
-  verify_replicas(model.params(), model.param_count() * sizeof(float), pg, step);
+  if (pg.size() == 1) return;
+  std::vector<float> host;
+  verify_replicas(host_params(model, host), model.param_count() * sizeof(float), pg, step);
 }
 
 void verify_replicas(const void* data, size_t bytes, comm::ProcessGroup& pg, int64_t step) {

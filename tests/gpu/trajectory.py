@@ -2,12 +2,15 @@
 """GPU training follows the CPU: issue 17's trajectory check.
 
 Usage: trajectory.py DPT WORKDIR [--steps 50] [--precision fp32] [--tol 1e-4]
+                     [--mode device|ddp]
 
-Trains W-GPT (synthetic batches, AdamW, clipping) for --steps steps with
-`dpt train --device cpu` and `--device cuda` from the same seed, then checks
-that every step's loss and every saved parameter tensor agree "within r":
-max|gpu - cpu| <= r * max|cpu| per tensor (and per step's loss). Prints the
-largest ratios and writes them to WORKDIR/trajectory.json.
+Trains W-GPT (synthetic batches, AdamW, clipping) for --steps steps twice
+from the same seed, then checks that every step's loss and every saved
+parameter tensor agree "within r": max|b - a| <= r * max|a| per tensor (and
+per step's loss). --mode device (default): `--device cpu` (a) against
+`--device cuda` (b). --mode ddp: one GPU rank (a) against DDP on two ranks
+sharing the GPU (b, host-staged collectives), the same global --batch.
+Prints the largest ratios and writes them to WORKDIR/trajectory.json.
 Exit 0: within; 1: not; 77: no GPU here (CTest counts that as skipped).
 """
 import argparse
@@ -47,24 +50,31 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--mode", choices=["device", "ddp"], default="device")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
+    if args.mode == "device":
+        pair = [("a", "cpu", "local", 1), ("b", "cuda", "local", 1)]
+    else:
+        pair = [("a", "cuda", "local", 1), ("b", "cuda", "ddp", 2)]
     runs = {}
-    for device in ("cpu", "cuda"):
-        w = os.path.join(args.workdir, device)
+    for tag, device, strategy, ranks in pair:
+        w = os.path.join(args.workdir, tag)
         cmd = [args.dpt, "train", "--model", "gpt", "--synthetic", "--steps", str(args.steps), "--batch", "8",
                "--optimizer", "adamw", "--lr", "1e-3", "--clip", "1.0", "--seed", "7", "--log-every", "1",
-               "--precision", args.precision, "--device", device,
+               "--precision", args.precision, "--device", device, "--strategy", strategy,
                "--metrics-out", w + ".jsonl", "--save", w + ".safetensors"]
+        if ranks > 1:
+            cmd = [args.dpt, "launch", "-n", str(ranks), "--"] + cmd
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
             if device == "cuda" and ("no CUDA device" in p.stderr or "built without CUDA" in p.stderr):
                 print(f"skipped: {p.stderr.strip()}")
                 return 77
-            print(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}", file=sys.stderr)
+            print(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr}", file=sys.stderr)
             return 1
-        runs[device] = (losses(w + ".jsonl"), safetensors(w + ".safetensors"))
-    (lc, pc), (lg, pg) = runs["cpu"], runs["cuda"]
+        runs[tag] = (losses(w + ".jsonl"), safetensors(w + ".safetensors"))
+    (lc, pc), (lg, pg) = runs["a"], runs["b"]
     if len(lc) != args.steps or len(lg) != args.steps:
         print(f"expected {args.steps} losses, got {len(lc)} (cpu) and {len(lg)} (cuda)", file=sys.stderr)
         return 1
@@ -75,12 +85,14 @@ def main():
         scale = max(abs(x) for x in c) or 1.0
         param_ratio[name] = max(abs(x - y) for x, y in zip(c, g)) / scale
     worst = max(param_ratio, key=param_ratio.get)
-    result = {"steps": args.steps, "precision": args.precision, "tol": args.tol, "loss_max_ratio": loss_ratio,
-              "param_max_ratio": param_ratio[worst], "param_worst": worst, "cpu_losses": lc, "cuda_losses": lg}
+    result = {"mode": args.mode, "runs": [p[1:] for p in pair], "steps": args.steps, "precision": args.precision,
+              "tol": args.tol, "loss_max_ratio": loss_ratio, "param_max_ratio": param_ratio[worst],
+              "param_worst": worst, "a_losses": lc, "b_losses": lg}
     with open(os.path.join(args.workdir, "trajectory.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print(f"{args.steps} steps {args.precision}: loss within {loss_ratio:.2e}, parameters within "
-          f"{param_ratio[worst]:.2e} ({worst}); bar {args.tol:g}; final loss cpu {lc[-1]:.6f} cuda {lg[-1]:.6f}")
+    print(f"{args.mode}: {pair[0][1:]} vs {pair[1][1:]}, {args.steps} steps {args.precision}: loss within "
+          f"{loss_ratio:.2e}, parameters within {param_ratio[worst]:.2e} ({worst}); bar {args.tol:g}; "
+          f"final loss {lc[-1]:.6f} vs {lg[-1]:.6f}")
     return 0 if loss_ratio <= args.tol and param_ratio[worst] <= args.tol else 1
 
 

@@ -1,0 +1,49 @@
+#!/bin/bash
+# The GPU routine of issue 17, run on a lent GPU machine from the repository
+# root (docs/gpu.md): scripts/device/gpu.sh OUT [STAGE...]
+#   build       configure and build (Ninja, no oneDNN: the image lacks it)
+#   kernels     every CUDA op against the CPU op (test_cuda_kernels)
+#   trajectory  W-GPT 50 steps fp32 on the GPU against the CPU (tests/gpu/trajectory.py)
+#   ddp         DDP on two ranks sharing the GPU against one rank (host-staged collectives)
+#   gpt2        GPT-2 124M bf16 throughput and device memory (dpt)
+#   sanitizer   compute-sanitizer memcheck on a short training run
+#   torch       PyTorch 2.x on the same workload, eager and torch.compile
+# Each stage writes its results into OUT as it finishes, so a run cut off by
+# its time limit still reports the stages before.
+set -u
+OUT=${1:?usage: gpu.sh OUT [STAGE...]}
+shift
+STAGES=${*:-build kernels trajectory ddp gpt2 sanitizer torch}
+B=build-gpu
+BATCH=${GPT2_BATCH:-16}
+mkdir -p "$OUT"
+for stage in $STAGES; do
+  echo "== $stage ($(date +%T))"
+  case $stage in
+    build)
+      { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDPT_ONEDNN=OFF -DDPT_OPENBLAS_ANY=ON \
+          -DDPT_BUILD_BENCH=OFF && ninja -C $B dpt test_cuda_kernels; } >"$OUT/build.log" 2>&1
+      rc=$?
+      grep -E "CUDA backend|error|warning" "$OUT/build.log" | head -40
+      echo "build rc $rc"
+      [ $rc -eq 0 ] || exit 1 ;;
+    kernels)
+      $B/tests/test_cuda_kernels --gtest_output=json:"$OUT/cuda_kernels.json" 2>&1 | grep -vE "^\[ +(RUN|OK) " | tail -60 ;;
+    trajectory)
+      python3 tests/gpu/trajectory.py $B/dpt /tmp/trajectory --steps 50 && cp /tmp/trajectory/trajectory.json "$OUT/" ;;
+    ddp)
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 python3 tests/gpu/trajectory.py $B/dpt /tmp/ddp \
+        --mode ddp --steps 20 --tol 1e-5 && cp /tmp/ddp/trajectory.json "$OUT/ddp.json" ;;
+    gpt2)
+      $B/dpt train --model gpt2 --synthetic --device cuda --precision bf16 --batch "$BATCH" --steps 30 \
+        --optimizer adamw --lr 6e-4 --clip 1.0 --log-every 10 --summary-out "$OUT/gpt2_dpt.json" 2>&1 | tail -8 ;;
+    sanitizer)
+      compute-sanitizer --tool memcheck --leak-check full $B/dpt train --model gpt --synthetic --device cuda \
+        --steps 2 --batch 2 --optimizer adamw --log-every 1 >"$OUT/sanitizer.txt" 2>&1
+      echo "sanitizer rc $?"; tail -5 "$OUT/sanitizer.txt" ;;
+    torch)
+      PYTHONUNBUFFERED=1 python3 bench/torch_gpu_gpt2.py --json "$OUT/torch_gpu_gpt2.json" --batches "$BATCH" \
+        --steps 30 --warmup 10 2>&1 | tail -6 ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
