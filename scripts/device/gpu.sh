@@ -22,13 +22,14 @@ for stage in $STAGES; do
   case $stage in
     build)
       { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDPT_ONEDNN=OFF -DDPT_OPENBLAS_ANY=ON \
-          -DDPT_BUILD_BENCH=OFF && ninja -C $B dpt test_cuda_kernels; } >"$OUT/build.log" 2>&1
+          -DDPT_BUILD_BENCH=OFF && ninja -C $B dpt test_cuda_kernels test_cuda_comm; } >"$OUT/build.log" 2>&1
       rc=$?
       grep -E "CUDA backend|error|warning" "$OUT/build.log" | head -40
       echo "build rc $rc"
       [ $rc -eq 0 ] || exit 1 ;;
     kernels)
-      $B/tests/test_cuda_kernels --gtest_output=json:"$OUT/cuda_kernels.json" 2>&1 | grep -vE "^\[ +(RUN|OK) " | tail -60 ;;
+      $B/tests/test_cuda_kernels --gtest_output=json:"$OUT/cuda_kernels.json" 2>&1 | grep -vE "^\[ +(RUN|OK) " | tail -60
+      $B/tests/test_cuda_comm 2>&1 | tail -12 ;;
     trajectory)
       python3 tests/gpu/trajectory.py $B/dpt /tmp/trajectory --steps 50 && cp /tmp/trajectory/trajectory.json "$OUT/" ;;
     ddp)

@@ -16,9 +16,12 @@
 
 #include "comm/mpi_env.h"
 #include "comm/mpi_transport.h"
-#include "nn/kernels.h"
 #include "comm/ring.h"
 #include "comm/shm_transport.h"
+#include "nn/kernels.h"
+#ifdef DPT_HAVE_CUDA
+#include "cuda/nccl_comm.h"
+#endif
 
 namespace dpt::comm {
 
@@ -88,8 +91,16 @@ struct ProcessGroup::Impl {
   // data is in GPU memory, on a host copy of its `count` elements that is
   // copied back afterwards (docs/gpu.md: the host-staged path).
   std::shared_ptr<Work> submit(OpCode code, size_t count, DType dtype, int root, void* data,
-                               std::function<void(OpContext&, char*)> body);
+                               std::function<void(OpContext&, char*)> body, ReduceOp op = ReduceOp::Sum);
   std::vector<char> staging;  // the host copy, grown to the largest staged buffer
+  // GPU buffers: how they are reduced, decided at the first one (collective:
+  // every rank reaches it in the same place).
+  DeviceComm device_path = DeviceComm::Auto;  // Auto: not decided yet
+  void decide_device_path(OpContext& ctx);
+#ifdef DPT_HAVE_CUDA
+  std::unique_ptr<cuda::NcclComm> nccl;
+  void run_nccl(const OpContext& ctx, OpCode code, char* d, size_t count, DType dtype, ReduceOp op, int root);
+#endif
   void check_signature(const OpContext& ctx, const Signature& mine);
   // Runs one of MPI's blocking collectives. MPI's blocking collectives are
   // its fast ones (its non-blocking forms progress only when polled), but a
@@ -147,7 +158,7 @@ void ProcessGroup::Impl::run() {
 }
 
 std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DType dtype, int root, void* data,
-                                                 std::function<void(OpContext&, char*)> body) {
+                                                 std::function<void(OpContext&, char*)> body, ReduceOp op) {
   const uint64_t seq = next_seq++;
   const char* name = op_name(code);
   auto work = std::make_shared<Work>(name, &pg->ledger_);
@@ -159,7 +170,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
   const char* phase = pg->phase_;
   char* d = static_cast<char*>(data);
   const Device device = pointer_device(data);
-  auto wrapped = [this, name, phase, seq, bytes, sig, check, timeout, d, device,
+  auto wrapped = [this, name, phase, seq, bytes, sig, check, timeout, d, device, code, count, dtype, op, root,
                   body = std::move(body)](OpContext& ctx) {
     ctx.op = name;
     ctx.phase = phase;
@@ -168,7 +179,12 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
     ctx.timeout = timeout;
     ctx.deadline = std::chrono::steady_clock::now() + timeout;
     if (check) check_signature(ctx, sig);
-    if (device == Device::CPU || bytes == 0 || pg->size_ == 1) return body(ctx, d);
+    if (device == Device::CPU || bytes == 0) return body(ctx, d);
+    decide_device_path(ctx);
+#ifdef DPT_HAVE_CUDA
+    if (device_path == DeviceComm::Nccl) return run_nccl(ctx, code, d, count, dtype, op, root);
+#endif
+    if (pg->size_ == 1) return;
     // Host-staged: the GPU's queued work is finished by the download (it
     // waits for the compute stream), the host algorithm runs on the copy.
     if (staging.size() < bytes) staging.resize(bytes);
@@ -183,6 +199,64 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
   cv.notify_one();
   return work;
 }
+
+void ProcessGroup::Impl::decide_device_path(OpContext& ctx) {
+  if (device_path != DeviceComm::Auto) return;
+  DeviceComm want = pg->config_.device_comm;
+#ifdef DPT_HAVE_CUDA
+  if (want == DeviceComm::Auto) {
+    // NCCL when no two ranks share a GPU (it refuses them), else staged.
+    const size_t n = static_cast<size_t>(pg->size_);
+    std::vector<char> uuids(16 * n);
+    cuda::NcclComm::device_uuid(uuids.data() + 16 * static_cast<size_t>(pg->rank_));
+    ring->all_gather(ctx, uuids.data(), n, 16);
+    bool shared = false;
+    for (size_t a = 0; a < n; ++a)
+      for (size_t b = a + 1; b < n; ++b) shared |= std::memcmp(&uuids[16 * a], &uuids[16 * b], 16) == 0;
+    want = shared || n == 1 ? DeviceComm::Staged : DeviceComm::Nccl;
+  }
+  if (want == DeviceComm::Nccl) {
+    char id[cuda::NcclComm::kIdBytes] = {};
+    if (pg->rank_ == 0) cuda::NcclComm::make_id(id);
+    ring->broadcast(ctx, id, sizeof id, 0);
+    nccl = std::make_unique<cuda::NcclComm>(id, pg->size_, pg->rank_);
+  }
+#endif
+  device_path = want == DeviceComm::Nccl ? DeviceComm::Nccl : DeviceComm::Staged;
+}
+
+#ifdef DPT_HAVE_CUDA
+void ProcessGroup::Impl::run_nccl(const OpContext& ctx, OpCode code, char* d, size_t count, DType dtype, ReduceOp op,
+                                  int root) {
+  const std::string what = fmt::format("{} #{} of {} bytes", ctx.op, ctx.seq, ctx.bytes);
+  const auto deadline = ctx.deadline;
+  // NCCL moves its bytes itself: the ledger gets what the ring algorithm
+  // would send and receive for the same operation (docs/gpu.md).
+  const uint64_t n = static_cast<uint64_t>(pg->size_), b = ctx.bytes;
+  const int r = pg->rank_, last = static_cast<int>((static_cast<uint64_t>(root) + n - 1) % n);
+  uint64_t sent = 0, recv = 0;
+  switch (code) {
+    case OpCode::AllReduce: sent = recv = 2 * (n - 1) * b / n; break;
+    case OpCode::ReduceScatter: case OpCode::AllGather: sent = recv = (n - 1) * b / n; break;
+    case OpCode::Broadcast: sent = n > 1 && r != last ? b : 0; recv = r != root ? b : 0; break;
+    case OpCode::Reduce: sent = r != root ? b : 0; recv = n > 1 && r != last ? b : 0; break;
+    case OpCode::Send: sent = b; break;
+    case OpCode::Recv: recv = b; break;
+    case OpCode::Barrier: break;
+  }
+  pg->ledger_.add_transfer(ctx.op, ctx.phase, sent, recv);
+  switch (code) {
+    case OpCode::AllReduce: return nccl->all_reduce(d, count, dtype, op, what, deadline);
+    case OpCode::ReduceScatter: return nccl->reduce_scatter(d, count, dtype, op, what, deadline);
+    case OpCode::AllGather: return nccl->all_gather(d, count, dtype_size(dtype), what, deadline);
+    case OpCode::Broadcast: return nccl->broadcast(d, count * dtype_size(dtype), root, what, deadline);
+    case OpCode::Reduce: return nccl->reduce(d, count, dtype, op, root, what, deadline);
+    case OpCode::Send: return nccl->send(d, count * dtype_size(dtype), root, what, deadline);
+    case OpCode::Recv: return nccl->recv(d, count * dtype_size(dtype), root, what, deadline);
+    case OpCode::Barrier: return;
+  }
+}
+#endif
 
 void ProcessGroup::Impl::check_signature(const OpContext& ctx, const Signature& mine) {
   const size_t n = static_cast<size_t>(pg->size_);
@@ -440,7 +514,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_async(void* data, size_t count, D
       float* f = reinterpret_cast<float*>(d);
       for (size_t i = 0; i < count; ++i) f[i] /= static_cast<float>(n);
     }
-  });
+  }, op);
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(void* data, size_t count, DType dtype, ReduceOp op) {
@@ -464,7 +538,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(void* data, size_t coun
     float* f = reinterpret_cast<float*>(d);
     if (op == ReduceOp::Avg)
       for (size_t i = 0; i < mine.size; ++i) f[mine.begin + i] /= static_cast<float>(n);
-  });
+  }, op);
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather_async(void* data, size_t count, DType dtype) {
@@ -513,7 +587,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_async(void* data, size_t count, DType
       float* f = reinterpret_cast<float*>(d);
       for (size_t i = 0; i < count; ++i) f[i] /= static_cast<float>(size_);
     }
-  });
+  }, op);
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier_async() {

@@ -23,6 +23,17 @@ const char* transport_name(Transport t) {
   return t == Transport::Auto ? "auto" : (t == Transport::Shm ? "shm" : "mpi");
 }
 
+DeviceComm parse_device_comm(const std::string& s) {
+  if (s == "auto") return DeviceComm::Auto;
+  if (s == "nccl") return DeviceComm::Nccl;
+  if (s == "staged") return DeviceComm::Staged;
+  throw InputError(fmt::format("unknown GPU collective path '{}' (expected auto, nccl or staged)", s));
+}
+
+const char* device_comm_name(DeviceComm d) {
+  return d == DeviceComm::Nccl ? "nccl" : (d == DeviceComm::Staged ? "staged" : "auto");
+}
+
 const char* reduce_op_name(ReduceOp op) {
   return op == ReduceOp::Sum ? "sum" : (op == ReduceOp::Avg ? "avg" : "max");
 }
@@ -39,6 +50,7 @@ Config Config::from_env() {
     c.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
   }
   if (const char* v = std::getenv("DPT_COMM_CHECK")) c.check_order = std::string(v) == "1";
+  if (const char* v = std::getenv("DPT_DEVICE_COMM")) c.device_comm = parse_device_comm(v);
   return c;
 }
 

@@ -19,6 +19,11 @@ enum class Algo { Ring, Mpi };
 // How ring algorithms reach a peer: "auto" uses shared memory for peers on
 // the same host and MPI point-to-point for the others.
 enum class Transport { Auto, Shm, Mpi };
+// How collectives on GPU buffers run (docs/gpu.md): NCCL, or staged through
+// host memory and the host algorithms. "auto" takes NCCL when every rank of
+// the group has a GPU of its own (NCCL refuses two ranks on one GPU) and
+// stages otherwise; "nccl" insists, and runs NCCL even in a group of one.
+enum class DeviceComm { Auto, Nccl, Staged };
 
 struct Config {
   Algo algo = Algo::Ring;
@@ -29,8 +34,10 @@ struct Config {
   // Before each collective, check that every rank issued the same one
   // (operation, element count, dtype, root); stop at the first difference.
   bool check_order = false;
+  DeviceComm device_comm = DeviceComm::Auto;
 
-  // Defaults overridden by the environment: DPT_COMM_ALGO=ring|mpi,
+  // Defaults overridden by the environment: DPT_DEVICE_COMM=auto|nccl|staged,
+  // DPT_COMM_ALGO=ring|mpi,
   // DPT_COMM_TRANSPORT=auto|shm|mpi, DPT_COMM_TIMEOUT=<seconds>,
   // DPT_COMM_CHECK=1. Throws InputError on an unknown value.
   static Config from_env();
@@ -39,6 +46,8 @@ struct Config {
 Algo parse_algo(const std::string& s);            // "ring" | "mpi"
 Transport parse_transport(const std::string& s);  // "auto" | "shm" | "mpi"
 const char* algo_name(Algo a);
+DeviceComm parse_device_comm(const std::string& s);  // "auto" | "nccl" | "staged"
+const char* device_comm_name(DeviceComm d);
 const char* transport_name(Transport t);
 const char* reduce_op_name(ReduceOp op);
 
