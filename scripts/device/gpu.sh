@@ -4,7 +4,7 @@
 #   build       configure and build (Ninja, no oneDNN: the image lacks it)
 #   kernels     every CUDA op against the CPU op (test_cuda_kernels)
 #   trajectory  W-GPT 50 steps fp32 on the GPU against the CPU (tests/gpu/trajectory.py)
-#   ddp         DDP on two ranks sharing the GPU against one rank (host-staged collectives)
+#   ddp         DDP and ZeRO-3 on two ranks sharing the GPU against one rank (host-staged)
 #   gpt2        GPT-2 124M bf16 throughput and device memory (dpt)
 #   sanitizer   compute-sanitizer memcheck on a short training run
 #   torch       PyTorch 2.x on the same workload, eager and torch.compile
@@ -33,8 +33,10 @@ for stage in $STAGES; do
     trajectory)
       python3 tests/gpu/trajectory.py $B/dpt /tmp/trajectory --steps 50 && cp /tmp/trajectory/trajectory.json "$OUT/" ;;
     ddp)
-      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 python3 tests/gpu/trajectory.py $B/dpt /tmp/ddp \
-        --mode ddp --steps 20 --tol 1e-5 && cp /tmp/ddp/trajectory.json "$OUT/ddp.json" ;;
+      for mode in ddp zero3; do
+        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 python3 tests/gpu/trajectory.py $B/dpt /tmp/$mode \
+          --mode $mode --steps 20 --tol 1e-5 && cp /tmp/$mode/trajectory.json "$OUT/$mode.json"
+      done ;;
     gpt2)
       $B/dpt train --model gpt2 --synthetic --device cuda --precision bf16 --batch "$BATCH" --steps 30 \
         --optimizer adamw --lr 6e-4 --clip 1.0 --log-every 10 --summary-out "$OUT/gpt2_dpt.json" 2>&1 | tail -8 ;;

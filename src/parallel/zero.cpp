@@ -15,7 +15,7 @@ namespace dpt {
 
 void BufferPool::reserve(const std::vector<size_t>& sizes) {
   for (size_t n : sizes) {
-    bufs_.emplace_back(n);
+    bufs_.emplace_back(n, DType::F32, device_);
     free_.push_back(true);
   }
 }
@@ -26,7 +26,7 @@ int BufferPool::take(size_t numel) {
     if (free_[i] && bufs_[i].numel() >= numel && (best < 0 || bufs_[i].numel() < bufs_[static_cast<size_t>(best)].numel()))
       best = static_cast<int>(i);
   if (best < 0) {
-    bufs_.emplace_back(numel);
+    bufs_.emplace_back(numel, DType::F32, device_);
     free_.push_back(false);
     return static_cast<int>(bufs_.size() - 1);
   }
@@ -56,7 +56,9 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
       layout_(model.layout()),
       world_(pg.size()),
       rank_(pg.rank()) {
-  tier_ = make_state_tier(options_.offload, rank_, Device::CPU);
+  tier_ = make_state_tier(options_.offload, rank_, model_.device());
+  for (BufferPool* p : {&gather_pool_, &grad_pool_, &wire_pool_}) p->place(model_.device());
+  for (FlatBuffer* b : {&param_shard_, &grad_shard_, &params16_}) b->place(model_.device());
   for (const Unit& u : layout_.units()) {
     const comm::Range r = comm::chunk_range(u.numel, world_, rank_);
     shards_.push_back({r.begin, r.size, shard_numel_});
@@ -80,20 +82,24 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     else
       model_.init_params(init.seed);
   } else {
-    param_shard_ = FlatBuffer(shard_numel_);
+    param_shard_.reserve(shard_numel_);
+    // Filled on the host (a GPU run's shards uploaded at the end).
+    const bool host = model_.device() == Device::CPU;
+    std::vector<float> staged(host ? 0 : shard_numel_);
+    auto shard_at = [&](size_t u) { return host ? param_shard(static_cast<int>(u)) : staged.data() + shards_[u].at; };
     if (!init.load.empty()) {  // each rank reads only its shards' bytes
       const SafetensorsReader file(init.load);
       check_weight_file(model_, file, init.load_format);
       for (size_t u = 0; u < U; ++u)
-        load_weight_range(model_, file, layout_.units()[u].offset + shards_[u].begin, shards_[u].n,
-                          param_shard(static_cast<int>(u)), init.load_format);
+        load_weight_range(model_, file, layout_.units()[u].offset + shards_[u].begin, shards_[u].n, shard_at(u),
+                          init.load_format);
     } else {
       for (size_t u = 0; u < U; ++u)
-        model_.init_range(init.seed, layout_.units()[u].offset + shards_[u].begin, shards_[u].n,
-                          param_shard(static_cast<int>(u)));
+        model_.init_range(init.seed, layout_.units()[u].offset + shards_[u].begin, shards_[u].n, shard_at(u));
     }
+    if (!host) model_.k().upload(param_shard_.f32(), staged.data(), staged.size() * sizeof(float));
   }
-  if (stage_ >= 2) grad_shard_ = FlatBuffer(shard_numel_);
+  if (stage_ >= 2) grad_shard_.reserve(shard_numel_);
   const ZeroPools pools = zero_pools(options_, model_);
   gather_pool_.reserve(pools.gathered);
   grad_pool_.reserve(pools.scratch);
@@ -162,7 +168,7 @@ bf16* ZeroStrategy::compute_chunk(int u) {
 }
 
 void ZeroStrategy::publish(int u) {
-  convert(compute_chunk(u), param_shard(u), shards_[static_cast<size_t>(u)].n);
+  model_.k().convert(compute_chunk(u), param_shard(u), shards_[static_cast<size_t>(u)].n);
   if (stage_ == 3) return;
   param_gather_[static_cast<size_t>(u)] = pg_.all_gather_async(params16_.b16() + unit(u).offset, unit(u).numel, DType::BF16);
   record(Timeline::AllGather, u, param_gather_[static_cast<size_t>(u)]);
@@ -242,6 +248,7 @@ void ZeroStrategy::complete_oldest() {
     // Reduced in bf16: this rank's chunk widened, into the full gradients'
     // chunk (stage 1: replaced, as the in-place fp32 reduction would) or
     // added to the shard (stages 2, 3).
+    DPT_CHECK(model_.device() == Device::CPU, "bf16 reductions of GPU gradients are not built");
     const bf16* w = reinterpret_cast<const bf16*>(wire_pool_.data(g.wire)) + s.begin;
     if (stage_ == 1)
       for (size_t i = 0; i < s.n; ++i) dst[i] = to_f32(w[i]);
@@ -253,8 +260,7 @@ void ZeroStrategy::complete_oldest() {
     // This rank's chunk of the reduced unit, added to its gradient shard
     // (micro-steps accumulate there); stage 1 reduced in place.
     const float* src = (full_grads() ? model_.grads() + unit(u).offset : grad_pool_.data(g.buf)) + s.begin;
-#pragma omp simd
-    for (size_t i = 0; i < s.n; ++i) dst[i] += src[i];
+    model_.k().residual_forward(dst, dst, src, static_cast<int64_t>(s.n));  // dst += src
   }
   if (g.buf >= 0) {
     grad_pool_.give(g.buf);
@@ -264,7 +270,8 @@ void ZeroStrategy::complete_oldest() {
 
 double ZeroStrategy::grad_norm_squared() {
   double mine = 0.0;
-  for (size_t u = 0; u < shards_.size(); ++u) mine += sum_of_squares(grad_shard(static_cast<int>(u)), shards_[u].n);
+  for (size_t u = 0; u < shards_.size(); ++u)
+    mine += model_.k().sum_of_squares(grad_shard(static_cast<int>(u)), shards_[u].n);
   // Every rank's sum, added in rank order in double, so all ranks agree
   // exactly (all_gather moves bytes: a double travels as two floats).
   std::fill(norm_parts_.begin(), norm_parts_.end(), 0.0);
@@ -276,7 +283,7 @@ double ZeroStrategy::grad_norm_squared() {
 }
 
 void ZeroStrategy::scale_grads(float factor) {
-  for (size_t u = 0; u < shards_.size(); ++u) scale(grad_shard(static_cast<int>(u)), shards_[u].n, factor);
+  for (size_t u = 0; u < shards_.size(); ++u) model_.k().scale(grad_shard(static_cast<int>(u)), shards_[u].n, factor);
 }
 
 void ZeroStrategy::step(float lr) {
@@ -301,20 +308,23 @@ void ZeroStrategy::step(float lr) {
 void ZeroStrategy::gather_unit(int u, float* out) {
   if (!sharded_params()) {
     wait_param_gather(u);
-    std::memcpy(out, model_.params() + unit(u).offset, unit(u).numel * sizeof(float));
+    model_.download_params(unit(u).offset, unit(u).numel, out);
     return;
   }
   const Shard& s = shards_[static_cast<size_t>(u)];
-  std::memcpy(out + s.begin, param_shard(u), s.n * sizeof(float));
+  model_.k().download(out + s.begin, param_shard(u), s.n * sizeof(float));
   pg_.all_gather(out, unit(u).numel, DType::F32);
 }
 
 void ZeroStrategy::verify(int64_t step) {
   if (stage_ == 3) return;  // no replicas: every rank holds other shards
   for (size_t u = 0; u < param_gather_.size(); ++u) wait_param_gather(static_cast<int>(u));
-  if (mixed_)
-    verify_replicas(params16_.b16(), params16_.bytes(), pg_, step);
-  else
+  if (mixed_) {
+    std::vector<char> host(model_.device() == Device::CPU ? 0 : params16_.bytes());
+    if (!host.empty()) model_.k().download(host.data(), params16_.b16(), host.size());
+    verify_replicas(host.empty() ? static_cast<const void*>(params16_.b16()) : host.data(), params16_.bytes(), pg_,
+                    step);
+  } else
     verify_replicas(model_, pg_, step);
 }
 
@@ -393,9 +403,9 @@ void ZeroStrategy::start_gather(int u) {
   g.buf = gather_pool_.take(mixed_ ? (numel + 1) / 2 : numel);
   void* b = gather_pool_.data(g.buf);
   if (mixed_)
-    std::memcpy(static_cast<bf16*>(b) + s.begin, params16_.b16() + s.at, s.n * sizeof(bf16));
+    model_.k().copy(static_cast<bf16*>(b) + s.begin, params16_.b16() + s.at, s.n * sizeof(bf16));
   else
-    std::memcpy(static_cast<float*>(b) + s.begin, param_shard_.f32() + s.at, s.n * sizeof(float));
+    model_.k().copy(static_cast<float*>(b) + s.begin, param_shard_.f32() + s.at, s.n * sizeof(float));
   g.work = pg_.all_gather_async(b, numel, mixed_ ? DType::BF16 : DType::F32);
   record(Timeline::AllGather, u, g.work);
 }
@@ -464,7 +474,7 @@ float* ZeroStrategy::unit_grads(int u) {
     // grow the pool past what the memory estimate counted.
     while (!grad_pool_.fits(unit(u).numel) && !inflight_.empty()) complete_oldest();
     g.buf = grad_pool_.take(unit(u).numel);
-    std::memset(grad_pool_.data(g.buf), 0, unit(u).numel * sizeof(float));
+    model_.k().zero(grad_pool_.data(g.buf), unit(u).numel * sizeof(float));
   }
   return grad_pool_.data(g.buf);
 }
@@ -489,7 +499,7 @@ void ZeroStrategy::grads_ready(size_t offset, size_t numel) {
     if (wire_bf16()) {  // a bf16 copy goes on the wire: half the bytes
       g.wire = wire_pool_.take((unit(u).numel + 1) / 2);
       bf16* w = reinterpret_cast<bf16*>(wire_pool_.data(g.wire));
-      convert(w, b, unit(u).numel);
+      model_.k().convert(w, b, unit(u).numel);
       g.work = pg_.reduce_scatter_async(w, unit(u).numel, DType::BF16, comm::ReduceOp::Sum);
     } else {
       g.work = pg_.reduce_scatter_async(b, unit(u).numel, DType::F32, comm::ReduceOp::Sum);

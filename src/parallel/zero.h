@@ -45,6 +45,9 @@ namespace dpt {
 // in the accounted bytes (tests/test_plan_cli.cpp).
 class BufferPool {
  public:
+  // Buffers in the memory of `device` (the model's).
+  explicit BufferPool(Device device = Device::CPU) : device_(device) {}
+  void place(Device device) { device_ = device; }
   // Free buffers of these sizes, made before the first step
   // (parallel/rank_bytes.h's zero_pools), so the pool never grows after.
   void reserve(const std::vector<size_t>& sizes);
@@ -57,6 +60,7 @@ class BufferPool {
  private:
   std::deque<FlatBuffer> bufs_;  // a deque: data pointers stay valid as it grows
   std::vector<bool> free_;
+  Device device_;
 };
 
 class ZeroStrategy : public Strategy, private UnitStore {

@@ -309,9 +309,8 @@ namespace {
 // local. The rest is refused before anything starts.
 void check_device(const TrainOptions& o) {
   if (o.device == Device::CPU) return;
-  if (o.strategy != "local" && o.strategy != "ddp")
-    throw InputError(fmt::format("--device cuda runs --strategy local or ddp for now, not {}: ZeRO over GPUs "
-                                 "is not built yet", o.strategy));
+  if (o.strategy == "dp")
+    throw InputError("--device cuda: --strategy dp (threads over one process) runs on the CPU only");
   if (o.ddp.reduce_dtype != DType::F32)
     throw InputError("--device cuda: --reduce-dtype bf16 is not built for GPU runs yet");
   if (!o.checkpoint_dir.empty() || !o.resume.empty())

@@ -8,8 +8,9 @@ Trains W-GPT (synthetic batches, AdamW, clipping) for --steps steps twice
 from the same seed, then checks that every step's loss and every saved
 parameter tensor agree "within r": max|b - a| <= r * max|a| per tensor (and
 per step's loss). --mode device (default): `--device cpu` (a) against
-`--device cuda` (b). --mode ddp: one GPU rank (a) against DDP on two ranks
-sharing the GPU (b, host-staged collectives), the same global --batch.
+`--device cuda` (b). --mode ddp / zero3: one GPU rank (a) against DDP / ZeRO-3
+on two ranks sharing the GPU (b, host-staged collectives), the same global
+--batch.
 Prints the largest ratios and writes them to WORKDIR/trajectory.json.
 Exit 0: within; 1: not; 77: no GPU here (CTest counts that as skipped).
 """
@@ -50,13 +51,13 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--tol", type=float, default=1e-4)
-    ap.add_argument("--mode", choices=["device", "ddp"], default="device")
+    ap.add_argument("--mode", choices=["device", "ddp", "zero3"], default="device")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     if args.mode == "device":
         pair = [("a", "cpu", "local", 1), ("b", "cuda", "local", 1)]
     else:
-        pair = [("a", "cuda", "local", 1), ("b", "cuda", "ddp", 2)]
+        pair = [("a", "cuda", "local", 1), ("b", "cuda", args.mode, 2)]
     runs = {}
     for tag, device, strategy, ranks in pair:
         w = os.path.join(args.workdir, tag)
