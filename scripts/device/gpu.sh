@@ -5,6 +5,7 @@
 #   kernels     every CUDA op against the CPU op (test_cuda_kernels)
 #   trajectory  W-GPT 50 steps fp32 on the GPU against the CPU (tests/gpu/trajectory.py)
 #   ddp         DDP and ZeRO-3 on two ranks sharing the GPU against one rank (host-staged)
+#   hfeval      PyTorch GPT-2 weights evaluated on the GPU against PyTorch's loss
 #   gpt2        GPT-2 124M bf16 throughput and device memory (dpt)
 #   sanitizer   compute-sanitizer memcheck on a short training run
 #   torch       PyTorch 2.x on the same workload, eager and torch.compile
@@ -13,7 +14,7 @@
 set -u
 OUT=${1:?usage: gpu.sh OUT [STAGE...]}
 shift
-STAGES=${*:-build kernels trajectory ddp gpt2 sanitizer torch}
+STAGES=${*:-build kernels trajectory ddp hfeval gpt2 sanitizer torch}
 B=build-gpu
 BATCH=${GPT2_BATCH:-16}
 mkdir -p "$OUT"
@@ -37,6 +38,8 @@ for stage in $STAGES; do
         OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 python3 tests/gpu/trajectory.py $B/dpt /tmp/$mode \
           --mode $mode --steps 20 --tol 1e-5 && cp /tmp/$mode/trajectory.json "$OUT/$mode.json"
       done ;;
+    hfeval)
+      bash tests/gpu/hf_eval.sh $B/dpt /tmp/hfeval ;;
     gpt2)
       $B/dpt train --model gpt2 --synthetic --device cuda --precision bf16 --batch "$BATCH" --steps 30 \
         --optimizer adamw --lr 6e-4 --clip 1.0 --log-every 10 --summary-out "$OUT/gpt2_dpt.json" 2>&1 | tail -8 ;;
