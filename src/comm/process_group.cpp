@@ -19,9 +19,7 @@
 #include "comm/ring.h"
 #include "comm/shm_transport.h"
 #include "nn/kernels.h"
-#ifdef DPT_HAVE_CUDA
-#include "cuda/nccl_comm.h"
-#endif
+#include "cuda/backend.h"
 
 namespace dpt::comm {
 
@@ -97,10 +95,8 @@ struct ProcessGroup::Impl {
   // every rank reaches it in the same place).
   DeviceComm device_path = DeviceComm::Auto;  // Auto: not decided yet
   void decide_device_path(OpContext& ctx);
-#ifdef DPT_HAVE_CUDA
   std::unique_ptr<cuda::NcclComm> nccl;
   void run_nccl(const OpContext& ctx, OpCode code, char* d, size_t count, DType dtype, ReduceOp op, int root);
-#endif
   void check_signature(const OpContext& ctx, const Signature& mine);
   // Runs one of MPI's blocking collectives. MPI's blocking collectives are
   // its fast ones (its non-blocking forms progress only when polled), but a
@@ -181,9 +177,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
     if (check) check_signature(ctx, sig);
     if (device == Device::CPU || bytes == 0) return body(ctx, d);
     decide_device_path(ctx);
-#ifdef DPT_HAVE_CUDA
     if (device_path == DeviceComm::Nccl) return run_nccl(ctx, code, d, count, dtype, op, root);
-#endif
     if (pg->size_ == 1) return;
     // Host-staged: the GPU's queued work is finished by the download (it
     // waits for the compute stream), the host algorithm runs on the copy.
@@ -203,12 +197,12 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
 void ProcessGroup::Impl::decide_device_path(OpContext& ctx) {
   if (device_path != DeviceComm::Auto) return;
   DeviceComm want = pg->config_.device_comm;
-#ifdef DPT_HAVE_CUDA
+  const cuda::Backend& cuda = cuda::backend();  // a GPU buffer came: the backend is loaded
   if (want == DeviceComm::Auto) {
     // NCCL when no two ranks share a GPU (it refuses them), else staged.
     const size_t n = static_cast<size_t>(pg->size_);
     std::vector<char> uuids(16 * n);
-    cuda::NcclComm::device_uuid(uuids.data() + 16 * static_cast<size_t>(pg->rank_));
+    cuda.device_uuid(uuids.data() + 16 * static_cast<size_t>(pg->rank_));
     ring->all_gather(ctx, uuids.data(), n, 16);
     bool shared = false;
     for (size_t a = 0; a < n; ++a)
@@ -217,15 +211,13 @@ void ProcessGroup::Impl::decide_device_path(OpContext& ctx) {
   }
   if (want == DeviceComm::Nccl) {
     char id[cuda::NcclComm::kIdBytes] = {};
-    if (pg->rank_ == 0) cuda::NcclComm::make_id(id);
+    if (pg->rank_ == 0) cuda.nccl_id(id);
     ring->broadcast(ctx, id, sizeof id, 0);
-    nccl = std::make_unique<cuda::NcclComm>(id, pg->size_, pg->rank_);
+    nccl = cuda.nccl_comm(id, pg->size_, pg->rank_);
   }
-#endif
   device_path = want == DeviceComm::Nccl ? DeviceComm::Nccl : DeviceComm::Staged;
 }
 
-#ifdef DPT_HAVE_CUDA
 void ProcessGroup::Impl::run_nccl(const OpContext& ctx, OpCode code, char* d, size_t count, DType dtype, ReduceOp op,
                                   int root) {
   const std::string what = fmt::format("{} #{} of {} bytes", ctx.op, ctx.seq, ctx.bytes);
@@ -256,7 +248,6 @@ void ProcessGroup::Impl::run_nccl(const OpContext& ctx, OpCode code, char* d, si
     case OpCode::Barrier: return;
   }
 }
-#endif
 
 void ProcessGroup::Impl::check_signature(const OpContext& ctx, const Signature& mine) {
   const size_t n = static_cast<size_t>(pg->size_);

@@ -36,7 +36,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "cuda/cuda_kernels.h"
+#include "cuda/module.h"
 
 namespace dpt::cuda {
 

@@ -1,5 +1,3 @@
-#include "cuda/nccl_comm.h"
-
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -8,7 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "cuda/cuda_kernels.h"
+#include "cuda/backend.h"
+#include "cuda/module.h"
 
 namespace dpt::cuda {
 
@@ -29,9 +28,28 @@ ncclRedOp_t nccl_op(comm::ReduceOp op) {
   return ncclSum;
 }
 
-}  // namespace
 
-struct NcclComm::Impl {
+class Nccl final : public NcclComm {
+ public:
+  Nccl(const char id[kIdBytes], int size, int rank);
+  ~Nccl() override;
+  void all_reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
+                  Deadline d) override;
+  void reduce_scatter(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
+                      Deadline d) override;
+  void all_gather(void* data, size_t count, size_t elem_bytes, const std::string& what, Deadline d) override;
+  void broadcast(void* data, size_t bytes, int root, const std::string& what, Deadline d) override;
+  void reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, int root, const std::string& what,
+              Deadline d) override;
+  void send(const void* data, size_t bytes, int peer, const std::string& what, Deadline d) override;
+  void recv(void* data, size_t bytes, int peer, const std::string& what, Deadline d) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct Nccl::Impl {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;
@@ -43,7 +61,7 @@ struct NcclComm::Impl {
       throw comm::CommError(fmt::format("{}: {} failed: {}", what, call, ncclGetErrorString(r)));
   }
   // Before: the buffer's producer (the compute stream) is done.
-  void begin() { kernels(Device::CUDA).synchronize(); }
+  void begin() { kernels().synchronize(); }
   // After issuing: waits for the NCCL stream, watching the communicator
   // for asynchronous errors (a peer that died) and the deadline.
   void finish(const std::string& what, Deadline deadline) {
@@ -72,16 +90,20 @@ struct NcclComm::Impl {
   }
 };
 
-void NcclComm::make_id(char id[kIdBytes]) {
-  static_assert(sizeof(ncclUniqueId) == kIdBytes, "NCCL's unique id size");
+}  // namespace
+
+void nccl_id(char id[NcclComm::kIdBytes]) {
+  static_assert(sizeof(ncclUniqueId) == NcclComm::kIdBytes, "NCCL's unique id size");
   ncclUniqueId u;
   const ncclResult_t r = ncclGetUniqueId(&u);
   if (r != ncclSuccess) throw comm::CommError(fmt::format("ncclGetUniqueId failed: {}", ncclGetErrorString(r)));
-  std::memcpy(id, &u, kIdBytes);
+  std::memcpy(id, &u, NcclComm::kIdBytes);
 }
 
-NcclComm::NcclComm(const char id[kIdBytes], int size, int rank) : impl_(std::make_unique<Impl>()) {
-  kernels(Device::CUDA);  // this process's GPU chosen and current
+namespace {
+
+Nccl::Nccl(const char id[kIdBytes], int size, int rank) : impl_(std::make_unique<Impl>()) {
+  kernels();  // this process's GPU chosen and current
   impl_->size = size;
   impl_->rank = rank;
   ncclUniqueId u;
@@ -91,13 +113,13 @@ NcclComm::NcclComm(const char id[kIdBytes], int size, int rank) : impl_(std::mak
   check_cuda(cudaEventCreateWithFlags(&impl_->done, cudaEventDisableTiming), "cudaEventCreate");
 }
 
-NcclComm::~NcclComm() {
+Nccl::~Nccl() {
   if (impl_->comm) ncclCommDestroy(impl_->comm);
   if (impl_->done) cudaEventDestroy(impl_->done);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
-void NcclComm::all_reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
+void Nccl::all_reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
                           Deadline d) {
   impl_->begin();
   impl_->check(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), impl_->comm, impl_->stream),
@@ -105,7 +127,7 @@ void NcclComm::all_reduce(void* data, size_t count, DType dtype, comm::ReduceOp 
   impl_->finish(what, d);
 }
 
-void NcclComm::reduce_scatter(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
+void Nccl::reduce_scatter(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
                               Deadline d) {
   // Chunk r reduced onto rank r, in place: one reduce per chunk, grouped.
   const size_t es = dtype_size(dtype);
@@ -122,7 +144,7 @@ void NcclComm::reduce_scatter(void* data, size_t count, DType dtype, comm::Reduc
   impl_->finish(what, d);
 }
 
-void NcclComm::all_gather(void* data, size_t count, size_t elem_bytes, const std::string& what, Deadline d) {
+void Nccl::all_gather(void* data, size_t count, size_t elem_bytes, const std::string& what, Deadline d) {
   // Chunk r from rank r to all: one broadcast per chunk, grouped.
   char* c = static_cast<char*>(data);
   impl_->begin();
@@ -137,13 +159,13 @@ void NcclComm::all_gather(void* data, size_t count, size_t elem_bytes, const std
   impl_->finish(what, d);
 }
 
-void NcclComm::broadcast(void* data, size_t bytes, int root, const std::string& what, Deadline d) {
+void Nccl::broadcast(void* data, size_t bytes, int root, const std::string& what, Deadline d) {
   impl_->begin();
   impl_->check(ncclBroadcast(data, data, bytes, ncclUint8, root, impl_->comm, impl_->stream), "ncclBroadcast", what);
   impl_->finish(what, d);
 }
 
-void NcclComm::reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, int root, const std::string& what,
+void Nccl::reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, int root, const std::string& what,
                       Deadline d) {
   impl_->begin();
   impl_->check(ncclReduce(data, data, count, nccl_type(dtype), nccl_op(op), root, impl_->comm, impl_->stream),
@@ -151,26 +173,32 @@ void NcclComm::reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, 
   impl_->finish(what, d);
 }
 
-void NcclComm::send(const void* data, size_t bytes, int peer, const std::string& what, Deadline d) {
+void Nccl::send(const void* data, size_t bytes, int peer, const std::string& what, Deadline d) {
   impl_->begin();
   impl_->check(ncclSend(data, bytes, ncclUint8, peer, impl_->comm, impl_->stream), "ncclSend", what);
   impl_->finish(what, d);
 }
 
-void NcclComm::recv(void* data, size_t bytes, int peer, const std::string& what, Deadline d) {
+void Nccl::recv(void* data, size_t bytes, int peer, const std::string& what, Deadline d) {
   impl_->begin();
   impl_->check(ncclRecv(data, bytes, ncclUint8, peer, impl_->comm, impl_->stream), "ncclRecv", what);
   impl_->finish(what, d);
 }
 
-std::string NcclComm::version() {
+}  // namespace
+
+std::unique_ptr<NcclComm> nccl_comm(const char id[NcclComm::kIdBytes], int size, int rank) {
+  return std::make_unique<Nccl>(id, size, rank);
+}
+
+std::string nccl_version() {
   int v = 0;
   ncclGetVersion(&v);
   return fmt::format("NCCL {}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
 }
 
-void NcclComm::device_uuid(char uuid[16]) {
-  kernels(Device::CUDA);
+void device_uuid(char uuid[16]) {
+  kernels();
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   cudaDeviceProp prop{};

@@ -2,7 +2,7 @@
 // buffers through the host; it must tell them from host buffers).
 #include <cuda_runtime.h>
 
-#include "cuda/cuda_kernels.h"
+#include "cuda/module.h"
 
 namespace dpt::cuda {
 

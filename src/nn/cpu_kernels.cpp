@@ -18,9 +18,7 @@
 #include "nn/residual.h"
 #include "optim/optimizer.h"
 
-#ifdef DPT_HAVE_CUDA
-#include "cuda/cuda_kernels.h"
-#endif
+#include "cuda/backend.h"
 
 namespace dpt {
 
@@ -188,24 +186,21 @@ Device parse_device(const std::string& name, const char* flag) {
   throw InputError(fmt::format("{} must be cpu or cuda, not '{}'", flag, name));
 }
 
-DeviceMemory device_memory(Device d) {
-#ifdef DPT_HAVE_CUDA
-  if (d == Device::CUDA) return {cuda::allocated_bytes(), cuda::peak_allocated_bytes()};
-#endif
-  return {};
-}
-
 namespace {
 // Set once this process has used its GPU: before that no pointer can be the
 // GPU's, and CPU runs never touch the CUDA runtime.
 std::atomic<bool> cuda_used{false};
 }  // namespace
 
+DeviceMemory device_memory(Device d) {
+  if (d == Device::CUDA && cuda_used.load(std::memory_order_relaxed))
+    return {cuda::backend().allocated_bytes(), cuda::backend().peak_allocated_bytes()};
+  return {};
+}
+
+
 Device pointer_device(const void* p) {
-#ifdef DPT_HAVE_CUDA
-  if (cuda_used.load(std::memory_order_relaxed) && cuda::is_device_pointer(p)) return Device::CUDA;
-#endif
-  (void)p;
+  if (cuda_used.load(std::memory_order_relaxed) && cuda::backend().is_device_pointer(p)) return Device::CUDA;
   return Device::CPU;
 }
 
@@ -216,13 +211,9 @@ const Kernels& cpu_kernels() {
 
 const Kernels& kernels(Device d) {
   if (d == Device::CPU) return cpu_kernels();
-#ifdef DPT_HAVE_CUDA
-  const Kernels& k = cuda::kernels();
+  const Kernels& k = cuda::backend().kernels();
   cuda_used.store(true, std::memory_order_relaxed);
   return k;
-#else
-  throw InputError("this dpt was built without CUDA (no CUDA toolkit found, or -DDPT_CUDA=OFF)");
-#endif
 }
 
 }  // namespace dpt

@@ -1,0 +1,9 @@
+// The one symbol libdpt_cuda.so exports to the engine (cuda/backend.h).
+#include "cuda/module.h"
+
+extern "C" __attribute__((visibility("default"))) const dpt::cuda::Backend* dpt_cuda_backend() {
+  using namespace dpt::cuda;
+  static const Backend table{kBackendAbi,   &kernels,   &allocated_bytes, &peak_allocated_bytes, &is_device_pointer,
+                             &nccl_id,      &nccl_comm, &device_uuid,     &nccl_version};
+  return &table;
+}

@@ -1,0 +1,22 @@
+// Inside libdpt_cuda.so: the functions behind the Backend table
+// (cuda/backend.h), defined in the module's source files.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "cuda/backend.h"
+
+namespace dpt::cuda {
+
+const Kernels& kernels();  // cuda_kernels.cu
+size_t allocated_bytes();
+size_t peak_allocated_bytes();
+bool is_device_pointer(const void* p);  // pointer.cpp
+void nccl_id(char id[NcclComm::kIdBytes]);  // nccl_comm.cpp
+std::unique_ptr<NcclComm> nccl_comm(const char id[NcclComm::kIdBytes], int size, int rank);
+void device_uuid(char uuid[16]);
+std::string nccl_version();
+
+}  // namespace dpt::cuda
