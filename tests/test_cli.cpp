@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include "nn/kernels.h"
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
@@ -146,6 +148,25 @@ TEST_F(CliTest, SummaryNamesTheGemmBackendAndItsPeak) {
     EXPECT_NE(j["gemm_detail"].get<std::string>().find(backend == std::string("onednn") ? "oneDNN" : "OpenBLAS"),
               std::string::npos);
   }
+}
+
+TEST_F(CliTest, DeviceAndHsdpAreChecked) {
+  // A build without CUDA, or a machine without a GPU, says which; the MLP
+  // and the threaded DP never run on GPUs.
+  expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --device tpu", kSmallGpt), "--device");
+  if (!dpt::cuda_built())
+    expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --device cuda", kSmallGpt),
+                      "without CUDA");
+  expect_user_error("train --model mlp --strategy dp --steps 1 --device cuda", "dp");
+  // hsdp's shard groups: only hsdp has them, and they must divide the ranks
+  // (one rank here: a group of 2 cannot); no checkpoints yet.
+  expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --strategy zero3 --shard-group 1", kSmallGpt),
+                    "--shard-group");
+  expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --strategy hsdp --shard-group 2", kSmallGpt),
+                    "does not divide");
+  expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --strategy hsdp --checkpoint-dir {}",
+                                kSmallGpt, q(dir_ / "ck")),
+                    "hsdp");
 }
 
 TEST_F(CliTest, PrecisionIsCheckedAndReported) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,8 +23,20 @@ struct OpStats {
   OpStats operator-(const OpStats& o) const;
 };
 
+// Own: this group's collectives; Family: with those of its subgroups (made
+// by ProcessGroup::split, alive or gone), what a run's report sums.
+enum class Scope { Own, Family };
+
 class Ledger {
  public:
+  Ledger() = default;
+  Ledger(const Ledger&) = delete;
+  Ledger& operator=(const Ledger&) = delete;
+  ~Ledger();
+  // Counts child's entries in this ledger's Family views, also after the
+  // child is destroyed.
+  void adopt(Ledger* child);
+
   // Bytes of a transfer, counted under its operation and under the phase of
   // the step it was issued in (forward, backward, optimizer, ...).
   void add_transfer(const std::string& op, const std::string& phase, uint64_t sent, uint64_t recv);
@@ -31,16 +44,20 @@ class Ledger {
   void add_wait(const std::string& op, double seconds);
 
   // A copy of all entries, keyed by operation ("all_reduce", ...).
-  std::map<std::string, OpStats> snapshot() const;
-  OpStats total() const;
+  std::map<std::string, OpStats> snapshot(Scope scope = Scope::Own) const;
+  OpStats total(Scope scope = Scope::Own) const;
   // Bytes per phase, keyed by the phase names the caller set.
-  std::map<std::string, OpStats> phases() const;
+  std::map<std::string, OpStats> phases(Scope scope = Scope::Own) const;
   // {"all_reduce": {"count": .., "bytes_sent": .., ...}, ...}
-  nlohmann::json to_json() const;
+  nlohmann::json to_json(Scope scope = Scope::Own) const;
 
  private:
+  void retire(Ledger* child, const std::map<std::string, OpStats>& ops, const std::map<std::string, OpStats>& phases);
   mutable std::mutex mu_;
   std::map<std::string, OpStats> ops_, phases_;
+  Ledger* parent_ = nullptr;
+  std::vector<Ledger*> children_;
+  std::map<std::string, OpStats> retired_ops_, retired_phases_;  // of children destroyed
 };
 
 // after - before, entry by entry (a step's share of a running ledger).

@@ -313,14 +313,20 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config) {
 
 std::unique_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std::string& name) {
   if (color < 0) throw InputError(fmt::format("split color {} must not be negative", color));
-  if (impl_->comm == MPI_COMM_NULL) return build(config_, MPI_COMM_NULL, name);
+  if (impl_->comm == MPI_COMM_NULL) {
+    auto g = build(config_, MPI_COMM_NULL, name);
+    ledger_.adopt(&g->ledger_);
+    return g;
+  }
   barrier();  // nothing of this group in flight on any rank: the split is the next use of its communicator
   MPI_Comm child = MPI_COMM_NULL;
   {
     std::lock_guard<std::mutex> lock(mpi_mutex());
     mpi_check(MPI_Comm_split(impl_->comm, color, key, &child), "split");
   }
-  return build(config_, child, name);
+  auto g = build(config_, child, name);
+  ledger_.adopt(&g->ledger_);  // the run's report sums its subgroups
+  return g;
 }
 
 std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* comm_ptr, const std::string& name) {

@@ -48,7 +48,7 @@ size_t bytes_of(const std::vector<size_t>& buffers) {
 int zero_stage(const std::string& name) {
   if (name == "zero1") return 1;
   if (name == "zero2") return 2;
-  if (name == "zero3" || name == "fsdp") return 3;
+  if (name == "zero3" || name == "fsdp" || name == "hsdp") return 3;
   return 0;
 }
 
@@ -103,6 +103,11 @@ size_t optimizer_state_bytes(const OptimizerConfig& config, size_t n) {
 }
 
 MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int world, int rank) {
+  if (options.name == "hsdp" && options.shard_group > 0 && world % options.shard_group == 0) {
+    // Hybrid sharding: a ZeRO-3 rank of its shard group.
+    rank %= options.shard_group;
+    world = options.shard_group;
+  }
   const Layout& layout = model.layout();
   size_t shard = 0;
   for (const Unit& u : layout.units()) shard += comm::chunk_range(u.numel, world, rank).size;

@@ -60,6 +60,9 @@ struct StrategyOptions {
   // FULL_SHARD) or keep them until its backward (false, SHARD_GRAD_OP).
   bool reshard_after_forward = true;
   Prefetch prefetch = Prefetch::Both;  // zero3: next unit's all-gather
+  // hsdp: ZeRO-3 inside groups of this many consecutive ranks, replicated
+  // across the groups (0: the ranks of one host; shard_group_size resolves it).
+  int shard_group = 0;
   // Where the optimizer state lives: RAM, or a file per rank streamed in
   // chunks (`--offload optimizer`, optim/state_tier.h).
   OffloadOptions offload;
@@ -157,6 +160,10 @@ struct StrategyInit {
 };
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init);
+
+// hsdp's shard group size on `pg`: options.shard_group, or the ranks on this
+// rank's host when 0. Throws InputError when it does not divide the ranks.
+int shard_group_size(const StrategyOptions& options, const comm::ProcessGroup& pg);
 
 // The strategy a run gets when none is named: ddp on several ranks, local
 // on one.

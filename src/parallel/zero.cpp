@@ -46,6 +46,17 @@ size_t BufferPool::bytes() const {
   return b;
 }
 
+namespace {
+// hsdp's groups: shard groups of consecutive ranks (one host's, by default),
+// replica groups of the ranks at the same place in each (collective: every
+// rank splits twice, in this order).
+std::unique_ptr<comm::ProcessGroup> hsdp_group(const StrategyOptions& o, comm::ProcessGroup& pg, bool shard) {
+  if (o.name != "hsdp") return nullptr;
+  const int s = o.shard_group;
+  return pg.split(shard ? pg.rank() / s : pg.rank() % s, pg.rank(), shard ? "shard" : "replica");
+}
+}  // namespace
+
 ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
                            const StrategyInit& init, int stage)
     : options_(options),
@@ -53,9 +64,12 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
       model_(model),
       mixed_(model.precision() == DType::BF16),
       pg_(pg),
+      shard_group_(hsdp_group(options, pg, true)),
+      replica_group_(hsdp_group(options, pg, false)),
+      spg_(shard_group_ ? *shard_group_ : pg),
       layout_(model.layout()),
-      world_(pg.size()),
-      rank_(pg.rank()) {
+      world_(spg_.size()),
+      rank_(spg_.rank()) {
   tier_ = make_state_tier(options_.offload, rank_, model_.device());
   for (BufferPool* p : {&gather_pool_, &grad_pool_, &wire_pool_}) p->place(model_.device());
   for (FlatBuffer* b : {&param_shard_, &grad_shard_, &params16_}) b->place(model_.device());
@@ -141,6 +155,8 @@ std::string ZeroStrategy::describe() const {
     how += fmt::format(", parameters gathered per unit ({} after forward, prefetch {})",
                        options_.reshard_after_forward ? "freed" : "kept", prefetch_name(options_.prefetch));
   }
+  if (replica_group_)
+    how += fmt::format(", each gradient shard all-reduced across the {} shard groups", replica_group_->size());
   return fmt::format("{}: {} units sharded over {} ranks ({} of {} elements here), {}", options_.name,
                      layout_.units().size(), world_, shard_numel_, layout_.numel(), how);
 }
@@ -151,7 +167,8 @@ nlohmann::json ZeroStrategy::detail() const {
     units.push_back({{"name", layout_.units()[u].name}, {"offset", layout_.units()[u].offset},
                      {"numel", layout_.units()[u].numel}, {"shard_begin", shards_[u].begin},
                      {"shard_numel", shards_[u].n}});
-  return {{"stage", stage_}, {"units", units}, {"zero_scatter", options_.zero_scatter},
+  return {{"stage", stage_}, {"units", units}, {"shard_group", world_},
+          {"replicas", replica_group_ ? replica_group_->size() : 1}, {"zero_scatter", options_.zero_scatter},
           {"accumulate_locally", options_.accumulate_locally},
           {"reshard_after_forward", options_.reshard_after_forward},
           {"prefetch", prefetch_name(options_.prefetch)}};
@@ -170,7 +187,7 @@ bf16* ZeroStrategy::compute_chunk(int u) {
 void ZeroStrategy::publish(int u) {
   model_.k().convert(compute_chunk(u), param_shard(u), shards_[static_cast<size_t>(u)].n);
   if (stage_ == 3) return;
-  param_gather_[static_cast<size_t>(u)] = pg_.all_gather_async(params16_.b16() + unit(u).offset, unit(u).numel, DType::BF16);
+  param_gather_[static_cast<size_t>(u)] = spg_.all_gather_async(params16_.b16() + unit(u).offset, unit(u).numel, DType::BF16);
   record(Timeline::AllGather, u, param_gather_[static_cast<size_t>(u)]);
 }
 
@@ -244,6 +261,15 @@ void ZeroStrategy::complete_oldest() {
   g.work.reset();
   const Shard& s = shards_[static_cast<size_t>(u)];
   float* dst = grad_shard(u);
+  if (replica_group_) {
+    // hsdp: this chunk summed over the shard group; now over the replicas too.
+    if (g.wire >= 0)
+      replica_group_->all_reduce(reinterpret_cast<bf16*>(wire_pool_.data(g.wire)) + s.begin, s.n, DType::BF16,
+                                 comm::ReduceOp::Sum);
+    else
+      replica_group_->all_reduce((full_grads() ? model_.grads() + unit(u).offset : grad_pool_.data(g.buf)) + s.begin,
+                                 s.n, DType::F32, comm::ReduceOp::Sum);
+  }
   if (g.wire >= 0) {
     // Reduced in bf16: this rank's chunk widened, into the full gradients'
     // chunk (stage 1: replaced, as the in-place fp32 reduction would) or
@@ -276,7 +302,8 @@ double ZeroStrategy::grad_norm_squared() {
   // exactly (all_gather moves bytes: a double travels as two floats).
   std::fill(norm_parts_.begin(), norm_parts_.end(), 0.0);
   norm_parts_[static_cast<size_t>(rank_)] = mine;
-  pg_.all_gather(norm_parts_.data(), 2 * norm_parts_.size(), DType::F32);
+  // (hsdp: within the shard group; the other groups hold the same shards.)
+  spg_.all_gather(norm_parts_.data(), 2 * norm_parts_.size(), DType::F32);
   double total = 0.0;
   for (double v : norm_parts_) total += v;
   return total;
@@ -299,7 +326,7 @@ void ZeroStrategy::step(float lr) {
   // in place. Nothing waits here: the next forward waits for each unit as
   // it opens it, so the all-gathers run behind the forward of earlier units.
   for (size_t u = 0; u < shards_.size(); ++u) {
-    param_gather_[u] = pg_.all_gather_async(model_.params() + layout_.units()[u].offset,
+    param_gather_[u] = spg_.all_gather_async(model_.params() + layout_.units()[u].offset,
                                             layout_.units()[u].numel, DType::F32);
     record(Timeline::AllGather, static_cast<int>(u), param_gather_[u]);
   }
@@ -313,7 +340,7 @@ void ZeroStrategy::gather_unit(int u, float* out) {
   }
   const Shard& s = shards_[static_cast<size_t>(u)];
   model_.k().download(out + s.begin, param_shard(u), s.n * sizeof(float));
-  pg_.all_gather(out, unit(u).numel, DType::F32);
+  spg_.all_gather(out, unit(u).numel, DType::F32);
 }
 
 void ZeroStrategy::verify(int64_t step) {
@@ -406,7 +433,7 @@ void ZeroStrategy::start_gather(int u) {
     model_.k().copy(static_cast<bf16*>(b) + s.begin, params16_.b16() + s.at, s.n * sizeof(bf16));
   else
     model_.k().copy(static_cast<float*>(b) + s.begin, param_shard_.f32() + s.at, s.n * sizeof(float));
-  g.work = pg_.all_gather_async(b, numel, mixed_ ? DType::BF16 : DType::F32);
+  g.work = spg_.all_gather_async(b, numel, mixed_ ? DType::BF16 : DType::F32);
   record(Timeline::AllGather, u, g.work);
 }
 
@@ -500,9 +527,9 @@ void ZeroStrategy::grads_ready(size_t offset, size_t numel) {
       g.wire = wire_pool_.take((unit(u).numel + 1) / 2);
       bf16* w = reinterpret_cast<bf16*>(wire_pool_.data(g.wire));
       model_.k().convert(w, b, unit(u).numel);
-      g.work = pg_.reduce_scatter_async(w, unit(u).numel, DType::BF16, comm::ReduceOp::Sum);
+      g.work = spg_.reduce_scatter_async(w, unit(u).numel, DType::BF16, comm::ReduceOp::Sum);
     } else {
-      g.work = pg_.reduce_scatter_async(b, unit(u).numel, DType::F32, comm::ReduceOp::Sum);
+      g.work = spg_.reduce_scatter_async(b, unit(u).numel, DType::F32, comm::ReduceOp::Sum);
     }
     inflight_.push_back(u);
     record(Timeline::ReduceScatter, u, g.work);

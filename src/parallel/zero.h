@@ -72,7 +72,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   const std::string& name() const override { return options_.name; }
   std::string describe() const override;
   nlohmann::json detail() const override;
-  float loss_scale() const override { return 1.0f / static_cast<float>(world_); }
+  float loss_scale() const override { return 1.0f / static_cast<float>(pg_.size()); }
   void begin_step() override;
   void begin_micro_step(bool last) override;
   double finish_backward() override;
@@ -129,8 +129,13 @@ class ZeroStrategy : public Strategy, private UnitStore {
   Model& model_;
   bool mixed_;  // bf16 compute copies, fp32 masters
   comm::ProcessGroup& pg_;
+  // hsdp: the ranks this rank shards over, and those holding the same shards
+  // in the other groups (their gradient shards are all-reduced); null under
+  // zero1/2/3. spg_ is the group shards are cut over (shard_group_ or pg_).
+  std::unique_ptr<comm::ProcessGroup> shard_group_, replica_group_;
+  comm::ProcessGroup& spg_;
   const Layout& layout_;
-  int world_, rank_;
+  int world_, rank_;  // in spg_
   std::vector<Shard> shards_;
   size_t shard_numel_ = 0;
   std::unique_ptr<StateTier> tier_;               // their state: RAM or a file (outlives opts_)

@@ -89,8 +89,12 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_flag("--quiet", o.quiet, "print nothing but errors");
   // Strategy and communication.
   cmd_->add_option("--strategy", o.strategy,
-                   "local, ddp (default with several ranks), zero1, zero2, zero3 (= fsdp), or dp (threads)")
-      ->check(CLI::IsMember({"local", "ddp", "zero1", "zero2", "zero3", "fsdp", "dp"}));
+                   "local, ddp (default with several ranks), zero1, zero2, zero3 (= fsdp), hsdp (zero3 inside "
+                   "--shard-group ranks, replicated across groups), or dp (threads)")
+      ->check(CLI::IsMember({"local", "ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "dp"}));
+  cmd_->add_option("--shard-group", o.shard_group,
+                   "hsdp: ranks per shard group, consecutive ranks (default: the ranks of one host)")
+      ->check(positive());
   cmd_->add_option("--zero-reduce", zero_reduce_, "zero1: reduce gradients by all-reduce (DDP's buckets) or scatter")
       ->check(CLI::IsMember({"all-reduce", "scatter"}));
   cmd_->add_option("--zero-accumulate", zero_accumulate_,

@@ -122,6 +122,7 @@ StrategyOptions strategy_options(const TrainOptions& o) {
   so.accumulate_locally = o.zero_accumulate_locally;
   so.reshard_after_forward = o.reshard_after_forward;
   so.prefetch = parse_prefetch(o.prefetch);
+  so.shard_group = o.shard_group;
   so.offload = {.what = o.offload, .dir = o.offload_dir, .chunk_bytes = o.offload_chunk_bytes};
   return so;
 }
@@ -519,8 +520,8 @@ int64_t resume_from(const std::string& path, const CheckpointInfo& saved, const 
 void count_comm(comm::ProcessGroup& pg, uint64_t bytes_at_start, const std::map<std::string, comm::OpStats>& phases_at_start,
                 int64_t ran, TrainResult& r) {
   const auto n = static_cast<uint64_t>(std::max<int64_t>(1, ran));
-  r.comm_bytes_per_step = (pg.ledger().total().bytes_sent - bytes_at_start) / n;
-  for (const auto& [phase, stats] : comm::difference(pg.ledger().phases(), phases_at_start))
+  r.comm_bytes_per_step = (pg.ledger().total(comm::Scope::Family).bytes_sent - bytes_at_start) / n;
+  for (const auto& [phase, stats] : comm::difference(pg.ledger().phases(comm::Scope::Family), phases_at_start))
     r.comm_bytes_per_phase[phase] = stats.bytes_sent / n;
 }
 
@@ -547,7 +548,7 @@ void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& mode
   std::vector<RankTimes> ranks = gather_ranks(pg, r, o, model, baseline);
   const Report report{.options = o, .model = model, .strategy = strategy, .result = r,
                       .ranks = std::move(ranks), .seconds = total_s, .skipped_steps = warmup_steps(steps_timed),
-                      .evaluated = evaluated, .ledger = pg.ledger().to_json()};
+                      .evaluated = evaluated, .ledger = pg.ledger().to_json(comm::Scope::Family)};
   if (!quiet) report.print();
   if (pg.rank() == 0 && !o.summary_out.empty())
     write_summary(o.summary_out, report.json(), r, o.model == "mlp", evaluated);
@@ -576,6 +577,10 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (o.strategy.empty()) o.strategy = default_strategy(world);
   check_outputs(o, pg);
   check_device(o);
+  if (o.strategy == "hsdp" && (!o.checkpoint_dir.empty() || !o.resume.empty()))
+    throw InputError("--strategy hsdp: --checkpoint-dir and --resume are not built for hybrid sharding yet");
+  if (o.shard_group > 0 && o.strategy != "hsdp")
+    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", o.strategy));
   if (o.strategy == "dp") {
     check_dp_options(o, world);
     return run_dp_training(o);
@@ -599,7 +604,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
   model->set_device(o.device);
-  const StrategyOptions so = strategy_options(o);
+  StrategyOptions so = strategy_options(o);
+  if (so.name == "hsdp") so.shard_group = shard_group_size(so, pg);
   check_offload(o, so, *model, pg);
   check_memory(o, so, *model, micro, pg);
   auto strategy = make_strategy(so, *model, pg, {o.seed, o.load, parse_weight_format(o.load_format)});
@@ -627,8 +633,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // The strategy's loss scale carries the 1/world of the average, so every
   // reduction is a plain sum and every gradient element is scaled once.
   StepContext context{o, pg, *model, *strategy, data, batch, strategy->loss_scale() / static_cast<float>(o.grad_accum)};
-  const uint64_t bytes_at_start = pg.ledger().total().bytes_sent;
-  const auto phases_at_start = pg.ledger().phases();
+  const uint64_t bytes_at_start = pg.ledger().total(comm::Scope::Family).bytes_sent;
+  const auto phases_at_start = pg.ledger().phases(comm::Scope::Family);
   // The timeline records only the last trace_steps steps: per step data,
   // forward and backward per micro-batch, the wait, the optimizer and the
   // strategy's collectives.

@@ -48,6 +48,7 @@ struct TrainOptions {
   bool zero_accumulate_locally = false;  // zero2/3 + grad_accum: reduce once per step
   bool reshard_after_forward = true;  // zero3
   std::string prefetch = "both";      // zero3: none, forward, backward, both
+  int shard_group = 0;                // hsdp: ranks per shard group (0: one host's)
   // Bytes the ranks on this host may use together; 0: the host's available
   // memory (MemAvailable). A run whose estimate exceeds it is refused.
   size_t memory_budget = 0;

@@ -286,7 +286,8 @@ struct Variant {
   bool local_accum = false;  // zero2/3: accumulate micro-steps locally
   bool reshard = true;       // zero3
   const char* prefetch = "both";
-  int stage() const { return strategy[0] == 'z' ? strategy[4] - '0' : 0; }
+  int shard_group = 0;       // hsdp
+  int stage() const { return strategy[0] == 'z' ? strategy[4] - '0' : (strategy[0] == 'h' ? 3 : 0); }
   // Gradients of micro-steps summed locally before one reduction, as DDP.
   bool accumulates_locally() const { return stage() <= 1 || local_accum; }
 };
@@ -308,6 +309,7 @@ void apply(const Variant& v, TrainOptions& o) {
   o.zero_accumulate_locally = v.local_accum;
   o.reshard_after_forward = v.reshard;
   o.prefetch = v.prefetch;
+  o.shard_group = v.shard_group;
 }
 
 // ---------------------------------------------------------------- runs
@@ -477,6 +479,26 @@ TEST(Equivalence, MlpSgdGradAccum2) {
 }
 
 TEST(Equivalence, GptAdamW) { check_equivalence({.net = Net::Gpt}, kAllStages); }
+
+// hsdp: ZeRO-3 inside shard groups, gradient shards all-reduced across the
+// groups. Every shard group size that divides the world: 1 (no sharding,
+// all replicas), the world (zero3 itself) and any between.
+std::vector<Variant> hsdp_variants() {
+  static std::vector<std::string> names;
+  std::vector<Variant> v;
+  names.reserve(8);
+  for (int sg = 1; sg <= world(); ++sg)
+    if (world() % sg == 0) {
+      names.push_back(fmt::format("hsdp-sg{}", sg));
+      v.push_back({.name = names.back().c_str(), .strategy = "hsdp", .shard_group = sg});
+    }
+  return v;
+}
+
+TEST(Equivalence, GptAdamWHsdp) { check_equivalence({.net = Net::Gpt}, hsdp_variants()); }
+
+TEST(Equivalence, MlpSgdGradAccum2Hsdp) { check_equivalence({.net = Net::Mlp, .accum = 2}, hsdp_variants()); }
+
 
 TEST(Equivalence, GptAdamWClipped) {
   check_equivalence({.net = Net::Gpt, .clip = kGptClip}, {kZero1, kZero1Scatter, kZero2, kZero3});
@@ -806,6 +828,25 @@ TEST(CommVolume, Bf16HalvesZero3Gathers) {
   // Forward moves nothing but parameter all-gathers.
   EXPECT_EQ(2 * b.result.comm_bytes_per_phase.at("forward"), a.result.comm_bytes_per_phase.at("forward"));
   EXPECT_EQ(b.ledger.at("reduce_scatter").bytes_sent, a.ledger.at("reduce_scatter").bytes_sent);
+}
+
+TEST(CommVolume, HsdpAddsTheReplicaAllReduce) {
+  // The report sums the shard and replica groups' ledgers. hsdp over one
+  // shard group of every rank is zero3, byte for byte; over shard groups of
+  // one rank at N = 2 it all-reduces every gradient once, as DDP does.
+  if (!exact_ring()) GTEST_SKIP() << "the exact figures are those of the ring algorithms on one host";
+  for (const Workload& s : {Workload{.net = Net::Mlp}, Workload{.net = Net::Gpt}}) {
+    const auto all = hsdp_variants();
+    const TrainRun &whole = run(s, all.back()), &z3 = run(s, kZero3);
+    if (whole.ok && z3.ok) {
+      EXPECT_EQ(whole.result.comm_bytes_per_step, z3.result.comm_bytes_per_step) << s.key() << " hsdp over all ranks";
+    }
+    if (world() != 2) continue;
+    const TrainRun &ones = run(s, all.front()), &ddp = run(s, kDdp);
+    if (ones.ok && ddp.ok) {
+      EXPECT_EQ(ones.result.comm_bytes_per_step, ddp.result.comm_bytes_per_step) << s.key() << " hsdp over 1-rank groups";
+    }
+  }
 }
 
 TEST(CommVolume, TheTableItself) {
