@@ -166,7 +166,10 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
   const char* phase = pg->phase_;
   char* d = static_cast<char*>(data);
   const Device device = pointer_device(data);
-  auto wrapped = [this, name, phase, seq, bytes, sig, check, timeout, d, device, code, count, dtype, op, root,
+  // A GPU buffer: the compute stream is marked now, on the caller's thread,
+  // so the collective waits for exactly the work queued before it.
+  void* ready = device == Device::CPU ? nullptr : cuda::backend().record_ready();
+  auto wrapped = [this, name, phase, seq, bytes, sig, check, timeout, d, device, code, count, dtype, op, root, ready,
                   body = std::move(body)](OpContext& ctx) {
     ctx.op = name;
     ctx.phase = phase;
@@ -175,16 +178,26 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
     ctx.timeout = timeout;
     ctx.deadline = std::chrono::steady_clock::now() + timeout;
     if (check) check_signature(ctx, sig);
-    if (device == Device::CPU || bytes == 0) return body(ctx, d);
+    if (device == Device::CPU) return body(ctx, d);
+    const cuda::Backend& cuda = cuda::backend();
+    struct Release {  // the event back to its pool whatever happens
+      const cuda::Backend& cuda;
+      void* ready;
+      ~Release() { cuda.release_ready(ready); }
+    } release{cuda, ready};
+    if (bytes == 0) return body(ctx, d);
     decide_device_path(ctx);
-    if (device_path == DeviceComm::Nccl) return run_nccl(ctx, code, d, count, dtype, op, root);
+    if (device_path == DeviceComm::Nccl) {
+      nccl->after(ready);
+      return run_nccl(ctx, code, d, count, dtype, op, root);
+    }
     if (pg->size_ == 1) return;
-    // Host-staged: the GPU's queued work is finished by the download (it
-    // waits for the compute stream), the host algorithm runs on the copy.
+    // Host-staged: copied out once the buffer's producer is done, the host
+    // algorithm run on the copy, the result copied back.
     if (staging.size() < bytes) staging.resize(bytes);
-    kernels(device).download(staging.data(), d, bytes);
+    cuda.download_after(staging.data(), d, bytes, ready);
     body(ctx, staging.data());
-    kernels(device).upload(d, staging.data(), bytes);
+    cuda.upload_copy(d, staging.data(), bytes);
   };
   {
     std::lock_guard<std::mutex> lock(mu);

@@ -21,9 +21,11 @@ namespace dpt::cuda {
 // NCCL on GPU buffers for one process group (used by comm/process_group.cpp
 // from its communication thread; docs/gpu.md).
 //
-// Each call first waits for the compute stream's queued work (the buffer's
-// producer), runs NCCL on the communicator's own stream and waits for it, so
-// the buffer is ready when the call returns. Waits poll NCCL's asynchronous
+// Each call starts on the communicator's own stream once the event given to
+// after() has passed (recorded on the compute stream when the collective was
+// issued: the buffer's producer is done, later kernels may still run), or,
+// without one, once the compute stream's queued work is done; it waits for
+// the NCCL stream, so the buffer is ready when the call returns. Waits poll NCCL's asynchronous
 // error until `deadline`; past it the communicator is aborted and CommError
 // names the operation (a dead peer never hangs a rank). Chunked operations
 // follow the engine's contract (comm::chunk_range: uneven chunks, in place),
@@ -33,6 +35,8 @@ class NcclComm {
   static constexpr size_t kIdBytes = 128;  // ncclUniqueId
   using Deadline = std::chrono::steady_clock::time_point;
   virtual ~NcclComm() = default;
+  // The next operation starts after `ready` (Backend::record_ready's).
+  virtual void after(void* ready) = 0;
   virtual void all_reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
                           Deadline d) = 0;
   virtual void reduce_scatter(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
@@ -46,7 +50,7 @@ class NcclComm {
 };
 
 // Bumped whenever the table changes, so an old library is refused.
-constexpr int kBackendAbi = 1;
+constexpr int kBackendAbi = 2;
 
 struct Backend {
   int abi = kBackendAbi;
@@ -64,6 +68,16 @@ struct Backend {
   std::unique_ptr<NcclComm> (*nccl_comm)(const char id[NcclComm::kIdBytes], int size, int rank);
   void (*device_uuid)(char uuid[16]);
   std::string (*nccl_version)();
+  // Ordering collectives after the compute that produced their buffers
+  // without stopping it: record_ready marks the compute stream now (an
+  // event from a pool); release_ready gives it back once used.
+  // download_after copies device to host on a copy stream once `ready` has
+  // passed; upload_copy copies host to device on that stream; both return
+  // when the copy is done (the host-staged collectives' path).
+  void* (*record_ready)();
+  void (*release_ready)(void* ready);
+  void (*download_after)(void* host, const void* dev, size_t bytes, void* ready);
+  void (*upload_copy)(void* dev, const void* host, size_t bytes);
 };
 
 // The loaded backend (dpt_lib side, nn/cuda_loader.cpp). Throws InputError

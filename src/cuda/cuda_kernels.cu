@@ -32,6 +32,7 @@
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -465,6 +466,7 @@ class CudaKernels final : public Kernels {
     device_ = dev;
     CK(cudaSetDevice(dev));
     CK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     CK(cublasLtCreate(&lt_));
     CK(cublasCreate(&blas_));
     CK(cublasSetStream(blas_, stream_));
@@ -738,6 +740,39 @@ class CudaKernels final : public Kernels {
     LAUNCHED();
   }
 
+  // Events marking the compute stream for collectives (backend.h).
+  void* record_ready() const {
+    bind();
+    cudaEvent_t e = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(events_mu_);
+      if (!events_.empty()) {
+        e = events_.back();
+        events_.pop_back();
+      }
+    }
+    if (!e) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CK(cudaEventRecord(e, stream_));
+    return e;
+  }
+  void release_ready(void* e) const {
+    std::lock_guard<std::mutex> lock(events_mu_);
+    events_.push_back(static_cast<cudaEvent_t>(e));
+  }
+  // Copies on their own stream, ordered after `ready` only: the compute
+  // stream goes on with what was queued after it.
+  void download_after(void* host, const void* dev, size_t bytes, void* ready) const {
+    bind();
+    if (ready) CK(cudaStreamWaitEvent(copy_stream_, static_cast<cudaEvent_t>(ready), 0));
+    CK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, copy_stream_));
+    CK(cudaStreamSynchronize(copy_stream_));
+  }
+  void upload_copy(void* dev, const void* host, size_t bytes) const {
+    bind();
+    CK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, copy_stream_));
+    CK(cudaStreamSynchronize(copy_stream_));
+  }
+
   size_t in_use() const {
     std::lock_guard<std::mutex> lock(mu_);
     return in_use_;
@@ -846,6 +881,9 @@ class CudaKernels final : public Kernels {
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_stream_ = nullptr;  // host-staged collectives' copies
+  mutable std::mutex events_mu_;
+  mutable std::vector<cudaEvent_t> events_;  // free events for record_ready
   cublasLtHandle_t lt_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   void* workspace_ = nullptr;
@@ -881,6 +919,12 @@ const Kernels& kernels() {
 }
 
 size_t allocated_bytes() { return instance().in_use(); }
+void* record_ready() { return instance().record_ready(); }
+void release_ready(void* ready) { instance().release_ready(ready); }
+void download_after(void* host, const void* dev, size_t bytes, void* ready) {
+  instance().download_after(host, dev, bytes, ready);
+}
+void upload_copy(void* dev, const void* host, size_t bytes) { instance().upload_copy(dev, host, bytes); }
 size_t peak_allocated_bytes() { return instance().peak(); }
 
 }  // namespace dpt::cuda

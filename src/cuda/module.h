@@ -18,5 +18,9 @@ void nccl_id(char id[NcclComm::kIdBytes]);  // nccl_comm.cpp
 std::unique_ptr<NcclComm> nccl_comm(const char id[NcclComm::kIdBytes], int size, int rank);
 void device_uuid(char uuid[16]);
 std::string nccl_version();
+void* record_ready();  // cuda_kernels.cu
+void release_ready(void* ready);
+void download_after(void* host, const void* dev, size_t bytes, void* ready);
+void upload_copy(void* dev, const void* host, size_t bytes);
 
 }  // namespace dpt::cuda

@@ -33,6 +33,7 @@ class Nccl final : public NcclComm {
  public:
   Nccl(const char id[kIdBytes], int size, int rank);
   ~Nccl() override;
+  void after(void* ready) override;
   void all_reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
                   Deadline d) override;
   void reduce_scatter(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
@@ -61,7 +62,15 @@ struct Nccl::Impl {
       throw comm::CommError(fmt::format("{}: {} failed: {}", what, call, ncclGetErrorString(r)));
   }
   // Before: the buffer's producer (the compute stream) is done.
-  void begin() { kernels().synchronize(); }
+  cudaEvent_t ready = nullptr;  // after(): the next operation's producer
+  void begin() {
+    if (ready) {
+      check_cuda(cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
+      ready = nullptr;
+    } else {
+      kernels().synchronize();
+    }
+  }
   // After issuing: waits for the NCCL stream, watching the communicator
   // for asynchronous errors (a peer that died) and the deadline.
   void finish(const std::string& what, Deadline deadline) {
@@ -112,6 +121,8 @@ Nccl::Nccl(const char id[kIdBytes], int size, int rank) : impl_(std::make_unique
   check_cuda(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   check_cuda(cudaEventCreateWithFlags(&impl_->done, cudaEventDisableTiming), "cudaEventCreate");
 }
+
+void Nccl::after(void* ready) { impl_->ready = static_cast<cudaEvent_t>(ready); }
 
 Nccl::~Nccl() {
   if (impl_->comm) ncclCommDestroy(impl_->comm);
