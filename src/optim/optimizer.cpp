@@ -9,8 +9,8 @@
 namespace dpt {
 
 Optimizer::Optimizer(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, size_t tensors,
-                     StateTier* tier)
-    : config_(std::move(config)), n_(n), tensors_(tensors), tier_(tier) {
+                     StateTier* tier, bool masters)
+    : config_(std::move(config)), n_(n), tensors_(tensors + (masters ? 1 : 0)), masters_(masters), tier_(tier) {
   DPT_CHECK(begin + n <= layout.numel(), "optimizer span past the layout");
   for (const Slot& s : layout.slots()) {
     size_t lo = std::max(begin, s.offset), hi = std::min(begin + n, s.offset + s.numel);
@@ -23,8 +23,12 @@ Optimizer::Optimizer(OptimizerConfig config, const Layout& layout, size_t begin,
   region_ = tier_->add_region(tensors_, n_);
 }
 
-void Optimizer::prepare(float* params, const float* grads, float lr) {
+void Optimizer::prepare(float* params, const float* grads, float lr, bf16* publish) {
+  DPT_CHECK(masters_ == (params == nullptr) && masters_ == (publish != nullptr),
+            "an optimizer {} master weights is prepared {} parameters", masters_ ? "keeping" : "without",
+            params ? "with" : "without");
   params_ = params;
+  publish_ = publish;
   grads_ = grads;
   lr_ = lr;
   begin_update();
@@ -54,8 +58,8 @@ void step_prepared(const std::vector<std::unique_ptr<Optimizer>>& optimizers) {
   tier.stream(jobs.data(), jobs.size());
 }
 
-Sgd::Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier)
-    : Optimizer(config, layout, begin, n, state_floats(config), tier) {}
+Sgd::Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier, bool masters)
+    : Optimizer(config, layout, begin, n, state_floats(config), tier, masters) {}
 
 std::vector<std::string> Sgd::state_names() const {
   if (config_.momentum == 0.0f) return {};  // plain SGD keeps nothing
@@ -70,15 +74,17 @@ void Sgd::begin_update() {
 
 void Sgd::update(size_t lo, size_t k, float* const* state) {
   const Kernels& kern = kernels(tier().device());
+  const bool momentum = state_floats(config_) > 0;
   for_segments(lo, k, [&](size_t a, size_t b, const Segment& seg) {
-    float* buf = tensors_ ? state[0] + (a - lo) : nullptr;
-    kern.sgd_update(params_ + a, grads_ + a, buf, b - a, lr_, config_.momentum, seg.decay ? config_.weight_decay : 0.0f,
-                    first_);
+    float* buf = momentum ? state[0] + (a - lo) : nullptr;
+    float* p = params_at(a, lo, state);
+    kern.sgd_update(p, grads_ + a, buf, b - a, lr_, config_.momentum, seg.decay ? config_.weight_decay : 0.0f, first_);
+    publish(a, b, p);
   });
 }
 
-AdamW::AdamW(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier)
-    : Optimizer(config, layout, begin, n, state_floats(config), tier) {}  // m and v
+AdamW::AdamW(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier, bool masters)
+    : Optimizer(config, layout, begin, n, state_floats(config), tier, masters) {}  // m and v
 
 void AdamW::begin_update() {
   ++steps_;
@@ -94,15 +100,21 @@ void AdamW::update(size_t lo, size_t k, float* const* state) {
   const Kernels& kern = kernels(tier().device());
   for_segments(lo, k, [&](size_t a, size_t b, const Segment& seg) {
     const float keep = 1.0f - lr_ * (seg.decay ? config_.weight_decay : 0.0f);
-    kern.adamw_update(params_ + a, grads_ + a, state[0] + (a - lo), state[1] + (a - lo), b - a, config_.beta1,
-                      config_.beta2, config_.eps, keep, step_size_, rc2_);
+    float* p = params_at(a, lo, state);
+    kern.adamw_update(p, grads_ + a, state[0] + (a - lo), state[1] + (a - lo), b - a, config_.beta1, config_.beta2,
+                      config_.eps, keep, step_size_, rc2_);
+    publish(a, b, p);
   });
 }
 
+void Optimizer::publish(size_t a, size_t b, const float* p) const {
+  if (publish_) kernels(tier_->device()).convert(publish_ + a, p, b - a);
+}
+
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const Layout& layout,
-                                          size_t begin, size_t n, StateTier* tier) {
-  if (config.name == "sgd") return std::make_unique<Sgd>(config, layout, begin, n, tier);
-  if (config.name == "adamw") return std::make_unique<AdamW>(config, layout, begin, n, tier);
+                                          size_t begin, size_t n, StateTier* tier, bool masters) {
+  if (config.name == "sgd") return std::make_unique<Sgd>(config, layout, begin, n, tier, masters);
+  if (config.name == "adamw") return std::make_unique<AdamW>(config, layout, begin, n, tier, masters);
   throw InputError(fmt::format("unknown optimizer '{}' (expected sgd or adamw)", config.name));
 }
 

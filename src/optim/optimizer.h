@@ -39,8 +39,12 @@ class Optimizer : private ChunkKernel {
   // state (`tensors` tensors of n floats, zero at first) lives in `tier`,
   // shared with other optimizers of the rank, or with nullptr in RAM of
   // its own (optim/state_tier.h).
+  // With `masters`, the span's fp32 master weights are one more tensor of
+  // the state, after the optimizer's own (`--offload params`: they live in
+  // the tier, not in RAM); then prepare() takes no params and each update
+  // writes its bf16 copy to `publish` (docs/memory.md, "Offload").
   Optimizer(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, size_t tensors,
-            StateTier* tier);
+            StateTier* tier, bool masters = false);
   ~Optimizer() override = default;
 
   // One update of params[begin, begin + n) from grads over the same range
@@ -48,7 +52,10 @@ class Optimizer : private ChunkKernel {
   void step(float* params, const float* grads, float lr);
   // The same for several optimizers as one pass of their shared tier
   // (step_prepared): each is prepared with its span's pointers first.
-  void prepare(float* params, const float* grads, float lr);
+  void prepare(float* params, const float* grads, float lr, bf16* publish = nullptr);
+  // The master weights' tensor (optimizers made with masters).
+  size_t master_tensor() const { return tensors_ - 1; }
+  bool masters() const { return masters_; }
   StateTier::Job job() { return {region_, this}; }
   StateTier& tier() { return *tier_; }
 
@@ -93,9 +100,17 @@ class Optimizer : private ChunkKernel {
   size_t n_, tensors_;
   int64_t steps_ = 0;
   // The step being applied (prepare).
+  // Elements [a, b) of the span: parameters at a (state: the tensors at lo),
+  // from RAM or the master tensor; after the update, their bf16 copy.
+  float* params_at(size_t a, size_t lo, float* const* state) const {
+    return masters_ ? state[tensors_ - 1] + (a - lo) : params_ + a;
+  }
+  void publish(size_t a, size_t b, const float* p) const;
   float* params_ = nullptr;
   const float* grads_ = nullptr;
+  bf16* publish_ = nullptr;
   float lr_ = 0.0f;
+  bool masters_ = false;
 
  private:
   std::unique_ptr<StateTier> own_tier_;  // when none is given
@@ -112,7 +127,8 @@ void step_prepared(const std::vector<std::unique_ptr<Optimizer>>& optimizers);
 //   g = grad + wd * p ; buf = momentum * buf + g ; p -= lr * buf
 class Sgd : public Optimizer {
  public:
-  Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier = nullptr);
+  Sgd(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier = nullptr,
+      bool masters = false);
   std::vector<std::string> state_names() const override;
 
  private:
@@ -125,7 +141,8 @@ class Sgd : public Optimizer {
 // the bias-corrected Adam update. State: m and v, 8 bytes per parameter.
 class AdamW : public Optimizer {
  public:
-  AdamW(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier = nullptr);
+  AdamW(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, StateTier* tier = nullptr,
+        bool masters = false);
   std::vector<std::string> state_names() const override { return {"exp_avg", "exp_avg_sq"}; }
 
  private:
@@ -135,7 +152,7 @@ class AdamW : public Optimizer {
 };
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const Layout& layout,
-                                          size_t begin, size_t n, StateTier* tier = nullptr);
+                                          size_t begin, size_t n, StateTier* tier = nullptr, bool masters = false);
 
 // Sum of squares of n gradients (in double, for a stable global norm). Under
 // sharding each rank sums its shard and the sums are all-reduced.

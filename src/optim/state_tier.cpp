@@ -47,7 +47,8 @@ std::unique_ptr<StateTier> make_state_tier(const OffloadOptions& options, int ra
   if (options.what.empty()) return std::make_unique<RamTier>(device);
   if (device != Device::CPU)
     throw InputError("--offload optimizer with --device cuda: offload from GPU memory is not built yet");
-  DPT_CHECK(options.what == "optimizer", "unknown offload '{}'", options.what);
+  // "params": the optimizers keep the master weights as one more tensor.
+  DPT_CHECK(options.what == "optimizer" || options.what == "params", "unknown offload '{}'", options.what);
   return std::make_unique<FileTier>(options.dir, rank, options.chunk_bytes);
 }
 

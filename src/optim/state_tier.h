@@ -14,7 +14,7 @@
 //             overlapped with the update (ZeRO-Infinity's NVMe offload).
 //
 // A GPU engine would add a host-memory tier under the same interface; fp32
-// master weights (`--offload params`) would be one more tensor per region.
+// master weights (`--offload params`) are one more tensor per region.
 #pragma once
 
 #include <cstddef>
@@ -95,7 +95,7 @@ class RamTier : public StateTier {
 
 // Where a strategy keeps its optimizers' state.
 struct OffloadOptions {
-  std::string what;          // "" (state in RAM) or "optimizer"
+  std::string what;          // "" (state in RAM), "optimizer", or "params" (state and fp32 masters)
   std::string dir;           // --offload-dir
   size_t chunk_bytes = 4u << 20;  // per tensor per chunk (--offload-chunk-mb)
 };

@@ -136,10 +136,13 @@ MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int w
       longest = 0;
       for (const Unit& u : layout.units()) longest = std::max(longest, comm::chunk_range(u.numel, world, rank).size);
     }
-    const size_t state = optimizer_state_bytes(options.optimizer, owned);
+    // --offload params: the fp32 masters are one more tensor in the file.
+    const bool masters = options.offload.what == "params" && mixed;
+    const size_t state = optimizer_state_bytes(options.optimizer, owned) + (masters ? f * owned : 0);
     b.offloaded = state;
     b.optimizer = b.optimizer - state +
-                  offload_buffer_bytes(state_floats(options.optimizer), longest, options.offload.chunk_bytes);
+                  offload_buffer_bytes(state_floats(options.optimizer) + (masters ? 1 : 0), longest,
+                                       options.offload.chunk_bytes);
   }
   return b;
 }

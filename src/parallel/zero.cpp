@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "models/weights.h"
 #include "parallel/rank_bytes.h"
 #include "parallel/replicas.h"
@@ -77,7 +79,8 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     const comm::Range r = comm::chunk_range(u.numel, world_, rank_);
     shards_.push_back({r.begin, r.size, shard_numel_});
     shard_numel_ += r.size;
-    opts_.push_back(make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size, tier_.get()));
+    opts_.push_back(
+        make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size, tier_.get(), masters_offloaded()));
   }
   const size_t U = layout_.units().size();
   grads_.resize(U);
@@ -95,22 +98,16 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
       load_weights(model_, load_safetensors(init.load), init.load, init.load_format);
     else
       model_.init_params(init.seed);
-  } else {
+  } else if (!masters_offloaded()) {
     param_shard_.reserve(shard_numel_);
     // Filled on the host (a GPU run's shards uploaded at the end).
     const bool host = model_.device() == Device::CPU;
     std::vector<float> staged(host ? 0 : shard_numel_);
-    auto shard_at = [&](size_t u) { return host ? param_shard(static_cast<int>(u)) : staged.data() + shards_[u].at; };
-    if (!init.load.empty()) {  // each rank reads only its shards' bytes
-      const SafetensorsReader file(init.load);
-      check_weight_file(model_, file, init.load_format);
-      for (size_t u = 0; u < U; ++u)
-        load_weight_range(model_, file, layout_.units()[u].offset + shards_[u].begin, shards_[u].n, shard_at(u),
-                          init.load_format);
-    } else {
-      for (size_t u = 0; u < U; ++u)
-        model_.init_range(init.seed, layout_.units()[u].offset + shards_[u].begin, shards_[u].n, shard_at(u));
-    }
+    std::optional<SafetensorsReader> file;
+    if (!init.load.empty()) file.emplace(init.load);
+    for (size_t u = 0; u < U; ++u)
+      init_shard(static_cast<int>(u), init, file ? &*file : nullptr,
+                 host ? param_shard(static_cast<int>(u)) : staged.data() + shards_[u].at);
     if (!host) model_.k().upload(param_shard_.f32(), staged.data(), staged.size() * sizeof(float));
   }
   if (stage_ >= 2) grad_shard_.reserve(shard_numel_);
@@ -123,7 +120,21 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
   model_.set_store(this);
   if (mixed_) {
     params16_.reserve(stage_ == 3 ? shard_numel_ : layout_.numel());
-    for (size_t u = 0; u < U; ++u) publish(static_cast<int>(u));
+    if (masters_offloaded()) {
+      // Each unit's masters made in a unit-sized buffer, written to the
+      // tier and published from there: the shard is never whole in RAM.
+      std::optional<SafetensorsReader> file;
+      if (!init.load.empty()) file.emplace(init.load);
+      std::vector<float> unit_masters;
+      for (size_t u = 0; u < U; ++u) {
+        unit_masters.resize(shards_[u].n);
+        init_shard(static_cast<int>(u), init, file ? &*file : nullptr, unit_masters.data());
+        opts_[u]->write_state(opts_[u]->master_tensor(), 0, unit_masters.size(), unit_masters.data());
+        publish(static_cast<int>(u), unit_masters.data());
+      }
+    } else {
+      for (size_t u = 0; u < U; ++u) publish(static_cast<int>(u));
+    }
   }
   verify(0);
 }
@@ -174,6 +185,16 @@ nlohmann::json ZeroStrategy::detail() const {
           {"prefetch", prefetch_name(options_.prefetch)}};
 }
 
+void ZeroStrategy::init_shard(int u, const StrategyInit& init, const SafetensorsReader* file, float* out) {
+  const size_t begin = unit(u).offset + shards_[static_cast<size_t>(u)].begin, n = shards_[static_cast<size_t>(u)].n;
+  if (file) {  // each rank reads only its shards' bytes
+    if (u == 0) check_weight_file(model_, *file, init.load_format);
+    load_weight_range(model_, *file, begin, n, out, init.load_format);
+  } else {
+    model_.init_range(init.seed, begin, n, out);
+  }
+}
+
 float* ZeroStrategy::param_shard(int u) {
   const Shard& s = shards_[static_cast<size_t>(u)];
   return sharded_params() ? param_shard_.f32() + s.at : model_.params() + unit(u).offset + s.begin;
@@ -184,8 +205,12 @@ bf16* ZeroStrategy::compute_chunk(int u) {
   return stage_ == 3 ? params16_.b16() + s.at : params16_.b16() + unit(u).offset + s.begin;
 }
 
-void ZeroStrategy::publish(int u) {
-  model_.k().convert(compute_chunk(u), param_shard(u), shards_[static_cast<size_t>(u)].n);
+void ZeroStrategy::publish(int u, const float* masters) {
+  model_.k().convert(compute_chunk(u), masters ? masters : param_shard(u), shards_[static_cast<size_t>(u)].n);
+  start_param_gather(u);
+}
+
+void ZeroStrategy::start_param_gather(int u) {
   if (stage_ == 3) return;
   param_gather_[static_cast<size_t>(u)] = spg_.all_gather_async(params16_.b16() + unit(u).offset, unit(u).numel, DType::BF16);
   record(Timeline::AllGather, u, param_gather_[static_cast<size_t>(u)]);
@@ -316,10 +341,15 @@ void ZeroStrategy::scale_grads(float factor) {
 void ZeroStrategy::step(float lr) {
   for (size_t u = 0; u < shards_.size(); ++u) {
     const int ui = static_cast<int>(u);
-    opts_[u]->prepare(param_shard(ui), grad_shard(ui), lr);
+    if (masters_offloaded())  // masters from the tier; each chunk's bf16 copy written as it is updated
+      opts_[u]->prepare(nullptr, grad_shard(ui), lr, compute_chunk(ui));
+    else
+      opts_[u]->prepare(param_shard(ui), grad_shard(ui), lr);
   }
   step_prepared(opts_);  // one pass of the tier: an offloaded unit's state is read while the last is updated
-  if (mixed_)
+  if (masters_offloaded())
+    for (size_t u = 0; u < shards_.size(); ++u) start_param_gather(static_cast<int>(u));
+  else if (mixed_)
     for (size_t u = 0; u < shards_.size(); ++u) publish(static_cast<int>(u));
   if (stage_ == 3 || mixed_) return;
   // Stages 1, 2: every rank's updated chunk of each unit goes to every rank,
@@ -339,7 +369,10 @@ void ZeroStrategy::gather_unit(int u, float* out) {
     return;
   }
   const Shard& s = shards_[static_cast<size_t>(u)];
-  model_.k().download(out + s.begin, param_shard(u), s.n * sizeof(float));
+  if (masters_offloaded())
+    opts_[static_cast<size_t>(u)]->read_state(opts_[static_cast<size_t>(u)]->master_tensor(), 0, s.n, out + s.begin);
+  else
+    model_.k().download(out + s.begin, param_shard(u), s.n * sizeof(float));
   spg_.all_gather(out, unit(u).numel, DType::F32);
 }
 
@@ -387,7 +420,8 @@ MemoryBytes ZeroStrategy::bytes() const {
   // count with the optimizer state (WORKLOADS.md's K = 12 for AdamW).
   b.parameters = mixed_ ? params16_.bytes() : (stage_ == 3 ? shard : full);
   b.gradients = (stage_ == 1 ? full : shard) + (stage_ >= 2 && options_.accumulate_locally ? full : 0);
-  b.optimizer = tier_->ram_bytes() + (mixed_ ? shard : 0);
+  // (--offload params: the masters are in the tier's file, counted offloaded.)
+  b.optimizer = tier_->ram_bytes() + (mixed_ && !masters_offloaded() ? shard : 0);
   b.offloaded = tier_->offloaded_bytes();
   b.gathered = gather_pool_.bytes();
   b.scratch = grad_pool_.bytes() + wire_pool_.bytes() + (reducer_ ? reducer_->wire_bytes() : 0);

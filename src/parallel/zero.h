@@ -37,6 +37,8 @@
 
 namespace dpt {
 
+class SafetensorsReader;
+
 // Buffers handed out and taken back: a request gets the smallest free
 // buffer that holds it, else a new buffer of exactly its size. ZeroStrategy
 // reserves every buffer it will need up front (zero_pools: sizes chosen so
@@ -108,11 +110,18 @@ class ZeroStrategy : public Strategy, private UnitStore {
   bool full_grads() const { return stage_ == 1 || options_.accumulate_locally; }
   // The fp32 parameters live only as shards (stage 3, or mixed precision).
   bool sharded_params() const { return stage_ == 3 || mixed_; }
+  // --offload params: the fp32 master shards live in the optimizers' tier
+  // (one more state tensor), not in param_shard_ (mixed precision only).
+  bool masters_offloaded() const { return options_.offload.what == "params"; }
+  // Fills unit u's master shard from the seed or the weights file (init).
+  void init_shard(int u, const StrategyInit& init, const SafetensorsReader* file, float* out);
   float* param_shard(int u);  // the rank's chunk of unit u's (master) parameters
   bf16* compute_chunk(int u);  // mixed: where the rank's chunk of unit u's bf16 copy lives
-  // Mixed: unit u's master shard converted into its bf16 chunk, and at
-  // stages 1, 2 the unit's all-gather started.
-  void publish(int u);
+  // Mixed: unit u's master shard converted into its bf16 chunk (from
+  // `masters` when given, else param_shard), and at stages 1, 2 the unit's
+  // all-gather started.
+  void publish(int u, const float* masters = nullptr);
+  void start_param_gather(int u);
   // The bytes of one unit's all-gather element (bf16 in a mixed run).
   size_t gather_elem_bytes() const { return mixed_ ? sizeof(bf16) : sizeof(float); }
   float* grad_shard(int u);   // the rank's chunk of unit u's reduced gradients

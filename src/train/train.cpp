@@ -325,10 +325,19 @@ void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model
     if (!o.offload_dir.empty()) throw InputError("--offload-dir is given without --offload optimizer");
     return;
   }
-  if (o.offload == "params")
-    throw InputError("--offload params is not supported yet (fp32 master weights come with bf16 mixed precision); "
-                     "use --offload optimizer");
-  if (o.offload != "optimizer") throw InputError(fmt::format("unknown --offload '{}' (expected optimizer)", o.offload));
+  if (o.offload != "optimizer" && o.offload != "params")
+    throw InputError(fmt::format("unknown --offload '{}' (expected optimizer or params)", o.offload));
+  if (o.offload == "params") {
+    // The fp32 masters leave RAM; what computes is their bf16 copy.
+    if (o.precision != DType::BF16)
+      throw InputError("--offload params moves the fp32 master weights to disk and computes on bf16 copies: it "
+                       "needs --precision bf16");
+    if (zero_stage(so.name) == 0)
+      throw InputError(fmt::format("--offload params needs a sharded strategy (zero1, zero2, zero3, hsdp), not {}",
+                                   so.name));
+    if (!o.checkpoint_dir.empty() || !o.resume.empty())
+      throw InputError("--offload params: --checkpoint-dir and --resume are not built for offloaded masters yet");
+  }
   // Every rank checks the directory it sees (ranks on other hosts see other
   // disks); any rank's refusal ends the run on every rank.
   std::string problem;

@@ -131,6 +131,46 @@ INSTANTIATE_TEST_SUITE_P(, SameWeights,
                                               std::string(info.param.extra).empty() ? "" : "_bf16");
                          });
 
+// ------------------------------------------------------------ master weights
+
+// --offload params: the fp32 masters are one more tensor of each shard's
+// state in the file; RAM keeps their bf16 copies. The same arithmetic, so
+// the same bytes as the run that keeps them in RAM.
+class MastersOffloaded : public OffloadCli, public ::testing::WithParamInterface<Case> {};
+
+TEST_P(MastersOffloaded, AsInRamByteForByte) {
+  const Case c = GetParam();
+  const std::string common = fmt::format("{} {} --strategy {} --grad-accum {} --steps 4 --precision bf16", c.model,
+                                         kQuiet, c.strategy, c.grad_accum);
+  RunResult r = train(2, fmt::format("{} --save {} --summary-out {}", common, q(path("ram.safetensors")),
+                                     q(path("ram.json"))));
+  ASSERT_EQ(r.code, 0) << r.all();
+  const std::string params = fmt::format("--offload params --offload-dir {} --offload-chunk-mb 0.004", q(dir_ / "off"));
+  r = train(2, fmt::format("{} {} --save {} --summary-out {}", common, params, q(path("off.safetensors")),
+                           q(path("off.json"))));
+  ASSERT_EQ(r.code, 0) << r.all();
+  EXPECT_EQ(test::read_file(path("off.safetensors")), test::read_file(path("ram.safetensors")));
+  EXPECT_TRUE(offload_dir_empty());
+  const auto ram = nlohmann::json::parse(std::ifstream(path("ram.json")));
+  const auto off = nlohmann::json::parse(std::ifstream(path("off.json")));
+  const size_t n = off["params"];
+  // Rank 0's shard: the state (AdamW's m and v, SGD's momentum) and the
+  // master, all in the file; the optimizer's RAM is the tier's chunk buffers.
+  const double per_element = std::string(c.model) == kMlp ? 8.0 : 12.0;
+  EXPECT_NEAR(off["bytes"]["offloaded"].get<double>(), n * per_element / 2.0, 64.0);
+  EXPECT_EQ(off["bytes"]["optimizer"], off["offload"]["ram_bytes"]);
+  EXPECT_EQ(off["bytes"]["parameters"], ram["bytes"]["parameters"]);  // the bf16 copies stay
+  EXPECT_NEAR(ram["bytes"]["optimizer"].get<double>(), n * per_element / 2.0, 64.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(, MastersOffloaded,
+                         ::testing::Values(Case{kGpt, "zero1", 1}, Case{kGpt, "zero2", 2}, Case{kGpt, "zero3", 1},
+                                           Case{kGpt, "zero3", 2}, Case{kMlp, "zero3", 1}),
+                         [](const auto& info) {
+                           return fmt::format("{}_{}_accum{}", std::string(info.param.model).substr(8, 3),
+                                              info.param.strategy, info.param.grad_accum);
+                         });
+
 // ------------------------------------------------------------ resume
 
 class Resume : public OffloadCli, public ::testing::WithParamInterface<Case> {};
@@ -239,7 +279,8 @@ TEST_F(OffloadCli, BadFlagsAreRefusedInOneSentence) {
       {fmt::format("--offload optimizer --offload-dir {}", q(path("nowhere"))), "nowhere: no such directory"},
       {fmt::format("--offload optimizer --offload-dir {}", q(path("a_file"))), "a_file: not a directory"},
       {"--offload gradients --offload-dir /tmp", "--offload"},
-      {"--offload params --offload-dir /tmp", "--offload params is not supported yet"},
+      {"--offload params --offload-dir /tmp", "needs --precision bf16"},
+      {"--offload params --offload-dir /tmp --precision bf16", "needs a sharded strategy"},
       {fmt::format("--offload-dir {}", q(dir_ / "off")), "--offload-dir is given without --offload optimizer"},
       {"--offload optimizer --offload-dir /tmp --offload-chunk-mb 0", "--offload-chunk-mb"},
       {"--offload optimizer --offload-dir /tmp --strategy dp", "--strategy dp offloads nothing"},
