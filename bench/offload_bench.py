@@ -1,10 +1,13 @@
 #!/usr/bin/python3
-"""--offload optimizer: memory and time per step with and without it, beside
-the disk's sequential bandwidth.
+"""--offload optimizer|params: memory and time per step with and without it,
+beside the disk's sequential bandwidth.
 
 Usage:
   python3 bench/offload_bench.py [--workloads W-GPT-L W-GPT-XL] [--rounds 2] [--steps 4] [--dir DIR]
+                                 [--what optimizer|params] [--precision fp32|bf16]
 
+--what params (the fp32 master weights too) needs --precision bf16; both runs
+of a row then compute in bf16.
 Each workload trains with ZeRO-3 on 2 ranks (1 thread each, synthetic
 batches of 2 sequences per rank), once without offload and once with
 `--offload optimizer --offload-dir DIR`, in interleaved rounds. Per run:
@@ -81,9 +84,9 @@ def run(args, workload, offload, tmp):
     summary = os.path.join(tmp, "s.json")
     cmd = [args.dpt, "launch", "-n", "2", "--", args.dpt, "train", "--model", "gpt", *WORKLOADS[workload],
            "--threads", "1", "--synthetic", "--batch", "4", "--strategy", "zero3", "--steps", str(args.steps),
-           "--quiet", "--summary-out", summary]
+           "--quiet", "--summary-out", summary, "--precision", args.precision]
     if offload:
-        cmd += ["--offload", "optimizer", "--offload-dir", args.dir]
+        cmd += ["--offload", args.what, "--offload-dir", args.dir]
     time.sleep(2)  # let the page cache and the last run's memory settle
     sampler = HostSampler()
     try:
@@ -166,7 +169,8 @@ def measure(args, workload, tmp):
     # probe's rates: what the optimizer step costs at least when the update
     # itself is free and nothing else uses the disk.
     io_floor = 2 * (on["read_bytes_per_step"] / direct_read + on["written_bytes_per_step"] / direct_write)
-    return {"workload": workload, "strategy": "zero3", "ranks": 2, "without": off, "with": on,
+    return {"workload": workload, "strategy": "zero3", "ranks": 2, "offload": args.what, "precision": args.precision,
+            "without": off, "with": on,
             "raw": {"without": runs[False], "with": runs[True]},
             "disk_write_bytes_per_s": disk_write, "disk_read_bytes_per_s": disk_read,
             "direct_write_bytes_per_s": direct_write, "direct_read_bytes_per_s": direct_read,
@@ -205,10 +209,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--dir", default="", help="the offload directory (default: a temporary one under /var/tmp)")
+    ap.add_argument("--what", default="optimizer", choices=["optimizer", "params"])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "offload.json"))
     ap.add_argument("--probe-only", action="store_true",
                     help="probe the disk again for the rows already in --out (training runs kept)")
     args = ap.parse_args()
+    if args.what == "params" and args.precision != "bf16":
+        ap.error("--what params needs --precision bf16 (the fp32 masters exist only in mixed precision)")
     if args.probe_only:
         return probe_again(args)
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
