@@ -119,15 +119,31 @@ def main():
                 print(f"{name}: {layers} layers ({params_of(layers) / 1e9:.2f} B parameters) fit; {layers + 1} "
                       f"refused: {row['next_refused']}", flush=True)
                 if not args.no_train and layers > 0:
-                    summary = os.path.join(tmp, f"{len(rows)}.json")
-                    cmd = [args.dpt, "launch", "-n", "2", "--", args.dpt, "train", *FAMILY, *flags, "--layers",
-                           str(layers), "--steps", str(args.steps), "--quiet", "--summary-out", summary]
-                    s = run_and_load(name, cmd, summary, timeout=3600)
-                    row.update({"peak_rss_per_rank": max(r["peak_rss"] for r in s["ranks"]),
+                    # The host's available memory moves by about a GiB between
+                    # runs (page cache): at the edge, a depth the probe let
+                    # through can be refused a minute later; then one less.
+                    for _ in range(3):
+                        summary = os.path.join(tmp, f"{len(rows)}.json")
+                        cmd = [args.dpt, "launch", "-n", "2", "--", args.dpt, "train", *FAMILY, *flags, "--layers",
+                               str(layers), "--steps", str(args.steps), "--quiet", "--summary-out", summary]
+                        settle()
+                        try:
+                            s = run_and_load(name, cmd, summary, timeout=3600)
+                            break
+                        except RunError as e:
+                            if not NEEDS.search(str(e)):
+                                raise
+                            print(f"  {layers} layers refused at training time; trying {layers - 1}", flush=True)
+                            layers -= 1
+                    else:
+                        raise RunError(f"{name}: refused at every depth tried")
+                    row.update({"trained_layers": layers, "trained_params": params_of(layers),
+                                "peak_rss_per_rank": max(r["peak_rss"] for r in s["ranks"]),
                                 "s_per_step": s["step_ms_median"] / 1000.0, "bytes": s["bytes"],
                                 "final_loss": s["final_loss"]})
-                    print(f"  trained {args.steps} steps: peak RSS {row['peak_rss_per_rank'] / 2**30:.2f} GiB per "
-                          f"rank, {row['s_per_step']:.1f} s/step", flush=True)
+                    print(f"  trained {layers} layers {args.steps} steps: peak RSS "
+                          f"{row['peak_rss_per_rank'] / 2**30:.2f} GiB per rank, {row['s_per_step']:.1f} s/step",
+                          flush=True)
                 rows.append(row)
         except RunError as e:
             print(e, file=sys.stderr)
