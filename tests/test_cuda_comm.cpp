@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "gpu_or_skip.h"
 #include "nn/kernels.h"
 
 namespace {
@@ -17,19 +18,11 @@ using dpt::DType;
 using dpt::Kernels;
 using dpt::comm::ReduceOp;
 
-// The CUDA kernels, or a skip naming why there are none.
-const Kernels* gpu(std::string& why) {
-  try {
-    return &dpt::kernels(Device::CUDA);
-  } catch (const std::exception& e) {
-    why = e.what();
-    return nullptr;
-  }
-}
+using dpt::test::gpu_or_reason;
 
 #define REQUIRE_GPU(k)                   \
   std::string why;                       \
-  const Kernels* k = gpu(why);           \
+  const Kernels* k = gpu_or_reason(why);           \
   if (!k) GTEST_SKIP() << why;
 
 TEST(CudaComm, NcclWorldOfOneRunsEveryCollective) {

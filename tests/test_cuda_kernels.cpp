@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "gpu_or_skip.h"
 #include "nn/kernels.h"
 
 namespace {
@@ -22,20 +23,13 @@ using dpt::Kernels;
 
 constexpr double kF32 = 1e-5, kBf16 = 1.6e-2, kOptim = 1e-6;
 
-const Kernels* gpu(std::string& why) {
-  try {
-    return &dpt::kernels(Device::CUDA);
-  } catch (const std::exception& e) {
-    why = e.what();
-    return nullptr;
-  }
-}
+using dpt::test::gpu_or_reason;
 
 class CudaKernels : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why;
-    g_ = gpu(why);
+    g_ = gpu_or_reason(why);
     if (!g_) GTEST_SKIP() << why;
   }
   void TearDown() override {

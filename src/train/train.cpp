@@ -306,9 +306,13 @@ void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model&
 
 namespace {
 
-// What --device cuda runs today (docs/gpu.md): the GPT under --strategy
-// local. The rest is refused before anything starts.
-void check_device(const TrainOptions& o) {
+// Where the run's state lives: what --device cuda runs today (docs/gpu.md)
+// and hsdp's shard groups. The rest is refused before anything starts.
+void check_placement(const TrainOptions& o) {
+  if (o.strategy == "hsdp" && (!o.checkpoint_dir.empty() || !o.resume.empty()))
+    throw InputError("--strategy hsdp: --checkpoint-dir and --resume are not built for hybrid sharding yet");
+  if (o.shard_group > 0 && o.strategy != "hsdp")
+    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", o.strategy));
   if (o.device == Device::CPU) return;
   if (o.strategy == "dp")
     throw InputError("--device cuda: --strategy dp (threads over one process) runs on the CPU only");
@@ -585,11 +589,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const bool lead = rank == 0;
   if (o.strategy.empty()) o.strategy = default_strategy(world);
   check_outputs(o, pg);
-  check_device(o);
-  if (o.strategy == "hsdp" && (!o.checkpoint_dir.empty() || !o.resume.empty()))
-    throw InputError("--strategy hsdp: --checkpoint-dir and --resume are not built for hybrid sharding yet");
-  if (o.shard_group > 0 && o.strategy != "hsdp")
-    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", o.strategy));
+  check_placement(o);
   if (o.strategy == "dp") {
     check_dp_options(o, world);
     return run_dp_training(o);
