@@ -23,7 +23,7 @@ using dpt::test::gpu_or_reason;
 #define REQUIRE_GPU(k)                   \
   std::string why;                       \
   const Kernels* k = gpu_or_reason(why);           \
-  if (!k) GTEST_SKIP() << why;
+  if (!k) DPT_SKIP_WITHOUT_GPU(why);
 
 TEST(CudaComm, NcclWorldOfOneRunsEveryCollective) {
   REQUIRE_GPU(k);

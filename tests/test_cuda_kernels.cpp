@@ -30,7 +30,7 @@ class CudaKernels : public ::testing::Test {
   void SetUp() override {
     std::string why;
     g_ = gpu_or_reason(why);
-    if (!g_) GTEST_SKIP() << why;
+    if (!g_) DPT_SKIP_WITHOUT_GPU(why);
   }
   void TearDown() override {
     if (g_)

@@ -53,6 +53,11 @@ void check(cublasStatus_t s, const char* call) {
 #define LAUNCHED() check(cudaGetLastError(), "kernel launch")
 
 constexpr int kThreads = 256;
+// Kernels with one warp per row have no grid-stride loop: their grids are
+// never capped (a grid may have 2^31 - 1 blocks).
+inline unsigned row_blocks(int64_t rows, int rows_per_block = kThreads / 32) {
+  return static_cast<unsigned>(std::max<int64_t>(1, (rows + rows_per_block - 1) / rows_per_block));
+}
 inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
@@ -428,11 +433,23 @@ struct PlanKey {
   bool ta, tb, bf;
   int64_t m, n, k, lda, ldb, ldc;
   bool accumulate;
+  // The operands' alignments in bytes (at most 256): weights are slices of
+  // the flat parameter buffer, so they are often less aligned than the 256
+  // bytes cuBLASLt's heuristic assumes by default.
+  int align_a, align_b, align_c;
   bool operator<(const PlanKey& o) const {
-    return std::tie(ta, tb, bf, m, n, k, lda, ldb, ldc, accumulate) <
-           std::tie(o.ta, o.tb, o.bf, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.accumulate);
+    return std::tie(ta, tb, bf, m, n, k, lda, ldb, ldc, accumulate, align_a, align_b, align_c) <
+           std::tie(o.ta, o.tb, o.bf, o.m, o.n, o.k, o.lda, o.ldb, o.ldc, o.accumulate, o.align_a, o.align_b,
+                    o.align_c);
   }
 };
+
+int alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int b = 1;
+  while (b < 256 && (a % (2 * b)) == 0) b *= 2;
+  return b;
+}
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -562,17 +579,17 @@ class CudaKernels final : public Kernels {
 
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                          int64_t N, int64_t C) const override {
-    layernorm_kernel<float><<<blocks_for(N, 8), kThreads, 0, stream_>>>(out, mean, rstd, inp, w, b, N, C);
+    layernorm_kernel<float><<<row_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp, w, b, N, C);
     LAUNCHED();
   }
   void layernorm_forward(bf16* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                          int64_t N, int64_t C) const override {
-    layernorm_kernel<bf16><<<blocks_for(N, 8), kThreads, 0, stream_>>>(out, mean, rstd, inp, w, b, N, C);
+    layernorm_kernel<bf16><<<row_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp, w, b, N, C);
     LAUNCHED();
   }
   void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp, const float* w,
                           const float* mean, const float* rstd, int64_t N, int64_t C) const override {
-    layernorm_backward_dx_kernel<<<blocks_for(N, 8), kThreads, 0, stream_>>>(dinp, dout, inp, w, mean, rstd, N, C);
+    layernorm_backward_dx_kernel<<<row_blocks(N), kThreads, 0, stream_>>>(dinp, dout, inp, w, mean, rstd, N, C);
     LAUNCHED();
     column_sum(dw, N, C, LnWeightTerm{dout, inp, mean, rstd, C});
     column_sum(db, N, C, BiasTerm{dout, C});
@@ -608,7 +625,7 @@ class CudaKernels final : public Kernels {
       float* a = att + b * NH * T * T;
       // pre[h] = scale q_h k_h^T  (row-major [T, T] per head)
       batched(false, true, T, T, hs, scale, q, C3, hs, q + C, C3, hs, 0.0f, a, T, T * T, NH);
-      causal_softmax_kernel<<<blocks_for(NH * T, 8), kThreads, 0, stream_>>>(a, NH * T, T);
+      causal_softmax_kernel<<<row_blocks(NH * T), kThreads, 0, stream_>>>(a, NH * T, T);
       LAUNCHED();
       // y_h = att_h v_h
       batched(false, false, T, hs, T, 1.0f, a, T, T * T, q + 2 * C, C3, hs, 0.0f, out + b * T * C, C, hs, NH);
@@ -627,7 +644,7 @@ class CudaKernels final : public Kernels {
       // datt = dy v^T ; dv = att^T dy
       batched(false, true, T, T, hs, 1.0f, dy, C, hs, q + 2 * C, C3, hs, 0.0f, d, T, T * T, NH);
       batched(true, false, T, hs, T, 1.0f, a, T, T * T, dy, C, hs, 0.0f, dq + 2 * C, C3, hs, NH);
-      causal_softmax_backward_kernel<<<blocks_for(NH * T, 8), kThreads, 0, stream_>>>(d, a, NH * T, T);
+      causal_softmax_backward_kernel<<<row_blocks(NH * T), kThreads, 0, stream_>>>(d, a, NH * T, T);
       LAUNCHED();
       // dq = scale dpre k ; dk = scale dpre^T q
       batched(false, false, T, hs, T, scale, d, T, T * T, q + C, C3, hs, 0.0f, dq, C3, hs, NH);
@@ -812,7 +829,7 @@ class CudaKernels final : public Kernels {
   void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
             const void* B, int64_t ldb, float beta, float* C, int64_t ldc, bool bf) const {
     if (M == 0 || N == 0) return;
-    const PlanKey key{tb, ta, bf, N, M, K, ldb, lda, ldc, beta != 0.0f};
+    const PlanKey key{tb, ta, bf, N, M, K, ldb, lda, ldc, beta != 0.0f, alignment(B), alignment(A), alignment(C)};
     Plan& p = plan(key);
     if (!p.has_algo) throw InternalError(fmt::format("cuBLASLt has no algorithm for a {}x{}x{} matmul", M, N, K));
     CK(cublasLtMatmul(lt_, p.op, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_, kWorkspace,
@@ -836,6 +853,12 @@ class CudaKernels final : public Kernels {
     CK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = kWorkspace;
     CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    const uint32_t aa = static_cast<uint32_t>(k.align_a), ab = static_cast<uint32_t>(k.align_b),
+                   ac = static_cast<uint32_t>(k.align_c);
+    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa));
+    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab));
+    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac));
+    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac));
     cublasLtMatmulHeuristicResult_t h{};
     int found = 0;
     cublasLtMatmulAlgoGetHeuristic(lt_, p.op, p.a, p.b, p.c, p.c, pref, 1, &h, &found);

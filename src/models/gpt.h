@@ -98,7 +98,12 @@ class Gpt : public Model {
   template <typename CT>
   void block_forward(size_t l, const float* x, int64_t B, int64_t T);
 
-  void place_buffers(Device d) override { ids_.place(d); }
+  // The arena moves with the model: forget its layout so the next forward
+  // lays it out again (pointers into the new memory, ids_ reserved).
+  void place_buffers(Device d) override {
+    ids_.place(d);
+    batch_ = seq_ = 0;
+  }
   // The batch's token ids and targets where the kernels read them: the
   // host vectors on the CPU, ids_ (tokens, then targets) on a GPU.
   const int32_t* tok() const {
