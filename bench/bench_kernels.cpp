@@ -152,7 +152,7 @@ void BM_gemm(benchmark::State& state) {
   state.SetLabel(fmt::format("{} {} {}x{}x{}{}{}", dpt::gemm_backend_name(backend), bf16 ? "bf16" : "fp32", s.M,
                              s.N, s.K, s.op_a == dpt::Op::T ? "TN" : "",
                              bf16 && !dpt::gemm_bf16_native() ? " (widened to fp32)" : ""));
-  dpt::set_gemm_backend(dpt::kDefaultGemmBackend);
+  dpt::set_gemm_backend(dpt::default_gemm_backend());
 }
 BENCHMARK(BM_gemm)
     ->ArgNames({"threads", "backend", "bf16", "shape"})

@@ -9,6 +9,9 @@ W-MLP: 784-1024-1024-10 ReLU MLP, cross-entropy, SGD (lr 0.05, momentum 0.9),
 W-GPT: GPT (tied head, pre-LN, GELU-tanh) with vocab 256, 4 layers, 4 heads,
        width 256, context 128, batch 16 sequences, AdamW (lr 3e-4,
        betas 0.9/0.95, weight decay 0.1 on parameters with dim >= 2), fp32.
+--precision bf16 runs the forward and loss under torch.autocast("cpu",
+dtype=torch.bfloat16): bf16 matrix products (oneDNN), fp32 parameters,
+gradients and optimizer, as PyTorch's CPU mixed precision is used.
 
 Data is synthetic and generated before timing, so data loading costs nothing.
 Each step (forward, backward, optimizer step, zero_grad(set_to_none=True)) is
@@ -107,6 +110,8 @@ def main():
     ap.add_argument("--threads", type=int, required=True, help="torch intra-op threads")
     ap.add_argument("--steps", type=int, default=60, help="total steps, warmup included")
     ap.add_argument("--warmup", type=int, default=20, help="leading steps not measured")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     ap.add_argument("--json", metavar="FILE", help="write the result as JSON")
     args = ap.parse_args()
     if args.threads < 1:
@@ -126,7 +131,8 @@ def main():
     times = []
     for i in range(args.steps):
         t0 = time.perf_counter()
-        loss = step_loss(i)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = step_loss(i)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -144,6 +150,7 @@ def main():
         "version": torch.__version__,
         "workload": args.workload,
         "threads": args.threads,
+        "precision": args.precision,
         "steps": args.steps,
         "warmup": args.warmup,
         "step_ms_median": median * 1e3,
@@ -155,7 +162,7 @@ def main():
         "data": "synthetic",
         "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
     }
-    print(f"pytorch {torch.__version__} {args.workload}: threads {args.threads}, "
+    print(f"pytorch {torch.__version__} {args.workload} {args.precision}: threads {args.threads}, "
           f"median step {result['step_ms_median']:.2f} ms over {len(times)} steps, "
           f"{result[unit]:.1f} {unit.replace('_per_s', '/s')}, {result['gflops']:.1f} GFLOP/s")
     if args.json:

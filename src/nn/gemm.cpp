@@ -20,7 +20,7 @@ namespace {
 
 GemmBackend initial_backend() {
   const char* env = std::getenv("DPT_GEMM");
-  return env && *env ? parse_gemm_backend(env) : kDefaultGemmBackend;
+  return env && *env ? parse_gemm_backend(env) : default_gemm_backend();
 }
 
 std::atomic<GemmBackend>& backend_var() {
@@ -40,6 +40,13 @@ void widen(float* dst, const bf16* src, int64_t rows, int64_t cols, int64_t ld) 
 }
 
 }  // namespace
+
+GemmBackend default_gemm_backend() {
+#ifdef DPT_HAVE_ONEDNN
+  if (onednn::avx512()) return GemmBackend::OneDnn;
+#endif
+  return GemmBackend::OpenBlas;
+}
 
 GemmBackend parse_gemm_backend(const std::string& name) {
   if (name == "openblas") return GemmBackend::OpenBlas;
@@ -114,7 +121,20 @@ std::string gemm_backend_detail() {
   return fmt::format("OpenBLAS ({} kernels)", blas_core());
 }
 
-double measure_gemm_gflops() {
+double measure_gemm_gflops(DType inputs) {
+  if (inputs == DType::BF16) {
+    std::vector<bf16> a16, b16;
+    return measure_gflops([&](int n, const float* a, const float* b, float* c) {
+      const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
+      if (a16.size() != nn) {  // the untimed first run converts
+        a16.resize(nn);
+        b16.resize(nn);
+        convert(a16.data(), a, nn);
+        convert(b16.data(), b, nn);
+      }
+      gemm(Op::N, Op::T, n, n, n, 1.0f, a16.data(), n, b16.data(), n, 0.0f, c, n);
+    });
+  }
   if (gemm_backend() == GemmBackend::OpenBlas) return measure_sgemm_gflops();
   return measure_gflops([](int n, const float* a, const float* b, float* c) {
     gemm(Op::N, Op::T, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);

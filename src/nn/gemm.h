@@ -35,17 +35,18 @@ namespace dpt {
 enum class Op { N, T };  // an operand as stored, or its transpose
 
 enum class GemmBackend { OpenBlas, OneDnn };
-// The faster on this project's machine (docs/performance.md, "The GEMM
-// layer"): an AVX2-only VM where oneDNN 2.6's fp32 kernels match OpenBLAS's
-// on NN/NT products but lose on transposed-A ones (the weight gradients).
-constexpr GemmBackend kDefaultGemmBackend = GemmBackend::OpenBlas;
+// The faster on this CPU (docs/performance.md, "The GEMM layer"): oneDNN
+// where it runs AVX-512 kernels (1.7-1.9x OpenBLAS's fp32, and native bf16
+// with AVX512-BF16), OpenBLAS on AVX2-only CPUs, where oneDNN 2.6's fp32
+// kernels lose on transposed-A products (the weight gradients).
+GemmBackend default_gemm_backend();
 
 // "openblas" / "onednn" <-> the enum; parse throws InputError on anything else.
 GemmBackend parse_gemm_backend(const std::string& name);
 const char* gemm_backend_name(GemmBackend b);
 // The backend in use, process-wide. Starts as DPT_GEMM from the environment
 // if set (tests run whole programs under each backend that way), else
-// kDefaultGemmBackend.
+// default_gemm_backend().
 GemmBackend gemm_backend();
 void set_gemm_backend(GemmBackend b);
 
@@ -62,9 +63,11 @@ bool gemm_bf16_native();
 // kernels)", "oneDNN 2.6.3 (avx2)".
 std::string gemm_backend_detail();
 
-// GFLOP/s of a 1024^3 fp32 GEMM on the current backend and thread count: the
-// peak that model FLOP utilisation is reported against.
-double measure_gemm_gflops();
+// GFLOP/s of a 1024^3 GEMM with fp32 (or bf16) inputs on the current backend
+// and thread count: the peak that model FLOP utilisation is reported against
+// (a bf16 run against the bf16 peak: on a CPU with bf16 kernels about twice
+// the fp32 one; elsewhere the widened, slower path the run also takes).
+double measure_gemm_gflops(DType inputs = DType::F32);
 
 // oneDNN primitive cache, summed over threads: primitives created (one per
 // distinct shape, strides, transposes, dtype, alpha, beta, thread count and

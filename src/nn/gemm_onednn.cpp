@@ -147,6 +147,14 @@ bool bf16_supported() {
   return ok;
 }
 
+bool avx512() {
+  // The ISA values are bit sets, each containing the ones it extends
+  // (avx512_core_bf16 holds avx512_core's bits; avx2_vnni does not).
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+  return (isa & core) == core;
+}
+
 std::string describe() {
   const dnnl_version_t* v = dnnl_version();
   const char* isa = "unknown";

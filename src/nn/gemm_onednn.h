@@ -17,6 +17,9 @@ void matmul(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, cons
 // gemm.cpp widens bf16 operands to fp32 before calling matmul.
 bool bf16_supported();
 
+// Whether oneDNN runs AVX-512 (or newer) kernels on this CPU.
+bool avx512();
+
 std::string describe();  // "oneDNN 2.6.3 (avx2)"
 GemmCacheStats stats();
 

@@ -47,7 +47,9 @@ void add_gemm_flag(CLI::App* cmd, std::string& gemm) {
   // Checked by set_gemm_flag, not CLI11, so a bad name is the engine's usual
   // one-sentence error with exit code 1.
   cmd->add_option("--gemm", gemm,
-                  fmt::format("GEMM backend: onednn or openblas (default {})", gemm_backend_name(kDefaultGemmBackend)));
+                  fmt::format("GEMM backend: onednn or openblas (default: onednn on CPUs with AVX-512, openblas "
+                              "otherwise; here {})",
+                              gemm_backend_name(default_gemm_backend())));
 }
 
 void add_precision_flag(CLI::App* cmd, std::string& precision) {

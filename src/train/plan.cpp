@@ -164,17 +164,7 @@ MachineRates measure_machine(int threads, int ranks_here) {
   m.gemm_gflops = measure_gemm_gflops();
   // bf16 inputs, on the backend in use: widened to fp32 where the CPU has no
   // bf16 kernels (slower than fp32), native where it has (faster).
-  std::vector<bf16> a16, b16;
-  m.gemm_bf16_gflops = measure_gflops([&](int n, const float* a, const float* b, float* c) {
-    const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
-    if (a16.size() != nn) {  // the untimed first run converts
-      a16.resize(nn);
-      b16.resize(nn);
-      convert(a16.data(), a, nn);
-      convert(b16.data(), b, nn);
-    }
-    gemm(Op::N, Op::T, n, n, n, 1.0f, a16.data(), n, b16.data(), n, 0.0f, c, n);
-  });
+  m.gemm_bf16_gflops = measure_gemm_gflops(DType::BF16);
   set_threads(before);
   // The host's ranks copy at once (their collectives, their optimizer
   // steps): each gets its share of what that many threads copy together.

@@ -249,7 +249,7 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
     r.gflops = model.train_flops(o.batch) / (slowest * 1e-3) / 1e9;
   }
   if (baseline > 0) r.scaling_efficiency = r.samples_per_s / (pg.size() * baseline);
-  r.gemm_gflops = measure_gemm_gflops() * pg.size();
+  r.gemm_gflops = measure_gemm_gflops(o.precision) * pg.size();
   r.mfu = r.gemm_gflops > 0 ? r.gflops / r.gemm_gflops : 0.0;
   return ranks;
 }
