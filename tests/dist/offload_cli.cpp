@@ -222,7 +222,7 @@ TEST_P(ResumeMastersOffloaded, EqualsTheUninterruptedRunBitForBit) {
   for (const char* file : {"rank-00000-of-00002.safetensors", "rank-00001-of-00002.safetensors"}) {
     const std::string ram = test::read_file(path("ck_ram/step-00000004") / file);
     EXPECT_FALSE(ram.empty()) << file;
-    EXPECT_EQ(test::read_file(path("ck_off/step-00000004") / file), ram) << file;
+    EXPECT_TRUE(test::read_file(path("ck_off/step-00000004") / file) == ram) << file << " differs";
   }
   const std::pair<const char*, bool> resumes[] = {{"ck_off", true}, {"ck_off", false}, {"ck_ram", true}};
   for (const auto& [from, offloaded] : resumes) {
@@ -230,7 +230,8 @@ TEST_P(ResumeMastersOffloaded, EqualsTheUninterruptedRunBitForBit) {
     r = train(2, fmt::format("{} {} --resume {} --save {}", common, offloaded ? params : "",
                              q(path(from) / "step-00000004"), q(path("resumed.safetensors"))));
     ASSERT_EQ(r.code, 0) << what << "\n" << r.all();
-    EXPECT_EQ(test::read_file(path("resumed.safetensors")), test::read_file(path("full.safetensors"))) << what;
+    EXPECT_TRUE(test::read_file(path("resumed.safetensors")) == test::read_file(path("full.safetensors")))
+        << what << ": other weights than the uninterrupted run's";
   }
   EXPECT_TRUE(offload_dir_empty());
 }
