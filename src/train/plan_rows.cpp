@@ -150,7 +150,8 @@ std::string reason_for(const PlanRequest& r, const Plan& plan) {
                                 here == 1 ? "" : "s", human_bytes(r.available), best.step_s,
                                 human_bytes(best.comm.per_step()));
   if (best.bytes.offloaded > 0)
-    why += fmt::format(", {} offloaded to {} ({} free)", human_bytes(best.bytes.offloaded * here), r.offload_dir,
+    why += fmt::format(", {} offloaded to {} for the host ({} free)", human_bytes(best.bytes.offloaded * here),
+                       r.offload_dir,
                        human_bytes(r.disk_free));
   std::vector<std::string> close, too_big;
   for (const PlanRow& row : plan.rows) {
