@@ -63,7 +63,8 @@ size_t stepped_elements(const StrategyOptions& so, const Layout& layout, int wor
 // planned_comm, time from the machine's rates. On a CPU the collectives'
 // copies and the optimizer's sweep run on the same cores and memory as the
 // compute, so the three add up (docs/zero.md: overlap hides waiting for a
-// peer, not the copying).
+// peer, not the copying). The disk is another device: the file tier
+// overlaps its reads and writes with the sweep, so the larger counts.
 PlanRow make_row(const PlanRequest& r, const Model& model, const PlanPoint& p, int64_t micro) {
   const StrategyOptions so = options_for(r, p);
   const MachineRates& m = r.machine;
@@ -151,8 +152,7 @@ std::string reason_for(const PlanRequest& r, const Plan& plan) {
                                 human_bytes(best.comm.per_step()));
   if (best.bytes.offloaded > 0)
     why += fmt::format(", {} offloaded to {} for the host ({} free)", human_bytes(best.bytes.offloaded * here),
-                       r.offload_dir,
-                       human_bytes(r.disk_free));
+                       r.offload_dir, human_bytes(r.disk_free));
   std::vector<std::string> close, too_big;
   for (const PlanRow& row : plan.rows) {
     if (row.step_s >= best.step_s) continue;
