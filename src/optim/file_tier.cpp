@@ -86,7 +86,7 @@ size_t offload_buffer_bytes(size_t tensors, size_t largest_span, size_t chunk_by
 }
 
 DiskRates probe_disk(const std::string& dir, size_t bytes) {
-  check_offload_dir(dir, bytes);
+  check_offload_dir(dir, 0);  // no room for the probe: fallocate's sentence below
   constexpr size_t kBlock = size_t{4} << 20;  // the tier's default chunk
   bytes = round_up(std::max(bytes, kBlock), kBlock);
   const std::string path = (std::filesystem::path(dir) / fmt::format("dpt-disk-probe-{}", ::getpid())).string();
