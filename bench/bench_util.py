@@ -33,8 +33,14 @@ def run_and_load(name, cmd, summary_path, env=None, timeout=None):
 
 
 def write_json(path, obj):
-    """Writes obj as indented JSON, creating the folder if needed."""
+    """Writes obj as indented JSON, creating the folder if needed; atomically
+    (a temporary name, fsynced, renamed), so a killed benchmark never leaves
+    half a result behind."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
         json.dump(obj, f, indent=2)
         f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,8 +1,9 @@
 // `dpt plan` against real runs: for every strategy, with and without
-// activation checkpointing, on 2 ranks, the bytes it plans per category are
-// the bytes the run accounts (its summary's memory table, rank 0), and the
-// bytes it plans to send are the ledger's; its predicted peak RSS is near
-// the measured one; bad input is one sentence and exit 1.
+// activation checkpointing and offload, on 2 ranks, the bytes it plans per
+// category are the bytes the run accounts (its summary's memory table, rank
+// 0), and the bytes it plans to send are the ledger's; its predicted peak
+// RSS is near the measured one; it probes the offload disk; bad input is one
+// sentence and exit 1.
 //
 // Every job runs under `timeout` with one thread per rank.
 #include <unistd.h>
@@ -59,19 +60,23 @@ class PlanCliTest : public ::testing::Test {
   // The plan as JSON, with rates given (nothing measured: the bytes do not
   // depend on them), by default with memory to spare.
   static json plan(const Net& net, const std::string& memory = "1T") {
-    const RunResult r = dpt(fmt::format("plan {} --ranks 2 --json --gemm-gflops 10 --copy-gbs 2 --memory {}",
-                                        net.flags, memory));
+    const RunResult r = dpt(fmt::format("plan {} --ranks 2 --json --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 "
+                                        "--offload-dir {} --memory {}",
+                                        net.flags, q(dir_), memory));
     EXPECT_EQ(r.code, 0) << r.err;
     return r.code == 0 ? json::parse(r.out) : json();
   }
 
-  // A 2-rank synthetic run's summary.
-  static json train(const Net& net, const std::string& strategy, bool ckpt, const std::string& precision = "fp32") {
-    const fs::path summary = dir_ / fmt::format("{}_{}_{}_{}.json", net.name, strategy, ckpt, precision);
-    const RunResult r = dpt(fmt::format("launch -n 2 -- {} train {} --strategy {} {} --precision {} --synthetic "
+  // A 2-rank synthetic run's summary (offload: its state in dir_).
+  static json train(const Net& net, const std::string& strategy, bool ckpt, const std::string& precision = "fp32",
+                    const std::string& offload = "none") {
+    const fs::path summary = dir_ / fmt::format("{}_{}_{}_{}_{}.json", net.name, strategy, ckpt, precision, offload);
+    const std::string offload_flags =
+        offload == "none" ? "" : fmt::format("--offload {} --offload-dir {}", offload, q(dir_));
+    const RunResult r = dpt(fmt::format("launch -n 2 -- {} train {} --strategy {} {} --precision {} {} --synthetic "
                                         "--steps {} --log-every 100 --threads 1 --quiet --summary-out {}",
                                         q(dpt_bin()), net.flags, strategy, ckpt ? "--checkpoint-activations" : "",
-                                        precision, kSteps, q(summary)));
+                                        precision, offload_flags, kSteps, q(summary)));
     EXPECT_EQ(r.code, 0) << r.all();
     return r.code == 0 ? json::parse(test::read_file(summary)) : json();
   }
@@ -79,9 +84,11 @@ class PlanCliTest : public ::testing::Test {
   static inline fs::path dir_;
 };
 
-const json* find_row(const json& plan, const std::string& strategy, bool ckpt, const std::string& precision = "fp32") {
+const json* find_row(const json& plan, const std::string& strategy, bool ckpt, const std::string& precision = "fp32",
+                     const std::string& offload = "none") {
   for (const json& row : plan.at("rows"))
-    if (row.at("strategy") == strategy && row.at("checkpoint_activations") == ckpt && row.at("precision") == precision)
+    if (row.at("strategy") == strategy && row.at("checkpoint_activations") == ckpt &&
+        row.at("precision") == precision && row.at("offload") == offload)
       return &row;
   return nullptr;
 }
@@ -92,7 +99,7 @@ class PlanMatchesRun : public PlanCliTest, public ::testing::WithParamInterface<
 void expect_row_matches(const json& row, const json& s, const std::string& what) {
   const json& got = s.at("bytes");
   const json& planned = row.at("bytes");
-  for (const char* k : {"parameters", "gradients", "optimizer", "gathered", "scratch", "activations"})
+  for (const char* k : {"parameters", "gradients", "optimizer", "gathered", "scratch", "activations", "offloaded"})
     EXPECT_EQ(got.at(k).get<uint64_t>(), planned.at(k).get<uint64_t>()) << what << ": " << k;
   // The ledger: every step's bytes, the first step's extra gather, and the
   // logged last step's loss average and norm all-gather, over the steps
@@ -157,6 +164,63 @@ TEST_F(PlanCliTest, ZeroVariantsMatchRuns) {
     ASSERT_FALSE(s.is_null()) << what;
     expect_row_matches(*find_row(p, strategy, false), s, what);
   }
+}
+
+// Offload rows against offloaded runs: the state (and with params the fp32
+// masters) in the file, the tier's chunk buffers in the optimizer figure;
+// every strategy that offloads, both models, with checkpointing and bf16.
+TEST_F(PlanCliTest, OffloadRowsMatchRuns) {
+  struct Case {
+    const Net* net;
+    const char* strategy;
+    bool ckpt;
+    const char* precision;
+    const char* offload;
+  };
+  for (const Case& c : {Case{&kGpt, "ddp", false, "fp32", "optimizer"}, Case{&kMlp, "zero2", false, "fp32", "optimizer"},
+                        Case{&kGpt, "zero3", true, "bf16", "optimizer"}, Case{&kGpt, "zero1", false, "bf16", "params"},
+                        Case{&kGpt, "zero3", true, "bf16", "params"}}) {
+    const std::string what = fmt::format("{} {} {}{} +offload {}", c.net->name, c.strategy, c.precision,
+                                         c.ckpt ? " +ckpt" : "", c.offload);
+    const json p = plan(*c.net);
+    ASSERT_FALSE(p.is_null()) << what;
+    const json* row = find_row(p, c.strategy, c.ckpt, c.precision, c.offload);
+    ASSERT_NE(row, nullptr) << what;
+    EXPECT_GT(row->at("bytes").at("offloaded").get<uint64_t>(), 0u) << what;
+    const json s = train(*c.net, c.strategy, c.ckpt, c.precision, c.offload);
+    ASSERT_FALSE(s.is_null()) << what;
+    expect_row_matches(*row, s, what);
+  }
+  // Masters leave RAM only where training lets them: bf16 and sharded.
+  const json p = plan(kGpt);
+  ASSERT_FALSE(p.is_null());
+  for (const json& row : p.at("rows"))
+    if (row.at("offload") == "params") {
+      EXPECT_EQ(row.at("precision"), "bf16") << row.dump();
+      EXPECT_NE(row.at("strategy"), "ddp") << row.dump();
+    }
+  EXPECT_NE(find_row(p, "ddp", false, "fp32", "optimizer"), nullptr);
+  EXPECT_EQ(find_row(p, "ddp", false, "bf16", "params"), nullptr);
+  EXPECT_EQ(find_row(p, "zero3", false, "fp32", "params"), nullptr);
+}
+
+// Without --disk-gbs the plan probes the offload directory's disk; a
+// directory the tier would refuse is one sentence.
+TEST_F(PlanCliTest, ProbesTheOffloadDisk) {
+  const RunResult r =
+      dpt(fmt::format("plan {} --ranks 2 --json --gemm-gflops 10 --copy-gbs 2 --offload-dir {}", kGpt.flags, q(dir_)));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json p = json::parse(r.out);
+  EXPECT_GT(p.at("machine").at("disk_write_gbs").get<double>(), 0.0);
+  EXPECT_GT(p.at("machine").at("disk_read_gbs").get<double>(), 0.0);
+  EXPECT_EQ(p.at("offload_dir"), dir_.string());
+  EXPECT_GT(p.at("disk_free").get<uint64_t>(), 0u);
+  // The probe's file is unlinked at once: nothing is left behind.
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().rfind("dpt-disk-probe", 0), std::string::npos) << e.path();
+  const json* row = find_row(p, "zero3", false, "fp32", "optimizer");
+  ASSERT_NE(row, nullptr);
+  EXPECT_GT(row->at("time").at("disk_s").get<double>(), 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, PlanMatchesRun,
@@ -228,8 +292,8 @@ TEST_F(PlanCliTest, BadInputIsOneSentenceAndExitOne) {
   for (const char* args : {"--model gpt --ranks 2 --strategy bogus", "--model gpt --ranks 0",
                            "--model gpt --ranks 2 --memory lots", "--model gpt --ranks 2 --memory -5G",
                            "--model gpt --ranks 2 --strategy local", "--model gpt --ranks 3 --batch 16",
-                           "--ranks 2"}) {
-    const RunResult r = dpt(fmt::format("plan {} --gemm-gflops 10 --copy-gbs 2", args));
+                           "--ranks 2", "--model gpt --ranks 2 --offload-dir /nonexistent"}) {
+    const RunResult r = dpt(fmt::format("plan {} --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1", args));
     EXPECT_EQ(r.code, 1) << args << ": " << r.all();
     EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;
     ASSERT_FALSE(r.err.empty()) << args;

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -54,7 +55,7 @@ bool transfer(int fd, bool write, char* p, size_t bytes, uint64_t offset) {
 
 }  // namespace
 
-void check_offload_dir(const std::string& dir, uint64_t bytes) {
+uint64_t check_offload_dir(const std::string& dir, uint64_t bytes) {
   if (dir.empty())
     throw InputError("--offload optimizer needs --offload-dir DIR, a directory on a local disk with room for the "
                      "optimizer state");
@@ -70,17 +71,56 @@ void check_offload_dir(const std::string& dir, uint64_t bytes) {
                                  "directory on a disk",
                                  dir));
   struct statvfs vfs {};
-  if (::statvfs(dir.c_str(), &vfs) != 0) return;
+  if (::statvfs(dir.c_str(), &vfs) != 0) return UINT64_MAX;
   const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   if (free_bytes < bytes)
     throw InputError(fmt::format("--offload-dir {}: {} free, but the ranks on this host offload {} of optimizer "
                                  "state",
                                  dir, human(free_bytes), human(bytes)));
+  return free_bytes;
 }
 
 size_t offload_buffer_bytes(size_t tensors, size_t largest_span, size_t chunk_bytes, size_t buffers) {
   const size_t chunk = std::max(kAlign, chunk_bytes / kAlignBytes * kAlign);
   return buffers * tensors * std::min(chunk, round_up(std::max<size_t>(largest_span, 1), kAlign)) * sizeof(float);
+}
+
+DiskRates probe_disk(const std::string& dir, size_t bytes) {
+  check_offload_dir(dir, 0);  // no room for the probe: fallocate's sentence below
+  constexpr size_t kBlock = size_t{4} << 20;  // the tier's default chunk
+  bytes = round_up(std::max(bytes, kBlock), kBlock);
+  const std::string path = (std::filesystem::path(dir) / fmt::format("dpt-disk-probe-{}", ::getpid())).string();
+  const int flags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+  bool direct = true;
+  int fd = ::open(path.c_str(), flags | O_DIRECT, 0600);
+  if (fd < 0 && errno == EINVAL) {  // as the tier: without direct I/O, pages dropped instead
+    direct = false;
+    fd = ::open(path.c_str(), flags, 0600);
+  }
+  if (fd < 0) throw IoError(fmt::format("{}: cannot create the disk probe's file: {}", path, std::strerror(errno)));
+  ::unlink(path.c_str());
+  const std::unique_ptr<void, void (*)(void*)> mem(std::aligned_alloc(kAlignBytes, kBlock), std::free);
+  const std::unique_ptr<int, void (*)(int*)> closer(&fd, [](int* f) { ::close(*f); });
+  if (!mem) throw std::bad_alloc();
+  std::memset(mem.get(), 1, kBlock);
+  if (const int e = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0)
+    throw IoError(fmt::format("{}: cannot reserve {} for the disk probe: {}", dir, human(bytes), std::strerror(e)));
+  auto seconds = [&](bool write) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t off = 0; off < bytes; off += kBlock)
+      if (!transfer(fd, write, static_cast<char*>(mem.get()), kBlock, off))
+        throw IoError(fmt::format("{}: the disk probe's {} failed: {}", dir, write ? "write" : "read",
+                                  std::strerror(errno)));
+    if (write && ::fdatasync(fd) != 0)
+      throw IoError(fmt::format("{}: the disk probe's write failed: {}", dir, std::strerror(errno)));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!direct) ::posix_fadvise(fd, 0, static_cast<off_t>(bytes), POSIX_FADV_DONTNEED);  // read from the disk
+    return std::max(s, 1e-9);
+  };
+  DiskRates r;
+  r.write_gbs = static_cast<double>(bytes) / seconds(true) / 1e9;
+  r.read_gbs = static_cast<double>(bytes) / seconds(false) / 1e9;
+  return r;
 }
 
 FileTier::FileTier(const std::string& dir, int rank, size_t chunk_bytes, size_t buffers)

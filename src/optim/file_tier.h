@@ -33,12 +33,24 @@ namespace dpt {
 // Refuses, in one sentence (InputError), an offload directory that cannot
 // hold `bytes`: missing, not a directory, not writable, in memory (tmpfs,
 // where offloading saves nothing), or without that much free space.
-void check_offload_dir(const std::string& dir, uint64_t bytes);
+// Returns its free bytes (UINT64_MAX where the filesystem does not say).
+uint64_t check_offload_dir(const std::string& dir, uint64_t bytes);
 
 // RAM a FileTier holds for regions of `tensors` tensors whose longest span
 // is `largest_span` elements: its chunk buffers (the memory estimate's
 // figure; FileTier::ram_bytes once it has streamed).
 size_t offload_buffer_bytes(size_t tensors, size_t largest_span, size_t chunk_bytes, size_t buffers = 4);
+
+// The disk under `dir` as the tier uses it: `bytes` (rounded up to 4 MiB
+// blocks) written and then read back sequentially with O_DIRECT, in a file
+// created and unlinked at once; tens of MiB, well under a second. In GB/s
+// (1e9 bytes/s) each way, for `dpt plan`'s offload estimates. InputError
+// for a directory the tier refuses (check_offload_dir), IoError when the
+// I/O fails.
+struct DiskRates {
+  double write_gbs = 0, read_gbs = 0;
+};
+DiskRates probe_disk(const std::string& dir, size_t bytes = size_t{32} << 20);
 
 class FileTier : public StateTier {
  public:

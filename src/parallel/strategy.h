@@ -84,6 +84,8 @@ struct MemoryBytes {
 // A span [begin, begin + n) of the model's flat parameter buffer and where
 // this rank keeps it: its parameters, and its optimizer state (each of the
 // optimizer's state tensors from element `at` of the optimizer's own span).
+// params is nullptr where the (fp32 master) parameters are the optimizer's
+// master tensor, in its tier (`--offload params`).
 struct StateSpan {
   size_t begin = 0, n = 0;
   float* params = nullptr;

@@ -394,8 +394,8 @@ std::vector<StateSpan> ZeroStrategy::state_spans() {
   for (size_t u = 0; u < shards_.size(); ++u) {
     const int ui = static_cast<int>(u);
     if (stage_ < 3) wait_param_gather(ui);  // the last step's all-gather still writes the other chunks
-    spans.push_back({.begin = unit(ui).offset + shards_[u].begin, .n = shards_[u].n, .params = param_shard(ui),
-                     .optimizer = opts_[u].get(), .at = 0});
+    spans.push_back({.begin = unit(ui).offset + shards_[u].begin, .n = shards_[u].n,
+                     .params = masters_offloaded() ? nullptr : param_shard(ui), .optimizer = opts_[u].get(), .at = 0});
   }
   return spans;
 }
@@ -403,7 +403,14 @@ std::vector<StateSpan> ZeroStrategy::state_spans() {
 void ZeroStrategy::restored(int64_t optimizer_steps) {
   for (auto& o : opts_) o->set_steps(optimizer_steps);
   if (mixed_) {  // the bf16 copies follow the masters just read
-    for (size_t u = 0; u < shards_.size(); ++u) publish(static_cast<int>(u));
+    std::vector<float> unit_masters;  // --offload params: a unit's masters at a time, out of the tier
+    for (size_t u = 0; u < shards_.size(); ++u) {
+      if (masters_offloaded()) {
+        unit_masters.resize(shards_[u].n);
+        opts_[u]->read_state(opts_[u]->master_tensor(), 0, unit_masters.size(), unit_masters.data());
+      }
+      publish(static_cast<int>(u), masters_offloaded() ? unit_masters.data() : nullptr);
+    }
     verify(0);
     return;
   }

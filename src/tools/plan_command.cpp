@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "nn/gemm.h"
+#include "optim/file_tier.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
 #include "train/plan.h"
@@ -42,7 +43,7 @@ size_t parse_bytes(const std::string& text) {
 std::string mib(uint64_t bytes) { return fmt::format("{:.1f}", static_cast<double>(bytes) / (1 << 20)); }
 
 void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, const std::string& model_name,
-                bool measured) {
+                bool measured, bool disk_measured) {
   const MachineRates& m = r.machine;
   std::printf("dpt plan: %s, %zu parameters, %s, global batch %lld (%lld per rank%s), %d rank%s, %d on this host\n",
               model_name.c_str(), model.param_count(), r.base.optimizer.name.c_str(),
@@ -54,21 +55,22 @@ void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, cons
               human_bytes(r.available).c_str(), r.ranks_here, r.ranks_here == 1 ? "" : "s",
               measured ? "measured" : "given", m.gemm_gflops, gemm_backend_name(gemm_backend()), m.threads,
               m.threads == 1 ? "" : "s", m.gemm_bf16_gflops > 0 ? m.gemm_bf16_gflops : m.gemm_gflops, m.copy_gbs, static_cast<double>(m.runtime_bytes) / (1 << 20));
-  std::printf("MiB per rank:         params    grads    optim gathered  scratch     acts    total peak RSS | MiB sent/step"
-              "  s/step (compute comm optim) | fits\n");
+  std::printf("offload: %s, %s free; disk %s: %.2f GB/s write, %.2f GB/s read (direct I/O, shared by the host's "
+              "ranks)\n",
+              r.offload_dir.c_str(), human_bytes(r.disk_free).c_str(), disk_measured ? "probed" : "given",
+              m.disk_write_gbs, m.disk_read_gbs);
+  std::printf("MiB per rank:                            params    grads    optim gathered  scratch     acts    total peak RSS"
+              "     file | MiB sent/step  s/step (compute comm optim disk) | fits\n");
   for (size_t i = 0; i < plan.rows.size(); ++i) {
     const PlanRow& row = plan.rows[i];
     const MemoryBytes& b = row.bytes;
-    std::string name = row.point.strategy;
-    if (row.point.precision != "fp32") name += " " + row.point.precision;
-    if (row.point.checkpoint) name += " +ckpt";
-    if (row.point.offload != "none") name += " +" + row.point.offload;
-    std::printf("%c %-17s %8s %8s %8s %8s %8s %8s %8s %8s | %13s %7.3g (%.3g %.3g %.3g) | %s\n",
+    const std::string name = row_name(row.point);
+    std::printf("%c %-36s %8s %8s %8s %8s %8s %8s %8s %8s %8s | %13s %7.3g (%.3g %.3g %.3g %.3g) | %s\n",
                 static_cast<int>(i) == plan.best ? '*' : ' ', name.c_str(), mib(b.parameters).c_str(),
                 mib(b.gradients).c_str(), mib(b.optimizer).c_str(), mib(b.gathered).c_str(), mib(b.scratch).c_str(),
                 mib(row.activations).c_str(), mib(row.need).c_str(), mib(row.peak_rss).c_str(),
-                mib(row.comm.per_step()).c_str(), row.step_s, row.compute_s, row.comm_s, row.optimizer_s,
-                row.fits ? "yes" : "no");
+                mib(b.offloaded).c_str(), mib(row.comm.per_step()).c_str(), row.step_s, row.compute_s, row.comm_s,
+                row.optimizer_s, row.disk_s, row.fits ? "yes" : "no");
   }
   std::printf("%s: %s\n", plan.best >= 0 ? "recommended" : "none fits", plan.reason.c_str());
 }
@@ -105,6 +107,13 @@ PlanCommand::PlanCommand(CLI::App& app) {
   add_gemm_flag(cmd_, gemm_);
   cmd_->add_option("--gemm-gflops", gemm_gflops_, "a rank's GEMM rate instead of measuring it")->check(positive());
   cmd_->add_option("--copy-gbs", copy_gbs_, "a rank's memcpy GB/s instead of measuring it")->check(positive());
+  cmd_->add_option("--offload-dir", offload_dir_,
+                   "where the offload rows' state would go: its disk is probed (32 MiB written and read with "
+                   "direct I/O) and its free space must hold the state (default /var/tmp)");
+  cmd_->add_option("--offload-chunk-mb", offload_chunk_mb_, "the offload rows' chunk, as for dpt train (default 4)")
+      ->check(positive());
+  cmd_->add_option("--disk-gbs", disk_gbs_, "the offload disk's GB/s (each way) instead of probing it")
+      ->check(positive());
   cmd_->add_flag("--json", json_, "print the plan as JSON");
 }
 
@@ -129,6 +138,9 @@ int PlanCommand::run() {
   r.world = ranks_;
   r.ranks_here = ranks_per_host_ > 0 ? std::min(ranks_per_host_, ranks_) : ranks_;
   r.available = memory_.empty() ? host_available_bytes() : parse_bytes(memory_);
+  r.base.offload.chunk_bytes = static_cast<size_t>(offload_chunk_mb_ * (1 << 20));
+  r.offload_dir = offload_dir_;
+  r.disk_free = check_offload_dir(offload_dir_, 0);  // one sentence for a directory the tier would refuse
   auto model = make_model(model_hparams(opts_));
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int threads = threads_ > 0 ? threads_ : std::max(1, cores / r.ranks_here);
@@ -138,11 +150,14 @@ int PlanCommand::run() {
   r.machine.runtime_bytes = runtime;
   if (gemm_gflops_ > 0) r.machine.gemm_gflops = gemm_gflops_;
   if (copy_gbs_ > 0) r.machine.copy_gbs = copy_gbs_;
+  const DiskRates disk = disk_gbs_ > 0 ? DiskRates{disk_gbs_, disk_gbs_} : probe_disk(offload_dir_);
+  r.machine.disk_write_gbs = disk.write_gbs;
+  r.machine.disk_read_gbs = disk.read_gbs;
   const Plan plan = make_plan(r, *model);
   if (json_)
     std::printf("%s\n", plan_json(r, *model, plan).dump(2).c_str());
   else
-    print_plan(r, *model, plan, model_.model, measured);
+    print_plan(r, *model, plan, model_.model, measured, disk_gbs_ <= 0);
   return 0;
 }
 

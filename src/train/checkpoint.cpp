@@ -45,9 +45,11 @@ struct Piece {
   int kind;
   int slot;
   size_t start, n;
-  float* data;           // parameters: where this rank keeps them
-  Optimizer* optimizer;  // state: its optimizer, from element `at` of its span
+  float* data;           // parameters in RAM: where this rank keeps them
+  Optimizer* optimizer;  // else its optimizer, from element `at` of its span
   size_t at;             // (read and written through its tier: it may be offloaded)
+  // The optimizer's tensor: state `kind`, or for parameters its masters.
+  size_t tensor() const { return kind < 0 ? optimizer->master_tensor() : static_cast<size_t>(kind); }
 };
 
 std::string kind_name(int kind, const std::vector<std::string>& state) {
@@ -64,9 +66,9 @@ std::vector<Piece> pieces_of(const std::vector<StateSpan>& spans, const Layout& 
         const Slot& s = layout.slots()[i];
         const size_t lo = std::max(sp.begin, s.offset), hi = std::min(sp.begin + sp.n, s.offset + s.numel);
         if (lo >= hi) continue;
-        if (kind < 0)
+        if (kind < 0 && sp.params)
           out.push_back({kind, static_cast<int>(i), lo - s.offset, hi - lo, sp.params + (lo - sp.begin), nullptr, 0});
-        else
+        else  // optimizer state, or masters kept in the optimizer's tier
           out.push_back({kind, static_cast<int>(i), lo - s.offset, hi - lo, nullptr, sp.optimizer,
                          sp.at + (lo - sp.begin)});
       }
@@ -100,7 +102,8 @@ FileCrcs write_rank_file(const std::string& path, const std::vector<Piece>& piec
   SafetensorsWriter file(path, std::move(specs), meta);
   FileCrcs crcs;
   crcs.file = crc_update(0, nullptr, 0);
-  // Optimizer state comes out of its tier through a bounded buffer.
+  // Optimizer state (and offloaded masters) come out of the tier through a
+  // bounded buffer.
   constexpr size_t kStaged = size_t{1} << 20;
   std::vector<float> staged;
   for (const Piece& p : pieces) {
@@ -112,7 +115,7 @@ FileCrcs write_rank_file(const std::string& path, const std::vector<Piece>& piec
       staged.resize(std::min(p.n, kStaged));
       for (size_t done = 0; done < p.n;) {
         const size_t m = std::min(staged.size(), p.n - done);
-        p.optimizer->read_state(static_cast<size_t>(p.kind), p.at + done, m, staged.data());
+        p.optimizer->read_state(p.tensor(), p.at + done, m, staged.data());
         file.write(staged.data(), m);
         c = crc_update(c, staged.data(), m * sizeof(float));
         done += m;
@@ -424,7 +427,7 @@ uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& in
             std::copy(piece.begin() + static_cast<long>(lo - start), piece.begin() + static_cast<long>(hi - start),
                       t.data + (lo - t.start));
           else
-            t.optimizer->write_state(static_cast<size_t>(t.kind), t.at + (lo - t.start), hi - lo,
+            t.optimizer->write_state(t.tensor(), t.at + (lo - t.start), hi - lo,
                                      piece.data() + (lo - start));
           read += hi - lo;
         }

@@ -63,8 +63,9 @@ void check_fits(const StrategyOptions& options, const Model& model, size_t activ
                 int ranks_here, size_t available);
 
 // One configuration. Precision is fp32 or bf16 (mixed: bf16 compute copies,
-// fp32 masters); offload is a dimension with one value today (none):
-// optimizer offload becomes another entry of kOffloads.
+// fp32 masters); offload is none, optimizer (the optimizer state in a file)
+// or params (with the fp32 masters too: bf16 under ZeRO only, as `dpt
+// train` refuses it otherwise).
 struct PlanPoint {
   std::string strategy;  // local, ddp, zero1, zero2, zero3
   std::string precision = "fp32";
@@ -77,6 +78,9 @@ struct MachineRates {
   double gemm_gflops = 0;    // one rank's fp32 GEMM rate at its threads
   double gemm_bf16_gflops = 0;  // the same with bf16 inputs (mixed precision); 0: as fp32
   double copy_gbs = 0;       // one rank's memcpy rate (bytes copied) with the host's ranks copying at once
+  // The offload directory's disk, sequential with direct I/O (probe_disk):
+  // the host's, shared by its ranks.
+  double disk_write_gbs = 0, disk_read_gbs = 0;
   // A rank's resident memory besides the accounted buffers: `dpt plan`
   // reads its own (the same binary and libraries) before allocating.
   size_t runtime_bytes = 0;
@@ -94,8 +98,11 @@ struct PlanRow {
   size_t need = 0;           // bytes + activations: what the memory check counts
   size_t peak_rss = 0;       // need + the runtime: the predicted high-water mark
   CommPlan comm;             // rank 0's
-  double compute_s = 0, comm_s = 0, optimizer_s = 0, step_s = 0;
-  bool fits = false;
+  // disk_s: the offloaded state read and written once per step by the
+  // host's ranks; the tier overlaps it with the update (optimizer_s), so
+  // the step counts the larger of the two.
+  double compute_s = 0, comm_s = 0, optimizer_s = 0, disk_s = 0, step_s = 0;
+  bool fits = false;  // in memory, and for offload rows on the disk too
 };
 
 struct PlanRequest {
@@ -105,6 +112,10 @@ struct PlanRequest {
   int64_t grad_accum = 1;
   int world = 1, ranks_here = 1;
   size_t available = 0;          // bytes for the ranks_here ranks together
+  // Offload rows: where the state would go (--offload-dir) and its free
+  // bytes, which the ranks_here ranks' offloaded state must fit in.
+  std::string offload_dir;
+  uint64_t disk_free = 0;
   MachineRates machine;
 };
 
@@ -120,6 +131,9 @@ struct Plan {
   int best = -1;       // the fastest row that fits (up to kTieMargin), or -1
   std::string reason;  // why, in words, with the numbers
 };
+
+// "zero3 bf16 +ckpt +offload params": a row's name in the table and reasons.
+std::string row_name(const PlanPoint& point);
 
 // Every row, the recommendation and its reason. Switches the model's
 // activation checkpointing per row (restored before returning).

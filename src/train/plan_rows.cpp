@@ -15,11 +15,17 @@ namespace {
 
 // The grid's dimensions besides the strategy and checkpointing. Precision
 // is set on the model (Model::set_precision), which rank_bytes, the arena
-// and planned_comm read; offload has one entry until optimizer offload
-// exists: a new entry needs its effect in options_for, and rank_bytes then
-// accounts it.
+// and planned_comm read; offload is set in the strategy's options
+// (options_for), which rank_bytes reads.
 const std::vector<std::string> kPrecisions = {"fp32", "bf16"};
-const std::vector<std::string> kOffloads = {"none"};
+const std::vector<std::string> kOffloads = {"none", "optimizer", "params"};
+
+// The offloads `dpt train` runs: the optimizer state under every strategy;
+// the fp32 masters only where they are not what computes (bf16) and not
+// the replica itself (a sharded strategy).
+bool offload_makes_sense(const std::string& offload, const std::string& strategy, const std::string& precision) {
+  return offload != "params" || (precision == "bf16" && zero_stage(strategy) > 0);
+}
 
 // What a rank holds besides its accounted buffers that a plan cannot see in
 // its own process: Open MPI's runtime and the shared-memory links between
@@ -36,11 +42,12 @@ double optimizer_traffic_bytes(const OptimizerConfig& o, size_t n, bool mixed) {
   return per * static_cast<double>(n);
 }
 
-// The options a row's run would get.
-StrategyOptions options_for(const StrategyOptions& base, const PlanPoint& p) {
-  StrategyOptions so = base;
+// The options a row's run would get (its precision is the model's).
+StrategyOptions options_for(const PlanRequest& r, const PlanPoint& p) {
+  StrategyOptions so = r.base;
   so.name = p.strategy;
-  // Precision and offload: fp32 and none are the defaults of StrategyOptions.
+  so.offload.what = p.offload == "none" ? "" : p.offload;
+  so.offload.dir = r.offload_dir;
   return so;
 }
 
@@ -56,9 +63,10 @@ size_t stepped_elements(const StrategyOptions& so, const Layout& layout, int wor
 // planned_comm, time from the machine's rates. On a CPU the collectives'
 // copies and the optimizer's sweep run on the same cores and memory as the
 // compute, so the three add up (docs/zero.md: overlap hides waiting for a
-// peer, not the copying).
+// peer, not the copying). The disk is another device: the file tier
+// overlaps its reads and writes with the sweep, so the larger counts.
 PlanRow make_row(const PlanRequest& r, const Model& model, const PlanPoint& p, int64_t micro) {
-  const StrategyOptions so = options_for(r.base, p);
+  const StrategyOptions so = options_for(r, p);
   const MachineRates& m = r.machine;
   PlanRow row;
   row.point = p;
@@ -67,7 +75,9 @@ PlanRow make_row(const PlanRequest& r, const Model& model, const PlanPoint& p, i
   row.need = row.bytes.total() + row.activations;
   row.peak_rss = row.need + m.runtime_bytes + (r.world > 1 ? kMpiRuntimeBytes : 0);
   row.comm = planned_comm(so, model, r.world, 0, r.grad_accum);
-  row.fits = fits_on_host(row.need, r.ranks_here, r.available);
+  const uint64_t here = static_cast<uint64_t>(std::max(1, r.ranks_here));
+  const uint64_t streamed = here * row.bytes.offloaded;  // the host's ranks share its disk
+  row.fits = fits_on_host(row.need, r.ranks_here, r.available) && streamed <= r.disk_free;
   const int64_t per_rank = r.batch / r.world;
   const double flops = model.train_flops(per_rank) + model.recompute_flops(per_rank);
   const bool mixed = model.precision() == DType::BF16;
@@ -79,22 +89,18 @@ PlanRow make_row(const PlanRequest& r, const Model& model, const PlanPoint& p, i
   // A copy of B bytes moves 2B of memory traffic.
   const double traffic = optimizer_traffic_bytes(so.optimizer, stepped_elements(so, model.layout(), r.world), mixed);
   row.optimizer_s = m.copy_gbs > 0 ? traffic / (2.0 * m.copy_gbs * 1e9) : 0.0;
-  row.step_s = row.compute_s + row.comm_s + row.optimizer_s;
+  if (streamed > 0 && m.disk_write_gbs > 0 && m.disk_read_gbs > 0)
+    row.disk_s = static_cast<double>(streamed) / (m.disk_read_gbs * 1e9) +
+                 static_cast<double>(streamed) / (m.disk_write_gbs * 1e9);
+  row.step_s = row.compute_s + row.comm_s + std::max(row.optimizer_s, row.disk_s);
   return row;
 }
 
-std::string row_name(const PlanPoint& p) {
-  std::string s = p.strategy;
-  if (p.precision != "fp32") s += " " + p.precision;
-  if (p.checkpoint) s += " +ckpt";
-  if (p.offload != "none") s += " +offload " + p.offload;
-  return s;
-}
-
 // Seed 000's "when to use what", computed: its row is decided by the least
-// sharded strategy that fits here (rows are in the grid's order: ddp, zero1,
-// zero2, zero3, each without checkpointing first), and when that is not the
-// plan's choice, what it would cost. Called with a best row.
+// sharded strategy that fits here (rows are in the grid's order: without
+// offload first, then ddp, zero1, zero2, zero3, each without checkpointing
+// first), and when that is not the plan's choice, what it would cost.
+// Called with a best row.
 std::string seed_verdict(const Plan& plan) {
   for (const PlanRow& row : plan.rows) {
     if (!row.fits) continue;
@@ -113,6 +119,9 @@ std::string seed_verdict(const Plan& plan) {
         why = "the model does not fit: ZeRO-3 / FSDP FULL_SHARD";
     }
     std::string verdict = fmt::format("{}{}", why, row.point.checkpoint ? ", with activation checkpointing" : "");
+    if (row.point.offload != "none")
+      verdict += row.point.offload == "params" ? ", with the optimizer state and fp32 masters offloaded to disk"
+                                               : ", with the optimizer state offloaded to disk";
     const PlanRow& best = plan.rows[static_cast<size_t>(plan.best)];
     if (&row != &best)
       verdict += fmt::format(" ({}: about {:.3g} s per step, {:.0f}% slower)", row_name(row.point), row.step_s,
@@ -141,6 +150,9 @@ std::string reason_for(const PlanRequest& r, const Plan& plan) {
                                 row_name(best.point), human_bytes(best.need), human_bytes(best.need * here), here,
                                 here == 1 ? "" : "s", human_bytes(r.available), best.step_s,
                                 human_bytes(best.comm.per_step()));
+  if (best.bytes.offloaded > 0)
+    why += fmt::format(", {} offloaded to {} for the host ({} free)", human_bytes(best.bytes.offloaded * here),
+                       r.offload_dir, human_bytes(r.disk_free));
   std::vector<std::string> close, too_big;
   for (const PlanRow& row : plan.rows) {
     if (row.step_s >= best.step_s) continue;
@@ -181,6 +193,14 @@ std::vector<std::string> plan_strategies(const PlanRequest& r) {
 
 }  // namespace
 
+std::string row_name(const PlanPoint& p) {
+  std::string s = p.strategy;
+  if (p.precision != "fp32") s += " " + p.precision;
+  if (p.checkpoint) s += " +ckpt";
+  if (p.offload != "none") s += " +offload " + p.offload;
+  return s;
+}
+
 Plan make_plan(const PlanRequest& r, Model& model) {
   if (r.world < 1) throw InputError(fmt::format("--ranks must be at least 1 (got {})", r.world));
   if (r.batch % (static_cast<int64_t>(r.world) * r.grad_accum) != 0)
@@ -195,21 +215,22 @@ Plan make_plan(const PlanRequest& r, Model& model) {
   model.set_checkpoint_activations(true);
   const bool ckpt_helps = model.activation_bytes_for(micro) < plain;
   const std::vector<std::string> strategies = plan_strategies(r);
+  // Offload outermost: the rows that keep everything in RAM come first, so
+  // among estimates too close to tell apart the plan never picks a disk.
   Plan plan;
-  for (const std::string& s : strategies)
-    for (const std::string& precision : kPrecisions)
-      for (bool ckpt : {false, true}) {
-        if (ckpt && !ckpt_helps) continue;
-        for (const std::string& offload : kOffloads) {
+  for (const std::string& offload : kOffloads)
+    for (const std::string& s : strategies)
+      for (const std::string& precision : kPrecisions)
+        for (bool ckpt : {false, true}) {
+          if ((ckpt && !ckpt_helps) || !offload_makes_sense(offload, s, precision)) continue;
           model.set_checkpoint_activations(ckpt);
           model.set_precision(parse_precision(precision));
           plan.rows.push_back(make_row(r, model, {s, precision, ckpt, offload}, micro));
         }
-      }
   model.set_checkpoint_activations(was);
   model.set_precision(was_precision);
-  // The fastest that fits, or the first in the grid's order (less sharded,
-  // no checkpointing) whose estimate is within kTieMargin of it.
+  // The fastest that fits, or the first in the grid's order (no offload,
+  // less sharded, no checkpointing) whose estimate is within kTieMargin of it.
   double fastest = -1;
   for (const PlanRow& row : plan.rows)
     if (row.fits && (fastest < 0 || row.step_s < fastest)) fastest = row.step_s;
@@ -229,19 +250,21 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
          {"checkpoint_activations", row.point.checkpoint}, {"offload", row.point.offload},
          {"bytes", {{"parameters", b.parameters}, {"gradients", b.gradients}, {"optimizer", b.optimizer},
                     {"gathered", b.gathered}, {"scratch", b.scratch}, {"activations", row.activations},
-                    {"total", row.need}, {"peak_rss", row.peak_rss}}},
+                    {"offloaded", b.offloaded}, {"total", row.need}, {"peak_rss", row.peak_rss}}},
          {"comm", {{"per_step", row.comm.per_step()}, {"forward", row.comm.forward}, {"backward", row.comm.backward},
                    {"optimizer", row.comm.optimizer}, {"first_step", row.comm.first_step},
                    {"logged_other", row.comm.logged_other}, {"logged_optimizer", row.comm.logged_optimizer}}},
          {"time", {{"compute_s", row.compute_s}, {"comm_s", row.comm_s}, {"optimizer_s", row.optimizer_s},
-                   {"step_s", row.step_s}}},
+                   {"disk_s", row.disk_s}, {"step_s", row.step_s}}},
          {"fits", row.fits}});
   }
   json j = {{"model", model.kind()}, {"params", model.param_count()}, {"world", r.world},
             {"ranks_here", r.ranks_here}, {"batch", r.batch}, {"grad_accum", r.grad_accum},
             {"optimizer", r.base.optimizer.name}, {"available", r.available},
+            {"offload_dir", r.offload_dir}, {"disk_free", r.disk_free},
             {"machine", {{"gemm_gflops", r.machine.gemm_gflops}, {"gemm_bf16_gflops", r.machine.gemm_bf16_gflops},
-                         {"copy_gbs", r.machine.copy_gbs},
+                         {"copy_gbs", r.machine.copy_gbs}, {"disk_write_gbs", r.machine.disk_write_gbs},
+                         {"disk_read_gbs", r.machine.disk_read_gbs},
                          {"threads", r.machine.threads}, {"runtime_bytes", r.machine.runtime_bytes}}},
             {"rows", rows}, {"reason", plan.reason}, {"tie_margin", kTieMargin}};
   j["recommended"] = plan.best < 0 ? json(nullptr) : json(plan.best);

@@ -339,8 +339,6 @@ void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model
     if (zero_stage(so.name) == 0)
       throw InputError(fmt::format("--offload params needs a sharded strategy (zero1, zero2, zero3, hsdp), not {}",
                                    so.name));
-    if (!o.checkpoint_dir.empty() || !o.resume.empty())
-      throw InputError("--offload params: --checkpoint-dir and --resume are not built for offloaded masters yet");
   }
   // Every rank checks the directory it sees (ranks on other hosts see other
   // disks); any rank's refusal ends the run on every rank.

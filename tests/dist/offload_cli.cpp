@@ -7,7 +7,8 @@
 //    as the chunk buffers;
 //  - the offload file is open (unlinked) while the job runs and nothing is
 //    left in the directory after a normal end, a SIGTERM and a killed peer;
-//  - a checkpoint written with offload resumes, with or without it, to the
+//  - a checkpoint written with offload (of the state, or with --offload
+//    params of the fp32 masters too) resumes, with or without it, to the
 //    uninterrupted run's weights bit for bit;
 //  - bad flags are refused in one sentence with exit status 1.
 //
@@ -200,6 +201,42 @@ INSTANTIATE_TEST_SUITE_P(, Resume, ::testing::Values(Case{kMlp, "ddp", 1}, Case{
                            return fmt::format("{}_{}_accum{}", std::string(info.param.model).substr(8, 3),
                                               info.param.strategy, info.param.grad_accum);
                          });
+
+// --offload params: the checkpoint's parameters are the fp32 masters, read
+// out of and written into the tier. The run that keeps its masters in RAM
+// and the one that offloads them write the same rank files byte for byte,
+// and either checkpoint resumes, with offload or without, to the
+// uninterrupted run's weights bit for bit.
+class ResumeMastersOffloaded : public OffloadCli, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ResumeMastersOffloaded, EqualsTheUninterruptedRunBitForBit) {
+  const std::string common =
+      fmt::format("{} {} --strategy {} --precision bf16 --steps 9", kGpt, kQuiet, GetParam());
+  const std::string params = fmt::format("--offload params --offload-dir {} --offload-chunk-mb 0.004", q(dir_ / "off"));
+  // Checkpoints read, never change, the state: both runs are uninterrupted.
+  RunResult r = train(2, fmt::format("{} --checkpoint-dir {} --checkpoint-every 4 --save {}", common,
+                                     q(path("ck_ram")), q(path("full.safetensors"))));
+  ASSERT_EQ(r.code, 0) << r.all();
+  r = train(2, fmt::format("{} {} --checkpoint-dir {} --checkpoint-every 4", common, params, q(path("ck_off"))));
+  ASSERT_EQ(r.code, 0) << r.all();
+  for (const char* file : {"rank-00000-of-00002.safetensors", "rank-00001-of-00002.safetensors"}) {
+    const std::string ram = test::read_file(path("ck_ram/step-00000004") / file);
+    EXPECT_FALSE(ram.empty()) << file;
+    EXPECT_TRUE(test::read_file(path("ck_off/step-00000004") / file) == ram) << file << " differs";
+  }
+  const std::pair<const char*, bool> resumes[] = {{"ck_off", true}, {"ck_off", false}, {"ck_ram", true}};
+  for (const auto& [from, offloaded] : resumes) {
+    const std::string what = fmt::format("{} resumed {} offload", from, offloaded ? "with" : "without");
+    r = train(2, fmt::format("{} {} --resume {} --save {}", common, offloaded ? params : "",
+                             q(path(from) / "step-00000004"), q(path("resumed.safetensors"))));
+    ASSERT_EQ(r.code, 0) << what << "\n" << r.all();
+    EXPECT_TRUE(test::read_file(path("resumed.safetensors")) == test::read_file(path("full.safetensors")))
+        << what << ": other weights than the uninterrupted run's";
+  }
+  EXPECT_TRUE(offload_dir_empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(, ResumeMastersOffloaded, ::testing::Values("zero1", "zero3"));
 
 // ------------------------------------------------------------ the file's life
 
