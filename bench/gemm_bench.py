@@ -6,8 +6,10 @@
              --repetitions runs of each. --coretype X also runs it with
              OPENBLAS_CORETYPE=X (the environment's own value, or none, first).
   workloads  W-GPT tokens/s and W-MLP samples/s, 1 process, 1 thread
-             (`dpt train --synthetic --threads 1 --gemm B`), for each backend,
-             and PyTorch (torch_workloads.py, 1 thread), in --repeat
+             (`dpt train --synthetic --threads 1 --gemm B --precision P`) for
+             each backend and precision, and PyTorch (torch_workloads.py,
+             1 thread, fp32 and CPU autocast bf16), OpenBLAS under the
+             environment's OPENBLAS_CORETYPE and under SkylakeX, in --repeat
              interleaved rounds; each figure the median of its rounds, each
              ratio the median of the ratios within a round.
 
@@ -79,45 +81,76 @@ def kernels(args):
                {"repetitions": args.repetitions, "runs": runs})
 
 
-def run_dpt(args, workload, backend, tmp):
-    path = os.path.join(tmp, f"dpt_{workload}_{backend}.json")
-    cmd = [args.dpt, "train", "--model", workload, "--threads", "1", "--steps", str(args.steps), "--synthetic",
-           "--gemm", backend, "--summary-out", path]
-    return run_and_load(f"dpt {workload} {backend}", cmd, path)
+# Every configuration one round runs, in this order: (name, engine, GEMM
+# backend, precision, OPENBLAS_CORETYPE). None keeps the environment's own
+# coretype (this workplace sets Haswell); SkylakeX runs OpenBLAS's AVX-512
+# kernels, for the engine's OpenBLAS backend and for PyTorch (whose fp32 GEMMs
+# are OpenBLAS's in Debian's build).
+CONFIGS = [
+    ("dpt openblas fp32", "dpt", "openblas", "fp32", None),
+    ("dpt openblas fp32 SkylakeX", "dpt", "openblas", "fp32", "SkylakeX"),
+    ("dpt onednn fp32", "dpt", "onednn", "fp32", None),
+    ("dpt onednn bf16", "dpt", "onednn", "bf16", None),
+    ("pytorch fp32", "pytorch", None, "fp32", None),
+    ("pytorch fp32 SkylakeX", "pytorch", None, "fp32", "SkylakeX"),
+    ("pytorch bf16", "pytorch", None, "bf16", None),
+]
+# The ratios the issue's goals are stated in (numerator, denominator).
+RATIOS = [
+    ("dpt onednn fp32", "pytorch fp32"),
+    ("dpt onednn fp32", "pytorch fp32 SkylakeX"),
+    ("dpt onednn fp32", "dpt openblas fp32"),
+    ("dpt openblas fp32", "pytorch fp32"),
+    ("dpt openblas fp32 SkylakeX", "pytorch fp32 SkylakeX"),
+    ("dpt onednn bf16", "pytorch bf16"),
+    ("dpt onednn bf16", "dpt onednn fp32"),
+]
 
 
-def run_torch(args, workload, tmp):
-    path = os.path.join(tmp, f"torch_{workload}.json")
-    cmd = [sys.executable, TORCH_SCRIPT, "--workload", workload, "--threads", "1", "--steps", str(args.steps),
-           "--warmup", str(args.steps // 3), "--json", path]
-    return run_and_load(f"pytorch {workload}", cmd, path)
+def config_env(core):
+    env = dict(os.environ)
+    if core:
+        env["OPENBLAS_CORETYPE"] = core
+    return env
+
+
+def run_config(args, workload, config, tmp):
+    name, engine, backend, precision, core = config
+    path = os.path.join(tmp, f"{workload}_{name.replace(' ', '_')}.json")
+    if engine == "dpt":
+        cmd = [args.dpt, "train", "--model", workload, "--threads", "1", "--steps", str(args.steps), "--synthetic",
+               "--gemm", backend, "--precision", precision, "--summary-out", path]
+    else:
+        cmd = [sys.executable, TORCH_SCRIPT, "--workload", workload, "--threads", "1", "--steps", str(args.steps),
+               "--warmup", str(args.steps // 3), "--precision", precision, "--json", path]
+    return run_and_load(f"{name} {workload}", cmd, path, env=config_env(core))
 
 
 def workloads(args):
-    result = {"steps": args.steps, "repeat": args.repeat,
+    configs = [c for c in CONFIGS if not (args.skip_torch and c[1] == "pytorch")]
+    result = {"steps": args.steps, "repeat": args.repeat, "threads": 1,
               "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"), "workloads": {}}
     for workload in args.workload:
         unit = UNIT[workload]
         rounds = []
         with tempfile.TemporaryDirectory(prefix="dpt_gemm_") as tmp:
             for r in range(args.repeat):
-                row = {b: run_dpt(args, workload, b, tmp) for b in BACKENDS}
-                if not args.skip_torch:
-                    row["pytorch"] = run_torch(args, workload, tmp)
+                row = {c[0]: run_config(args, workload, c, tmp) for c in configs}
                 rounds.append(row)
                 print(f"{workload} round {r + 1}: " +
                       ", ".join(f"{k} {v[unit]:.0f}" for k, v in row.items()), flush=True)
         names = list(rounds[0])
         med = {k: statistics.median(rd[k][unit] for rd in rounds) for k in names}
-        ratios = {f"{a}/{b}": statistics.median(rd[a][unit] / rd[b][unit] for rd in rounds)
-                  for a in BACKENDS for b in names if a != b}
-        mfu = {b: statistics.median(rd[b]["mfu"] for rd in rounds) for b in BACKENDS}
-        peak = {b: statistics.median(rd[b]["gemm_gflops"] for rd in rounds) for b in BACKENDS}
+        ratios = {f"{a} / {b}": statistics.median(rd[a][unit] / rd[b][unit] for rd in rounds)
+                  for a, b in RATIOS if a in names and b in names}
+        engine = [k for k in names if k.startswith("dpt")]
+        mfu = {k: statistics.median(rd[k]["mfu"] for rd in rounds) for k in engine}
+        peak = {k: statistics.median(rd[k]["gemm_gflops"] for rd in rounds) for k in engine}
         print(f"{workload} ({unit}, median of {args.repeat} rounds): " +
               ", ".join(f"{k} {v:.0f}" for k, v in med.items()))
-        print("  ratios: " + ", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
-        print("  measured GEMM peak GFLOP/s: " + ", ".join(f"{b} {peak[b]:.1f} (MFU {100 * mfu[b]:.0f}%)"
-                                                           for b in BACKENDS))
+        print("  ratios (median of the rounds' ratios): " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
+        print("  measured GEMM peak GFLOP/s: " + ", ".join(f"{k} {peak[k]:.1f} (MFU {100 * mfu[k]:.0f}%)"
+                                                           for k in engine))
         result["workloads"][workload] = {"unit": unit, "median": med, "ratios": ratios, "mfu": mfu,
                                          "gemm_peak_gflops": peak, "rounds": rounds}
     write_json(args.out or os.path.join(HERE, "results", "gemm_workloads.json"), result)
