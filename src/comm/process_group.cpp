@@ -73,6 +73,7 @@ struct ProcessGroup::Impl {
   std::unique_ptr<ShmSegment> shm;
   std::vector<std::unique_ptr<Peer>> peers;  // by rank; null for self
   std::unique_ptr<Ring> ring;
+  std::vector<int> ring_order;  // the rank at each ring position
 
   // The communication thread and its queue.
   std::thread thread;
@@ -141,10 +142,8 @@ void ProcessGroup::Impl::run() {
       pg->ledger_.add_op(ctx.op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       work->finish(nullptr);
     } catch (const CommError& e) {
-      // A child group's errors say which group (its rank numbers are its own).
-      broken = pg->name_ == "world"
-                   ? std::current_exception()
-                   : std::make_exception_ptr(CommError(fmt::format("{} group: {}", pg->name_, e.what())));
+      // Errors say which group (a child's rank numbers are its own).
+      broken = std::make_exception_ptr(CommError(fmt::format("{} group: {}", pg->name_, e.what())));
       work->finish(broken);
     } catch (...) {
       broken = std::current_exception();
@@ -177,6 +176,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
     ctx.bytes = bytes;
     ctx.timeout = timeout;
     ctx.deadline = std::chrono::steady_clock::now() + timeout;
+    ctx.hosts = &pg->hosts_;
     if (check) check_signature(ctx, sig);
     if (device == Device::CPU) return body(ctx, d);
     const cuda::Backend& cuda = cuda::backend();
@@ -279,8 +279,8 @@ void ProcessGroup::Impl::check_signature(const OpContext& ctx, const Signature& 
 void ProcessGroup::Impl::mpi_blocking(const OpContext& ctx, const char* call, const std::function<int()>& fn) {
   {
     std::lock_guard<std::mutex> lock(watch_mu);
-    watched = fmt::format("{} #{} of {} bytes ({}) timed out after {:.1f} s", ctx.op, ctx.seq, ctx.bytes, call,
-                          static_cast<double>(ctx.timeout.count()) / 1000.0);
+    watched = fmt::format("{} group: {} #{} of {} bytes ({}) timed out after {:.1f} s", pg->name_, ctx.op, ctx.seq,
+                          ctx.bytes, call, static_cast<double>(ctx.timeout.count()) / 1000.0);
     watched_deadline = ctx.deadline;
   }
   watch_cv.notify_all();
@@ -443,6 +443,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
     }
     raw[static_cast<size_t>(r)] = im.peers[static_cast<size_t>(r)].get();
   }
+  im.ring_order = rank_at;
   im.ring = std::make_unique<Ring>(rank, rank_at, raw, &pg->ledger_);
   im.thread = std::thread([&im] { im.run(); });
   if (config.algo == Algo::Mpi && n > 1) im.watchdog = std::thread([&im] { im.watch(); });
@@ -475,6 +476,22 @@ std::string ProcessGroup::transport_to(int peer) const {
   if (peer == rank_) return "self";
   if (peer < 0 || peer >= size_) throw InputError(fmt::format("rank {} is outside 0..{}", peer, size_ - 1));
   return impl_->peers[static_cast<size_t>(peer)]->kind();
+}
+
+std::vector<ProcessGroup::Link> ProcessGroup::ring_links() {
+  const std::vector<int>& order = impl_->ring_order;
+  const size_t n = order.size();
+  if (n < 2) return {};
+  // Each rank's link to the rank after it, gathered (1 shared memory, 2 MPI:
+  // small integers, exact in fp32).
+  const size_t pos = static_cast<size_t>(std::find(order.begin(), order.end(), rank_) - order.begin());
+  std::vector<float> kind(n, 0.0f);
+  kind[static_cast<size_t>(rank_)] = transport_to(order[(pos + 1) % n]) == "shm" ? 1.0f : 2.0f;
+  all_gather(kind.data(), n, DType::F32);
+  std::vector<Link> links;
+  for (size_t p = 0; p < n; ++p)
+    links.push_back({order[p], order[(p + 1) % n], kind[static_cast<size_t>(order[p])] == 1.0f ? "shm" : "mpi"});
+  return links;
 }
 
 namespace {
