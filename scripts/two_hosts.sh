@@ -82,6 +82,7 @@ case $cmd in
     sweep
     down "$name"
     mkdir -p "$state_root/$name"
+    trap 'down "$name"' ERR  # half made: leave nothing
     echo "${TWO_HOSTS_OWNER:-$PPID}" > "$state_root/$name/owner"
     ip netns add "$name-a"
     ip netns add "$name-b"

@@ -84,7 +84,8 @@ class ProcessGroup {
     std::string transport;
   };
   // Collective: every link of the ring, in ring order (empty for a world of
-  // one). Shows where shared memory and MPI are really used.
+  // one). Shows where shared memory and MPI are really used (under
+  // Algo::Mpi, by send and recv only: MPI's collectives pick their own paths).
   std::vector<Link> ring_links();
 
   std::shared_ptr<Work> all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op);

@@ -77,10 +77,9 @@ class TwoHosts : public ::testing::Test {
     write_text(dir_ / "text.txt");
     const RunResult up = sh(fmt::format("env TWO_HOSTS_OWNER={} {} up {}", ::getpid(), q(script()), name_), 30);
     ASSERT_EQ(up.code, 0) << up.all();
-    up_ = true;
   }
   void TearDown() override {
-    if (up_) {
+    if (!name_.empty()) {
       const RunResult down = sh(fmt::format("{} down {}", q(script()), name_), 30);
       EXPECT_EQ(down.code, 0) << down.all();
     }
@@ -185,9 +184,8 @@ class TwoHosts : public ::testing::Test {
     return false;
   }
 
-  std::string name_;
+  std::string name_;  // set once the hosts may exist
   fs::path dir_;
-  bool up_ = false;
 };
 
 TEST_F(TwoHosts, RingIsSharedMemoryInsideAHostAndMpiBetweenDdpEqualsOneProcess) {
