@@ -70,7 +70,9 @@ case $cmd in
     if ! err=$(ip netns add "$probe" 2>&1); then
       echo "two hosts need network namespaces: ip netns add failed: $err"; exit 77
     fi
+    err=$(ip link add veth0 netns "$probe" type veth peer name veth1 netns "$probe" 2>&1) || true
     ip netns delete "$probe"
+    if [[ -n $err ]]; then echo "two hosts need a veth pair: ip link add failed: $err"; exit 77; fi
     if ! err=$(unshare --uts true 2>&1); then
       echo "two hosts need UTS namespaces: unshare --uts failed: $err"; exit 77
     fi

@@ -173,6 +173,20 @@ class TwoHosts : public ::testing::Test {
     return pid;
   }
 
+  // The job's exit status, once it has ended; if it has not within limit_s
+  // (mpirun waiting for a daemon it cannot reach), after `down` ends it.
+  int finish(pid_t job_pid, double limit_s) {
+    const auto until = Clock::now() + std::chrono::duration<double>(limit_s);
+    int status = 0;
+    while (Clock::now() < until) {
+      if (::waitpid(job_pid, &status, WNOHANG) == job_pid) return status;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    sh(fmt::format("{} down {}", q(script()), name_), 30);
+    ::waitpid(job_pid, &status, 0);
+    return status;
+  }
+
   // Waits until the job's output shows a training step (the ranks are past
   // their setup and inside the step's collectives).
   bool wait_for_training(double limit_s) const {
@@ -234,8 +248,7 @@ TEST_F(TwoHosts, RankKilledOnOneHostEndsEveryRankWithin10s) {
   ASSERT_TRUE(wait_for_training(60)) << test::read_file(dir_ / "job.out");
   ASSERT_EQ(::kill(pids[3], SIGKILL), 0);  // rank 3, on host b
   const double s = seconds_until_gone(pids, 30);
-  int status = 0;
-  ::waitpid(job_pid, &status, 0);
+  const int status = finish(job_pid, 20);
   const std::string out = test::read_file(dir_ / "job.out");
   EXPECT_LE(s, 10.0) << out;
   EXPECT_NE(status, 0) << out;
@@ -273,10 +286,8 @@ TEST_F(TwoHosts, CutLinkEndsEveryRankWithinTheTimeoutPlus5s) {
     std::printf("%s", err.c_str());
   }
   EXPECT_GE(timed_out, 1) << "no rank timed out: the cut was not what ended the job";
-  // mpirun cannot reach host b's daemon any more; `down` (TearDown) ends it.
-  sh(fmt::format("{} down {}", q(script()), name_), 30);
-  int status = 0;
-  ::waitpid(job_pid, &status, 0);
+  // mpirun cannot reach host b's daemon any more: `down` ends it.
+  finish(job_pid, 0);
   std::printf("every rank ended %.2f s after the link was cut (timeout 5 s)\n", s);
 }
 
