@@ -4,7 +4,8 @@
 // reaches the second host through the script instead of ssh.
 //
 //   - the ring runs over shared memory inside a host and MPI between them;
-//   - DDP and HSDP equal one process, and HSDP's shard group is the host;
+//   - DDP and HSDP equal one process, and HSDP's shard group is the host
+//     (refused when mpirun places ranks round robin, which the ring follows);
 //   - a rank killed on one host ends every rank within 10 s, and the output
 //     names the dead rank;
 //   - a cut link ends every rank within the collective timeout (5 s) + 5 s,
@@ -107,13 +108,30 @@ class TwoHosts : public ::testing::Test {
   // dir_/pid.<rank> and, with own_stderr, sends its stderr to dir_/err.<rank>
   // (a rank on host b cannot forward its output once the link is cut).
   std::string job(const std::string& args, const std::string& env = "", bool own_stderr = false) const {
-    const std::string d = dir_.string();
-    std::ofstream(dir_ / "rank.sh") << fmt::format(
-        "echo $$ > {}/pid.$OMPI_COMM_WORLD_RANK\nexec {} train {}{}\n", q(d), q(dpt_bin()), args,
-        own_stderr ? fmt::format(" 2> {}/err.$OMPI_COMM_WORLD_RANK", q(d)) : "");
-    return fmt::format("env -u DPT_COMM_ALGO -u DPT_COMM_TRANSPORT -u DPT_COMM_CHECK -u OMP_NUM_THREADS {} "
-                       "{} run {} -- {} launch -n 4 --hostfile \"$({} hostfile {})\" -- sh {}",
-                       env, q(script()), name_, q(dpt_bin()), q(script()), name_, q(dir_ / "rank.sh"));
+    return on_hosts(fmt::format("{} launch -n 4 --hostfile \"$({} hostfile {})\" -- sh {}", q(dpt_bin()),
+                                q(script()), name_, q(rank_script(args, own_stderr))),
+                    env);
+  }
+
+  // The same by plain mpirun placing ranks round robin (--map-by node):
+  // ranks 0 and 2 on host a, 1 and 3 on host b.
+  std::string round_robin_job(const std::string& args) const {
+    return on_hosts(fmt::format("mpirun -n 4 --allow-run-as-root --hostfile \"$({} hostfile {})\" --map-by node "
+                                "--bind-to none -x OMP_NUM_THREADS=1 sh {}",
+                                q(script()), name_, q(rank_script(args, false))));
+  }
+
+  std::string on_hosts(const std::string& launch, const std::string& env = "") const {
+    return fmt::format("env -u DPT_COMM_ALGO -u DPT_COMM_TRANSPORT -u DPT_COMM_CHECK -u OMP_NUM_THREADS {} {} run {} -- {}",
+                       env, q(script()), name_, launch);
+  }
+
+  fs::path rank_script(const std::string& args, bool own_stderr) const {
+    const fs::path file = dir_ / "rank.sh";
+    std::ofstream(file) << fmt::format("echo $$ > {}/pid.$OMPI_COMM_WORLD_RANK\nexec {} train {}{}\n",
+                                       q(dir_), q(dpt_bin()), args,
+                                       own_stderr ? fmt::format(" 2> {}/err.$OMPI_COMM_WORLD_RANK", q(dir_)) : "");
+    return file;
   }
 
   // Trains on one process with the same global batch and saves to `file`.
@@ -238,6 +256,27 @@ TEST_F(TwoHosts, HsdpShardGroupIsTheHostAndEqualsOneProcess) {
   EXPECT_EQ(summary.at("hsdp").at("shard_group"), 2) << summary.dump();
   EXPECT_EQ(summary.at("hsdp").at("replicas"), 2) << summary.dump();
   expect_same_weights(dir_ / "hsdp.safetensors", dir_ / "one.safetensors");
+}
+
+TEST_F(TwoHosts, RanksPlacedRoundRobinRingFollowsHostsHsdpDefaultRefused) {
+  const std::string args = fmt::format("{} --batch 8 --steps 1", model());
+  RunResult r = sh(round_robin_job(fmt::format("{} --strategy ddp --summary-out {}", args, q(dir_ / "ddp.json"))), 120);
+  ASSERT_EQ(r.code, 0) << r.all();
+  // The ring orders ranks by host: 0 -> 2 inside a, 2 -> 1 across, 1 -> 3
+  // inside b, 3 -> 0 across.
+  const nlohmann::json want = nlohmann::json::parse(R"([
+    {"from": 0, "to": 2, "transport": "shm"}, {"from": 2, "to": 1, "transport": "mpi"},
+    {"from": 1, "to": 3, "transport": "shm"}, {"from": 3, "to": 0, "transport": "mpi"}])");
+  const nlohmann::json summary = nlohmann::json::parse(test::read_file(dir_ / "ddp.json"));
+  EXPECT_EQ(summary.at("topology").at("ring"), want) << summary.at("topology").dump();
+  // Shard groups are consecutive ranks: here {0, 1} would span both hosts.
+  r = sh(round_robin_job(fmt::format("{} --strategy hsdp", args)), 120);
+  EXPECT_NE(r.code, 0) << r.all();
+  EXPECT_NE(r.all().find(fmt::format("error: hsdp's default shard group is the ranks of one host, but ranks 0-1 "
+                                     "span hosts {}-a and {}-b",
+                                     name_, name_)),
+            std::string::npos)
+      << r.all();
 }
 
 TEST_F(TwoHosts, RankKilledOnOneHostEndsEveryRankWithin10s) {
