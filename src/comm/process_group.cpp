@@ -395,7 +395,12 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
   if (config.transport == Transport::Shm && static_cast<int>(local.size()) != n)
     throw InputError("--transport shm needs every rank on one host; use auto to add MPI between hosts");
   const bool use_shm = n > 1 && config.transport != Transport::Mpi && local.size() > 1;
-  if (use_shm) {
+  // The setup is collective over the whole group: a rank alone on its host
+  // (hosts of 3 ranks and 1) maps nothing but still joins the broadcast and
+  // the barriers, or the others wait for it forever.
+  bool any_shared = false;
+  for (const std::string& h : pg->hosts_) any_shared |= std::count(pg->hosts_.begin(), pg->hosts_.end(), h) > 1;
+  if (n > 1 && config.transport != Transport::Mpi && any_shared) {
     // A name unique to this job and group: rank 0's pid and a random tag.
     // The count is rank 0's: ranks create different numbers of groups that
     // need shared memory (a group of one needs none), so only the
@@ -410,7 +415,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
     const std::string name = fmt::format("/dpt-{}-{:x}-{}-{}", tag[0], tag[1] & 0xffffff, tag[2], local.front());
     const int lc = static_cast<int>(local.size());
     std::string error;
-    if (local_index == 0) {
+    if (use_shm && local_index == 0) {
       try {
         im.shm = ShmSegment::create(name, lc);
       } catch (const CommError& e) {
@@ -421,14 +426,14 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
       std::lock_guard<std::mutex> lock(mpi_mutex());
       MPI_Barrier(im.comm);
     }
-    if (local_index != 0 && error.empty()) im.shm = ShmSegment::open(name, lc);
+    if (use_shm && local_index != 0 && error.empty()) im.shm = ShmSegment::open(name, lc);
     {
       std::lock_guard<std::mutex> lock(mpi_mutex());
       MPI_Barrier(im.comm);  // everyone mapped: the name can go
     }
     if (local_index == 0 && im.shm) im.shm->unlink();
     if (!error.empty()) throw CommError(error);
-    im.shm->set_pid(local_index, ::getpid());
+    if (use_shm) im.shm->set_pid(local_index, ::getpid());
   }
   im.peers.resize(static_cast<size_t>(n));
   std::vector<Peer*> raw(static_cast<size_t>(n), nullptr);

@@ -279,6 +279,32 @@ TEST_F(TwoHosts, RanksPlacedRoundRobinRingFollowsHostsHsdpDefaultRefused) {
       << r.all();
 }
 
+// 3 ranks on host a, 1 on b. The rank alone on its host maps no shared
+// memory but must still join the group's setup (it once skipped it, and
+// the other three waited for it forever).
+TEST_F(TwoHosts, HostsOfDifferentSizesTrainDdpAndRefuseHsdpsDefault) {
+  std::ofstream(dir_ / "uneven") << "10.213.0.1 slots=3\n10.213.0.2 slots=1\n";
+  const auto uneven = [&](const std::string& args) {
+    return on_hosts(fmt::format("{} launch -n 4 --hostfile {} -- sh {}", q(dpt_bin()), q(dir_ / "uneven"),
+                                q(rank_script(fmt::format("{} --batch 8 --steps 3 {}", model(), args), false))));
+  };
+  one_process(fmt::format("{} --batch 8 --steps 3", model()), dir_ / "one.safetensors");
+  RunResult r = sh(uneven(fmt::format("--strategy ddp --save {}", q(dir_ / "ddp.safetensors"))), 120);
+  ASSERT_EQ(r.code, 0) << r.all();
+  EXPECT_NE(r.out.find(fmt::format("ranks on 2 hosts ({0}-a: 3, {0}-b: 1); ring links: 2 shared memory, 2 MPI",
+                                   name_)),
+            std::string::npos)
+      << r.out;
+  expect_same_weights(dir_ / "ddp.safetensors", dir_ / "one.safetensors");
+  r = sh(uneven("--strategy hsdp"), 120);
+  EXPECT_NE(r.code, 0) << r.all();
+  EXPECT_NE(r.all().find(fmt::format("error: hsdp's default shard group is the ranks of one host, but host {0}-a "
+                                     "has 3 and host {0}-b has 1: give --shard-group",
+                                     name_)),
+            std::string::npos)
+      << r.all();
+}
+
 TEST_F(TwoHosts, RankKilledOnOneHostEndsEveryRankWithin10s) {
   const pid_t job_pid = start(job(fmt::format("{} --batch 8 --steps 100000 --log-every 1", model()),
                                   "DPT_COMM_TIMEOUT=60"));
