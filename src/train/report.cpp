@@ -112,7 +112,8 @@ std::string topology_line(const nlohmann::json& topology) {
       ++it->second;
   }
   std::string line = fmt::format("ranks on {} host{} (", hosts.size(), hosts.size() == 1 ? "" : "s");
-  for (size_t i = 0; i < hosts.size(); ++i) line += fmt::format("{}{}: {}", i ? ", " : "", hosts[i].first, hosts[i].second);
+  for (size_t i = 0; i < hosts.size(); ++i)
+    line += fmt::format("{}{}: {}", i ? ", " : "", hosts[i].first, hosts[i].second);
   int shm = 0, mpi = 0;
   for (const auto& l : topology.at("ring")) ++(l.at("transport") == "shm" ? shm : mpi);
   return line + fmt::format("); ring links: {} shared memory, {} MPI", shm, mpi);

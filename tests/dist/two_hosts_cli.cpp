@@ -5,7 +5,8 @@
 //
 //   - the ring runs over shared memory inside a host and MPI between them;
 //   - DDP and HSDP equal one process, and HSDP's shard group is the host
-//     (refused when mpirun places ranks round robin, which the ring follows);
+//     (refused when mpirun places ranks round robin, which the ring
+//     follows, or when hosts hold 3 ranks and 1, where DDP still trains);
 //   - a rank killed on one host ends every rank within 10 s, and the output
 //     names the dead rank;
 //   - a cut link ends every rank within the collective timeout (5 s) + 5 s,
@@ -24,8 +25,8 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
-#include <regex>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -121,11 +122,15 @@ class TwoHosts : public ::testing::Test {
                                 q(script()), name_, q(rank_script(args, false))));
   }
 
+  // `launch` started on host a, with the engine's settings from the
+  // environment removed and `env` (NAME=value ...) added.
   std::string on_hosts(const std::string& launch, const std::string& env = "") const {
-    return fmt::format("env -u DPT_COMM_ALGO -u DPT_COMM_TRANSPORT -u DPT_COMM_CHECK -u OMP_NUM_THREADS {} {} run {} -- {}",
+    return fmt::format("env -u DPT_COMM_ALGO -u DPT_COMM_TRANSPORT -u DPT_COMM_CHECK -u OMP_NUM_THREADS {} "
+                       "{} run {} -- {}",
                        env, q(script()), name_, launch);
   }
 
+  // Writes dir_/rank.sh, what every rank runs (see job), and returns its path.
   fs::path rank_script(const std::string& args, bool own_stderr) const {
     const fs::path file = dir_ / "rank.sh";
     std::ofstream(file) << fmt::format("echo $$ > {}/pid.$OMPI_COMM_WORLD_RANK\nexec {} train {}{}\n",
