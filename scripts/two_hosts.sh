@@ -30,7 +30,7 @@ set -euo pipefail
 state_root=/run/dpt-two-hosts
 addr_a=10.213.0.1 addr_b=10.213.0.2
 
-ns_exists() { ip netns list 2>/dev/null | awk '{print $1}' | grep -qxF "$1"; }
+ns_exists() { ip netns list 2>/dev/null | awk -v n="$1" '$1 == n { found = 1 } END { exit !found }'; }
 die() { echo "two_hosts.sh: $*" >&2; exit 1; }
 check_name() { [[ ${1:-} =~ ^[A-Za-z0-9-]{1,40}$ ]] || die "bad or missing host pair name '${1:-}'"; }
 
