@@ -50,6 +50,8 @@ down() {
     done
   done
   rm -rf "${state_root:?}/$1"
+  # Open MPI's session directories, named after the host.
+  rm -rf "${TMPDIR:-/tmp}/ompi.$1-a."* "${TMPDIR:-/tmp}/ompi.$1-b."*
 }
 
 # Hosts left by a run that was killed before its `down`.
