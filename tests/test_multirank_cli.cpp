@@ -448,7 +448,7 @@ TEST_F(MultirankCliTest, RankKilledMidTrainingEndsTheJob) {
   EXPECT_NE(r.code, 0) << out;
   EXPECT_LT(r.seconds, 60.0) << "a hang, ended by timeout:\n" << out;
   EXPECT_TRUE(has(out, "rank 1 has exited") || has(out, "timed out")) << out;
-  EXPECT_TRUE(has(out, "dpt[rank 0]: error: all_reduce #")) << out;
+  EXPECT_TRUE(has(out, "dpt[rank 0]: error: world group: all_reduce #")) << out;
 }
 
 }  // namespace

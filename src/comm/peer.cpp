@@ -41,6 +41,11 @@ void combine_bytes(void* dst, const void* src, size_t n, Combine c) {
   }
 }
 
+std::string peer_name(const OpContext& ctx, int rank) {
+  if (!ctx.hosts || rank < 0 || static_cast<size_t>(rank) >= ctx.hosts->size()) return fmt::format("rank {}", rank);
+  return fmt::format("rank {} (host {})", rank, (*ctx.hosts)[static_cast<size_t>(rank)]);
+}
+
 void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size_t send_bytes,
               Peer* from, int from_rank, void* dst, size_t recv_bytes, Combine c) {
   bool sent = to == nullptr, received = from == nullptr;
@@ -55,16 +60,22 @@ void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size
   auto last_health = std::chrono::steady_clock::now();
   while (!(sent && received)) {
     bool moved = false;
-    if (!sent) {
-      const Transfer p = to->progress_send();
-      sent = p == Transfer::Done;
+    // A transport's own failure (MPI's, when a connection breaks) names
+    // only its call: say which operation and which peer it hit.
+    auto progress = [&](bool& done, int peer_rank, auto&& step) {
+      if (done) return;
+      Transfer p = Transfer::Idle;
+      try {
+        p = step();
+      } catch (const CommError& e) {
+        throw CommError(fmt::format("{} #{} of {} bytes failed with {}: {}", ctx.op, ctx.seq, ctx.bytes,
+                                    peer_name(ctx, peer_rank), e.what()));
+      }
+      done = p == Transfer::Done;
       moved |= p != Transfer::Idle;
-    }
-    if (!received) {
-      const Transfer p = from->progress_recv();
-      received = p == Transfer::Done;
-      moved |= p != Transfer::Idle;
-    }
+    };
+    progress(sent, to_rank, [&] { return to->progress_send(); });
+    progress(received, from_rank, [&] { return from->progress_recv(); });
     if (moved) {
       idle = 0;
       continue;
@@ -84,15 +95,17 @@ void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size
       int peer_rank = !received ? from_rank : to_rank;
       if (now - last_health > std::chrono::milliseconds(100)) {
         last_health = now;
+        // (Only shared-memory peers can tell: the peer is on this host.)
         if (!waiting_on->alive())
           throw CommError(fmt::format("{} #{} of {} bytes failed: rank {} has exited", ctx.op,
                                       ctx.seq, ctx.bytes, peer_rank));
       }
       if (now > ctx.deadline)
         throw CommError(fmt::format(
-            "{} #{} of {} bytes timed out after {:.1f} s waiting for rank {} (dead, or not issuing "
-            "the same collective)",
-            ctx.op, ctx.seq, ctx.bytes, static_cast<double>(ctx.timeout.count()) / 1000.0, peer_rank));
+            "{} #{} of {} bytes timed out after {:.1f} s waiting for {} (dead, unreachable, or not "
+            "issuing the same collective)",
+            ctx.op, ctx.seq, ctx.bytes, static_cast<double>(ctx.timeout.count()) / 1000.0,
+            peer_name(ctx, peer_rank)));
     }
   }
 }

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dpt::comm {
 
@@ -49,13 +50,19 @@ struct OpContext {
   size_t bytes = 0;
   std::chrono::steady_clock::time_point deadline;
   std::chrono::milliseconds timeout{0};
+  // The group's host name per rank, so an error can say where a peer runs
+  // (across hosts, "rank 2" alone does not say which machine to look at).
+  const std::vector<std::string>* hosts = nullptr;
 };
+
+// "rank 2 (host b)", or "rank 2" where ctx knows no hosts.
+std::string peer_name(const OpContext& ctx, int rank);
 
 // Sends [src, src + send_bytes) to `to` while receiving recv_bytes from
 // `from` into dst, progressing both together (so a ring of ranks all sending
 // first cannot deadlock on full buffers). Either side may be null or empty.
-// Throws CommError naming ctx's operation when a peer dies or the deadline
-// passes.
+// Throws CommError naming ctx's operation and the peer when a peer dies, its
+// transport fails or the deadline passes.
 void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size_t send_bytes,
               Peer* from, int from_rank, void* dst, size_t recv_bytes, Combine c);
 

@@ -73,6 +73,7 @@ struct ProcessGroup::Impl {
   std::unique_ptr<ShmSegment> shm;
   std::vector<std::unique_ptr<Peer>> peers;  // by rank; null for self
   std::unique_ptr<Ring> ring;
+  std::vector<int> ring_order;  // the rank at each ring position
 
   // The communication thread and its queue.
   std::thread thread;
@@ -141,10 +142,8 @@ void ProcessGroup::Impl::run() {
       pg->ledger_.add_op(ctx.op, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       work->finish(nullptr);
     } catch (const CommError& e) {
-      // A child group's errors say which group (its rank numbers are its own).
-      broken = pg->name_ == "world"
-                   ? std::current_exception()
-                   : std::make_exception_ptr(CommError(fmt::format("{} group: {}", pg->name_, e.what())));
+      // Errors say which group (a child's rank numbers are its own).
+      broken = std::make_exception_ptr(CommError(fmt::format("{} group: {}", pg->name_, e.what())));
       work->finish(broken);
     } catch (...) {
       broken = std::current_exception();
@@ -177,6 +176,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
     ctx.bytes = bytes;
     ctx.timeout = timeout;
     ctx.deadline = std::chrono::steady_clock::now() + timeout;
+    ctx.hosts = &pg->hosts_;
     if (check) check_signature(ctx, sig);
     if (device == Device::CPU) return body(ctx, d);
     const cuda::Backend& cuda = cuda::backend();
@@ -279,8 +279,8 @@ void ProcessGroup::Impl::check_signature(const OpContext& ctx, const Signature& 
 void ProcessGroup::Impl::mpi_blocking(const OpContext& ctx, const char* call, const std::function<int()>& fn) {
   {
     std::lock_guard<std::mutex> lock(watch_mu);
-    watched = fmt::format("{} #{} of {} bytes ({}) timed out after {:.1f} s", ctx.op, ctx.seq, ctx.bytes, call,
-                          static_cast<double>(ctx.timeout.count()) / 1000.0);
+    watched = fmt::format("{} group: {} #{} of {} bytes ({}) timed out after {:.1f} s", pg->name_, ctx.op, ctx.seq,
+                          ctx.bytes, call, static_cast<double>(ctx.timeout.count()) / 1000.0);
     watched_deadline = ctx.deadline;
   }
   watch_cv.notify_all();
@@ -395,7 +395,12 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
   if (config.transport == Transport::Shm && static_cast<int>(local.size()) != n)
     throw InputError("--transport shm needs every rank on one host; use auto to add MPI between hosts");
   const bool use_shm = n > 1 && config.transport != Transport::Mpi && local.size() > 1;
-  if (use_shm) {
+  // The setup is collective over the whole group: a rank alone on its host
+  // (hosts of 3 ranks and 1) maps nothing but still joins the broadcast and
+  // the barriers, or the others wait for it forever.
+  bool any_shared = false;
+  for (const std::string& h : pg->hosts_) any_shared |= std::count(pg->hosts_.begin(), pg->hosts_.end(), h) > 1;
+  if (n > 1 && config.transport != Transport::Mpi && any_shared) {
     // A name unique to this job and group: rank 0's pid and a random tag.
     // The count is rank 0's: ranks create different numbers of groups that
     // need shared memory (a group of one needs none), so only the
@@ -410,7 +415,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
     const std::string name = fmt::format("/dpt-{}-{:x}-{}-{}", tag[0], tag[1] & 0xffffff, tag[2], local.front());
     const int lc = static_cast<int>(local.size());
     std::string error;
-    if (local_index == 0) {
+    if (use_shm && local_index == 0) {
       try {
         im.shm = ShmSegment::create(name, lc);
       } catch (const CommError& e) {
@@ -421,14 +426,14 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
       std::lock_guard<std::mutex> lock(mpi_mutex());
       MPI_Barrier(im.comm);
     }
-    if (local_index != 0 && error.empty()) im.shm = ShmSegment::open(name, lc);
+    if (use_shm && local_index != 0 && error.empty()) im.shm = ShmSegment::open(name, lc);
     {
       std::lock_guard<std::mutex> lock(mpi_mutex());
       MPI_Barrier(im.comm);  // everyone mapped: the name can go
     }
     if (local_index == 0 && im.shm) im.shm->unlink();
     if (!error.empty()) throw CommError(error);
-    im.shm->set_pid(local_index, ::getpid());
+    if (use_shm) im.shm->set_pid(local_index, ::getpid());
   }
   im.peers.resize(static_cast<size_t>(n));
   std::vector<Peer*> raw(static_cast<size_t>(n), nullptr);
@@ -443,6 +448,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
     }
     raw[static_cast<size_t>(r)] = im.peers[static_cast<size_t>(r)].get();
   }
+  im.ring_order = rank_at;
   im.ring = std::make_unique<Ring>(rank, rank_at, raw, &pg->ledger_);
   im.thread = std::thread([&im] { im.run(); });
   if (config.algo == Algo::Mpi && n > 1) im.watchdog = std::thread([&im] { im.watch(); });
@@ -475,6 +481,22 @@ std::string ProcessGroup::transport_to(int peer) const {
   if (peer == rank_) return "self";
   if (peer < 0 || peer >= size_) throw InputError(fmt::format("rank {} is outside 0..{}", peer, size_ - 1));
   return impl_->peers[static_cast<size_t>(peer)]->kind();
+}
+
+std::vector<ProcessGroup::Link> ProcessGroup::ring_links() {
+  const std::vector<int>& order = impl_->ring_order;
+  const size_t n = order.size();
+  if (n < 2) return {};
+  // Each rank's link to the rank after it, gathered (1 shared memory, 2 MPI:
+  // small integers, exact in fp32).
+  const size_t pos = static_cast<size_t>(std::find(order.begin(), order.end(), rank_) - order.begin());
+  std::vector<float> kind(n, 0.0f);
+  kind[static_cast<size_t>(rank_)] = transport_to(order[(pos + 1) % n]) == "shm" ? 1.0f : 2.0f;
+  all_gather(kind.data(), n, DType::F32);
+  std::vector<Link> links;
+  for (size_t p = 0; p < n; ++p)
+    links.push_back({order[p], order[(p + 1) % n], kind[static_cast<size_t>(order[p])] == 1.0f ? "shm" : "mpi"});
+  return links;
 }
 
 namespace {

@@ -77,6 +77,16 @@ class ProcessGroup {
   const Config& config() const { return config_; }
   // The transport actually used to reach `peer` ("shm", "mpi", "self").
   std::string transport_to(int peer) const;
+  // One link of the ring: the rank at a ring position, the rank after it,
+  // and the transport between them as `from` uses it.
+  struct Link {
+    int from, to;
+    std::string transport;
+  };
+  // Collective: every link of the ring, in ring order (empty for a world of
+  // one). Shows where shared memory and MPI are really used (under
+  // Algo::Mpi, by send and recv only: MPI's collectives pick their own paths).
+  std::vector<Link> ring_links();
 
   std::shared_ptr<Work> all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op);
   std::shared_ptr<Work> reduce_scatter_async(void* data, size_t count, DType dtype, ReduceOp op);

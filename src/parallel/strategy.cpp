@@ -1,6 +1,8 @@
 #include "parallel/strategy.h"
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "parallel/rank_bytes.h"
@@ -43,12 +45,31 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& m
       fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3, fsdp or hsdp)", options.name));
 }
 
-int shard_group_size(const StrategyOptions& options, const comm::ProcessGroup& pg) {
-  int s = options.shard_group;
-  if (s <= 0) {
-    const std::string& mine = pg.hosts()[static_cast<size_t>(pg.rank())];
-    s = static_cast<int>(std::count(pg.hosts().begin(), pg.hosts().end(), mine));
+namespace {
+// The ranks of one host, when every host holds the same number of
+// consecutive ranks (shard groups are consecutive ranks). Decided from the
+// host list every rank holds alike, so every rank accepts or refuses alike.
+int ranks_per_host(const std::vector<std::string>& hosts) {
+  const auto on = [&](const std::string& h) { return static_cast<int>(std::count(hosts.begin(), hosts.end(), h)); };
+  const int s = on(hosts.front());
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    if (on(hosts[r]) != s)
+      throw InputError(fmt::format("hsdp's default shard group is the ranks of one host, but host {} has {} and "
+                                   "host {} has {}: give --shard-group",
+                                   hosts.front(), s, hosts[r], on(hosts[r])));
+    const size_t first = r - r % static_cast<size_t>(s);  // of r's would-be shard group
+    if (hosts[r] != hosts[first])
+      throw InputError(fmt::format("hsdp's default shard group is the ranks of one host, but ranks {}-{} span "
+                                   "hosts {} and {}: place ranks host by host (mpirun's default, --map-by slot) "
+                                   "or give --shard-group",
+                                   first, first + static_cast<size_t>(s) - 1, hosts[first], hosts[r]));
   }
+  return s;
+}
+}  // namespace
+
+int shard_group_size(const StrategyOptions& options, const comm::ProcessGroup& pg) {
+  const int s = options.shard_group > 0 ? options.shard_group : ranks_per_host(pg.hosts());
   if (pg.size() % s != 0)
     throw InputError(fmt::format("--shard-group {} does not divide the {} data-parallel ranks", s, pg.size()));
   return s;

@@ -163,8 +163,10 @@ struct StrategyInit {
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init);
 
-// hsdp's shard group size on `pg`: options.shard_group, or the ranks on this
-// rank's host when 0. Throws InputError when it does not divide the ranks.
+// hsdp's shard group size on `pg`: options.shard_group, or, when 0, the
+// ranks of one host (refused unless every host holds as many, consecutive
+// ranks, as mpirun places them by default). Throws InputError when it does
+// not divide the ranks.
 int shard_group_size(const StrategyOptions& options, const comm::ProcessGroup& pg);
 
 // The strategy a run gets when none is named: ddp on several ranks, local

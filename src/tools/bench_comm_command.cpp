@@ -265,8 +265,13 @@ int BenchCommCommand::run() {
     if (buf.empty()) buf.resize(max_count);  // zeroing faults the pages in
     is_root = rank == 0;
     hosts = pg->hosts();
-    const std::string transport =
-        config.algo == comm::Algo::Mpi ? "mpi" : (n > 1 ? pg->transport_to((rank + 1) % n) : "self");
+    // What the ring's links use: "shm+mpi" across hosts (collective).
+    std::string transport = config.algo == comm::Algo::Mpi ? "mpi" : (n > 1 ? "" : "self");
+    if (transport.empty()) {
+      bool shm = false, mpi = false;
+      for (const ProcessGroup::Link& l : pg->ring_links()) (l.transport == "shm" ? shm : mpi) = true;
+      transport = shm && mpi ? "shm+mpi" : shm ? "shm" : "mpi";
+    }
 
     if (is_root && a == 0) {
       std::printf("# dpt bench comm: %d rank%s on", n, n == 1 ? "" : "s");

@@ -93,6 +93,32 @@ void Report::print_offload() const {
               d["written_bytes"].get<double>() / steps * kMiB, d["wait_s"].get<double>() / steps);
 }
 
+nlohmann::json topology_json(comm::ProcessGroup& pg) {
+  nlohmann::json ring = nlohmann::json::array();
+  for (const comm::ProcessGroup::Link& l : pg.ring_links())
+    ring.push_back({{"from", l.from}, {"to", l.to}, {"transport", l.transport}});
+  return {{"hosts", pg.hosts()}, {"ring", ring}};
+}
+
+std::string topology_line(const nlohmann::json& topology) {
+  // Hosts in order of their first rank, with their rank counts.
+  std::vector<std::pair<std::string, int>> hosts;
+  for (const auto& h : topology.at("hosts")) {
+    const std::string name = h.get<std::string>();
+    auto it = std::find_if(hosts.begin(), hosts.end(), [&](const auto& e) { return e.first == name; });
+    if (it == hosts.end())
+      hosts.emplace_back(name, 1);
+    else
+      ++it->second;
+  }
+  std::string line = fmt::format("ranks on {} host{} (", hosts.size(), hosts.size() == 1 ? "" : "s");
+  for (size_t i = 0; i < hosts.size(); ++i)
+    line += fmt::format("{}{}: {}", i ? ", " : "", hosts[i].first, hosts[i].second);
+  int shm = 0, mpi = 0;
+  for (const auto& l : topology.at("ring")) ++(l.at("transport") == "shm" ? shm : mpi);
+  return line + fmt::format("); ring links: {} shared memory, {} MPI", shm, mpi);
+}
+
 nlohmann::json Report::json() const {
   using nlohmann::json;
   const TrainOptions& o = options;
@@ -117,6 +143,7 @@ nlohmann::json Report::json() const {
                        {"gathered", m.gathered}, {"scratch", m.scratch}, {"activations", r.activation_bytes},
                        {"offloaded", m.offloaded}, {"peak_rss", r.peak_rss}}},
             {"strategy_detail", strategy.describe()}};
+  if (!r.topology.is_null()) j["topology"] = r.topology;
   if (r.scaling_efficiency > 0) j["scaling_efficiency"] = r.scaling_efficiency;
   j["device"] = device_name(o.device);
   if (o.device != Device::CPU) {

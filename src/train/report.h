@@ -40,4 +40,11 @@ struct Report {
   void print_offload() const;
 };
 
+// Collective: each rank's host and every link of the group's ring with its
+// transport: {"hosts": [...], "ring": [{"from", "to", "transport"}, ...]}.
+nlohmann::json topology_json(comm::ProcessGroup& pg);
+// The header's line for it: "ranks on 2 hosts (a: 2, b: 2); ring links: 2
+// shared memory, 2 MPI".
+std::string topology_line(const nlohmann::json& topology);
+
 }  // namespace dpt

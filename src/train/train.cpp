@@ -216,7 +216,7 @@ class StepTimes {
 };
 
 void print_header(const TrainOptions& o, const Model& model, const Strategy& strategy, int world, int64_t micro,
-                  int64_t steps, bool evaluable) {
+                  int64_t steps, bool evaluable, const nlohmann::json& topology) {
   std::printf("dpt train: %s, %zu parameters, %s, %s%s on %d rank%s, global batch %lld (%lld per rank%s), "
               "%lld steps, %d thread%s per rank\n",
               o.model.c_str(), model.param_count(), o.optimizer.name.c_str(), o.strategy.c_str(),
@@ -224,7 +224,7 @@ void print_header(const TrainOptions& o, const Model& model, const Strategy& str
               world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / world),
               o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
               static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
-  if (world > 1) std::printf("%s\n", strategy.describe().c_str());
+  if (world > 1) std::printf("%s\n%s\n", strategy.describe().c_str(), topology_line(topology).c_str());
   if (!o.synthetic && !evaluable) std::printf("no held-out text (--val-fraction 0): evaluation is skipped\n");
 }
 
@@ -621,6 +621,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const int64_t steps = data.steps(o);
   o.schedule.total_steps = steps;
   TrainResult r;
+  if (world > 1) r.topology = topology_json(pg);
   const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps, r) : 0;
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
@@ -632,7 +633,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (lead && !o.metrics_out.empty()) metrics = std::make_unique<MetricsFile>(o.metrics_out, saved ? start : -1);
   const bool quiet = o.quiet || !lead;
   Progress progress(steps, quiet, mlp ? "samples/s" : "tokens/s");
-  if (!quiet) print_header(o, *model, *strategy, world, micro, steps, data.evaluable());
+  if (!quiet) print_header(o, *model, *strategy, world, micro, steps, data.evaluable(), r.topology);
 
   Batch batch;
   StepTimes times(steps - start);

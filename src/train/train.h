@@ -122,6 +122,8 @@ struct TrainResult {
   size_t peak_rss = 0;
   MemoryBytes memory;          // this rank, as the strategy accounts it
   size_t activation_bytes = 0; // this rank's activation arena
+  // Where the ranks ran and how the ring joined them (topology_json).
+  nlohmann::json topology;
 };
 
 // Writes a run's summary JSON `j` (atomically) after adding the fields every
