@@ -49,6 +49,15 @@ struct TrainOptions {
   bool reshard_after_forward = true;  // zero3
   std::string prefetch = "both";      // zero3: none, forward, backward, both
   int shard_group = 0;                // hsdp: ranks per shard group (0: one host's)
+  // The mesh (parallel/mesh.h): tensor- and pipeline-parallel degrees; the
+  // data-parallel degree is what is left of the world. Pipeline stages run
+  // their grad_accum micro-batches (--micro-batches) in pp_schedule's order
+  // (gpipe or 1f1b), with blocks per stage from pp_split ("2,1,1"; empty:
+  // balanced by parameters). docs/pipeline.md.
+  int tp = 1;
+  int pp = 1;
+  std::string pp_schedule = "1f1b";
+  std::string pp_split;
   // Bytes the ranks on this host may use together; 0: the host's available
   // memory (MemAvailable). A run whose estimate exceeds it is refused.
   size_t memory_budget = 0;
