@@ -272,7 +272,9 @@ double log_step_out(comm::ProcessGroup& pg, Progress& progress, MetricsFile* met
   if (!std::isfinite(s.grad_norm))
     throw InputError(fmt::format("training diverged: gradient norm is {} at step {}", s.grad_norm, s.step));
   double loss = s.loss;
-  if (pg.size() > 1) {  // the loss of the global batch: the mean of the ranks'
+  // The loss of the global batch: the mean of the replicas' (pg is the
+  // data-parallel group; every stage of a pipeline holds its replica's loss).
+  if (pg.size() > 1) {
     float l = static_cast<float>(loss);
     pg.all_reduce(&l, 1, DType::F32, comm::ReduceOp::Avg);
     loss = l;
@@ -673,7 +675,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < steps) ev = evaluate();
     double loss = s.loss;
     if (log_step || ev)
-      loss = log_step_out(pg, progress, metrics.get(), mlp, {step + 1, s.loss, s.lr, s.grad_norm, s.t, ev},
+      loss = log_step_out(dpg, progress, metrics.get(), mlp, {step + 1, s.loss, s.lr, s.grad_norm, s.t, ev},
                           per_step * 1000.0 / s.t.step_ms);
     if (step == start) r.first_loss = loss;
     r.final_loss = loss;
