@@ -127,6 +127,13 @@ void Gpt::use_slot(int slot) {
   slot_ = slot;
 }
 
+int Gpt::arenas_held() const {
+  int n = acts_.bytes() > 0 ? 1 : 0;
+  for (size_t i = 0; i < arenas_.size(); ++i)
+    if (static_cast<int>(i) != slot_ && arenas_[i].acts.bytes() > 0) ++n;
+  return n;
+}
+
 size_t Gpt::arena_bytes_held() const {
   size_t total = acts_.bytes();
   for (size_t i = 0; i < arenas_.size(); ++i)

@@ -85,8 +85,9 @@ class Gpt : public Model {
   // The embedding's backward adds this gradient into wte's before its own
   // (the head's contribution, computed on the last stage), when set.
   void set_tied_grad_in(const float* g) { tied_in_ = g; }
-  // Bytes of every slot's arena.
+  // Bytes of every slot's arena, and the arenas laid out (slots used).
   size_t arena_bytes_held() const;
+  int arenas_held() const;
 
  private:
   struct BlockSlots {

@@ -47,6 +47,8 @@ class Executor {
   virtual size_t trace_spans() const = 0;
   // Bytes of activations this rank holds at most (every arena).
   virtual size_t activation_bytes() const = 0;
+  // Collective: what the summary reports of the run's layout (null: nothing).
+  virtual nlohmann::json detail() { return nullptr; }
 };
 
 class SequentialExecutor : public Executor {

@@ -118,12 +118,17 @@ double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
         model_.prepare(batch_.B, batch_.T);
         acts.recv(model_.stage_input(), n, DType::F32, s - 1);
       }
+      const auto tc = Clock::now();  // waits before it are the bubble (and the transfer)
       loss += model_.forward(batch_).loss;
       if (!last()) sends_[static_cast<size_t>(slot)] = acts.send_async(model_.stage_output(), n, DType::F32, s + 1);
       const auto te = Clock::now();
       t.data_ms += ms(td, tf);
-      t.forward_ms += ms(tf, te);
-      if (tl) tl->add(Timeline::Forward, step, op.micro, 0, tf, te);
+      t.comm_wait_ms += ms(tf, tc);
+      t.forward_ms += ms(tc, te);
+      if (tl) {
+        if (!first()) tl->add(Timeline::CommWait, step, op.micro, 0, tf, tc);
+        tl->add(Timeline::Forward, step, op.micro, 0, tc, te);
+      }
     } else {
       const auto tb = Clock::now();
       const bool final = op.micro == M - 1;
@@ -139,20 +144,31 @@ double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
         pp.recv(tied_g_.f32(), wte_numel(), DType::F32, mesh_.pp - 1);
         model_.set_tied_grad_in(tied_g_.f32());
       }
+      const auto tc = Clock::now();
       model_.backward(loss_scale_);
       model_.set_tied_grad_in(nullptr);
       if (!first()) sends_[static_cast<size_t>(slot)] = grads.send_async(model_.input_grad(), n, DType::F32, s - 1);
       if (last() && final) tied_send = pp.send_async(tied_g_.f32(), wte_numel(), DType::F32, 0);
       const auto te = Clock::now();
-      t.backward_ms += ms(tb, te);
-      if (tl) tl->add(Timeline::Backward, step, op.micro, 0, tb, te);
+      t.comm_wait_ms += ms(tb, tc);
+      t.backward_ms += ms(tc, te);
+      if (tl) {
+        if (!last() || (first() && final)) tl->add(Timeline::CommWait, step, op.micro, 0, tb, tc);
+        tl->add(Timeline::Backward, step, op.micro, 0, tc, te);
+      }
     }
   }
+  // The wait for the last transfers and the loss: the end of the bubble
+  // (the last stage is done long before the first one's last backward).
+  const auto tw = Clock::now();
   for (auto& w : sends_) wait(w);
   wait(tied_send);
   // The loss is the last stage's; every stage reports it.
   double mean = loss / static_cast<double>(M);
   pp.broadcast(&mean, 2, DType::F32, mesh_.pp - 1);  // a double as two floats' bytes
+  const auto tend = Clock::now();
+  t.comm_wait_ms += ms(tw, tend);
+  if (tl) tl->add(Timeline::CommWait, step, M, 0, tw, tend);
   return mean;
 }
 
@@ -165,6 +181,31 @@ double PipelineExecutor::grad_norm_squared() {
   double sum = 0.0;
   for (double v : all) sum += v;
   return sum;
+}
+
+nlohmann::json PipelineExecutor::detail() {
+  constexpr size_t kFields = 5;
+  const auto s = static_cast<size_t>(mesh_.pp_rank);
+  std::vector<double> all(kFields * static_cast<size_t>(mesh_.pp), 0.0);
+  all[kFields * s] = static_cast<double>(model_.param_count());
+  all[kFields * s + 1] = static_cast<double>(model_.arenas_held());
+  all[kFields * s + 2] = static_cast<double>(model_.arena_bytes_held());
+  all[kFields * s + 3] = static_cast<double>(model_.activation_bytes_for(batch_.B));
+  all[kFields * s + 4] = static_cast<double>(last() ? tied_w_.bytes() + tied_g_.bytes() : 0);
+  groups_.pp().all_gather(all.data(), all.size() * 2, DType::F32);
+  nlohmann::json stages = nlohmann::json::array();
+  for (size_t k = 0; k < static_cast<size_t>(mesh_.pp); ++k) {
+    const GptStage& st = options_.stages[k];
+    stages.push_back({{"first_block", st.first}, {"last_block", st.last - 1}, {"embedding", st.embed},
+                      {"head", st.head}, {"params", static_cast<int64_t>(all[kFields * k])},
+                      {"arenas", static_cast<int64_t>(all[kFields * k + 1])},
+                      {"activation_bytes", static_cast<int64_t>(all[kFields * k + 2])},
+                      {"arena_bytes", static_cast<int64_t>(all[kFields * k + 3])},
+                      {"tied_copy_bytes", static_cast<int64_t>(all[kFields * k + 4])}});
+  }
+  return {{"pp", mesh_.pp}, {"dp", mesh_.dp}, {"tp", mesh_.tp}, {"schedule", pipe_schedule_name(options_.schedule)},
+          {"micro_batches", options_.micro_batches}, {"bubble_formula", pipe_bubble(mesh_.pp, options_.micro_batches)},
+          {"stages", stages}};
 }
 
 void PipelineExecutor::after_step() { sync_tied_weights(); }

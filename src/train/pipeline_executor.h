@@ -54,8 +54,14 @@ class PipelineExecutor : public Executor {
   double grad_norm_squared() override;
   void after_step() override;
   void save(const std::string& path, WeightFormat format) override;
-  size_t trace_spans() const override { return 3 * static_cast<size_t>(options_.micro_batches); }
+  // Per micro-batch: forward, backward and the waits before each; the
+  // wait at the end.
+  size_t trace_spans() const override { return 4 * static_cast<size_t>(options_.micro_batches) + 1; }
   size_t activation_bytes() const override { return model_.arena_bytes_held(); }
+  // The schedule and, per stage, its blocks, parameters, the activation
+  // arenas it held (one per micro-batch in flight) and the last stage's
+  // copy of wte with its gradient (gathered over the PP group).
+  nlohmann::json detail() override;
 
  private:
   // A stage's layout (its Gpt, never allocated) for saving.

@@ -216,12 +216,12 @@ void print_pipeline(const TrainOptions& o, const Mesh& mesh, const Model& model)
 void print_header(const TrainOptions& o, const Model& model, const Strategy& strategy, const Mesh& mesh,
                   int64_t micro, int64_t steps, bool evaluable) {
   const int world = mesh.world;
-  std::printf("dpt train: %s, %zu parameters, %s, %s%s on %d rank%s, global batch %lld (%lld per rank%s), "
+  std::printf("dpt train: %s, %zu parameters%s, %s, %s%s on %d rank%s, global batch %lld (%lld per %s%s), "
               "%lld steps, %d thread%s per rank\n",
-              o.model.c_str(), model.param_count(), o.optimizer.name.c_str(), o.strategy.c_str(),
+              o.model.c_str(), model.param_count(), mesh.pp > 1 ? " on this stage" : "", o.optimizer.name.c_str(), o.strategy.c_str(),
               o.precision == DType::BF16 ? " in bf16 mixed precision" : "", world,
               world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / mesh.dp),
-              o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
+              mesh.pp > 1 ? "replica" : "rank", o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
               static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
   if (world > 1) std::printf("%s\n", strategy.describe().c_str());
   if (mesh.pp > 1) print_pipeline(o, mesh, model);
@@ -448,7 +448,7 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   out.loss = c.executor.run(step, t, tl);
   auto tw = Clock::now();
   fault_point("reduce", step + 1, rank);
-  t.comm_wait_ms = c.strategy.finish_backward() * 1000.0;
+  t.comm_wait_ms += c.strategy.finish_backward() * 1000.0;  // after a pipeline's waits for its neighbours
   t.gather_ms = c.strategy.take_gather_wait() * 1000.0;
   auto to = Clock::now();
   if (tl && c.pg.size() > 1) tl->add(Timeline::CommWait, step, tw, to);  // one process waits for nothing
@@ -535,7 +535,7 @@ std::string checkpoint_now(const TrainOptions& o, const Model& model, Strategy& 
 // A finished run's report: every rank's medians and memory gathered, the
 // summary printed (unless quiet) and written (rank 0, --summary-out).
 void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& model, const Strategy& strategy,
-                const Executor& executor, bool evaluated, size_t steps_timed, double baseline, double total_s,
+                Executor& executor, bool evaluated, size_t steps_timed, double baseline, double total_s,
                 bool quiet, TrainResult& r) {
   r.peak_rss = peak_rss_bytes();
   r.memory = strategy.bytes();
@@ -543,7 +543,8 @@ void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& mode
   std::vector<RankTimes> ranks = gather_ranks(pg, r, o, model, baseline);
   const Report report{.options = o, .model = model, .strategy = strategy, .result = r,
                       .ranks = std::move(ranks), .seconds = total_s, .skipped_steps = warmup_steps(steps_timed),
-                      .evaluated = evaluated, .ledger = pg.ledger().to_json(comm::Scope::Family)};
+                      .evaluated = evaluated, .ledger = pg.ledger().to_json(comm::Scope::Family),
+                      .pipeline = executor.detail()};
   if (!quiet) report.print();
   if (pg.rank() == 0 && !o.summary_out.empty())
     write_summary(o.summary_out, report.json(), r, o.model == "mlp", evaluated);

@@ -174,6 +174,34 @@ TEST_F(PpCliTest, PipelineTimesDataParallelWithinOneProcess) {
   }
 }
 
+// Activations held, as the summary reports them per stage: gpipe keeps
+// all M micro-batches' arenas on every stage, 1f1b at most pp - s on stage
+// s; parameters: each stage its blocks (the first the embedding, the last
+// ln_f and a copy of wte outside the parameters), summing to the model.
+TEST_F(PpCliTest, ActivationsHeldPerStage) {
+  const std::string args = fmt::format("{} --layers 3 --batch 8 --micro-batches 4 --steps 2 --pp 3", kGpt);
+  const int64_t whole = 256 * 32 + 16 * 32 + 3 * (12 * 32 * 32 + 13 * 32) + 2 * 32;
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    SCOPED_TRACE(schedule);
+    const fs::path summary = dir_ / fmt::format("summary_{}.json", schedule);
+    const RunResult r = train(3, fmt::format("{} --pp-schedule {} --summary-out {}", args, schedule, q(summary)));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json p = nlohmann::json::parse(read_file(summary))["pipeline"];
+    ASSERT_EQ(p["stages"].size(), 3u) << p;
+    int64_t params = 0;
+    for (int s = 0; s < 3; ++s) {
+      const nlohmann::json& st = p["stages"][static_cast<size_t>(s)];
+      const int64_t held = std::string(schedule) == "gpipe" ? 4 : 3 - s;
+      EXPECT_EQ(st["arenas"].get<int64_t>(), held) << st;
+      EXPECT_EQ(st["activation_bytes"].get<int64_t>(), held * st["arena_bytes"].get<int64_t>()) << st;
+      EXPECT_EQ(st["first_block"].get<int64_t>(), s) << st;
+      EXPECT_EQ(st["tied_copy_bytes"].get<int64_t>(), s == 2 ? 2 * 256 * 32 * 4 : 0) << st;
+      params += st["params"].get<int64_t>();
+    }
+    EXPECT_EQ(params, whole);
+  }
+}
+
 TEST_F(PpCliTest, ImpossibleMeshesAreRefused) {
   struct Case {
     int ranks;
