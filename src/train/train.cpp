@@ -302,10 +302,11 @@ double log_step_out(comm::ProcessGroup& pg, Progress& progress, MetricsFile* met
 }  // namespace
 
 void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
-                  comm::ProcessGroup& pg) {
+                  comm::ProcessGroup& pg, int arenas, int world) {
   const size_t available = o.memory_budget > 0 ? o.memory_budget : host_available_bytes();
   if (available == 0) return;
-  check_fits(so, model, model.activation_bytes_for(micro), pg.size(), ranks_on_host(pg.size()), available);
+  check_fits(so, model, static_cast<size_t>(arenas) * model.activation_bytes_for(micro), pg.size(),
+             ranks_on_host(world > 0 ? world : pg.size()), available);
 }
 
 namespace {
@@ -610,7 +611,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   StrategyOptions so = strategy_options(o);
   if (so.name == "hsdp") so.shard_group = shard_group_size(so, dpg);
   check_offload(o, so, *model, dpg);
-  check_memory(o, so, *model, micro, dpg);
+  check_memory(o, so, *model, micro, dpg,
+               mesh.pp > 1 ? pipe_slots(parse_pipe_schedule(o.pp_schedule), mesh.pp, mesh.pp_rank,
+                                        static_cast<int>(o.grad_accum))
+                           : 1,
+               world);
   auto strategy = make_strategy(so, *model, dpg, {o.seed, o.load, parse_weight_format(o.load_format)});
 
   // All stages of a replica read the same sequences.
