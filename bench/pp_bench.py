@@ -64,6 +64,7 @@ def main():
     ap.add_argument("--trace", default=os.path.join(ROOT, "bench", "results", "pp_trace_1f1b_m8.json"))
     a = ap.parse_args()
     rows = {}
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         summary = os.path.join(tmp, "summary.json")
         runs = {name: [] for name, _, _ in configs()}
@@ -96,7 +97,9 @@ def main():
             row["vs_ddp_times_1_minus_bubble"] = row["tokens_per_s"] / (ddp * (1 - row["bubble_formula"]))
     goal = rows["pp2 1f1b M=8"]
     result = {"workload": "W-GPT (4 layers, 4 heads, width 256, context 128, batch 16), synthetic, 1 thread per rank",
-              "steps": a.steps, "repeat": a.repeat, "configs": rows,
+              "steps": a.steps, "repeat": a.repeat, "cores": os.cpu_count(),
+              # Other work on the machine shows here: 2-rank runs on 2 cores need both.
+              "load_average_before": load_before, "load_average_after": os.getloadavg(), "configs": rows,
               "goal_pp2_1f1b_m8_within_5pct_of_ddp_x_1_minus_bubble":
                   abs(goal["vs_ddp_times_1_minus_bubble"] - 1) <= 0.05 or goal["vs_ddp_times_1_minus_bubble"] > 1,
               "goal_bubble_within_3_points": {n: abs(r["bubble_measured"] - r["bubble_formula"]) <= 0.03

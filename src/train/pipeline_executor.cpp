@@ -168,7 +168,7 @@ double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
   pp.broadcast(&mean, 2, DType::F32, mesh_.pp - 1);  // a double as two floats' bytes
   const auto tend = Clock::now();
   t.comm_wait_ms += ms(tw, tend);
-  if (tl) tl->add(Timeline::CommWait, step, M, 0, tw, tend);
+  if (tl) tl->add(Timeline::CommWait, step, tw, tend);
   return mean;
 }
 
