@@ -218,10 +218,12 @@ void print_header(const TrainOptions& o, const Model& model, const Strategy& str
   const int world = mesh.world;
   std::printf("dpt train: %s, %zu parameters%s, %s, %s%s on %d rank%s, global batch %lld (%lld per %s%s), "
               "%lld steps, %d thread%s per rank\n",
-              o.model.c_str(), model.param_count(), mesh.pp > 1 ? " on this stage" : "", o.optimizer.name.c_str(), o.strategy.c_str(),
+              o.model.c_str(), model.param_count(), mesh.pp > 1 ? " on this stage" : "", o.optimizer.name.c_str(),
+              o.strategy.c_str(),
               o.precision == DType::BF16 ? " in bf16 mixed precision" : "", world,
               world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / mesh.dp),
-              mesh.pp > 1 ? "replica" : "rank", o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
+              mesh.pp > 1 ? "replica" : "rank",
+              o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
               static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
   if (world > 1) std::printf("%s\n", strategy.describe().c_str());
   if (mesh.pp > 1) print_pipeline(o, mesh, model);
