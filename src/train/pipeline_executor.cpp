@@ -103,7 +103,13 @@ double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
   if (last()) tied_g_.zero();
   std::shared_ptr<comm::Work> tied_send;
   double loss = 0.0;
-  for (const PipeOp& op : ops_) {
+  // The gradient for the backward that follows a forward is received into
+  // its slot while the forward computes (that slot's arena is in flight,
+  // and its dres is not the forward's to touch): 1f1b's steady state.
+  std::shared_ptr<comm::Work> grad_recv;
+  int grad_recv_micro = -1;
+  for (size_t k = 0; k < ops_.size(); ++k) {
+    const PipeOp& op = ops_[k];
     const int slot = pipe_slot(op.micro, slots_);
     model_.use_slot(slot);
     wait(sends_[static_cast<size_t>(slot)]);  // the slot's arena is about to be rewritten
@@ -112,6 +118,13 @@ double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
       data_.next(batch_);  // every stage reads the replica's batch: the first its tokens, the last its targets
       const auto tf = Clock::now();
       const size_t n = static_cast<size_t>(batch_.B * batch_.T * model_.config().width);
+      // (Not this forward's own backward: its arena is laid out by the forward.)
+      if (!last() && k + 1 < ops_.size() && !ops_[k + 1].forward && ops_[k + 1].micro != op.micro) {
+        grad_recv_micro = ops_[k + 1].micro;
+        model_.use_slot(pipe_slot(grad_recv_micro, slots_));
+        grad_recv = grads.recv_async(model_.output_grad(), n, DType::F32, s + 1);
+        model_.use_slot(slot);
+      }
       for (auto* g : {&acts, &grads, &pp, &groups_.dp(), &groups_.world()}) g->set_phase("forward");
       fault_point("forward", step + 1, rank);
       if (!first()) {
@@ -136,7 +149,10 @@ double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
       for (auto* g : {&acts, &grads, &pp, &groups_.dp(), &groups_.world()}) g->set_phase("backward");
       fault_point("backward", step + 1, rank);
       strategy_.begin_micro_step(final);  // the reductions start in the last backward
-      if (!last()) grads.recv(model_.output_grad(), n, DType::F32, s + 1);
+      if (grad_recv_micro == op.micro)
+        wait(grad_recv);
+      else if (!last())
+        grads.recv(model_.output_grad(), n, DType::F32, s + 1);
       // The head's part of wte's gradient, before the embedding's backward
       // of the step's last micro-batch (the last stage sent it after its
       // own last backward).
