@@ -204,6 +204,28 @@ TEST_F(PpCliTest, ActivationsHeldPerStage) {
   }
 }
 
+// The trace's pipeline picture: every rank (stage) has each micro-batch's
+// forward and backward of each traced step, in its schedule's order (1f1b
+// on 3 stages, M = 4: stage 0 fills with 2 forwards, stage 2 alternates).
+TEST_F(PpCliTest, TraceShowsEachStagesMicroBatches) {
+  const fs::path trace = dir_ / "trace.json";
+  const RunResult r = train(3, fmt::format("{} --layers 3 --batch 8 --micro-batches 4 --steps 3 --pp 3 "
+                                           "--pp-schedule 1f1b --trace-out {} --trace-steps 1",
+                                           kGpt, q(trace)));
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::map<int, std::string> order;  // pid -> "F0 F1 B0 ..."
+  const nlohmann::json events = nlohmann::json::parse(read_file(trace))["traceEvents"];
+  for (const auto& e : events) {
+    if (e["ph"] != "X" || !e["args"].contains("micro_batch")) continue;
+    const std::string name = e["name"];
+    if (!name.starts_with("forward") && !name.starts_with("backward")) continue;
+    order[e["pid"].get<int>()] += fmt::format("{}{} ", name[0] == 'f' ? 'F' : 'B', e["args"]["micro_batch"].get<int>());
+  }
+  EXPECT_EQ(order[0], "F0 F1 F2 B0 F3 B1 B2 B3 ");
+  EXPECT_EQ(order[1], "F0 F1 B0 F2 B1 F3 B2 B3 ");
+  EXPECT_EQ(order[2], "F0 B0 F1 B1 F2 B2 F3 B3 ");
+}
+
 TEST_F(PpCliTest, ImpossibleMeshesAreRefused) {
   struct Case {
     int ranks;
