@@ -7,7 +7,8 @@ One row per rank and thread ("rank 0 compute", "rank 0 comm", ...), time in
 milliseconds from the first span drawn, one colour per phase (data, forward,
 backward, comm wait, optimizer) and the collectives on the communication rows
 (DDP's all-reduces numbered by bucket, ZeRO's all-gathers and reduce-scatters
-by unit), so what overlaps what can be read off. --steps K
+by unit; a pipeline stage's forwards and backwards by micro-batch), so what
+overlaps what can be read off. --steps K
 draws only the last K steps of the trace. Needs nothing beyond Python's
 standard library; the trace itself is Chrome's format, so
 https://ui.perfetto.dev opens it too.
@@ -46,6 +47,9 @@ def load(path, last_steps):
 
 
 def kind(e):
+    """The phase: a pipeline stage's spans carry their micro-batch ("forward 3")."""
+    if "micro_batch" in e["args"]:
+        return e["name"].rsplit(" ", 1)[0]
     return next((c for c in COLLECTIVES if e["name"].startswith(c)), e["name"])
 
 
@@ -85,8 +89,8 @@ def draw(spans, title):
             tip += f', {e["args"]["bytes"] / 2**20:.2f} MiB'
         out.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{ROW_H}" fill="{COLOURS.get(k, "#333")}" '
                    f'stroke="white" stroke-width="0.5"><title>{escape(tip)}</title></rect>')
-        number = e["args"].get("bucket", e["args"].get("unit"))
-        if k in COLLECTIVES and w > 12 and number is not None:
+        number = e["args"].get("bucket", e["args"].get("unit", e["args"].get("micro_batch")))
+        if (k in COLLECTIVES or k in ("forward", "backward")) and w > 12 and number is not None:
             out.append(f'<text x="{x + w / 2:.1f}" y="{y + ROW_H * 0.68:.1f}" text-anchor="middle" '
                        f'fill="white" font-size="10">{number}</text>')
     # Legend.

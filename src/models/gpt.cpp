@@ -33,38 +33,112 @@ GptConfig GptConfig::from(const std::map<std::string, std::string>& hparams) {
   return c;
 }
 
-Gpt::Gpt(GptConfig config) : config_(config) {
+namespace {
+
+struct Slots {
+  int wte = -1, wpe = -1, lnf_w = -1, lnf_b = -1;
+};
+
+}  // namespace
+
+Gpt::Gpt(GptConfig config, GptStage stage) : config_(config), stage_(stage) {
   if (config_.rows() < config_.vocab)
     throw InputError(fmt::format("GPT padded vocabulary {} is smaller than the vocabulary {}", config_.rows(),
                                  config_.vocab));
+  if (stage_.last < 0) stage_.last = config_.layers;
+  if (stage_.first < 0 || stage_.first > stage_.last || stage_.last > config_.layers)
+    throw InputError(fmt::format("GPT stage of blocks [{}, {}) is outside the model's {} blocks", stage_.first,
+                                 stage_.last, config_.layers));
   const int64_t C = config_.width, V = config_.rows(), T = config_.context;
   // Matrices (embeddings included) get weight decay; biases and LayerNorm
-  // parameters do not, as in GPT-2 / nanoGPT training.
-  layout_.begin_unit("transformer.embed");
-  wte_ = layout_.add("transformer.wte.weight", {V, C}, true);
-  wpe_ = layout_.add("transformer.wpe.weight", {T, C}, true);
-  for (int64_t l = 0; l < config_.layers; ++l) {
-    std::string p = "transformer.h." + std::to_string(l);
-    layout_.begin_unit(p);
-    BlockSlots b;
-    b.ln1_w = layout_.add(p + ".ln_1.weight", {C}, false);
-    b.ln1_b = layout_.add(p + ".ln_1.bias", {C}, false);
-    b.qkv_w = layout_.add(p + ".attn.c_attn.weight", {3 * C, C}, true);
-    b.qkv_b = layout_.add(p + ".attn.c_attn.bias", {3 * C}, false);
-    b.proj_w = layout_.add(p + ".attn.c_proj.weight", {C, C}, true);
-    b.proj_b = layout_.add(p + ".attn.c_proj.bias", {C}, false);
-    b.ln2_w = layout_.add(p + ".ln_2.weight", {C}, false);
-    b.ln2_b = layout_.add(p + ".ln_2.bias", {C}, false);
-    b.fc_w = layout_.add(p + ".mlp.c_fc.weight", {4 * C, C}, true);
-    b.fc_b = layout_.add(p + ".mlp.c_fc.bias", {4 * C}, false);
-    b.fcproj_w = layout_.add(p + ".mlp.c_proj.weight", {C, 4 * C}, true);
-    b.fcproj_b = layout_.add(p + ".mlp.c_proj.bias", {C}, false);
-    blocks_.push_back(b);
-  }
-  layout_.begin_unit("transformer.ln_f");
-  lnf_w_ = layout_.add("transformer.ln_f.weight", {C}, false);
-  lnf_b_ = layout_.add("transformer.ln_f.bias", {C}, false);
-  lnf_unit_ = static_cast<int>(config_.layers) + 1;
+  // parameters do not, as in GPT-2 / nanoGPT training. The whole model's
+  // layout is built too, for the offsets init_range draws from.
+  auto build = [&](Layout& layout, const GptStage& st, std::vector<BlockSlots>* blocks, Slots& sl) {
+    if (st.embed) {
+      layout.begin_unit("transformer.embed");
+      sl.wte = layout.add("transformer.wte.weight", {V, C}, true);
+      sl.wpe = layout.add("transformer.wpe.weight", {T, C}, true);
+    }
+    for (int64_t l = st.first; l < st.last; ++l) {
+      std::string p = "transformer.h." + std::to_string(l);
+      layout.begin_unit(p);
+      BlockSlots b;
+      b.ln1_w = layout.add(p + ".ln_1.weight", {C}, false);
+      b.ln1_b = layout.add(p + ".ln_1.bias", {C}, false);
+      b.qkv_w = layout.add(p + ".attn.c_attn.weight", {3 * C, C}, true);
+      b.qkv_b = layout.add(p + ".attn.c_attn.bias", {3 * C}, false);
+      b.proj_w = layout.add(p + ".attn.c_proj.weight", {C, C}, true);
+      b.proj_b = layout.add(p + ".attn.c_proj.bias", {C}, false);
+      b.ln2_w = layout.add(p + ".ln_2.weight", {C}, false);
+      b.ln2_b = layout.add(p + ".ln_2.bias", {C}, false);
+      b.fc_w = layout.add(p + ".mlp.c_fc.weight", {4 * C, C}, true);
+      b.fc_b = layout.add(p + ".mlp.c_fc.bias", {4 * C}, false);
+      b.fcproj_w = layout.add(p + ".mlp.c_proj.weight", {C, 4 * C}, true);
+      b.fcproj_b = layout.add(p + ".mlp.c_proj.bias", {C}, false);
+      if (blocks) blocks->push_back(b);
+    }
+    if (st.head) {
+      layout.begin_unit("transformer.ln_f");
+      sl.lnf_w = layout.add("transformer.ln_f.weight", {C}, false);
+      sl.lnf_b = layout.add("transformer.ln_f.bias", {C}, false);
+    }
+  };
+  Slots mine;
+  build(layout_, stage_, &blocks_, mine);
+  wte_ = mine.wte;
+  wpe_ = mine.wpe;
+  lnf_w_ = mine.lnf_w;
+  lnf_b_ = mine.lnf_b;
+  embed_unit_ = stage_.embed ? 0 : -1;
+  block_unit0_ = stage_.embed ? 1 : 0;
+  lnf_unit_ = stage_.head ? block_unit0_ + static_cast<int>(blocks_.size()) : -1;
+  Layout whole;
+  Slots unused;
+  build(whole, GptStage{0, config_.layers, true, true}, nullptr, unused);
+  for (const Slot& s : layout_.slots()) whole_offset_.push_back(whole.slot(whole.find(s.name)).offset);
+}
+
+void Gpt::set_tied_head(const float* wte, float* tied_grad) {
+  DPT_CHECK(stage_.head && !stage_.embed, "a tied head copy is for a last stage without the embedding");
+  if (precision_ != DType::F32 || device_ != Device::CPU)
+    throw InputError("a pipeline's tied head is built for fp32 on the CPU only");
+  tied_w_ = wte;
+  tied_g_ = tied_grad;
+}
+
+void Gpt::use_slot(int slot) {
+  DPT_CHECK(slot >= 0, "slot {} is negative", slot);
+  if (slot == slot_) return;
+  if (static_cast<size_t>(slot) >= arenas_.size()) arenas_.resize(static_cast<size_t>(slot) + 1);
+  // Park the current arena in its slot, then take the new one out of its.
+  auto swap_with = [&](Arena& a) {
+    std::swap(acts_, a.acts);
+    std::swap(ids_, a.ids);
+    std::swap(act_, a.act);
+    std::swap(tokens_, a.tokens);
+    std::swap(targets_, a.targets);
+    std::swap(batch_, a.batch);
+    std::swap(seq_, a.seq);
+    std::swap(planned_checkpoint_, a.planned_checkpoint);
+    std::swap(planned_precision_, a.planned_precision);
+  };
+  swap_with(arenas_[static_cast<size_t>(slot_)]);
+  swap_with(arenas_[static_cast<size_t>(slot)]);
+  slot_ = slot;
+}
+
+int Gpt::arenas_held() const {
+  int n = acts_.bytes() > 0 ? 1 : 0;
+  for (size_t i = 0; i < arenas_.size(); ++i)
+    if (static_cast<int>(i) != slot_ && arenas_[i].acts.bytes() > 0) ++n;
+  return n;
+}
+
+size_t Gpt::arena_bytes_held() const {
+  size_t total = acts_.bytes();
+  for (size_t i = 0; i < arenas_.size(); ++i)
+    if (static_cast<int>(i) != slot_) total += arenas_[i].acts.bytes();
+  return total;
 }
 
 std::map<std::string, std::string> Gpt::metadata() const {
@@ -83,7 +157,11 @@ void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
   // scaled by 1/sqrt(2 * layers); zero biases; LayerNorm weight 1, bias 0.
   const float std_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.layers));
   const size_t end = begin + n;
-  for (const Slot& s : layout_.slots()) {
+  for (size_t k = 0; k < layout_.slots().size(); ++k) {
+    const Slot& s = layout_.slots()[k];
+    // Drawn at the element's place in the whole model: a stage starts from
+    // the whole model's values.
+    const size_t whole = whole_offset_[k];
     const size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
     if (lo >= hi) continue;
     float* p = out + (lo - begin);
@@ -93,10 +171,10 @@ void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
     } else if (s.shape.size() == 2) {
       const float sd = s.name.ends_with("c_proj.weight") ? std_proj : 0.02f;
       // wte's pad rows (from row vocab on) start at zero and are never trained.
-      const size_t live = s.offset + (s.name == "transformer.wte.weight"
-                                          ? static_cast<size_t>(config_.vocab * config_.width)
-                                          : s.numel);
-      for (size_t i = lo; i < hi; ++i) p[i - lo] = i < live ? sd * counter_normal(seed, i) : 0.0f;
+      const size_t live = s.name == "transformer.wte.weight" ? static_cast<size_t>(config_.vocab * config_.width)
+                                                             : s.numel;
+      for (size_t i = lo; i < hi; ++i)
+        p[i - lo] = i - s.offset < live ? sd * counter_normal(seed, whole + (i - s.offset)) : 0.0f;
     } else {
       std::fill(p, p + (hi - lo), 0.0f);
     }
@@ -125,7 +203,7 @@ int64_t Gpt::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
   // (rounded up to 64 bytes, so the buffers after it stay aligned).
   auto take_operand = [&](int64_t n) -> void* { return take(b16 ? (n + 31) / 32 * 16 : n); };
   a.encoded = take(N * C);
-  a.blocks.assign(static_cast<size_t>(config_.layers), BlockActs{});
+  a.blocks.assign(blocks_.size(), BlockActs{});
   // A block's activations but its output (res3).
   auto lay_out_block = [&](BlockActs& b) {
     b.ln1 = take_operand(N * C);
@@ -156,16 +234,20 @@ int64_t Gpt::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
       b.res3 = take(N * C);
     }
   }
-  a.lnf = take_operand(N * C);
-  a.lnf_mean = take(N);
-  a.lnf_rstd = take(N);
-  a.logits = take(N * V);
+  // Only the last stage has the head; a stage without it keeps its output
+  // in its last block's res3.
+  if (stage_.head) {
+    a.lnf = take_operand(N * C);
+    a.lnf_mean = take(N);
+    a.lnf_rstd = take(N);
+    a.logits = take(N * V);
+  }
   a.dres = take(N * C);
   a.dC = take(N * C);
   a.d3C = take(N * 3 * C);
   a.d4C = take(N * 4 * C);
   a.atty32 = b16 ? take(N * C) : nullptr;
-  a.dout16 = b16 ? take_operand(N * std::max(V, 4 * C)) : nullptr;
+  a.dout16 = b16 ? take_operand(N * (stage_.head ? std::max(V, 4 * C) : 4 * C)) : nullptr;
   return used;
 }
 
@@ -239,26 +321,35 @@ template <typename CT>
 ForwardStats Gpt::forward_as(int64_t B, int64_t T) {
   const int64_t C = config_.width, V = config_.vocab, Vp = config_.rows(), N = B * T;
   begin(Pass::Forward);
-  open(embed_unit_);
-  k().embedding_forward(act_.encoded, tok(), weight<CT>(wte_), N, C);
-  k().position_embedding_forward(act_.encoded, weight<CT>(wpe_), B, T, C);
-  close(embed_unit_);
+  // A stage without the embedding finds its input in encoded (stage_input).
+  if (stage_.embed) {
+    open(embed_unit_);
+    k().embedding_forward(act_.encoded, tok(), weight<CT>(wte_), N, C);
+    k().position_embedding_forward(act_.encoded, weight<CT>(wpe_), B, T, C);
+    close(embed_unit_);
+  }
   const float* x = act_.encoded;  // the residual stream entering each block
   for (size_t l = 0; l < blocks_.size(); ++l) {
-    open(static_cast<int>(l) + 1);
+    open(block_unit0_ + static_cast<int>(l));
     block_forward<CT>(l, x, B, T);
-    close(static_cast<int>(l) + 1);
+    close(block_unit0_ + static_cast<int>(l));
     x = act_.blocks[l].res3;
   }
+  if (!stage_.head) return {};
   CT* lnf = as<CT>(act_.lnf);
   open(lnf_unit_);
   k().layernorm_forward(lnf, act_.lnf_mean, act_.lnf_rstd, x, param(lnf_w_), param(lnf_b_), N, C);
   close(lnf_unit_);
   // Output projection tied to the token embedding: logits = lnf @ wte^T.
-  // The embedding's unit is opened a second time for it.
-  open(embed_unit_);
-  k().linear_forward(act_.logits, lnf, weight<CT>(wte_), nullptr, N, C, Vp);
-  close(embed_unit_);
+  // The embedding's unit is opened a second time for it; a last stage
+  // without the embedding computes with the pipeline's copy of wte.
+  if (stage_.embed) {
+    open(embed_unit_);
+    k().linear_forward(act_.logits, lnf, weight<CT>(wte_), nullptr, N, C, Vp);
+    close(embed_unit_);
+  } else {
+    k().linear_forward(act_.logits, lnf, tied_weight<CT>(), nullptr, N, C, Vp);
+  }
   pack_logits(N);
   ForwardStats st;
   st.count = N;
@@ -275,35 +366,17 @@ void Gpt::backward(float loss_scale) {
 
 template <typename CT>
 void Gpt::backward_as(float loss_scale) {
-  const int64_t B = batch_, T = seq_, C = config_.width, V = config_.vocab, NH = config_.heads;
+  const int64_t B = batch_, T = seq_, C = config_.width, NH = config_.heads;
   const int64_t Vp = config_.rows();
   const int64_t N = B * T;
   const Acts& a = act_;
-  k().cross_entropy_backward(a.logits, a.logits, tgt(), N, V, loss_scale / static_cast<float>(N));
-  unpack_logit_grads(N);
   begin(Pass::Backward);
-  // The tied weight gets the output projection's gradient here and the
-  // embedding's at the very end, so its unit is ready last: both
-  // contributions are summed in the unit's gradients before any reduction.
-  // In a bf16 run each output gradient is converted once for its GEMMs
-  // (operand); the bias gradients are summed from the fp32 gradient.
-  open(embed_unit_);
-  k().linear_backward(a.dC, grad(wte_), nullptr, operand<CT>(k(), a.logits, N * Vp, a.dout16), as<CT>(a.lnf),
-                  weight<CT>(wte_), N, C, Vp, nullptr);
-  close(embed_unit_);
-  open(lnf_unit_);
-  // dres is the gradient of the residual stream; every LayerNorm backward
-  // adds its input gradient into it, which is how the skip connections'
-  // identity backward is carried (see nn/residual.h).
-  k().zero(a.dres, sizeof(float) * static_cast<size_t>(N * C));
-  const float* last = blocks_.empty() ? a.encoded : a.blocks.back().res3;
-  k().layernorm_backward(a.dres, grad(lnf_w_), grad(lnf_b_), a.dC, last, param(lnf_w_), a.lnf_mean, a.lnf_rstd, N, C);
-  slots_ready(lnf_w_, lnf_b_);
-  close(lnf_unit_);
+  if (stage_.head) head_backward<CT>(loss_scale);
+  // Without the head, dres holds the output's gradient (output_grad).
   for (size_t l = blocks_.size(); l-- > 0;) {
     const BlockSlots& s = blocks_[l];
     const BlockActs& b = a.blocks[l];
-    open(static_cast<int>(l) + 1);
+    open(block_unit0_ + static_cast<int>(l));
     const float* x = l > 0 ? a.blocks[l - 1].res3 : a.encoded;
     // Checkpointing: refill the scratch block from the block's saved input,
     // inside the same open as its backward, so a sharded strategy gathers
@@ -335,13 +408,60 @@ void Gpt::backward_as(float loss_scale) {
     k().layernorm_backward(a.dres, grad(s.ln1_w), grad(s.ln1_b), a.dC, x, param(s.ln1_w), b.ln1_mean, b.ln1_rstd, N,
                        C);
     slots_ready(s.ln1_w, s.ln1_b);
-    close(static_cast<int>(l) + 1);
+    close(block_unit0_ + static_cast<int>(l));
   }
+  // Without the embedding, dres is the input's gradient (input_grad).
+  if (!stage_.embed) return;
   open(embed_unit_);
+  // The head's part of the tied weight's gradient from the last stage goes
+  // in first, as one process has it there before the tokens' part.
+  if (tied_in_) k().residual_forward(grad(wte_), grad(wte_), tied_in_, static_cast<size_t>(Vp * C));
   k().position_embedding_backward(grad(wpe_), a.dres, B, T, C);
   k().embedding_backward(grad(wte_), a.dres, tok(), N, C);
   slots_ready(wte_, wpe_);
   close(embed_unit_);
+}
+
+template <typename CT>
+void Gpt::head_backward(float loss_scale) {
+  const int64_t N = batch_ * seq_, C = config_.width, V = config_.vocab, Vp = config_.rows();
+  const Acts& a = act_;
+  k().cross_entropy_backward(a.logits, a.logits, tgt(), N, V, loss_scale / static_cast<float>(N));
+  unpack_logit_grads(N);
+  // The tied weight gets the output projection's gradient here and the
+  // embedding's at the very end, so its unit is ready last: both
+  // contributions are summed in the unit's gradients before any reduction.
+  // In a bf16 run each output gradient is converted once for its GEMMs
+  // (operand); the bias gradients are summed from the fp32 gradient.
+  if (stage_.embed) {
+    open(embed_unit_);
+    k().linear_backward(a.dC, grad(wte_), nullptr, operand<CT>(k(), a.logits, N * Vp, a.dout16), as<CT>(a.lnf),
+                        weight<CT>(wte_), N, C, Vp, nullptr);
+    close(embed_unit_);
+  } else {
+    k().linear_backward(a.dC, tied_g_, nullptr, operand<CT>(k(), a.logits, N * Vp, a.dout16), as<CT>(a.lnf),
+                        tied_weight<CT>(), N, C, Vp, nullptr);
+  }
+  open(lnf_unit_);
+  // dres is the gradient of the residual stream; every LayerNorm backward
+  // adds its input gradient into it, which is how the skip connections'
+  // identity backward is carried (see nn/residual.h).
+  k().zero(a.dres, sizeof(float) * static_cast<size_t>(N * C));
+  const float* last = blocks_.empty() ? a.encoded : a.blocks.back().res3;
+  k().layernorm_backward(a.dres, grad(lnf_w_), grad(lnf_b_), a.dC, last, param(lnf_w_), a.lnf_mean, a.lnf_rstd, N, C);
+  slots_ready(lnf_w_, lnf_b_);
+  close(lnf_unit_);
+}
+
+template <typename CT>
+const CT* Gpt::tied_weight() const {
+  // set_tied_head admits fp32 only: a bf16 head would need a bf16 copy.
+  if constexpr (std::is_same_v<CT, float>) {
+    DPT_CHECK(tied_w_ != nullptr, "a last stage without the embedding has no tied head copy");
+    return tied_w_;
+  } else {
+    throw InternalError("a pipeline's tied head computes in fp32 only");
+  }
 }
 
 void Gpt::pack_logits(int64_t N) {
@@ -358,7 +478,9 @@ double Gpt::train_flops(int64_t B) const {
   // tied output projection counts as V*C; position embeddings are lookups)
   // plus 12 * layers * T * C per token for attention's two products.
   const double C = static_cast<double>(config_.width), T = static_cast<double>(config_.context);
-  const double L = static_cast<double>(config_.layers), V = static_cast<double>(config_.vocab);
+  // A pipeline stage counts its own blocks, and the head if it has it.
+  const double L = static_cast<double>(blocks_.size());
+  const double V = stage_.head ? static_cast<double>(config_.vocab) : 0.0;
   const double gemm_params = L * 12.0 * C * C + V * C;
   const double tokens = static_cast<double>(B) * T;
   return tokens * (6.0 * gemm_params + 12.0 * L * T * C);
@@ -370,16 +492,18 @@ double Gpt::recompute_flops(int64_t B) const {
   // head is not recomputed.
   if (!checkpoint_) return 0.0;
   const double C = static_cast<double>(config_.width), T = static_cast<double>(config_.context);
-  const double L = static_cast<double>(config_.layers);
+  const double L = static_cast<double>(blocks_.size());
   return static_cast<double>(B) * T * (2.0 * L * 12.0 * C * C + 4.0 * L * T * C);
 }
 
 std::vector<int> Gpt::unit_order() const {
   // forward(): the token embedding, the blocks, ln_f, the tied projection.
-  std::vector<int> order{embed_unit_};
-  for (size_t l = 0; l < blocks_.size(); ++l) order.push_back(static_cast<int>(l) + 1);
-  order.push_back(lnf_unit_);
-  order.push_back(embed_unit_);
+  // A stage opens only its own units (a last stage's head copy is no unit).
+  std::vector<int> order;
+  if (stage_.embed) order.push_back(embed_unit_);
+  for (size_t l = 0; l < blocks_.size(); ++l) order.push_back(block_unit0_ + static_cast<int>(l));
+  if (stage_.head) order.push_back(lnf_unit_);
+  if (stage_.head && stage_.embed) order.push_back(embed_unit_);
   return order;
 }
 

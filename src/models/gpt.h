@@ -35,9 +35,21 @@ struct GptConfig {
   int64_t rows() const { return padded_vocab > 0 ? padded_vocab : vocab; }  // of wte in memory
 };
 
+// The part of the model one pipeline stage holds (parallel/pipeline.h):
+// blocks [first, last), the embedding on the first stage, the final
+// LayerNorm, the head and the loss on the last. The default is the whole
+// model. Names stay the whole model's ("transformer.h.5" on a stage that
+// starts at block 4), and init_range gives every element the value it has
+// in the whole model, so every split starts from the same weights.
+struct GptStage {
+  int64_t first = 0, last = -1;  // -1: to the last block
+  bool embed = true;             // wte and wpe (the first stage)
+  bool head = true;              // ln_f, the tied head and the loss (the last)
+};
+
 class Gpt : public Model {
  public:
-  explicit Gpt(GptConfig config);
+  explicit Gpt(GptConfig config, GptStage stage = {});
 
   std::string kind() const override { return "gpt"; }
   std::map<std::string, std::string> metadata() const override;
@@ -50,6 +62,32 @@ class Gpt : public Model {
   int64_t positions() const override { return config_.context; }
   size_t activation_bytes_for(int64_t B) const override;
   const GptConfig& config() const { return config_; }
+  const GptStage& stage() const { return stage_; }
+
+  // Pipeline stages. A stage keeps several micro-batches' activations at
+  // once, one arena per slot; use_slot(i) makes slot i's the one forward
+  // and backward work on (slot 0 is the one a model starts with).
+  void use_slot(int slot);
+  // Lays the current slot's arena out for B x T (forward does it too).
+  void prepare(int64_t B, int64_t T) { plan_activations(B, T); }
+  // Without the embedding, forward reads its input (the residual stream
+  // entering block `first`, B x T x C) from stage_input(); without the head,
+  // backward reads the gradient of its output from output_grad(). After
+  // them: stage_output() is the output of forward, input_grad() the
+  // gradient of the input after backward. All in the current slot.
+  float* stage_input() { return act_.encoded; }
+  const float* stage_output() const { return act_.blocks.back().res3; }
+  float* output_grad() { return act_.dres; }
+  const float* input_grad() const { return act_.dres; }
+  // A head without the embedding computes with this copy of wte, which
+  // the pipeline keeps, and adds its gradient into tied_grad (fp32).
+  void set_tied_head(const float* wte, float* tied_grad);
+  // The embedding's backward adds this gradient into wte's before its own
+  // (the head's contribution, computed on the last stage), when set.
+  void set_tied_grad_in(const float* g) { tied_in_ = g; }
+  // Bytes of every slot's arena, and the arenas laid out (slots used).
+  size_t arena_bytes_held() const;
+  int arenas_held() const;
 
  private:
   struct BlockSlots {
@@ -94,6 +132,12 @@ class Gpt : public Model {
   ForwardStats forward_as(int64_t B, int64_t T);
   template <typename CT>
   void backward_as(float loss_scale);
+  // The loss, the head and ln_f backward (the last stage's start of backward).
+  template <typename CT>
+  void head_backward(float loss_scale);
+  // The pipeline's copy of wte as the head's GEMM reads it.
+  template <typename CT>
+  const CT* tied_weight() const;
   // Block l's forward from its input x into act_.blocks[l] (with unit l + 1 open).
   template <typename CT>
   void block_forward(size_t l, const float* x, int64_t B, int64_t T);
@@ -114,8 +158,27 @@ class Gpt : public Model {
   }
 
   GptConfig config_;
-  int wte_, wpe_, lnf_w_, lnf_b_;
-  int embed_unit_ = 0, lnf_unit_ = 0;  // block l is unit l + 1
+  GptStage stage_;
+  // Per slot: each slot's offset in the whole model's flat buffer.
+  std::vector<size_t> whole_offset_;
+  const float* tied_w_ = nullptr;
+  float* tied_g_ = nullptr;
+  const float* tied_in_ = nullptr;
+  // The arenas of the slots not in use (the current one lives in the
+  // members below), swapped in by use_slot.
+  struct Arena {
+    FlatBuffer acts, ids;
+    Acts act;
+    std::vector<int32_t> tokens, targets;
+    int64_t batch = 0, seq = 0;
+    bool planned_checkpoint = false;
+    DType planned_precision = DType::F32;
+  };
+  std::vector<Arena> arenas_{1};
+  int slot_ = 0;
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  int embed_unit_ = -1, lnf_unit_ = -1;  // -1: not on this stage
+  int block_unit0_ = 0;                 // block i of the stage is unit block_unit0_ + i
   std::vector<BlockSlots> blocks_;
   int64_t batch_ = 0, seq_ = 0;  // the arena's layout (B, T)
   bool planned_checkpoint_ = false;  // ... whether it was planned for checkpointing

@@ -48,6 +48,7 @@ class TrainCommand {
   std::string zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter";
   double memory_budget_mb_ = 0.0;
   double offload_chunk_mb_ = 4.0;
+  int64_t micro_batches_ = 0;  // --micro-batches: --grad-accum under another name
   std::string comm_algo_, transport_, gemm_, precision_ = "fp32", reduce_dtype_ = "fp32", device_ = "cpu";
 };
 

@@ -30,6 +30,8 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--epochs", o.epochs, "mlp: epochs when --steps is not given")->check(positive());
   cmd_->add_option("--batch", o.batch, "samples per step (default 256 mlp, 16 gpt)")->check(positive());
   cmd_->add_option("--grad-accum", o.grad_accum, "micro-batches per step")->check(positive());
+  cmd_->add_option("--micro-batches", micro_batches_, "micro-batches per step (--grad-accum under another name)")
+      ->check(positive());
   cmd_->add_option("--optimizer", o.optimizer.name, "sgd or adamw (default sgd mlp, adamw gpt)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
   cmd_->add_option("--lr", o.schedule.lr, "learning rate (default 0.05 sgd, 3e-4 adamw)")
@@ -132,6 +134,14 @@ TrainCommand::TrainCommand(CLI::App& app) {
       ->check(CLI::IsMember({"drop", "pad"}));
   cmd_->add_option("--verify-every", o.verify_every, "steps between checks that all replicas are identical")
       ->check(non_negative());
+  cmd_->add_option("--tp", o.tp, "tensor-parallel degree (only 1 is built yet)")->check(positive());
+  cmd_->add_option("--pp", o.pp,
+                   "pipeline stages (gpt): each holds consecutive blocks; data parallelism over world / pp")
+      ->check(positive());
+  cmd_->add_option("--pp-schedule", o.pp_schedule, "--pp: gpipe or 1f1b (default; fewer micro-batches held)")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}));
+  cmd_->add_option("--pp-split", o.pp_split,
+                   "--pp: blocks per stage, e.g. 2,1,1 (default: balanced by parameter count)");
   cmd_->add_option("--comm-algo", comm_algo_, "collectives: ring (the engine's) or mpi (MPI's)")
       ->check(CLI::IsMember({"ring", "mpi"}));
   cmd_->add_option("--transport", transport_, "ring links: auto, shm or mpi")
@@ -155,6 +165,12 @@ int TrainCommand::run() {
       throw InputError(fmt::format("{}: no dpt.model in the metadata and no config.json beside it; pass --model",
                                    opts_.load));
     opts_.model = meta["dpt.model"];
+  }
+  if (micro_batches_ > 0) {
+    if (cmd_->count("--grad-accum") > 0 && opts_.grad_accum != micro_batches_)
+      throw InputError(fmt::format("--micro-batches {} and --grad-accum {} are one setting under two names; give one",
+                                   micro_batches_, opts_.grad_accum));
+    opts_.grad_accum = micro_batches_;
   }
   opts_.ddp.bucket_bytes = static_cast<size_t>(bucket_mb_ * (1 << 20));
   opts_.ddp.first_bucket_bytes = static_cast<size_t>(first_bucket_mb_ * (1 << 20));

@@ -151,6 +151,7 @@ nlohmann::json Report::json() const {
     j["device_bytes"] = {{"in_use", dm.in_use}, {"peak", dm.peak}};
   }
   if (auto d = strategy.offload_detail(); !d.is_null()) j["offload"] = std::move(d);
+  if (!pipeline.is_null()) j["pipeline"] = pipeline;
   if (auto d = strategy.detail(); !d.is_null()) j[strategy.name()] = std::move(d);
   return j;
 }

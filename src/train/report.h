@@ -32,6 +32,7 @@ struct Report {
   size_t skipped_steps = 0;  // steps before the steady state
   bool evaluated = false;
   nlohmann::json ledger;     // the group's bytes per collective
+  nlohmann::json pipeline;   // the pipeline's stages (null without --pp)
 
   void print() const;
   nlohmann::json json() const;

@@ -78,6 +78,9 @@ void Timeline::write(AtomicFile* out, comm::ProcessGroup& pg) const {
         e["name"] = fmt::format("{} {} {}", kind_name(kind), what, index);
         args[what] = index;
         args["bytes"] = static_cast<size_t>(f[i + 3]);
+      } else if (index >= 0) {  // a pipeline stage's micro-batch
+        e["name"] = fmt::format("{} {}", kind_name(kind), index);
+        args["micro_batch"] = index;
       } else {
         e["name"] = kind_name(kind);
       }

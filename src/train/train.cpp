@@ -24,10 +24,13 @@
 #include "optim/file_tier.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
+#include "parallel/mesh.h"
 #include "parallel/rank_bytes.h"
 #include "parallel/replicas.h"
 #include "train/checkpoint.h"
 #include "train/data_source.h"
+#include "train/executor.h"
+#include "train/pipeline_executor.h"
 #include "train/metrics_file.h"
 #include "train/plan.h"
 #include "train/progress.h"
@@ -172,24 +175,6 @@ TrainResult run_training(TrainOptions o) {
 
 namespace {
 
-// Writes the weights a unit at a time: every rank takes part in each unit's
-// gather, rank 0 streams it into the file (the tensors of a unit are
-// consecutive in the file, as in the buffer). Under zero3 no rank ever holds
-// more than one unit of it.
-void save_model(Strategy& strategy, const Model& model, const std::string& path, WeightFormat format, bool lead) {
-  const Layout& layout = model.layout();
-  std::optional<WeightWriter> file;
-  if (lead) file.emplace(path, model, format);
-  size_t max_unit = 0;
-  for (const Unit& u : layout.units()) max_unit = std::max(max_unit, u.numel);
-  FlatBuffer unit(max_unit);
-  for (size_t u = 0; u < layout.units().size(); ++u) {
-    strategy.gather_unit(static_cast<int>(u), unit.f32());
-    if (file) file->write_unit(static_cast<int>(u), unit.f32());
-  }
-  if (file) file->commit();
-}
-
 // Per-step phase times of this rank, kept for the steady-state medians.
 // Reserved up front so steps allocate nothing (capped: a run of millions
 // of steps grows them rarely, by doubling, rather than reserving GBs).
@@ -215,17 +200,36 @@ class StepTimes {
   std::vector<double> data_, fwd_, bwd_, gather_, wait_, opt_, step_;
 };
 
-void print_header(const TrainOptions& o, const Model& model, const Strategy& strategy, int world, int64_t micro,
-                  int64_t steps, bool evaluable, const nlohmann::json& topology) {
-  std::printf("dpt train: %s, %zu parameters, %s, %s%s on %d rank%s, global batch %lld (%lld per rank%s), "
+// The pipeline's line: the mesh, the schedule, each stage's blocks and the
+// bubble a balanced pipeline would have.
+void print_pipeline(const TrainOptions& o, const Mesh& mesh, const Model& model) {
+  const GptConfig& c = dynamic_cast<const Gpt&>(model).config();
+  std::string blocks;
+  for (const GptStage& st : gpt_stages(c, mesh.pp, o.pp_split))
+    blocks += fmt::format("{}{}-{}", blocks.empty() ? "" : " | ", st.first, st.last - 1);
+  const int M = static_cast<int>(o.grad_accum);
+  std::printf("pipeline: %s, %s, %d micro-batches per step, blocks %s; bubble (pp-1)/(M+pp-1) = %.0f%%%s\n",
+              mesh.describe().c_str(), o.pp_schedule.c_str(), M, blocks.c_str(), 100.0 * pipe_bubble(mesh.pp, M),
+              M < mesh.pp ? " (fewer micro-batches than stages: mostly bubble)" : "");
+}
+
+void print_header(const TrainOptions& o, const Model& model, const Strategy& strategy, const Mesh& mesh,
+                  int64_t micro, int64_t steps, bool evaluable, const nlohmann::json& topology) {
+  const int world = mesh.world;
+  std::printf("dpt train: %s, %zu parameters%s, %s, %s%s on %d rank%s, global batch %lld (%lld per %s%s), "
               "%lld steps, %d thread%s per rank\n",
-              o.model.c_str(), model.param_count(), o.optimizer.name.c_str(), o.strategy.c_str(),
+              o.model.c_str(), model.param_count(), mesh.pp > 1 ? " on this stage" : "", o.optimizer.name.c_str(),
+              o.strategy.c_str(),
               o.precision == DType::BF16 ? " in bf16 mixed precision" : "", world,
-              world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / world),
+              world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / mesh.dp),
+              mesh.pp > 1 ? "replica" : "rank",
               o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
               static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
   if (world > 1) std::printf("%s\n%s\n", strategy.describe().c_str(), topology_line(topology).c_str());
+  if (mesh.pp > 1) print_pipeline(o, mesh, model);
   if (!o.synthetic && !evaluable) std::printf("no held-out text (--val-fraction 0): evaluation is skipped\n");
+  if (!o.synthetic && evaluable && mesh.pp > 1)
+    std::printf("evaluation is not built for --pp yet: skipped (train with --pp, evaluate the saved weights)\n");
 }
 
 // Every rank's step medians and peak RSS; the job's throughput from the
@@ -270,7 +274,9 @@ double log_step_out(comm::ProcessGroup& pg, Progress& progress, MetricsFile* met
   if (!std::isfinite(s.grad_norm))
     throw InputError(fmt::format("training diverged: gradient norm is {} at step {}", s.grad_norm, s.step));
   double loss = s.loss;
-  if (pg.size() > 1) {  // the loss of the global batch: the mean of the ranks'
+  // The loss of the global batch: the mean of the replicas' (pg is the
+  // data-parallel group; every stage of a pipeline holds its replica's loss).
+  if (pg.size() > 1) {
     float l = static_cast<float>(loss);
     pg.all_reduce(&l, 1, DType::F32, comm::ReduceOp::Avg);
     loss = l;
@@ -298,10 +304,11 @@ double log_step_out(comm::ProcessGroup& pg, Progress& progress, MetricsFile* met
 }  // namespace
 
 void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
-                  comm::ProcessGroup& pg) {
+                  comm::ProcessGroup& pg, int arenas, int world) {
   const size_t available = o.memory_budget > 0 ? o.memory_budget : host_available_bytes();
   if (available == 0) return;
-  check_fits(so, model, model.activation_bytes_for(micro), pg.size(), ranks_on_host(pg.size()), available);
+  check_fits(so, model, static_cast<size_t>(arenas) * model.activation_bytes_for(micro), pg.size(),
+             ranks_on_host(world > 0 ? world : pg.size()), available);
 }
 
 namespace {
@@ -420,11 +427,8 @@ int agreed_signal(comm::ProcessGroup& pg) {
 struct StepContext {
   const TrainOptions& o;
   comm::ProcessGroup& pg;
-  Model& model;
   Strategy& strategy;
-  DataSource& data;
-  Batch& batch;
-  float loss_scale;  // the strategy's, over the micro-batches
+  Executor& executor;
 };
 struct StepOutcome {
   double loss = 0.0, grad_norm = 0.0;
@@ -442,31 +446,10 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   StepBreakdown& t = out.t;
   auto t0 = Clock::now();
   c.strategy.begin_step();
-  for (int64_t k = 0; k < o.grad_accum; ++k) {
-    auto td = Clock::now();
-    c.data.next(c.batch);
-    t.data_ms += since_ms(td);
-    c.strategy.begin_micro_step(k == o.grad_accum - 1);  // no_sync before the last
-    auto tf = Clock::now();
-    c.pg.set_phase("forward");
-    fault_point("forward", step + 1, rank);
-    out.loss += c.model.forward(c.batch).loss;
-    auto tb = Clock::now();
-    t.forward_ms += std::chrono::duration<double, std::milli>(tb - tf).count();
-    c.pg.set_phase("backward");
-    fault_point("backward", step + 1, rank);
-    c.model.backward(c.loss_scale);
-    t.backward_ms += since_ms(tb);
-    if (tl) {
-      tl->add(Timeline::Data, step, td, tf);
-      tl->add(Timeline::Forward, step, tf, tb);
-      tl->add(Timeline::Backward, step, tb, Clock::now());
-    }
-  }
-  out.loss /= static_cast<double>(o.grad_accum);
+  out.loss = c.executor.run(step, t, tl);
   auto tw = Clock::now();
   fault_point("reduce", step + 1, rank);
-  t.comm_wait_ms = c.strategy.finish_backward() * 1000.0;
+  t.comm_wait_ms += c.strategy.finish_backward() * 1000.0;  // after a pipeline's waits for its neighbours
   t.gather_ms = c.strategy.take_gather_wait() * 1000.0;
   auto to = Clock::now();
   if (tl && c.pg.size() > 1) tl->add(Timeline::CommWait, step, tw, to);  // one process waits for nothing
@@ -475,10 +458,11 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   // skipped on other steps. Every rank takes the same branch.
   c.pg.set_phase("optimizer");  // the norm's collective, zero1/2's all-gathers
   fault_point("optimizer", step + 1, rank);
-  if (o.clip > 0.0f || log_step) out.grad_norm = std::sqrt(c.strategy.grad_norm_squared());
+  if (o.clip > 0.0f || log_step) out.grad_norm = std::sqrt(c.executor.grad_norm_squared());
   if (o.clip > 0.0f) c.strategy.scale_grads(clip_factor(out.grad_norm, o.clip));
   out.lr = o.schedule.at(step);
   c.strategy.step(out.lr);
+  c.executor.after_step();
   t.optimizer_ms = since_ms(to);
   c.pg.set_phase("other");  // evaluation, the logged loss, replica checks
   if (tl) {
@@ -552,14 +536,16 @@ std::string checkpoint_now(const TrainOptions& o, const Model& model, Strategy& 
 // A finished run's report: every rank's medians and memory gathered, the
 // summary printed (unless quiet) and written (rank 0, --summary-out).
 void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& model, const Strategy& strategy,
-                bool evaluated, size_t steps_timed, double baseline, double total_s, bool quiet, TrainResult& r) {
+                Executor& executor, bool evaluated, size_t steps_timed, double baseline, double total_s,
+                bool quiet, TrainResult& r) {
   r.peak_rss = peak_rss_bytes();
   r.memory = strategy.bytes();
-  r.activation_bytes = model.activation_bytes();
+  r.activation_bytes = executor.activation_bytes();
   std::vector<RankTimes> ranks = gather_ranks(pg, r, o, model, baseline);
   const Report report{.options = o, .model = model, .strategy = strategy, .result = r,
                       .ranks = std::move(ranks), .seconds = total_s, .skipped_steps = warmup_steps(steps_timed),
-                      .evaluated = evaluated, .ledger = pg.ledger().to_json(comm::Scope::Family)};
+                      .evaluated = evaluated, .ledger = pg.ledger().to_json(comm::Scope::Family),
+                      .pipeline = executor.detail()};
   if (!quiet) report.print();
   if (pg.rank() == 0 && !o.summary_out.empty())
     write_summary(o.summary_out, report.json(), r, o.model == "mlp", evaluated);
@@ -585,7 +571,10 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   apply_defaults(o);
   const int rank = pg.rank(), world = pg.size();
   const bool lead = rank == 0;
-  if (o.strategy.empty()) o.strategy = default_strategy(world);
+  // The mesh first: an impossible one is refused before anything else.
+  const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp);
+  if (o.strategy.empty()) o.strategy = default_strategy(mesh.dp);
+  check_pipeline(o, mesh);
   check_outputs(o, pg);
   check_placement(o);
   if (o.strategy == "dp") {
@@ -594,7 +583,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   }
   if (!o.load.empty() && !o.resume.empty())
     throw InputError("--load and --resume both give the starting weights; give one");
-  const int64_t micro = micro_batch(o, world, "ranks");
+  const int64_t micro = micro_batch(o, mesh.dp, mesh.pp == 1 ? "ranks" : "data-parallel replicas");
   // Read now: a bad baseline or checkpoint must fail before training, not after it.
   const double baseline = o.baseline.empty() ? 0.0 : read_baseline_throughput(o.baseline);
   std::string resume_path;
@@ -607,17 +596,42 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
 
   // The model's shape first; where its parameters live, and their initial
   // values, are the strategy's (a zero3 rank never holds them all).
-  auto model = make_model(saved ? resumed_hparams(o, *saved) : model_hparams(o));
+  // Under --pp this rank's model is its stage, and a data-parallel
+  // strategy runs over the ranks that hold the same stage.
+  const std::map<std::string, std::string> hparams = saved ? resumed_hparams(o, *saved) : model_hparams(o);
+  std::vector<GptStage> stages;
+  if (mesh.pp > 1) stages = gpt_stages(GptConfig::from(hparams), mesh.pp, o.pp_split);
+  auto model = mesh.pp > 1 ? std::make_unique<Gpt>(GptConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)])
+                           : make_model(hparams);
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
   model->set_device(o.device);
+  MeshGroups groups(mesh, pg);
+  comm::ProcessGroup& dpg = groups.dp();
   StrategyOptions so = strategy_options(o);
-  if (so.name == "hsdp") so.shard_group = shard_group_size(so, pg);
-  check_offload(o, so, *model, pg);
-  check_memory(o, so, *model, micro, pg);
-  auto strategy = make_strategy(so, *model, pg, {o.seed, o.load, parse_weight_format(o.load_format)});
+  if (so.name == "hsdp") so.shard_group = shard_group_size(so, dpg);
+  check_offload(o, so, *model, dpg);
+  check_memory(o, so, *model, micro, dpg,
+               mesh.pp > 1 ? pipe_slots(parse_pipe_schedule(o.pp_schedule), mesh.pp, mesh.pp_rank,
+                                        static_cast<int>(o.grad_accum))
+                           : 1,
+               world);
+  auto strategy = make_strategy(so, *model, dpg, {o.seed, o.load, parse_weight_format(o.load_format)});
 
-  DataSource data(o, *model, load_datasets(o, *model), micro, rank, world);
+  // All stages of a replica read the same sequences.
+  DataSource data(o, *model, load_datasets(o, *model), micro, mesh.dp_rank, mesh.dp);
+  // The strategy's loss scale carries the 1/dp of the average, so every
+  // reduction is a plain sum and every gradient element is scaled once.
+  const float loss_scale = strategy->loss_scale() / static_cast<float>(o.grad_accum);
+  std::unique_ptr<Executor> executor;
+  if (mesh.pp > 1)
+    executor = std::make_unique<PipelineExecutor>(
+        o, mesh, groups, dynamic_cast<Gpt&>(*model), *strategy, data, loss_scale,
+        PipelineOptions{parse_pipe_schedule(o.pp_schedule), static_cast<int>(o.grad_accum), stages});
+  else
+    executor = std::make_unique<SequentialExecutor>(o, pg, *model, *strategy, data, loss_scale);
+  // Evaluation runs the whole model's forward: not built for stages yet.
+  const bool evaluable = data.evaluable() && mesh.pp == 1;
   const int64_t steps = data.steps(o);
   o.schedule.total_steps = steps;
   TrainResult r;
@@ -625,7 +639,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps, r) : 0;
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
-    if (!data.evaluable()) return std::nullopt;
+    if (!evaluable) return std::nullopt;
     return combine(data.evaluate(*model, micro, o.eval_windows, rank, world), pg);
   };
 
@@ -633,14 +647,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (lead && !o.metrics_out.empty()) metrics = std::make_unique<MetricsFile>(o.metrics_out, saved ? start : -1);
   const bool quiet = o.quiet || !lead;
   Progress progress(steps, quiet, mlp ? "samples/s" : "tokens/s");
-  if (!quiet) print_header(o, *model, *strategy, world, micro, steps, data.evaluable(), r.topology);
+  if (!quiet) print_header(o, *model, *strategy, mesh, micro, steps, data.evaluable(), r.topology);
 
-  Batch batch;
   StepTimes times(steps - start);
   const double per_step = static_cast<double>(o.batch * (mlp ? 1 : model->positions()));
-  // The strategy's loss scale carries the 1/world of the average, so every
-  // reduction is a plain sum and every gradient element is scaled once.
-  StepContext context{o, pg, *model, *strategy, data, batch, strategy->loss_scale() / static_cast<float>(o.grad_accum)};
+  StepContext context{o, pg, *strategy, *executor};
   const uint64_t bytes_at_start = pg.ledger().total(comm::Scope::Family).bytes_sent;
   const auto phases_at_start = pg.ledger().phases(comm::Scope::Family);
   // The timeline records only the last trace_steps steps: per step data,
@@ -651,7 +662,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (lead && !o.trace_out.empty()) trace_file = std::make_unique<AtomicFile>(o.trace_out);
   if (!o.trace_out.empty())
     timeline.emplace(static_cast<size_t>(std::min(o.trace_steps, steps)) *
-                     (3 * static_cast<size_t>(o.grad_accum) + 2 + strategy->trace_spans()));
+                     (executor->trace_spans() + 2 + strategy->trace_spans()));
   // With checkpoints on, a signal stops the run after its step (with a
   // checkpoint); without, it ends the process as it always has.
   const bool checkpointing = !o.checkpoint_dir.empty();
@@ -671,7 +682,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < steps) ev = evaluate();
     double loss = s.loss;
     if (log_step || ev)
-      loss = log_step_out(pg, progress, metrics.get(), mlp, {step + 1, s.loss, s.lr, s.grad_norm, s.t, ev},
+      loss = log_step_out(dpg, progress, metrics.get(), mlp, {step + 1, s.loss, s.lr, s.grad_norm, s.t, ev},
                           per_step * 1000.0 / s.t.step_ms);
     if (step == start) r.first_loss = loss;
     r.final_loss = loss;
@@ -697,7 +708,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
 
   // The weights are written before anything else can fail (evaluation, the
   // summary), so a finished run is never lost.
-  if (!o.save.empty()) save_model(*strategy, *model, o.save, parse_weight_format(o.save_format), lead);
+  if (!o.save.empty()) executor->save(o.save, parse_weight_format(o.save_format));
   metrics.reset();
   if (auto ev = evaluate()) {
     r.eval_loss = ev->loss();
@@ -705,7 +716,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   }
 
   r.breakdown = times.medians();
-  report_run(o, pg, *model, *strategy, data.evaluable(), times.size(), baseline, total_s, quiet, r);
+  report_run(o, pg, *model, *strategy, *executor, evaluable, times.size(), baseline, total_s, quiet, r);
   return r;
 }
 

@@ -49,6 +49,15 @@ struct TrainOptions {
   bool reshard_after_forward = true;  // zero3
   std::string prefetch = "both";      // zero3: none, forward, backward, both
   int shard_group = 0;                // hsdp: ranks per shard group (0: one host's)
+  // The mesh (parallel/mesh.h): tensor- and pipeline-parallel degrees; the
+  // data-parallel degree is what is left of the world. Pipeline stages run
+  // their grad_accum micro-batches (--micro-batches) in pp_schedule's order
+  // (gpipe or 1f1b), with blocks per stage from pp_split ("2,1,1"; empty:
+  // balanced by parameters). docs/pipeline.md.
+  int tp = 1;
+  int pp = 1;
+  std::string pp_schedule = "1f1b";
+  std::string pp_split;
   // Bytes the ranks on this host may use together; 0: the host's available
   // memory (MemAvailable). A run whose estimate exceeds it is refused.
   size_t memory_budget = 0;
@@ -143,8 +152,10 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
 // host would together need more than the host has (or o.memory_budget):
 // one sentence with the estimate per rank, what is available, and the
 // strategy that would fit (seed 000's "when to use what").
+// Under --pp, pg is the data-parallel group, `arenas` the micro-batches
+// the stage holds at once and `world` every rank of the job.
 void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
-                  comm::ProcessGroup& pg);
+                  comm::ProcessGroup& pg, int arenas = 1, int world = 0);
 
 // Refuses, in one sentence on every rank, an --offload the run cannot have:
 // an unsupported value, a strategy without an optimizer state to offload,

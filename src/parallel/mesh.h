@@ -1,0 +1,60 @@
+// The device mesh of a run: the world's ranks laid out as Megatron-LM does,
+// tensor-parallel ranks innermost (adjacent, so on one host), then data-
+// parallel replicas, then pipeline stages:
+//
+//   rank = (pp_rank * dp + dp_rank) * tp + tp_rank
+//
+// and the subgroups each rank computes with: its DP group (the ranks that
+// hold the same stage and TP slice: what a data-parallel strategy reduces
+// over) and its PP group (one replica's stages, in order). Tensor
+// parallelism has its coordinate already, so it plugs in later as one more
+// group; only tp = 1 is built (Mesh::layout refuses more).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/process_group.h"
+
+namespace dpt {
+
+struct Mesh {
+  int world = 1, tp = 1, dp = 1, pp = 1;
+  int tp_rank = 0, dp_rank = 0, pp_rank = 0;
+
+  // The layout of `rank` in a world of `world` ranks; throws InputError,
+  // one sentence, when tp x pp does not divide the world (or tp > 1).
+  static Mesh layout(int world, int rank, int tp, int pp);
+  int rank_of(int tp_rank, int dp_rank, int pp_rank) const { return (pp_rank * dp + dp_rank) * tp + tp_rank; }
+  // "pp 2 x dp 2 x tp 1"
+  std::string describe() const;
+};
+
+// The subgroups of a mesh on the world group. A degree of 1 needs no group
+// of its own: dp() is then the world itself when pp = 1 (so a run without
+// --pp communicates exactly as before), and the PP links are unused.
+class MeshGroups {
+ public:
+  // Collective over `world`: every rank calls it with its own mesh.
+  MeshGroups(const Mesh& mesh, comm::ProcessGroup& world);
+  comm::ProcessGroup& world() { return world_; }
+  // The ranks of this rank's stage across replicas.
+  comm::ProcessGroup& dp() { return dp_ ? *dp_ : world_; }
+  // This replica's stages, ranked by stage: the loss, the gradient norm,
+  // the tied embedding's gradient and weights, saving.
+  comm::ProcessGroup& pp() { return pp_ ? *pp_ : world_; }
+  // The same ranks again, one group per direction of the pipeline: a
+  // group runs its operations one at a time in issue order and a send ends
+  // only when it is received, so activations (stage s to s + 1) and their
+  // gradients (s + 1 to s) each get a queue of their own and never wait
+  // behind the other's transfers.
+  comm::ProcessGroup& activations() { return *act_; }
+  comm::ProcessGroup& gradients() { return *grad_; }
+
+ private:
+  comm::ProcessGroup& world_;
+  std::unique_ptr<comm::ProcessGroup> dp_, pp_, act_, grad_;
+};
+
+}  // namespace dpt

@@ -1,0 +1,102 @@
+#include "parallel/pipeline_schedule.h"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+namespace dpt {
+
+PipeSchedule parse_pipe_schedule(const std::string& s) {
+  if (s == "gpipe") return PipeSchedule::GPipe;
+  if (s == "1f1b") return PipeSchedule::OneFOneB;
+  throw InputError(fmt::format("unknown --pp-schedule '{}' (expected gpipe or 1f1b)", s));
+}
+
+const char* pipe_schedule_name(PipeSchedule s) { return s == PipeSchedule::GPipe ? "gpipe" : "1f1b"; }
+
+std::vector<PipeOp> pipe_ops(PipeSchedule schedule, int pp, int stage, int M) {
+  std::vector<PipeOp> ops;
+  ops.reserve(2 * static_cast<size_t>(M));
+  if (schedule == PipeSchedule::GPipe) {
+    for (int m = 0; m < M; ++m) ops.push_back({true, m});
+    for (int m = 0; m < M; ++m) ops.push_back({false, m});
+    return ops;
+  }
+  const int warm = std::min(pp - stage - 1, M);
+  for (int m = 0; m < warm; ++m) ops.push_back({true, m});
+  for (int m = 0; m < M - warm; ++m) {
+    ops.push_back({true, warm + m});
+    ops.push_back({false, m});
+  }
+  for (int m = M - warm; m < M; ++m) ops.push_back({false, m});
+  return ops;
+}
+
+int pipe_slots(PipeSchedule schedule, int pp, int stage, int M) {
+  return schedule == PipeSchedule::GPipe ? M : std::min(M, pp - stage);
+}
+
+double pipe_bubble(int pp, int M) { return static_cast<double>(pp - 1) / static_cast<double>(M + pp - 1); }
+
+std::vector<int64_t> pipe_split(const std::string& split, int pp, int64_t layers, int64_t embed, int64_t block,
+                                int64_t head) {
+  if (layers < pp)
+    throw InputError(fmt::format("--pp {} needs at least one block per stage, and the model has {}", pp, layers));
+  if (!split.empty()) {
+    std::vector<int64_t> counts;
+    std::stringstream in(split);
+    std::string item;
+    int64_t sum = 0;
+    while (std::getline(in, item, ',')) {
+      size_t used = 0;
+      int64_t n = 0;
+      try {
+        n = std::stoll(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != item.size() || item.empty() || n < 1)
+        throw InputError(fmt::format("--pp-split '{}': '{}' is not a positive number of blocks", split, item));
+      counts.push_back(n);
+      sum += n;
+    }
+    if (static_cast<int>(counts.size()) != pp || sum != layers)
+      throw InputError(fmt::format("--pp-split '{}' must give {} stages' blocks summing to the model's {}", split, pp,
+                                   layers));
+    return counts;
+  }
+  // best[s][l]: the smallest largest stage over splits of blocks [0, l)
+  // into stages 0 .. s; a few layers and stages, so the full table is cheap.
+  const int64_t inf = std::numeric_limits<int64_t>::max();
+  const auto P = static_cast<size_t>(pp), L = static_cast<size_t>(layers);
+  std::vector<std::vector<int64_t>> best(P, std::vector<int64_t>(L + 1, inf));
+  std::vector<std::vector<size_t>> from(P, std::vector<size_t>(L + 1, 0));
+  auto weight = [&](size_t s, size_t a, size_t b) {
+    return static_cast<int64_t>(b - a) * block + (s == 0 ? embed : 0) + (s + 1 == P ? head : 0);
+  };
+  for (size_t l = 1; l <= L; ++l) best[0][l] = weight(0, 0, l);
+  for (size_t s = 1; s < P; ++s)
+    for (size_t l = s + 1; l <= L; ++l)
+      for (size_t k = s; k < l; ++k) {
+        if (best[s - 1][k] == inf) continue;
+        const int64_t w = std::max(best[s - 1][k], weight(s, k, l));
+        if (w < best[s][l]) {
+          best[s][l] = w;
+          from[s][l] = k;
+        }
+      }
+  std::vector<int64_t> counts(P);
+  size_t l = L;
+  for (size_t s = P; s-- > 0;) {
+    const size_t k = s == 0 ? 0 : from[s][l];
+    counts[s] = static_cast<int64_t>(l - k);
+    l = k;
+  }
+  return counts;
+}
+
+}  // namespace dpt

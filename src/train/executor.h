@@ -1,0 +1,80 @@
+// How a rank runs one optimizer step's micro-batches, and what of the model
+// it holds. The training loop drives every run through this interface and
+// never asks which one it has:
+//
+//   per step:  strategy.begin_step()
+//              executor.run(step, times, timeline)   every micro-batch's
+//                  forward and backward; returns the step's mean loss, the
+//                  same on every rank of a replica
+//              strategy.finish_backward()
+//              executor.grad_norm_squared()           the whole model's
+//              strategy.scale_grads(), strategy.step()
+//              executor.after_step()                  copies kept in step
+//   at the end: executor.save(path, format)
+//
+// SequentialExecutor runs the micro-batches one after another through the
+// whole model (every strategy without --pp); PipelineExecutor
+// (train/pipeline_executor.h) runs them as one stage of a pipeline.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "models/hf_gpt2.h"
+#include "models/model.h"
+#include "parallel/strategy.h"
+
+namespace dpt {
+
+class Timeline;
+class DataSource;
+struct StepBreakdown;
+struct TrainOptions;
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // Forward and backward of the step's micro-batches; adds the data,
+  // forward and backward times into t and, with tl, their spans.
+  virtual double run(int64_t step, StepBreakdown& t, Timeline* tl) = 0;
+  // Sum of squares of the whole model's reduced gradient, the same on
+  // every rank.
+  virtual double grad_norm_squared() = 0;
+  virtual void after_step() {}
+  // Writes the whole model's weights (collective over every rank).
+  virtual void save(const std::string& path, WeightFormat format) = 0;
+  // Spans run() adds to a timeline per step at most.
+  virtual size_t trace_spans() const = 0;
+  // Bytes of activations this rank holds at most (every arena).
+  virtual size_t activation_bytes() const = 0;
+  // Collective: what the summary reports of the run's layout (null: nothing).
+  virtual nlohmann::json detail() { return nullptr; }
+};
+
+class SequentialExecutor : public Executor {
+ public:
+  // loss_scale: the strategy's, over the micro-batches.
+  SequentialExecutor(const TrainOptions& o, comm::ProcessGroup& pg, Model& model, Strategy& strategy,
+                     DataSource& data, float loss_scale)
+      : o_(o), pg_(pg), model_(model), strategy_(strategy), data_(data), loss_scale_(loss_scale) {}
+  double run(int64_t step, StepBreakdown& t, Timeline* tl) override;
+  double grad_norm_squared() override { return strategy_.grad_norm_squared(); }
+  void save(const std::string& path, WeightFormat format) override;
+  size_t trace_spans() const override;
+  size_t activation_bytes() const override { return model_.activation_bytes(); }
+
+ private:
+  const TrainOptions& o_;
+  comm::ProcessGroup& pg_;
+  Model& model_;
+  Strategy& strategy_;
+  DataSource& data_;
+  Batch batch_;
+  float loss_scale_;
+};
+
+// Writes the weights a unit at a time: every rank takes part in each unit's
+// gather, the lead streams it into the file.
+void save_model(Strategy& strategy, const Model& model, const std::string& path, WeightFormat format, bool lead);
+
+}  // namespace dpt

@@ -1,0 +1,263 @@
+#include "train/pipeline_executor.h"
+
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "core/fault.h"
+#include "models/weights.h"
+#include "train/data_source.h"
+#include "train/timeline.h"
+#include "train/train.h"
+
+namespace dpt {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+void wait(std::shared_ptr<comm::Work>& w) {
+  if (w) w->wait();
+  w.reset();
+}
+
+}  // namespace
+
+std::vector<GptStage> gpt_stages(const GptConfig& c, int pp, const std::string& split) {
+  const int64_t C = c.width, V = c.rows();
+  // Parameters held: the embedding (wte, wpe) on the first stage, ln_f and
+  // the head's copy of wte on the last.
+  const std::vector<int64_t> counts =
+      pipe_split(split, pp, c.layers, V * C + c.context * C, 12 * C * C + 13 * C, V * C + 2 * C);
+  std::vector<GptStage> stages;
+  int64_t first = 0;
+  for (size_t s = 0; s < counts.size(); ++s) {
+    stages.push_back({first, first + counts[s], s == 0, s + 1 == counts.size()});
+    first += counts[s];
+  }
+  return stages;
+}
+
+void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
+  if (mesh.pp == 1) {
+    if (!o.pp_split.empty()) throw InputError("--pp-split needs --pp 2 or more");
+    return;
+  }
+  const std::string not_yet = fmt::format("with --pp {}", mesh.pp);
+  if (o.model != "gpt")
+    throw InputError(fmt::format("--pp splits a GPT's blocks into stages; the {} model has none", o.model));
+  if (o.strategy == "hsdp" || o.strategy == "dp")
+    throw InputError(fmt::format("--strategy {} is not built {} yet; use local, ddp or zero1/2/3 (over the "
+                                 "data-parallel group)",
+                                 o.strategy, not_yet));
+  if (o.precision != DType::F32) throw InputError(fmt::format("--precision bf16 is not built {} yet", not_yet));
+  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
+  if (!o.checkpoint_dir.empty() || !o.resume.empty())
+    throw InputError(fmt::format("--checkpoint-dir and --resume are not built {} yet", not_yet));
+  if (!o.load.empty()) throw InputError(fmt::format("--load is not built {} yet", not_yet));
+  if (!o.offload.empty()) throw InputError(fmt::format("--offload is not built {} yet", not_yet));
+  if (o.eval_every > 0) throw InputError(fmt::format("--eval-every is not built {} yet (evaluation is)", not_yet));
+  gpt_stages(GptConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
+}
+
+PipelineExecutor::PipelineExecutor(const TrainOptions& o, const Mesh& mesh, MeshGroups& groups, Gpt& model,
+                                   Strategy& strategy, DataSource& data, float loss_scale, PipelineOptions options)
+    : o_(o), mesh_(mesh), groups_(groups), model_(model), strategy_(strategy), data_(data), loss_scale_(loss_scale),
+      options_(std::move(options)) {
+  const int M = options_.micro_batches;
+  ops_ = pipe_ops(options_.schedule, mesh_.pp, mesh_.pp_rank, M);
+  slots_ = pipe_slots(options_.schedule, mesh_.pp, mesh_.pp_rank, M);
+  sends_.resize(static_cast<size_t>(slots_));
+  if (last()) {
+    tied_w_ = FlatBuffer(wte_numel());
+    tied_g_ = FlatBuffer(wte_numel());
+    model_.set_tied_head(tied_w_.f32(), tied_g_.f32());
+  }
+  if (first()) {
+    tied_g_ = FlatBuffer(wte_numel());
+    embed_unit_ = FlatBuffer(model_.layout().units()[0].numel);
+  }
+  sync_tied_weights();
+}
+
+size_t PipelineExecutor::wte_numel() const {
+  return static_cast<size_t>(model_.config().rows() * model_.config().width);
+}
+
+void PipelineExecutor::sync_tied_weights() {
+  if (first()) {
+    strategy_.gather_unit(0, embed_unit_.f32());  // wte is the unit's first slot
+    groups_.pp().send(embed_unit_.f32(), wte_numel(), DType::F32, mesh_.pp - 1);
+  } else if (last()) {
+    groups_.pp().recv(tied_w_.f32(), wte_numel(), DType::F32, 0);
+  }
+}
+
+double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
+  const int s = mesh_.pp_rank, M = options_.micro_batches;
+  const int rank = groups_.world().rank();
+  comm::ProcessGroup &acts = groups_.activations(), &grads = groups_.gradients(), &pp = groups_.pp();
+  if (last()) tied_g_.zero();
+  std::shared_ptr<comm::Work> tied_send;
+  double loss = 0.0;
+  // The gradient for the backward that follows a forward is received into
+  // its slot while the forward computes (that slot's arena is in flight,
+  // and its dres is not the forward's to touch): 1f1b's steady state.
+  std::shared_ptr<comm::Work> grad_recv;
+  int grad_recv_micro = -1;
+  for (size_t k = 0; k < ops_.size(); ++k) {
+    const PipeOp& op = ops_[k];
+    const int slot = pipe_slot(op.micro, slots_);
+    model_.use_slot(slot);
+    wait(sends_[static_cast<size_t>(slot)]);  // the slot's arena is about to be rewritten
+    if (op.forward) {
+      const auto td = Clock::now();
+      data_.next(batch_);  // every stage reads the replica's batch: the first its tokens, the last its targets
+      const auto tf = Clock::now();
+      const size_t n = static_cast<size_t>(batch_.B * batch_.T * model_.config().width);
+      // (Not this forward's own backward: its arena is laid out by the forward.)
+      if (!last() && k + 1 < ops_.size() && !ops_[k + 1].forward && ops_[k + 1].micro != op.micro) {
+        grad_recv_micro = ops_[k + 1].micro;
+        model_.use_slot(pipe_slot(grad_recv_micro, slots_));
+        grad_recv = grads.recv_async(model_.output_grad(), n, DType::F32, s + 1);
+        model_.use_slot(slot);
+      }
+      for (auto* g : {&acts, &grads, &pp, &groups_.dp(), &groups_.world()}) g->set_phase("forward");
+      fault_point("forward", step + 1, rank);
+      if (!first()) {
+        model_.prepare(batch_.B, batch_.T);
+        acts.recv(model_.stage_input(), n, DType::F32, s - 1);
+      }
+      const auto tc = Clock::now();  // waits before it are the bubble (and the transfer)
+      loss += model_.forward(batch_).loss;
+      if (!last()) sends_[static_cast<size_t>(slot)] = acts.send_async(model_.stage_output(), n, DType::F32, s + 1);
+      const auto te = Clock::now();
+      t.data_ms += ms(td, tf);
+      t.comm_wait_ms += ms(tf, tc);
+      t.forward_ms += ms(tc, te);
+      if (tl) {
+        if (!first()) tl->add(Timeline::CommWait, step, op.micro, 0, tf, tc);
+        tl->add(Timeline::Forward, step, op.micro, 0, tc, te);
+      }
+    } else {
+      const auto tb = Clock::now();
+      const bool final = op.micro == M - 1;
+      const size_t n = static_cast<size_t>(batch_.B * batch_.T * model_.config().width);
+      for (auto* g : {&acts, &grads, &pp, &groups_.dp(), &groups_.world()}) g->set_phase("backward");
+      fault_point("backward", step + 1, rank);
+      strategy_.begin_micro_step(final);  // the reductions start in the last backward
+      if (grad_recv_micro == op.micro)
+        wait(grad_recv);
+      else if (!last())
+        grads.recv(model_.output_grad(), n, DType::F32, s + 1);
+      // The head's part of wte's gradient, before the embedding's backward
+      // of the step's last micro-batch (the last stage sent it after its
+      // own last backward).
+      if (first() && final) {
+        pp.recv(tied_g_.f32(), wte_numel(), DType::F32, mesh_.pp - 1);
+        model_.set_tied_grad_in(tied_g_.f32());
+      }
+      const auto tc = Clock::now();
+      model_.backward(loss_scale_);
+      model_.set_tied_grad_in(nullptr);
+      if (!first()) sends_[static_cast<size_t>(slot)] = grads.send_async(model_.input_grad(), n, DType::F32, s - 1);
+      if (last() && final) tied_send = pp.send_async(tied_g_.f32(), wte_numel(), DType::F32, 0);
+      const auto te = Clock::now();
+      t.comm_wait_ms += ms(tb, tc);
+      t.backward_ms += ms(tc, te);
+      if (tl) {
+        if (!last() || (first() && final)) tl->add(Timeline::CommWait, step, op.micro, 0, tb, tc);
+        tl->add(Timeline::Backward, step, op.micro, 0, tc, te);
+      }
+    }
+  }
+  // The wait for the last transfers and the loss: the end of the bubble
+  // (the last stage is done long before the first one's last backward).
+  const auto tw = Clock::now();
+  for (auto& w : sends_) wait(w);
+  wait(tied_send);
+  // The loss is the last stage's; every stage reports it.
+  double mean = loss / static_cast<double>(M);
+  pp.broadcast(&mean, 2, DType::F32, mesh_.pp - 1);  // a double as two floats' bytes
+  const auto tend = Clock::now();
+  t.comm_wait_ms += ms(tw, tend);
+  if (tl) tl->add(Timeline::CommWait, step, tw, tend);
+  return mean;
+}
+
+double PipelineExecutor::grad_norm_squared() {
+  // Each stage's sum over its data-parallel group, then over the stages in
+  // stage order (a gather of doubles, summed the same way on every rank).
+  std::vector<double> all(static_cast<size_t>(mesh_.pp), 0.0);
+  all[static_cast<size_t>(mesh_.pp_rank)] = strategy_.grad_norm_squared();
+  groups_.pp().all_gather(all.data(), all.size() * 2, DType::F32);
+  double sum = 0.0;
+  for (double v : all) sum += v;
+  return sum;
+}
+
+nlohmann::json PipelineExecutor::detail() {
+  constexpr size_t kFields = 5;
+  const auto s = static_cast<size_t>(mesh_.pp_rank);
+  std::vector<double> all(kFields * static_cast<size_t>(mesh_.pp), 0.0);
+  all[kFields * s] = static_cast<double>(model_.param_count());
+  all[kFields * s + 1] = static_cast<double>(model_.arenas_held());
+  all[kFields * s + 2] = static_cast<double>(model_.arena_bytes_held());
+  all[kFields * s + 3] = static_cast<double>(model_.activation_bytes_for(batch_.B));
+  all[kFields * s + 4] = static_cast<double>(last() ? tied_w_.bytes() + tied_g_.bytes() : 0);
+  groups_.pp().all_gather(all.data(), all.size() * 2, DType::F32);
+  nlohmann::json stages = nlohmann::json::array();
+  for (size_t k = 0; k < static_cast<size_t>(mesh_.pp); ++k) {
+    const GptStage& st = options_.stages[k];
+    stages.push_back({{"first_block", st.first}, {"last_block", st.last - 1}, {"embedding", st.embed},
+                      {"head", st.head}, {"params", static_cast<int64_t>(all[kFields * k])},
+                      {"arenas", static_cast<int64_t>(all[kFields * k + 1])},
+                      {"activation_bytes", static_cast<int64_t>(all[kFields * k + 2])},
+                      {"arena_bytes", static_cast<int64_t>(all[kFields * k + 3])},
+                      {"tied_copy_bytes", static_cast<int64_t>(all[kFields * k + 4])}});
+  }
+  return {{"pp", mesh_.pp}, {"dp", mesh_.dp}, {"tp", mesh_.tp}, {"schedule", pipe_schedule_name(options_.schedule)},
+          {"micro_batches", options_.micro_batches}, {"bubble_formula", pipe_bubble(mesh_.pp, options_.micro_batches)},
+          {"stages", stages}};
+}
+
+void PipelineExecutor::after_step() { sync_tied_weights(); }
+
+void PipelineExecutor::save(const std::string& path, WeightFormat format) {
+  // Each stage's parameters gathered over its data-parallel group; replica
+  // 0's stages send theirs to the first, which writes the whole model (it
+  // holds all of it for the while: a GPT that needs a pipeline to train
+  // still fits one rank's memory as weights alone).
+  FlatBuffer mine(model_.param_count());
+  for (size_t u = 0; u < model_.layout().units().size(); ++u)
+    strategy_.gather_unit(static_cast<int>(u), mine.f32() + model_.layout().units()[u].offset);
+  if (mesh_.dp_rank != 0) return;
+  comm::ProcessGroup& pp = groups_.pp();
+  if (!first()) {
+    pp.send(mine.f32(), model_.param_count(), DType::F32, 0);
+    return;
+  }
+  const Gpt whole(model_.config());
+  std::vector<float> all(whole.param_count());
+  auto place = [&](const Layout& stage, const float* values) {
+    for (const Slot& slot : stage.slots())
+      std::copy(values + slot.offset, values + slot.offset + slot.numel,
+                all.begin() + static_cast<long>(whole.layout().slot(whole.layout().find(slot.name)).offset));
+  };
+  place(model_.layout(), mine.f32());
+  for (int s = 1; s < mesh_.pp; ++s) {
+    const Gpt stage = stage_model(s);
+    FlatBuffer theirs(stage.param_count());
+    pp.recv(theirs.f32(), stage.param_count(), DType::F32, s);
+    place(stage.layout(), theirs.f32());
+  }
+  WeightWriter file(path, whole, format);
+  for (size_t u = 0; u < whole.layout().units().size(); ++u)
+    file.write_unit(static_cast<int>(u), all.data() + whole.layout().units()[u].offset);
+  file.commit();
+}
+
+}  // namespace dpt

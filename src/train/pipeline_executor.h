@@ -1,0 +1,94 @@
+// One stage of a GPT pipeline (docs/pipeline.md): this rank holds blocks
+// [first, last) of the model (parallel/pipeline_schedule.h chooses them),
+// the embedding if it is the first stage, ln_f, the head and the loss if it
+// is the last, and runs its part of every micro-batch in the schedule's
+// order, receiving activations from the stage before it and gradients from
+// the stage after it (MeshGroups' activation and gradient groups).
+//
+// The tied embedding. One process sums wte's gradient as the head's
+// contribution first, then each token's embedding gradient onto it. Here the
+// last stage keeps a copy of wte for its head (not a parameter: no optimizer
+// state) and sums the head's contribution over the step's micro-batches;
+// after its last backward it sends that to the first stage, which adds it
+// into wte's gradient just before the embedding backward of the last
+// micro-batch (at M = 1 exactly one process's order, so bitwise equal; at
+// M > 1 the head's part is summed before the tokens' instead of
+// interleaved). After the optimizer step the first stage sends wte's new
+// values back: V x C floats each way per step, what an all-reduce of the
+// gradient between the two stages would move.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm/work.h"
+#include "models/gpt.h"
+#include "parallel/mesh.h"
+#include "parallel/pipeline_schedule.h"
+#include "tensor/flat_buffer.h"
+#include "train/executor.h"
+
+namespace dpt {
+
+struct PipelineOptions {
+  PipeSchedule schedule = PipeSchedule::OneFOneB;
+  int micro_batches = 1;
+  std::vector<GptStage> stages;  // every stage's blocks, in order
+};
+
+// The stages of the run's GPT: --pp-split, or balanced by parameters.
+std::vector<GptStage> gpt_stages(const GptConfig& config, int pp, const std::string& split);
+
+// Refuses, in one sentence, a pipeline the engine cannot run: another model
+// than the GPT, a model with fewer blocks than stages, a bad --pp-split, and
+// the options not built with --pp yet.
+void check_pipeline(const TrainOptions& o, const Mesh& mesh);
+
+class PipelineExecutor : public Executor {
+ public:
+  // model: this stage's Gpt; strategy: over groups.dp(). Collective over
+  // the PP group: the last stage's copy of wte is filled from the first.
+  PipelineExecutor(const TrainOptions& o, const Mesh& mesh, MeshGroups& groups, Gpt& model, Strategy& strategy,
+                   DataSource& data, float loss_scale, PipelineOptions options);
+  double run(int64_t step, StepBreakdown& t, Timeline* tl) override;
+  double grad_norm_squared() override;
+  void after_step() override;
+  void save(const std::string& path, WeightFormat format) override;
+  // Per micro-batch: forward, backward and the waits before each; the
+  // wait at the end.
+  size_t trace_spans() const override { return 4 * static_cast<size_t>(options_.micro_batches) + 1; }
+  size_t activation_bytes() const override { return model_.arena_bytes_held(); }
+  // The schedule and, per stage, its blocks, parameters, the activation
+  // arenas it held (one per micro-batch in flight) and the last stage's
+  // copy of wte with its gradient (gathered over the PP group).
+  nlohmann::json detail() override;
+
+ private:
+  // A stage's layout (its Gpt, never allocated) for saving.
+  Gpt stage_model(int s) const { return Gpt(model_.config(), options_.stages[static_cast<size_t>(s)]); }
+  bool first() const { return mesh_.pp_rank == 0; }
+  bool last() const { return mesh_.pp_rank == mesh_.pp - 1; }
+  size_t wte_numel() const;
+  // Sends (first stage) or receives (last stage) wte's current values.
+  void sync_tied_weights();
+
+  const TrainOptions& o_;
+  Mesh mesh_;
+  MeshGroups& groups_;
+  Gpt& model_;
+  Strategy& strategy_;
+  DataSource& data_;
+  float loss_scale_;
+  PipelineOptions options_;
+  std::vector<PipeOp> ops_;
+  int slots_ = 1;
+  Batch batch_;
+  // The last stage: its copy of wte and the head's gradient for it; the
+  // first: the gradient received (both V x C).
+  FlatBuffer tied_w_, tied_g_;
+  FlatBuffer embed_unit_;  // the first stage: its embedding unit, gathered
+  // Sends in flight per slot: a slot's arena is not reused before they end.
+  std::vector<std::shared_ptr<comm::Work>> sends_;
+};
+
+}  // namespace dpt

@@ -1,0 +1,269 @@
+// Pipeline parallelism end to end (docs/pipeline.md): `dpt train --pp` jobs
+// under mpirun against one process with the same global batch and
+// micro-batches, compared on the weights they save and the losses they log.
+//
+//   M = 1, no clipping: pp 2 and 3, gpipe and 1f1b, byte for byte (AdamW).
+//     One process sums wte's gradient as the head's part, then each token's
+//     embedding gradient; the last stage sends its head part to the first
+//     before that stage's embedding backward, so every addition is one
+//     process's, in its order.
+//   M = 4: within 1e-6 after 10 steps. The first stage adds the head's part
+//     of the whole step before its last embedding backward, where one
+//     process interleaves it micro-batch by micro-batch: the sums differ in
+//     rounding only. These runs use SGD with momentum: AdamW divides each
+//     update by sqrt(v) + eps, so an element whose gradient is a
+//     near-cancelling sum (c_attn's key biases: softmax ignores them) turns a
+//     rounding difference of its terms into up to lr of its update (measured:
+//     7.9e-7 absolute on a bias of max 3e-3 after 10 steps; dist_zero.cpp
+//     says the same of ZeRO against DDP). With SGD the measured worst is
+//     2.9e-7 (pp 2 and 3, both schedules); a missing or doubled head gradient, a
+//     wrong loss scale or a micro-batch out of order moves weights by
+//     orders of magnitude more.
+//   pp 2 x dp 2 under zero1 and zero3 (4 ranks), M = 2: within 1e-5 (the
+//     data-parallel sums add rounding of their own; measured 2.4e-7).
+//   Impossible meshes: one sentence, exit 1, before any work.
+//
+// "Within r": per tensor, max|a - b| <= r x max|b|, and the same for every
+// logged step's loss. Data: a generated text, so every world size sees the
+// same sequences (--synthetic draws a batch per rank).
+//
+// Registered in tests/CMakeLists.txt (ctest names pp_cli.*).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../cli_run.h"
+#include "io/safetensors.h"
+
+namespace dpt {
+namespace {
+
+namespace fs = std::filesystem;
+using test::q;
+using test::read_file;
+using test::RunResult;
+
+std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
+
+// One thread everywhere: the kernels' row reductions split by thread, and
+// one process would otherwise take all cores where a rank takes one.
+constexpr const char* kGpt =
+    "--model gpt --heads 2 --width 32 --context 16 --seed 3 --quiet --log-every 1 --threads 1";
+constexpr const char* kSgd = "--optimizer sgd --lr 0.05 --momentum 0.9";
+
+class PpCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / fmt::format("dpt_pp_cli_{}", ::getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // A text of words drawn by a fixed generator: every run reads the same.
+    std::ofstream text(dir_ / "corpus.txt");
+    const char* words[] = {"the", "pipe", "stage", "micro", "batch", "bubble", "send", "recv", "grad", "loss"};
+    uint64_t x = 1;
+    for (int i = 0; i < 20000; ++i) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      text << words[(x >> 33) % 10] << ' ';
+    }
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // `dpt train <args>` on n ranks (mpirun for n > 1), one thread each, the
+  // engine's settings from the environment removed.
+  static RunResult train(int n, const std::string& args) {
+    const std::string env = "env -u DPT_COMM_ALGO -u DPT_COMM_TRANSPORT -u DPT_COMM_CHECK OMP_NUM_THREADS=1 "
+                            "DPT_COMM_TIMEOUT=60";
+    const std::string launcher =
+        n == 1 ? "" : fmt::format("{} launch -n {} -- ", q(dpt_bin()), n);
+    return test::run_shell(fmt::format("{} {}{} train --data {} {}", env, launcher, q(dpt_bin()),
+                                       q(dir_ / "corpus.txt"), args),
+                           dir_, 120);
+  }
+
+  // Trains and returns the saved weights' and metrics' paths' stem.
+  static fs::path run_ok(int n, const std::string& name, const std::string& args) {
+    const fs::path stem = dir_ / name;
+    const RunResult r = train(n, fmt::format("{} --save {} --metrics-out {}", args, q(stem.string() + ".st"),
+                                             q(stem.string() + ".jsonl")));
+    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
+    return stem;
+  }
+
+  static std::vector<double> losses(const fs::path& stem) {
+    std::vector<double> out;
+    std::istringstream in(read_file(stem.string() + ".jsonl"));
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return out;
+  }
+
+  // Per tensor and per logged loss: max|a - b| <= r x max|b|.
+  static void expect_within(const fs::path& a, const fs::path& b, double r) {
+    const SafetensorsFile fa = load_safetensors(a.string() + ".st"), fb = load_safetensors(b.string() + ".st");
+    ASSERT_EQ(fa.tensors.size(), fb.tensors.size());
+    double worst = 0.0;
+    for (const NamedTensor& tb : fb.tensors) {
+      const NamedTensor* ta = fa.find(tb.name);
+      ASSERT_NE(ta, nullptr) << tb.name;
+      ASSERT_EQ(ta->data.size(), tb.data.size()) << tb.name;
+      double diff = 0.0, peak = 0.0;
+      for (size_t i = 0; i < tb.data.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(ta->data[i])) << tb.name;
+        diff = std::max(diff, std::fabs(static_cast<double>(ta->data[i]) - tb.data[i]));
+        peak = std::max(peak, std::fabs(static_cast<double>(tb.data[i])));
+      }
+      EXPECT_LE(diff, r * peak) << tb.name << " of " << a << " against " << b;
+      worst = std::max(worst, peak > 0 ? diff / peak : diff);
+    }
+    const std::vector<double> la = losses(a), lb = losses(b);
+    ASSERT_EQ(la.size(), lb.size());
+    ASSERT_FALSE(lb.empty());
+    for (size_t i = 0; i < lb.size(); ++i)
+      EXPECT_LE(std::fabs(la[i] - lb[i]), r * std::fabs(lb[i])) << "step " << i + 1;
+    std::printf("[ measure  ] %s vs %s: worst tensor max|a-b|/max|b| %.3e\n", a.filename().c_str(),
+                b.filename().c_str(), worst);
+  }
+
+  static inline fs::path dir_;
+};
+
+TEST_F(PpCliTest, OneMicroBatchIsBitwiseOneProcess) {
+  for (int pp : {2, 3}) {
+    const std::string args = fmt::format("{} --layers {} --batch 4 --steps 3", kGpt, pp);
+    const fs::path one = run_ok(1, fmt::format("one_l{}", pp), args);
+    for (const char* schedule : {"gpipe", "1f1b"}) {
+      SCOPED_TRACE(fmt::format("pp {} {}", pp, schedule));
+      const fs::path piped = run_ok(pp, fmt::format("pp{}_{}_m1", pp, schedule),
+                                    fmt::format("{} --pp {} --pp-schedule {}", args, pp, schedule));
+      EXPECT_TRUE(read_file(piped.string() + ".st") == read_file(one.string() + ".st")) << "weights differ";
+      EXPECT_EQ(losses(piped), losses(one));
+    }
+  }
+}
+
+TEST_F(PpCliTest, FourMicroBatchesWithinOneProcess) {
+  for (int pp : {2, 3}) {
+    const std::string args =
+        fmt::format("{} {} --layers 3 --batch 8 --micro-batches 4 --steps 10", kGpt, kSgd);
+    const fs::path one = pp == 2 ? run_ok(1, "one_m4", args) : dir_ / "one_m4";
+    for (const char* schedule : {"gpipe", "1f1b"}) {
+      SCOPED_TRACE(fmt::format("pp {} {}", pp, schedule));
+      expect_within(run_ok(pp, fmt::format("pp{}_{}_m4", pp, schedule),
+                           fmt::format("{} --pp {} --pp-schedule {}", args, pp, schedule)),
+                    one, 1e-6);
+    }
+  }
+}
+
+TEST_F(PpCliTest, PipelineTimesDataParallelWithinOneProcess) {
+  const std::string args = fmt::format("{} {} --layers 2 --batch 8 --micro-batches 2 --steps 10", kGpt, kSgd);
+  const fs::path one = run_ok(1, "one_dp", args);
+  for (const char* strategy : {"zero1", "zero3"}) {
+    SCOPED_TRACE(strategy);
+    const fs::path piped =
+        run_ok(4, fmt::format("pp2_dp2_{}", strategy), fmt::format("{} --pp 2 --strategy {}", args, strategy));
+    expect_within(piped, one, 1e-5);
+  }
+}
+
+// Activations held, as the summary reports them per stage: gpipe keeps
+// all M micro-batches' arenas on every stage, 1f1b at most pp - s on stage
+// s; parameters: each stage its blocks (the first the embedding, the last
+// ln_f and a copy of wte outside the parameters), summing to the model.
+TEST_F(PpCliTest, ActivationsHeldPerStage) {
+  const std::string args = fmt::format("{} --layers 3 --batch 8 --micro-batches 4 --steps 2 --pp 3", kGpt);
+  const int64_t whole = 256 * 32 + 16 * 32 + 3 * (12 * 32 * 32 + 13 * 32) + 2 * 32;
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    SCOPED_TRACE(schedule);
+    const fs::path summary = dir_ / fmt::format("summary_{}.json", schedule);
+    const RunResult r = train(3, fmt::format("{} --pp-schedule {} --summary-out {}", args, schedule, q(summary)));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const nlohmann::json p = nlohmann::json::parse(read_file(summary))["pipeline"];
+    ASSERT_EQ(p["stages"].size(), 3u) << p;
+    int64_t params = 0;
+    for (int s = 0; s < 3; ++s) {
+      const nlohmann::json& st = p["stages"][static_cast<size_t>(s)];
+      const int64_t held = std::string(schedule) == "gpipe" ? 4 : 3 - s;
+      EXPECT_EQ(st["arenas"].get<int64_t>(), held) << st;
+      EXPECT_EQ(st["activation_bytes"].get<int64_t>(), held * st["arena_bytes"].get<int64_t>()) << st;
+      EXPECT_EQ(st["first_block"].get<int64_t>(), s) << st;
+      EXPECT_EQ(st["tied_copy_bytes"].get<int64_t>(), s == 2 ? 2 * 256 * 32 * 4 : 0) << st;
+      params += st["params"].get<int64_t>();
+    }
+    EXPECT_EQ(params, whole);
+  }
+}
+
+// The trace's pipeline picture: every rank (stage) has each micro-batch's
+// forward and backward of each traced step, in its schedule's order (1f1b
+// on 3 stages, M = 4: stage 0 fills with 2 forwards, stage 2 alternates).
+TEST_F(PpCliTest, TraceShowsEachStagesMicroBatches) {
+  const fs::path trace = dir_ / "trace.json";
+  const RunResult r = train(3, fmt::format("{} --layers 3 --batch 8 --micro-batches 4 --steps 3 --pp 3 "
+                                           "--pp-schedule 1f1b --trace-out {} --trace-steps 1",
+                                           kGpt, q(trace)));
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::map<int, std::string> order;  // pid -> "F0 F1 B0 ..."
+  const nlohmann::json events = nlohmann::json::parse(read_file(trace))["traceEvents"];
+  for (const auto& e : events) {
+    if (e["ph"] != "X" || !e["args"].contains("micro_batch")) continue;
+    const std::string name = e["name"];
+    if (!name.starts_with("forward") && !name.starts_with("backward")) continue;
+    order[e["pid"].get<int>()] += fmt::format("{}{} ", name[0] == 'f' ? 'F' : 'B', e["args"]["micro_batch"].get<int>());
+  }
+  EXPECT_EQ(order[0], "F0 F1 F2 B0 F3 B1 B2 B3 ");
+  EXPECT_EQ(order[1], "F0 F1 B0 F2 B1 F3 B2 B3 ");
+  EXPECT_EQ(order[2], "F0 B0 F1 B1 F2 B2 F3 B3 ");
+}
+
+TEST_F(PpCliTest, ImpossibleMeshesAreRefused) {
+  struct Case {
+    int ranks;
+    std::string args, says;
+  };
+  const std::string gpt = fmt::format("{} --layers 2 --batch 4 --steps 2", kGpt);
+  const std::vector<Case> cases = {
+      {3, gpt + " --pp 2", "3 ranks do not split into --tp 1 x --pp 2"},
+      {2, gpt + " --tp 2", "tensor parallelism is not built yet"},
+      {3, gpt + " --pp 3", "--pp 3 needs at least one block per stage, and the model has 2"},
+      {2, gpt + " --pp 2 --micro-batches 3", "global batch 4 does not split into 1 data-parallel replicas x 3"},
+      {2, gpt + " --pp 2 --pp-split 2,1", "--pp-split '2,1' must give 2 stages' blocks summing to the model's 2"},
+      {2, gpt + " --pp 2 --pp-split 1,x", "'x' is not a positive number of blocks"},
+      {2, gpt + " --pp 2 --micro-batches 2 --grad-accum 4", "are one setting under two names"},
+      {2, "--model mlp --batch 4 --steps 2 --pp 2", "the mlp model has none"},
+      {2, gpt + " --pp 2 --strategy hsdp", "--strategy hsdp is not built with --pp 2 yet"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    const RunResult r = train(c.ranks, c.args);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    // One sentence: every rank that reports, reports the same line.
+    std::istringstream in(r.err);
+    std::string first, line;
+    int lines = 0;
+    while (std::getline(in, line)) {
+      const size_t at = line.find("error: ");  // after "dpt[rank r]: "
+      if (at == std::string::npos) continue;
+      line = line.substr(at);
+      if (first.empty()) first = line;
+      EXPECT_EQ(line, first);
+      ++lines;
+    }
+    EXPECT_GE(lines, 1) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+}  // namespace
+}  // namespace dpt
