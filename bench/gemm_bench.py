@@ -11,7 +11,8 @@
              1 thread, fp32 and CPU autocast bf16), OpenBLAS under the
              environment's OPENBLAS_CORETYPE and under SkylakeX, in --repeat
              interleaved rounds; each figure the median of its rounds, each
-             ratio the median of the ratios within a round.
+             ratio the median of the ratios within a round; both also from
+             each run's CPU time per step (the work, on a shared machine).
 
 Usage:
   /usr/bin/python3 bench/gemm_bench.py kernels [--repetitions 5] [--coretype SkylakeX]
@@ -143,15 +144,25 @@ def workloads(args):
         med = {k: statistics.median(rd[k][unit] for rd in rounds) for k in names}
         ratios = {f"{a} / {b}": statistics.median(rd[a][unit] / rd[b][unit] for rd in rounds)
                   for a, b in RATIOS if a in names and b in names}
+        # The same from CPU time per step (1 thread: the step's work), which
+        # neighbours taking turns on a shared machine's cores do not inflate.
+        def cpu_rate(run):
+            return run[unit] * run["step_ms_median"] / run["step_cpu_ms_median"]
+        med_cpu = {k: statistics.median(cpu_rate(rd[k]) for rd in rounds) for k in names}
+        ratios_cpu = {f"{a} / {b}": statistics.median(cpu_rate(rd[a]) / cpu_rate(rd[b]) for rd in rounds)
+                      for a, b in RATIOS if a in names and b in names}
         engine = [k for k in names if k.startswith("dpt")]
         mfu = {k: statistics.median(rd[k]["mfu"] for rd in rounds) for k in engine}
         peak = {k: statistics.median(rd[k]["gemm_gflops"] for rd in rounds) for k in engine}
         print(f"{workload} ({unit}, median of {args.repeat} rounds): " +
               ", ".join(f"{k} {v:.0f}" for k, v in med.items()))
         print("  ratios (median of the rounds' ratios): " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
+        print(f"  from CPU time ({unit}): " + ", ".join(f"{k} {v:.0f}" for k, v in med_cpu.items()))
+        print("  ratios from CPU time: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios_cpu.items()))
         print("  measured GEMM peak GFLOP/s: " + ", ".join(f"{k} {peak[k]:.1f} (MFU {100 * mfu[k]:.0f}%)"
                                                            for k in engine))
-        result["workloads"][workload] = {"unit": unit, "median": med, "ratios": ratios, "mfu": mfu,
+        result["workloads"][workload] = {"unit": unit, "median": med, "ratios": ratios, "median_cpu_time": med_cpu,
+                                         "ratios_cpu_time": ratios_cpu, "mfu": mfu,
                                          "gemm_peak_gflops": peak, "rounds": rounds}
     write_json(args.out or os.path.join(HERE, "results", "gemm_workloads.json"), result)
 

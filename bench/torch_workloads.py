@@ -128,8 +128,9 @@ def main():
     model, opt, step_loss, flops, per_step = setup()
     model.train()
 
-    times = []
+    times, cpu_times = [], []
     for i in range(args.steps):
+        c0 = time.process_time()
         t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
             loss = step_loss(i)
@@ -137,8 +138,10 @@ def main():
         opt.step()
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
+        c1 = time.process_time()
         if i >= args.warmup:
             times.append(t1 - t0)
+            cpu_times.append(c1 - c0)
     if not torch.isfinite(loss):
         print(f"torch_workloads.py: non-finite loss {loss.item()}", file=sys.stderr)
         return 1
@@ -155,6 +158,9 @@ def main():
         "warmup": args.warmup,
         "step_ms_median": median * 1e3,
         "step_ms_min": min(times) * 1e3,
+        # CPU time of the process per step (all threads): at 1 thread the
+        # step's work, which other programs sharing the cores do not inflate.
+        "step_cpu_ms_median": statistics.median(cpu_times) * 1e3,
         unit: per_step / median,
         "flops_per_step": flops,
         "gflops": flops / median / 1e9,

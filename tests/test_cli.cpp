@@ -115,6 +115,10 @@ TEST_F(CliTest, TrainWritesSummaryJson) {
   EXPECT_EQ(j["model"], "mlp");
   EXPECT_EQ(j["steps"], 5);
   EXPECT_GT(j["step_ms_median"].get<double>(), 0.0);
+  // The step's CPU time: positive, and on one thread it cannot exceed the
+  // wall-clock time by more than the clocks' granularity.
+  EXPECT_GT(j["step_cpu_ms_median"].get<double>(), 0.0);
+  EXPECT_LE(j["step_cpu_ms_median"].get<double>(), 1.05 * j["step_ms_median"].get<double>() + 0.5);
   EXPECT_GT(j["samples_per_s"].get<double>(), 0.0);
   EXPECT_GT(j["gflops"].get<double>(), 0.0);
   EXPECT_GE(j["mfu"].get<double>(), 0.0);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <ctime>
 #include <cstdlib>
 #include <cmath>
 #include <cstdio>
@@ -62,6 +63,13 @@ namespace {
 
 double since_ms(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// CPU time of the whole process (every thread), in ms.
+double process_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
 }
 
 // Every rank's values, gathered as doubles (an all-gather moves bytes).
@@ -184,20 +192,22 @@ class StepTimes {
     for (auto* v : all()) v->reserve(static_cast<size_t>(std::min<int64_t>(steps, 1 << 16)));
   }
   void add(const StepBreakdown& t) {
-    const double values[] = {t.data_ms, t.forward_ms, t.backward_ms, t.gather_ms, t.comm_wait_ms, t.optimizer_ms,
-                             t.step_ms};
+    const double values[] = {t.data_ms, t.forward_ms,   t.backward_ms, t.gather_ms, t.comm_wait_ms,
+                             t.optimizer_ms, t.step_ms, t.cpu_ms};
     size_t i = 0;
     for (auto* v : all()) v->push_back(values[i++]);
   }
   StepBreakdown medians() const {  // see core/stats.h
     return {steady_median(data_), steady_median(fwd_), steady_median(bwd_), steady_median(gather_),
-            steady_median(wait_), steady_median(opt_), steady_median(step_)};
+            steady_median(wait_), steady_median(opt_), steady_median(step_), steady_median(cpu_)};
   }
   size_t size() const { return step_.size(); }
 
  private:
-  std::array<std::vector<double>*, 7> all() { return {&data_, &fwd_, &bwd_, &gather_, &wait_, &opt_, &step_}; }
-  std::vector<double> data_, fwd_, bwd_, gather_, wait_, opt_, step_;
+  std::array<std::vector<double>*, 8> all() {
+    return {&data_, &fwd_, &bwd_, &gather_, &wait_, &opt_, &step_, &cpu_};
+  }
+  std::vector<double> data_, fwd_, bwd_, gather_, wait_, opt_, step_, cpu_;
 };
 
 // The pipeline's line: the mesh, the schedule, each stage's blocks and the
@@ -445,6 +455,7 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   StepOutcome out;
   StepBreakdown& t = out.t;
   auto t0 = Clock::now();
+  const double cpu0 = process_cpu_ms();
   c.strategy.begin_step();
   out.loss = c.executor.run(step, t, tl);
   auto tw = Clock::now();
@@ -470,6 +481,7 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
     c.strategy.trace(*tl, step);
   }
   t.step_ms = since_ms(t0);
+  t.cpu_ms = process_cpu_ms() - cpu0;
   if (!std::isfinite(out.loss))
     throw InputError(fmt::format("training diverged: loss is {} at step {}", out.loss, step));
   return out;
@@ -716,6 +728,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   }
 
   r.breakdown = times.medians();
+  r.step_cpu_ms_median = r.breakdown.cpu_ms;
   report_run(o, pg, *model, *strategy, *executor, evaluable, times.size(), baseline, total_s, quiet, r);
   return r;
 }

@@ -106,6 +106,10 @@ struct TrainOptions {
 struct StepBreakdown {
   double data_ms = 0, forward_ms = 0, backward_ms = 0, gather_ms = 0, comm_wait_ms = 0, optimizer_ms = 0,
          step_ms = 0;
+  // CPU time this process spent in the step, all its threads together: at
+  // --threads 1 the step's work, which other programs taking turns on the
+  // cores (a shared machine) do not inflate as they do step_ms.
+  double cpu_ms = 0;
 };
 
 struct TrainResult {
@@ -124,6 +128,7 @@ struct TrainResult {
   double first_loss = 0.0, final_loss = 0.0;  // training loss, first and last step
   double eval_loss = 0.0, eval_accuracy = 0.0;  // final evaluation (not synthetic)
   double step_ms_median = 0.0;  // steady state: steps after the first 20 (or after 1)
+  double step_cpu_ms_median = 0.0;  // this rank's, the same steps (StepBreakdown::cpu_ms)
   double samples_per_s = 0.0;   // images (mlp) or sequences (gpt)
   double tokens_per_s = 0.0;    // gpt
   double gflops = 0.0, mfu = 0.0, gemm_gflops = 0.0;  // the GEMM backend's peak, measured
