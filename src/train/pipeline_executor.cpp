@@ -59,7 +59,6 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
     throw InputError(fmt::format("--checkpoint-dir and --resume are not built {} yet", not_yet));
   if (!o.load.empty()) throw InputError(fmt::format("--load is not built {} yet", not_yet));
   if (!o.offload.empty()) throw InputError(fmt::format("--offload is not built {} yet", not_yet));
-  if (o.eval_every > 0) throw InputError(fmt::format("--eval-every is not built {} yet (evaluation is)", not_yet));
   gpt_stages(GptConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
 }
 
@@ -81,6 +80,18 @@ PipelineExecutor::PipelineExecutor(const TrainOptions& o, const Mesh& mesh, Mesh
     embed_unit_ = FlatBuffer(model_.layout().units()[0].numel);
   }
   sync_tied_weights();
+  eval_forward_ = [this](const Batch& b) {
+    // One batch at a time, in slot 0 (between steps every arena is free).
+    model_.use_slot(0);
+    const size_t n = static_cast<size_t>(b.B * b.T * model_.config().width);
+    if (!first()) {
+      model_.prepare(b.B, b.T);
+      groups_.activations().recv(model_.stage_input(), n, DType::F32, mesh_.pp_rank - 1);
+    }
+    const ForwardStats st = model_.forward(b);
+    if (!last()) groups_.activations().send(model_.stage_output(), n, DType::F32, mesh_.pp_rank + 1);
+    return st;
+  };
 }
 
 size_t PipelineExecutor::wte_numel() const {

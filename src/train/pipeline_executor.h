@@ -62,6 +62,9 @@ class PipelineExecutor : public Executor {
   // arenas it held (one per micro-batch in flight) and the last stage's
   // copy of wte with its gradient (gathered over the PP group).
   nlohmann::json detail() override;
+  // Each batch through the stages: the last stage's statistics, zeros on
+  // the others (evaluation's combine() sums every rank).
+  const ForwardFn* eval_forward() override { return &eval_forward_; }
 
  private:
   // A stage's layout (its Gpt, never allocated) for saving.
@@ -89,6 +92,7 @@ class PipelineExecutor : public Executor {
   FlatBuffer embed_unit_;  // the first stage: its embedding unit, gathered
   // Sends in flight per slot: a slot's arena is not reused before they end.
   std::vector<std::shared_ptr<comm::Work>> sends_;
+  ForwardFn eval_forward_;
 };
 
 }  // namespace dpt

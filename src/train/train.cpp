@@ -228,8 +228,6 @@ void print_header(const TrainOptions& o, const Model& model, const Strategy& str
   if (world > 1) std::printf("%s\n", strategy.describe().c_str());
   if (mesh.pp > 1) print_pipeline(o, mesh, model);
   if (!o.synthetic && !evaluable) std::printf("no held-out text (--val-fraction 0): evaluation is skipped\n");
-  if (!o.synthetic && evaluable && mesh.pp > 1)
-    std::printf("evaluation is not built for --pp yet: skipped (train with --pp, evaluate the saved weights)\n");
 }
 
 // Every rank's step medians and peak RSS; the job's throughput from the
@@ -632,16 +630,16 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
         PipelineOptions{parse_pipe_schedule(o.pp_schedule), static_cast<int>(o.grad_accum), stages});
   else
     executor = std::make_unique<SequentialExecutor>(o, pg, *model, *strategy, data, loss_scale);
-  // Evaluation runs the whole model's forward: not built for stages yet.
-  const bool evaluable = data.evaluable() && mesh.pp == 1;
+
   const int64_t steps = data.steps(o);
   o.schedule.total_steps = steps;
   TrainResult r;
   const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps, r) : 0;
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
-    if (!evaluable) return std::nullopt;
-    return combine(data.evaluate(*model, micro, o.eval_windows, rank, world), pg);
+    if (!data.evaluable()) return std::nullopt;
+    return combine(
+        data.evaluate(*model, micro, o.eval_windows, mesh.dp_rank, mesh.dp, executor->eval_forward()), pg);
   };
 
   std::unique_ptr<MetricsFile> metrics;
@@ -717,7 +715,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   }
 
   r.breakdown = times.medians();
-  report_run(o, pg, *model, *strategy, *executor, evaluable, times.size(), baseline, total_s, quiet, r);
+  report_run(o, pg, *model, *strategy, *executor, data.evaluable(), times.size(), baseline, total_s, quiet, r);
   return r;
 }
 

@@ -2,7 +2,8 @@
 // under mpirun against one process with the same global batch and
 // micro-batches, compared on the weights they save and the losses they log.
 //
-//   M = 1, no clipping: pp 2 and 3, gpipe and 1f1b, byte for byte (AdamW).
+//   M = 1, no clipping: pp 2 and 3, gpipe and 1f1b, byte for byte (AdamW),
+//     and the final evaluation's loss, computed through the stages, equal.
 //     One process sums wte's gradient as the head's part, then each token's
 //     embedding gradient; the last stage sends its head part to the first
 //     before that stage's embedding backward, so every addition is one
@@ -94,10 +95,16 @@ class PpCliTest : public ::testing::Test {
   // Trains and returns the saved weights' and metrics' paths' stem.
   static fs::path run_ok(int n, const std::string& name, const std::string& args) {
     const fs::path stem = dir_ / name;
-    const RunResult r = train(n, fmt::format("{} --save {} --metrics-out {}", args, q(stem.string() + ".st"),
-                                             q(stem.string() + ".jsonl")));
+    const RunResult r = train(n, fmt::format("{} --save {} --metrics-out {} --summary-out {}", args,
+                                             q(stem.string() + ".st"), q(stem.string() + ".jsonl"),
+                                             q(stem.string() + ".json")));
     EXPECT_EQ(r.code, 0) << name << ": " << r.err;
     return stem;
+  }
+
+  // The final evaluation's loss (the held-out tail of the text).
+  static double val_loss(const fs::path& stem) {
+    return nlohmann::json::parse(read_file(stem.string() + ".json"))["val_loss"].get<double>();
   }
 
   static std::vector<double> losses(const fs::path& stem) {
@@ -130,6 +137,7 @@ class PpCliTest : public ::testing::Test {
     ASSERT_FALSE(lb.empty());
     for (size_t i = 0; i < lb.size(); ++i)
       EXPECT_LE(std::fabs(la[i] - lb[i]), r * std::fabs(lb[i])) << "step " << i + 1;
+    EXPECT_LE(std::fabs(val_loss(a) - val_loss(b)), r * std::fabs(val_loss(b)));
     std::printf("[ measure  ] %s vs %s: worst tensor max|a-b|/max|b| %.3e\n", a.filename().c_str(),
                 b.filename().c_str(), worst);
   }
@@ -147,6 +155,7 @@ TEST_F(PpCliTest, OneMicroBatchIsBitwiseOneProcess) {
                                     fmt::format("{} --pp {} --pp-schedule {}", args, pp, schedule));
       EXPECT_TRUE(read_file(piped.string() + ".st") == read_file(one.string() + ".st")) << "weights differ";
       EXPECT_EQ(losses(piped), losses(one));
+      EXPECT_EQ(val_loss(piped), val_loss(one));  // evaluation through the stages
     }
   }
 }
