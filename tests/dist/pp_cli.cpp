@@ -20,6 +20,7 @@
 //     2.9e-7 (pp 2 and 3, both schedules); a missing or doubled head gradient, a
 //     wrong loss scale or a micro-batch out of order moves weights by
 //     orders of magnitude more.
+//   M = 4 with --clip (pp 3): within 1e-6, the norm summed across stages.
 //   pp 2 x dp 2 under zero1 and zero3 (4 ranks), M = 2: within 1e-5 (the
 //     data-parallel sums add rounding of their own; measured 2.4e-7).
 //   Impossible meshes: one sentence, exit 1, before any work.
@@ -172,6 +173,16 @@ TEST_F(PpCliTest, FourMicroBatchesWithinOneProcess) {
                     one, 1e-6);
     }
   }
+}
+
+// Clipping across stages: the norm is each stage's sum of squares summed
+// over the stages, so every rank scales by the same factor (--clip 0.5
+// engages from the first step: the norm starts near 1.3).
+TEST_F(PpCliTest, ClippingAcrossStagesWithinOneProcess) {
+  const std::string args =
+      fmt::format("{} {} --layers 3 --batch 8 --micro-batches 4 --steps 10 --clip 0.5", kGpt, kSgd);
+  const fs::path one = run_ok(1, "one_clip", args);
+  expect_within(run_ok(3, "pp3_clip", args + " --pp 3"), one, 1e-6);
 }
 
 TEST_F(PpCliTest, PipelineTimesDataParallelWithinOneProcess) {
