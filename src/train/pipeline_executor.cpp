@@ -62,9 +62,9 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
   gpt_stages(GptConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
 }
 
-PipelineExecutor::PipelineExecutor(const TrainOptions& o, const Mesh& mesh, MeshGroups& groups, Gpt& model,
-                                   Strategy& strategy, DataSource& data, float loss_scale, PipelineOptions options)
-    : o_(o), mesh_(mesh), groups_(groups), model_(model), strategy_(strategy), data_(data), loss_scale_(loss_scale),
+PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& model, Strategy& strategy,
+                                   DataSource& data, float loss_scale, PipelineOptions options)
+    : mesh_(mesh), groups_(groups), model_(model), strategy_(strategy), data_(data), loss_scale_(loss_scale),
       options_(std::move(options)) {
   const int M = options_.micro_batches;
   ops_ = pipe_ops(options_.schedule, mesh_.pp, mesh_.pp_rank, M);

@@ -48,8 +48,8 @@ class PipelineExecutor : public Executor {
  public:
   // model: this stage's Gpt; strategy: over groups.dp(). Collective over
   // the PP group: the last stage's copy of wte is filled from the first.
-  PipelineExecutor(const TrainOptions& o, const Mesh& mesh, MeshGroups& groups, Gpt& model, Strategy& strategy,
-                   DataSource& data, float loss_scale, PipelineOptions options);
+  PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& model, Strategy& strategy, DataSource& data,
+                   float loss_scale, PipelineOptions options);
   double run(int64_t step, StepBreakdown& t, Timeline* tl) override;
   double grad_norm_squared() override;
   void after_step() override;
@@ -75,7 +75,6 @@ class PipelineExecutor : public Executor {
   // Sends (first stage) or receives (last stage) wte's current values.
   void sync_tied_weights();
 
-  const TrainOptions& o_;
   Mesh mesh_;
   MeshGroups& groups_;
   Gpt& model_;

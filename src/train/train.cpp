@@ -626,7 +626,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   std::unique_ptr<Executor> executor;
   if (mesh.pp > 1)
     executor = std::make_unique<PipelineExecutor>(
-        o, mesh, groups, dynamic_cast<Gpt&>(*model), *strategy, data, loss_scale,
+        mesh, groups, dynamic_cast<Gpt&>(*model), *strategy, data, loss_scale,
         PipelineOptions{parse_pipe_schedule(o.pp_schedule), static_cast<int>(o.grad_accum), stages});
   else
     executor = std::make_unique<SequentialExecutor>(o, pg, *model, *strategy, data, loss_scale);
