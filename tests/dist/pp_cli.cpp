@@ -161,6 +161,17 @@ TEST_F(PpCliTest, OneMicroBatchIsBitwiseOneProcess) {
   }
 }
 
+// --load: each stage reads its own tensors from the whole model's file.
+TEST_F(PpCliTest, LoadedWeightsTrainAsInOneProcess) {
+  const fs::path start = run_ok(1, "start", fmt::format("{} --layers 3 --batch 4 --steps 2", kGpt));
+  const std::string args =
+      fmt::format("{} --layers 3 --batch 4 --steps 3 --load {}", kGpt, q(start.string() + ".st"));
+  const fs::path one = run_ok(1, "one_loaded", args);
+  const fs::path piped = run_ok(3, "pp3_loaded", args + " --pp 3");
+  EXPECT_TRUE(read_file(piped.string() + ".st") == read_file(one.string() + ".st")) << "weights differ";
+  EXPECT_FALSE(read_file(start.string() + ".st") == read_file(one.string() + ".st")) << "the run trained nothing";
+}
+
 TEST_F(PpCliTest, FourMicroBatchesWithinOneProcess) {
   for (int pp : {2, 3}) {
     const std::string args =
