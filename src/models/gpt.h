@@ -63,6 +63,8 @@ class Gpt : public Model {
   size_t activation_bytes_for(int64_t B) const override;
   const GptConfig& config() const { return config_; }
   const GptStage& stage() const { return stage_; }
+  // The whole model (not one pipeline stage of it).
+  bool whole() const { return stage_.first == 0 && stage_.last == config_.layers && stage_.embed && stage_.head; }
 
   // Pipeline stages. A stage keeps several micro-batches' activations at
   // once, one arena per slot; use_slot(i) makes slot i's the one forward

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "models/gpt.h"
 
 namespace dpt {
 
@@ -47,6 +48,12 @@ std::optional<std::string> check_names(const Model& model, const std::vector<Ten
   std::map<std::string, const TensorSpec*> by_name;
   for (const TensorSpec& t : tensors) by_name[t.name] = &t;
   std::map<std::string, bool> expected;
+  // A pipeline stage reads its own tensors from a whole model's file: the
+  // other stages' are expected too, and left alone.
+  if (const auto* gpt = dynamic_cast<const Gpt*>(&model); gpt && !gpt->whole()) {
+    const Gpt whole(gpt->config());
+    for (const Slot& s : whole.layout().slots()) expected[names.file_name(s.name)] = true;
+  }
   for (const Slot& s : layout.slots()) {
     const std::string name = names.file_name(s.name);
     expected[name] = true;

@@ -129,13 +129,14 @@ int64_t DataSource::steps(const TrainOptions& o) const {
   return o.model == "mlp" ? 702 : 200;
 }
 
-EvalResult DataSource::evaluate(Model& model, int64_t batch, int64_t max_windows, int rank, int world) const {
+EvalResult DataSource::evaluate(Model& model, int64_t batch, int64_t max_windows, int rank, int world,
+                                const ForwardFn* forward) const {
   if (sets_->test_images) return evaluate_images(model, *sets_->test_images, 1000, rank, world);
-  if (val_windows_) return evaluate_windows(model, *val_windows_, batch, max_windows, rank, world);
+  if (val_windows_) return evaluate_windows(model, *val_windows_, batch, max_windows, rank, world, forward);
   if (const auto& v = sets_->val_corpus)
-    return evaluate_text(model, v->train(), v->train_size(), batch, max_windows, rank, world);
+    return evaluate_text(model, v->train(), v->train_size(), batch, max_windows, rank, world, forward);
   const ByteCorpus& c = *sets_->corpus;
-  return evaluate_text(model, c.val(), c.val_size(), batch, max_windows, rank, world);
+  return evaluate_text(model, c.val(), c.val_size(), batch, max_windows, rank, world, forward);
 }
 
 }  // namespace dpt

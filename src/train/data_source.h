@@ -53,7 +53,9 @@ class DataSource {
   // (--val-fraction 0): there is nothing to evaluate on.
   bool evaluable() const;
   // This rank's share of the held-out data; combine() across ranks.
-  EvalResult evaluate(Model& model, int64_t batch, int64_t max_windows, int rank, int world) const;
+  // forward: what evaluates a batch instead of model.forward (a pipeline's).
+  EvalResult evaluate(Model& model, int64_t batch, int64_t max_windows, int rank, int world,
+                      const ForwardFn* forward = nullptr) const;
 
  private:
   bool synthetic_ = false;

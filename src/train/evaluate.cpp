@@ -28,7 +28,7 @@ EvalResult evaluate_images(Model& model, const ImageSet& set, int64_t batch, int
 }
 
 EvalResult evaluate_text(Model& model, const uint8_t* data, size_t n, int64_t batch, int64_t max_windows,
-                         int rank, int world) {
+                         int rank, int world, const ForwardFn* forward) {
   const int64_t T = model.positions();
   int64_t windows = static_cast<int64_t>(n) / (T + 1);
   if (windows == 0)
@@ -40,7 +40,7 @@ EvalResult evaluate_text(Model& model, const uint8_t* data, size_t n, int64_t ba
   Batch b;
   for (int64_t w = begin; w < end; w += batch) {
     fill_sequential_windows(data, n, T, w, std::min(batch, end - w), b);
-    ForwardStats st = model.forward(b);
+    ForwardStats st = forward ? (*forward)(b) : model.forward(b);
     r.loss_sum += static_cast<double>(st.loss) * static_cast<double>(st.count);
     r.correct += st.correct;
     r.count += st.count;
@@ -49,7 +49,7 @@ EvalResult evaluate_text(Model& model, const uint8_t* data, size_t n, int64_t ba
 }
 
 EvalResult evaluate_windows(Model& model, const ShardWindows& windows, int64_t batch, int64_t max_windows,
-                            int rank, int world) {
+                            int rank, int world, const ForwardFn* forward) {
   const int64_t T = windows.T();
   const int64_t count = max_windows > 0 ? std::min(windows.size(), max_windows) : windows.size();
   const comm::Range share = comm::chunk_range(static_cast<size_t>(count), world, rank);
@@ -63,7 +63,7 @@ EvalResult evaluate_windows(Model& model, const ShardWindows& windows, int64_t b
     b.tokens.resize(static_cast<size_t>(n * T));
     b.targets.resize(static_cast<size_t>(n * T));
     for (int64_t i = 0; i < n; ++i) windows.fill(w + i, b, i);
-    ForwardStats st = model.forward(b);
+    ForwardStats st = forward ? (*forward)(b) : model.forward(b);
     r.loss_sum += static_cast<double>(st.loss) * static_cast<double>(st.count);
     r.correct += st.correct;
     r.count += st.count;

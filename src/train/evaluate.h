@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "comm/process_group.h"
 #include "data/fashion_mnist.h"
@@ -22,6 +23,12 @@ struct EvalResult {
   double accuracy() const { return count ? static_cast<double>(correct) / static_cast<double>(count) : 0.0; }
 };
 
+// What evaluates one batch when it is not the model's own forward: a
+// pipeline's (train/pipeline_executor.h), whose last stage returns the
+// statistics and the others zeros, so combine() over every rank still
+// counts each target once.
+using ForwardFn = std::function<ForwardStats(const Batch&)>;
+
 // Images [chunk(rank)] of the set, in order, `batch` at a time.
 EvalResult evaluate_images(Model& model, const ImageSet& set, int64_t batch, int rank = 0, int world = 1);
 
@@ -29,12 +36,12 @@ EvalResult evaluate_images(Model& model, const ImageSet& set, int64_t batch, int
 // [data, data + n), the last partial window dropped; at most max_windows of
 // them when max_windows > 0; this rank takes its chunk of those windows.
 EvalResult evaluate_text(Model& model, const uint8_t* data, size_t n, int64_t batch, int64_t max_windows,
-                         int rank = 0, int world = 1);
+                         int rank = 0, int world = 1, const ForwardFn* forward = nullptr);
 
 // The windows of a token-shard range in order, each exactly once (at most
 // max_windows of them when max_windows > 0); this rank takes its chunk.
 EvalResult evaluate_windows(Model& model, const ShardWindows& windows, int64_t batch, int64_t max_windows,
-                            int rank = 0, int world = 1);
+                            int rank = 0, int world = 1, const ForwardFn* forward = nullptr);
 
 // Sums the ranks' results in rank order (exact: the sums travel as doubles).
 EvalResult combine(const EvalResult& mine, comm::ProcessGroup& pg);

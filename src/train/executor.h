@@ -23,6 +23,7 @@
 #include "models/hf_gpt2.h"
 #include "models/model.h"
 #include "parallel/strategy.h"
+#include "train/evaluate.h"
 
 namespace dpt {
 
@@ -47,6 +48,9 @@ class Executor {
   virtual size_t trace_spans() const = 0;
   // Bytes of activations this rank holds at most (every arena).
   virtual size_t activation_bytes() const = 0;
+  // Collective: one evaluation batch's forward when the model's own
+  // forward is not the whole model's (a pipeline stage); null: it is.
+  virtual const ForwardFn* eval_forward() { return nullptr; }
   // Collective: what the summary reports of the run's layout (null: nothing).
   virtual nlohmann::json detail() { return nullptr; }
 };

@@ -57,15 +57,13 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
   if (!o.checkpoint_dir.empty() || !o.resume.empty())
     throw InputError(fmt::format("--checkpoint-dir and --resume are not built {} yet", not_yet));
-  if (!o.load.empty()) throw InputError(fmt::format("--load is not built {} yet", not_yet));
   if (!o.offload.empty()) throw InputError(fmt::format("--offload is not built {} yet", not_yet));
-  if (o.eval_every > 0) throw InputError(fmt::format("--eval-every is not built {} yet (evaluation is)", not_yet));
   gpt_stages(GptConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
 }
 
-PipelineExecutor::PipelineExecutor(const TrainOptions& o, const Mesh& mesh, MeshGroups& groups, Gpt& model,
-                                   Strategy& strategy, DataSource& data, float loss_scale, PipelineOptions options)
-    : o_(o), mesh_(mesh), groups_(groups), model_(model), strategy_(strategy), data_(data), loss_scale_(loss_scale),
+PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& model, Strategy& strategy,
+                                   DataSource& data, float loss_scale, PipelineOptions options)
+    : mesh_(mesh), groups_(groups), model_(model), strategy_(strategy), data_(data), loss_scale_(loss_scale),
       options_(std::move(options)) {
   const int M = options_.micro_batches;
   ops_ = pipe_ops(options_.schedule, mesh_.pp, mesh_.pp_rank, M);
@@ -81,6 +79,18 @@ PipelineExecutor::PipelineExecutor(const TrainOptions& o, const Mesh& mesh, Mesh
     embed_unit_ = FlatBuffer(model_.layout().units()[0].numel);
   }
   sync_tied_weights();
+  eval_forward_ = [this](const Batch& b) {
+    // One batch at a time, in slot 0 (between steps every arena is free).
+    model_.use_slot(0);
+    const size_t n = static_cast<size_t>(b.B * b.T * model_.config().width);
+    if (!first()) {
+      model_.prepare(b.B, b.T);
+      groups_.activations().recv(model_.stage_input(), n, DType::F32, mesh_.pp_rank - 1);
+    }
+    const ForwardStats st = model_.forward(b);
+    if (!last()) groups_.activations().send(model_.stage_output(), n, DType::F32, mesh_.pp_rank + 1);
+    return st;
+  };
 }
 
 size_t PipelineExecutor::wte_numel() const {

@@ -48,8 +48,8 @@ class PipelineExecutor : public Executor {
  public:
   // model: this stage's Gpt; strategy: over groups.dp(). Collective over
   // the PP group: the last stage's copy of wte is filled from the first.
-  PipelineExecutor(const TrainOptions& o, const Mesh& mesh, MeshGroups& groups, Gpt& model, Strategy& strategy,
-                   DataSource& data, float loss_scale, PipelineOptions options);
+  PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& model, Strategy& strategy, DataSource& data,
+                   float loss_scale, PipelineOptions options);
   double run(int64_t step, StepBreakdown& t, Timeline* tl) override;
   double grad_norm_squared() override;
   void after_step() override;
@@ -62,6 +62,9 @@ class PipelineExecutor : public Executor {
   // arenas it held (one per micro-batch in flight) and the last stage's
   // copy of wte with its gradient (gathered over the PP group).
   nlohmann::json detail() override;
+  // Each batch through the stages: the last stage's statistics, zeros on
+  // the others (evaluation's combine() sums every rank).
+  const ForwardFn* eval_forward() override { return &eval_forward_; }
 
  private:
   // A stage's layout (its Gpt, never allocated) for saving.
@@ -72,7 +75,6 @@ class PipelineExecutor : public Executor {
   // Sends (first stage) or receives (last stage) wte's current values.
   void sync_tied_weights();
 
-  const TrainOptions& o_;
   Mesh mesh_;
   MeshGroups& groups_;
   Gpt& model_;
@@ -89,6 +91,7 @@ class PipelineExecutor : public Executor {
   FlatBuffer embed_unit_;  // the first stage: its embedding unit, gathered
   // Sends in flight per slot: a slot's arena is not reused before they end.
   std::vector<std::shared_ptr<comm::Work>> sends_;
+  ForwardFn eval_forward_;
 };
 
 }  // namespace dpt

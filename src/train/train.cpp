@@ -238,8 +238,6 @@ void print_header(const TrainOptions& o, const Model& model, const Strategy& str
   if (world > 1) std::printf("%s\n%s\n", strategy.describe().c_str(), topology_line(topology).c_str());
   if (mesh.pp > 1) print_pipeline(o, mesh, model);
   if (!o.synthetic && !evaluable) std::printf("no held-out text (--val-fraction 0): evaluation is skipped\n");
-  if (!o.synthetic && evaluable && mesh.pp > 1)
-    std::printf("evaluation is not built for --pp yet: skipped (train with --pp, evaluate the saved weights)\n");
 }
 
 // Every rank's step medians and peak RSS; the job's throughput from the
@@ -638,12 +636,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   std::unique_ptr<Executor> executor;
   if (mesh.pp > 1)
     executor = std::make_unique<PipelineExecutor>(
-        o, mesh, groups, dynamic_cast<Gpt&>(*model), *strategy, data, loss_scale,
+        mesh, groups, dynamic_cast<Gpt&>(*model), *strategy, data, loss_scale,
         PipelineOptions{parse_pipe_schedule(o.pp_schedule), static_cast<int>(o.grad_accum), stages});
   else
     executor = std::make_unique<SequentialExecutor>(o, pg, *model, *strategy, data, loss_scale);
-  // Evaluation runs the whole model's forward: not built for stages yet.
-  const bool evaluable = data.evaluable() && mesh.pp == 1;
+
   const int64_t steps = data.steps(o);
   o.schedule.total_steps = steps;
   TrainResult r;
@@ -651,8 +648,9 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps, r) : 0;
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
-    if (!evaluable) return std::nullopt;
-    return combine(data.evaluate(*model, micro, o.eval_windows, rank, world), pg);
+    if (!data.evaluable()) return std::nullopt;
+    return combine(
+        data.evaluate(*model, micro, o.eval_windows, mesh.dp_rank, mesh.dp, executor->eval_forward()), pg);
   };
 
   std::unique_ptr<MetricsFile> metrics;
@@ -729,7 +727,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
 
   r.breakdown = times.medians();
   r.step_cpu_ms_median = r.breakdown.cpu_ms;
-  report_run(o, pg, *model, *strategy, *executor, evaluable, times.size(), baseline, total_s, quiet, r);
+  report_run(o, pg, *model, *strategy, *executor, data.evaluable(), times.size(), baseline, total_s, quiet, r);
   return r;
 }
 

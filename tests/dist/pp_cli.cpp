@@ -2,7 +2,8 @@
 // under mpirun against one process with the same global batch and
 // micro-batches, compared on the weights they save and the losses they log.
 //
-//   M = 1, no clipping: pp 2 and 3, gpipe and 1f1b, byte for byte (AdamW).
+//   M = 1, no clipping: pp 2 and 3, gpipe and 1f1b, byte for byte (AdamW),
+//     and the final evaluation's loss, computed through the stages, equal.
 //     One process sums wte's gradient as the head's part, then each token's
 //     embedding gradient; the last stage sends its head part to the first
 //     before that stage's embedding backward, so every addition is one
@@ -19,6 +20,7 @@
 //     2.9e-7 (pp 2 and 3, both schedules); a missing or doubled head gradient, a
 //     wrong loss scale or a micro-batch out of order moves weights by
 //     orders of magnitude more.
+//   M = 4 with --clip (pp 3): within 1e-6, the norm summed across stages.
 //   pp 2 x dp 2 under zero1 and zero3 (4 ranks), M = 2: within 1e-5 (the
 //     data-parallel sums add rounding of their own; measured 2.4e-7).
 //   Impossible meshes: one sentence, exit 1, before any work.
@@ -94,10 +96,16 @@ class PpCliTest : public ::testing::Test {
   // Trains and returns the saved weights' and metrics' paths' stem.
   static fs::path run_ok(int n, const std::string& name, const std::string& args) {
     const fs::path stem = dir_ / name;
-    const RunResult r = train(n, fmt::format("{} --save {} --metrics-out {}", args, q(stem.string() + ".st"),
-                                             q(stem.string() + ".jsonl")));
+    const RunResult r = train(n, fmt::format("{} --save {} --metrics-out {} --summary-out {}", args,
+                                             q(stem.string() + ".st"), q(stem.string() + ".jsonl"),
+                                             q(stem.string() + ".json")));
     EXPECT_EQ(r.code, 0) << name << ": " << r.err;
     return stem;
+  }
+
+  // The final evaluation's loss (the held-out tail of the text).
+  static double val_loss(const fs::path& stem) {
+    return nlohmann::json::parse(read_file(stem.string() + ".json"))["val_loss"].get<double>();
   }
 
   static std::vector<double> losses(const fs::path& stem) {
@@ -130,6 +138,7 @@ class PpCliTest : public ::testing::Test {
     ASSERT_FALSE(lb.empty());
     for (size_t i = 0; i < lb.size(); ++i)
       EXPECT_LE(std::fabs(la[i] - lb[i]), r * std::fabs(lb[i])) << "step " << i + 1;
+    EXPECT_LE(std::fabs(val_loss(a) - val_loss(b)), r * std::fabs(val_loss(b)));
     std::printf("[ measure  ] %s vs %s: worst tensor max|a-b|/max|b| %.3e\n", a.filename().c_str(),
                 b.filename().c_str(), worst);
   }
@@ -147,8 +156,20 @@ TEST_F(PpCliTest, OneMicroBatchIsBitwiseOneProcess) {
                                     fmt::format("{} --pp {} --pp-schedule {}", args, pp, schedule));
       EXPECT_TRUE(read_file(piped.string() + ".st") == read_file(one.string() + ".st")) << "weights differ";
       EXPECT_EQ(losses(piped), losses(one));
+      EXPECT_EQ(val_loss(piped), val_loss(one));  // evaluation through the stages
     }
   }
+}
+
+// --load: each stage reads its own tensors from the whole model's file.
+TEST_F(PpCliTest, LoadedWeightsTrainAsInOneProcess) {
+  const fs::path start = run_ok(1, "start", fmt::format("{} --layers 3 --batch 4 --steps 2", kGpt));
+  const std::string args =
+      fmt::format("{} --layers 3 --batch 4 --steps 3 --load {}", kGpt, q(start.string() + ".st"));
+  const fs::path one = run_ok(1, "one_loaded", args);
+  const fs::path piped = run_ok(3, "pp3_loaded", args + " --pp 3");
+  EXPECT_TRUE(read_file(piped.string() + ".st") == read_file(one.string() + ".st")) << "weights differ";
+  EXPECT_FALSE(read_file(start.string() + ".st") == read_file(one.string() + ".st")) << "the run trained nothing";
 }
 
 TEST_F(PpCliTest, FourMicroBatchesWithinOneProcess) {
@@ -163,6 +184,16 @@ TEST_F(PpCliTest, FourMicroBatchesWithinOneProcess) {
                     one, 1e-6);
     }
   }
+}
+
+// Clipping across stages: the norm is each stage's sum of squares summed
+// over the stages, so every rank scales by the same factor (--clip 0.5
+// engages from the first step: the norm starts near 1.3).
+TEST_F(PpCliTest, ClippingAcrossStagesWithinOneProcess) {
+  const std::string args =
+      fmt::format("{} {} --layers 3 --batch 8 --micro-batches 4 --steps 10 --clip 0.5", kGpt, kSgd);
+  const fs::path one = run_ok(1, "one_clip", args);
+  expect_within(run_ok(3, "pp3_clip", args + " --pp 3"), one, 1e-6);
 }
 
 TEST_F(PpCliTest, PipelineTimesDataParallelWithinOneProcess) {
