@@ -1,0 +1,244 @@
+// Tensor parallelism end to end (docs/parallelism.md): `dpt train --tp` jobs
+// under mpirun against one process with the same global batch, compared on
+// the weights they save (gathered from the slices into the same PyTorch-named
+// file) and the losses they log.
+//
+//   tp 2 and 3 (6 heads), 20 steps of AdamW and of SGD: within 1e-5. The
+//     row-parallel projections' outputs and the column-parallel ones' input
+//     gradients are sums over the TP ranks, added in another order than one
+//     GEMM adds them: rounding differs, nothing else. One exception, under
+//     AdamW only: the key third of every c_attn.bias. Softmax ignores a key
+//     bias, so its true gradient is 0 and what backward computes is rounding
+//     noise; AdamW's update m / (sqrt(v) + eps) is about lr x sign(g) for
+//     any gradient far above eps, so those elements take lr-sized steps of a
+//     random sign and two runs that round differently part at once
+//     (measured, tp 2: 1.9e-6 apart on values of 1.7e-6, 4.4e-4 of the
+//     tensor's max; every other tensor within 4.7e-6). AdamW compares every
+//     other element; SGD (momentum 0.9), which moves them by lr x noise,
+//     compares all of them (measured worst 4.2e-7).
+//   The ledger: per step and micro-batch, each block's two all-reduces of
+//     B x T x C floats in forward and two in backward, each sending what
+//     the ring's chunking gives rank 0 (all but its own chunk in the
+//     reduce-scatter, all but its successor's in the all-gather).
+//   Memory: a rank holds 1/tp of every block's matrices (and of c_attn's
+//     and c_fc's biases), the rest whole; its gradients and AdamW state the same.
+//   Refusals: one sentence, exit 1, before any work.
+//
+// "Within r": per tensor, max|a - b| <= r x max|b|, and the same for every
+// logged step's loss. Data: a generated text, so every world size sees the
+// same sequences.
+//
+// Registered in tests/CMakeLists.txt (ctest names tp_cli.*).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../cli_run.h"
+#include "comm/types.h"
+#include "io/safetensors.h"
+
+namespace dpt {
+namespace {
+
+namespace fs = std::filesystem;
+using test::q;
+using test::read_file;
+using test::RunResult;
+
+std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
+
+// Six heads of 8 channels: tp 2 and 3 both divide them. One thread
+// everywhere, as one process would otherwise take all cores.
+constexpr int64_t kLayers = 2, kWidth = 48, kContext = 16, kVocab = 256;
+const std::string kGpt = fmt::format(
+    "--model gpt --layers {} --heads 6 --width {} --context {} --seed 3 --quiet --log-every 1 --threads 1", kLayers,
+    kWidth, kContext);
+
+class TpCliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / fmt::format("dpt_tp_cli_{}", ::getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    // A text of words drawn by a fixed generator: every run reads the same.
+    std::ofstream text(dir_ / "corpus.txt");
+    const char* words[] = {"the", "tensor", "slice", "head", "column", "row", "reduce", "sum", "grad", "loss"};
+    uint64_t x = 1;
+    for (int i = 0; i < 20000; ++i) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      text << words[(x >> 33) % 10] << ' ';
+    }
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // `dpt train <args>` on n ranks (mpirun for n > 1), one thread each, the
+  // engine's settings from the environment removed.
+  static RunResult train(int n, const std::string& args) {
+    const std::string env = "env -u DPT_COMM_ALGO -u DPT_COMM_TRANSPORT -u DPT_COMM_CHECK OMP_NUM_THREADS=1 "
+                            "DPT_COMM_TIMEOUT=60";
+    const std::string launcher = n == 1 ? "" : fmt::format("{} launch -n {} -- ", q(dpt_bin()), n);
+    return test::run_shell(fmt::format("{} {}{} train --data {} {}", env, launcher, q(dpt_bin()),
+                                       q(dir_ / "corpus.txt"), args),
+                           dir_, 180);
+  }
+
+  // Trains; returns the stem of the saved weights (.st), metrics (.jsonl)
+  // and summary (.json).
+  static fs::path run_ok(int n, const std::string& name, const std::string& args) {
+    const fs::path stem = dir_ / name;
+    const RunResult r = train(n, fmt::format("{} --save {} --metrics-out {} --summary-out {}", args,
+                                             q(stem.string() + ".st"), q(stem.string() + ".jsonl"),
+                                             q(stem.string() + ".json")));
+    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
+    return stem;
+  }
+
+  static nlohmann::json summary(const fs::path& stem) { return nlohmann::json::parse(read_file(stem.string() + ".json")); }
+
+  static std::vector<double> losses(const fs::path& stem) {
+    std::vector<double> out;
+    std::istringstream in(read_file(stem.string() + ".jsonl"));
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return out;
+  }
+
+  // Per tensor and per logged loss: max|a - b| <= r x max|b|; with
+  // skip_key_biases, c_attn.bias's key third is left out (see the top).
+  static void expect_within(const fs::path& a, const fs::path& b, double r, bool skip_key_biases = false) {
+    const SafetensorsFile fa = load_safetensors(a.string() + ".st"), fb = load_safetensors(b.string() + ".st");
+    ASSERT_EQ(fa.tensors.size(), fb.tensors.size());
+    double worst = 0.0;
+    for (const NamedTensor& tb : fb.tensors) {
+      const NamedTensor* ta = fa.find(tb.name);
+      ASSERT_NE(ta, nullptr) << tb.name;
+      ASSERT_EQ(ta->shape, tb.shape) << tb.name;
+      const size_t third = tb.data.size() / 3;
+      const bool key_bias = skip_key_biases && tb.name.ends_with("attn.c_attn.bias");
+      double diff = 0.0, peak = 0.0;
+      for (size_t i = 0; i < tb.data.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(ta->data[i])) << tb.name;
+        if (key_bias && i >= third && i < 2 * third) continue;
+        diff = std::max(diff, std::fabs(static_cast<double>(ta->data[i]) - tb.data[i]));
+        peak = std::max(peak, std::fabs(static_cast<double>(tb.data[i])));
+      }
+      EXPECT_LE(diff, r * peak) << tb.name << " of " << a << " against " << b;
+      worst = std::max(worst, peak > 0 ? diff / peak : diff);
+    }
+    const std::vector<double> la = losses(a), lb = losses(b);
+    ASSERT_EQ(la.size(), lb.size());
+    ASSERT_FALSE(lb.empty());
+    for (size_t i = 0; i < lb.size(); ++i) EXPECT_LE(std::fabs(la[i] - lb[i]), r * std::fabs(lb[i])) << "step " << i + 1;
+    std::printf("[ measure  ] %s vs %s: worst tensor max|a-b|/max|b| %.3e\n", a.filename().c_str(),
+                b.filename().c_str(), worst);
+  }
+
+  static inline fs::path dir_;
+};
+
+TEST_F(TpCliTest, TensorParallelWithinOneProcess) {
+  for (const bool adamw : {true, false}) {
+    const std::string opt = adamw ? "adamw" : "sgd";
+    const std::string args =
+        kGpt + " --batch 4 --steps 20" + (adamw ? " --optimizer adamw" : " --optimizer sgd --lr 0.05 --momentum 0.9");
+    const fs::path one = run_ok(1, "one_" + opt, args);
+    for (int tp : {2, 3}) {
+      SCOPED_TRACE(fmt::format("tp {} {}", tp, opt));
+      expect_within(run_ok(tp, fmt::format("tp{}_{}", tp, opt), fmt::format("{} --tp {}", args, tp)), one, 1e-5,
+                    adamw);
+    }
+  }
+}
+
+// The ledger: forward and backward send only the TP all-reduces (one
+// replica, so no data-parallel reduction), two per block each way per
+// micro-batch, each of B x T x C floats.
+TEST_F(TpCliTest, LedgerHoldsFourAllReducesPerBlock) {
+  const int64_t M = 2, B = 4 / M;
+  const size_t count = static_cast<size_t>(B * kContext * kWidth);
+  for (int tp : {2, 3}) {
+    SCOPED_TRACE(fmt::format("tp {}", tp));
+    const fs::path stem =
+        run_ok(tp, fmt::format("ledger_tp{}", tp), fmt::format("{} --batch 4 --micro-batches {} --steps 3 --tp {}", kGpt, M, tp));
+    // Rank 0 sits at ring position 0: it sends every chunk but its own in
+    // the reduce-scatter, and every chunk but its successor's (position 1)
+    // in the all-gather.
+    const uint64_t per_all_reduce =
+        4 * (2 * count - comm::chunk_range(count, tp, 0).size - comm::chunk_range(count, tp, 1).size);
+    EXPECT_EQ(per_all_reduce * tp, 4 * 2 * count * static_cast<uint64_t>(tp - 1));  // 2(tp-1)/tp of each
+    const nlohmann::json phases = summary(stem)["comm_bytes_per_phase"];
+    EXPECT_EQ(phases["forward"].get<uint64_t>(), 2 * kLayers * M * per_all_reduce) << phases;
+    EXPECT_EQ(phases["backward"].get<uint64_t>(), 2 * kLayers * M * per_all_reduce) << phases;
+  }
+}
+
+// Each rank holds 1/tp of c_attn, attn.c_proj, c_fc and mlp.c_proj (and
+// c_attn's and c_fc's biases, sliced with their rows); the LayerNorms, the
+// row-parallel biases, the embeddings and ln_f whole. Gradients and AdamW's
+// two moments follow the parameters.
+TEST_F(TpCliTest, RankHoldsItsSlice) {
+  const int64_t C = kWidth, L = kLayers;
+  const int64_t replicated = kVocab * C + kContext * C + L * (6 * C) + 2 * C;
+  const int64_t sliced = L * (12 * C * C + 7 * C);
+  for (int tp : {1, 2, 3}) {
+    SCOPED_TRACE(fmt::format("tp {}", tp));
+    const std::string tp_flag = tp == 1 ? "" : fmt::format(" --tp {}", tp);
+    const fs::path stem = run_ok(tp, fmt::format("bytes_tp{}", tp), kGpt + " --batch 4 --steps 1" + tp_flag);
+    const nlohmann::json s = summary(stem);
+    const int64_t held = replicated + sliced / tp;
+    EXPECT_EQ(s["params"].get<int64_t>(), held);
+    EXPECT_EQ(s["bytes"]["parameters"].get<int64_t>(), 4 * held);
+    EXPECT_EQ(s["bytes"]["gradients"].get<int64_t>(), 4 * held);
+    EXPECT_EQ(s["bytes"]["optimizer"].get<int64_t>(), 8 * held);
+  }
+}
+
+TEST_F(TpCliTest, ImpossibleLayoutsAreRefused) {
+  struct Case {
+    int ranks;
+    std::string args, says;
+  };
+  const std::string gpt = kGpt + " --batch 4 --steps 2";
+  const std::vector<Case> cases = {
+      {4, gpt + " --tp 4", "--tp 4 does not divide the GPT's 6 attention heads"},
+      {3, gpt + " --tp 2", "3 ranks do not split into --tp 2 x --pp 1"},
+      {2, "--model mlp --batch 4 --steps 2 --tp 2", "the mlp model has none"},
+      {2, gpt + " --tp 2 --strategy hsdp", "--strategy hsdp is not built with --tp 2 yet"},
+      {2, gpt + " --tp 2 --precision bf16", "--precision bf16 is not built with --tp 2 yet"},
+      {2, gpt + " --tp 2 --checkpoint-activations", "--checkpoint-activations is not built with --tp 2 yet"},
+      {2, gpt + " --tp 2 --load x.st", "--load is not built with --tp 2 yet"},
+      {2, gpt + " --tp 2 --checkpoint-dir ck", "--checkpoint-dir and --resume are not built with --tp 2 yet"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args);
+    const RunResult r = train(c.ranks, c.args);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+    // One sentence: every rank that reports, reports the same line.
+    std::istringstream in(r.err);
+    std::string first, line;
+    int lines = 0;
+    while (std::getline(in, line)) {
+      const size_t at = line.find("error: ");  // after "dpt[rank r]: "
+      if (at == std::string::npos) continue;
+      line = line.substr(at);
+      if (first.empty()) first = line;
+      EXPECT_EQ(line, first);
+      ++lines;
+    }
+    EXPECT_GE(lines, 1) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+}  // namespace
+}  // namespace dpt
