@@ -22,7 +22,6 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
     throw InputError(fmt::format("--strategy {} is not built {} yet; use local, ddp or zero1/2/3 (over the "
                                  "data-parallel group)",
                                  o.strategy, not_yet));
-  if (mesh.pp > 1) throw InputError(fmt::format("--pp {} is not built {} yet", mesh.pp, not_yet));
   if (o.precision != DType::F32) throw InputError(fmt::format("--precision bf16 is not built {} yet", not_yet));
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
   if (o.checkpoint_activations)
@@ -47,50 +46,56 @@ double sum_in_rank_order(comm::ProcessGroup& g, double mine, std::vector<double>
   return sum;
 }
 
+void gather_slices(const Gpt& model, const Gpt& whole, comm::ProcessGroup& tp, int unit, const float* mine,
+                   float* out, FlatBuffer& scratch) {
+  const Layout &sliced = model.layout(), &all = whole.layout();
+  const auto u = static_cast<size_t>(unit);
+  const auto P = static_cast<size_t>(tp.size());
+  for (size_t k = 0; k < sliced.slots().size(); ++k) {
+    const Slot& s = sliced.slots()[k];
+    if (s.unit != unit) continue;
+    const Slot& w = all.slot(all.find(s.name));
+    const float* v = mine + (s.offset - sliced.units()[u].offset);
+    float* dst = out + (w.offset - all.units()[u].offset);
+    scratch.reserve(P * s.numel);
+    float* gathered = scratch.f32();
+    const TensorSlice& sl = model.slice(static_cast<int>(k));
+    if (sl.parts == 1) {
+      // Replicated: TP rank 0's copy, and every rank's agreement with it.
+      std::copy(v, v + s.numel, gathered);
+      tp.broadcast(gathered, s.numel, DType::F32, 0);
+      float differs = std::memcmp(gathered, v, s.numel * sizeof(float)) != 0 ? 1.0f : 0.0f;
+      tp.all_reduce(&differs, 1, DType::F32, comm::ReduceOp::Max);
+      if (differs > 0.0f)
+        throw InternalError(fmt::format("the tensor-parallel ranks hold different copies of {}", s.name));
+      std::copy(v, v + s.numel, dst);
+      continue;
+    }
+    // Rank p's slice is part p of the whole tensor.
+    std::copy(v, v + s.numel, gathered + static_cast<size_t>(tp.rank()) * s.numel);
+    tp.all_gather(gathered, P * s.numel, DType::F32);
+    for (size_t p = 0; p < P; ++p) {
+      const TensorSlice part{sl.outer, sl.parts, static_cast<int64_t>(p), sl.inner};
+      for (size_t i = 0; i < s.numel; ++i) dst[part.whole_index(i)] = gathered[p * s.numel + i];
+    }
+  }
+}
+
 void save_tensor_parallel(Strategy& strategy, const Gpt& model, const Mesh& mesh, comm::ProcessGroup& tp,
                           const std::string& path, WeightFormat format, bool lead) {
   const Gpt whole(model.config(), model.stage());  // the file's layout; never allocated
-  const Layout &mine = model.layout(), &all = whole.layout();
-  const auto P = static_cast<size_t>(tp.size());
-  size_t unit_max = 0, whole_max = 0, slot_max = 0;
-  for (size_t u = 0; u < mine.units().size(); ++u) {
-    unit_max = std::max(unit_max, mine.units()[u].numel);
-    whole_max = std::max(whole_max, all.units()[u].numel);
+  size_t unit_max = 0, whole_max = 0;
+  for (size_t u = 0; u < model.layout().units().size(); ++u) {
+    unit_max = std::max(unit_max, model.layout().units()[u].numel);
+    whole_max = std::max(whole_max, whole.layout().units()[u].numel);
   }
-  for (const Slot& s : mine.slots()) slot_max = std::max(slot_max, s.numel);
-  FlatBuffer unit(unit_max), out(whole_max), parts(slot_max * P);
+  FlatBuffer unit(unit_max), out(whole_max), scratch;
   std::optional<WeightWriter> file;
   if (lead) file.emplace(path, whole, format);
-  for (size_t u = 0; u < mine.units().size(); ++u) {
+  for (size_t u = 0; u < model.layout().units().size(); ++u) {
     strategy.gather_unit(static_cast<int>(u), unit.f32());
     if (mesh.dp_rank != 0) continue;  // replica 0's TP group writes; the others hold the same
-    for (size_t k = 0; k < mine.slots().size(); ++k) {
-      const Slot& s = mine.slots()[k];
-      if (s.unit != static_cast<int>(u)) continue;
-      const Slot& w = all.slot(all.find(s.name));
-      const float* v = unit.f32() + (s.offset - mine.units()[u].offset);
-      float* dst = out.f32() + (w.offset - all.units()[u].offset);
-      float* gathered = parts.f32();
-      const TensorSlice& sl = model.slice(static_cast<int>(k));
-      if (sl.parts == 1) {
-        // Replicated: TP rank 0's copy, and every rank's agreement with it.
-        std::copy(v, v + s.numel, gathered);
-        tp.broadcast(gathered, s.numel, DType::F32, 0);
-        float differs = std::memcmp(gathered, v, s.numel * sizeof(float)) != 0 ? 1.0f : 0.0f;
-        tp.all_reduce(&differs, 1, DType::F32, comm::ReduceOp::Max);
-        if (differs > 0.0f)
-          throw InternalError(fmt::format("the tensor-parallel ranks hold different copies of {}", s.name));
-        std::copy(v, v + s.numel, dst);
-        continue;
-      }
-      // Rank p's slice is part p of the whole tensor.
-      std::copy(v, v + s.numel, gathered + static_cast<size_t>(tp.rank()) * s.numel);
-      tp.all_gather(gathered, P * s.numel, DType::F32);
-      for (size_t p = 0; p < P; ++p) {
-        const TensorSlice part{sl.outer, sl.parts, static_cast<int64_t>(p), sl.inner};
-        for (size_t i = 0; i < s.numel; ++i) dst[part.whole_index(i)] = gathered[p * s.numel + i];
-      }
-    }
+    gather_slices(model, whole, tp, static_cast<int>(u), unit.f32(), out.f32(), scratch);
     if (file) file->write_unit(static_cast<int>(u), out.f32());
   }
   if (file) file->commit();

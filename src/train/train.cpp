@@ -607,7 +607,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // Under --tp it is this rank's slice of every block.
   std::unique_ptr<Model> model;
   if (mesh.pp > 1)
-    model = std::make_unique<Gpt>(GptConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)]);
+    model = std::make_unique<Gpt>(GptConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)],
+                                  GptTp{mesh.tp, mesh.tp_rank});
   else if (mesh.tp > 1)
     model = std::make_unique<Gpt>(GptConfig::from(hparams), GptStage{}, GptTp{mesh.tp, mesh.tp_rank});
   else
