@@ -58,18 +58,14 @@ Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(s
   // Matrices (embeddings included) get weight decay; biases and LayerNorm
   // parameters do not, as in GPT-2 / nanoGPT training. The whole model's
   // layout is built too, for the offsets init_range draws from.
-  auto build = [&](Layout& layout, const GptStage& st, const GptTp& tp, std::vector<BlockSlots>* blocks, Slots& sl,
-                   std::vector<TensorSlice>* slices) {
+  auto build = [&](Layout& layout, const GptStage& st, const GptTp& tp, std::vector<BlockSlots>* blocks, Slots& sl) {
     const int64_t P = tp.size, r = tp.rank, Ct = C / P, Ft = 4 * C / P;
-    // A slot of this rank's slice: part r of the whole tensor seen as
-    // [outer, P, inner]; {1, 1, 0, numel} (held whole) by default.
+    // A slot held whole, or (outer > 0) part r of the whole tensor seen as
+    // [outer, P, inner].
     auto add = [&](const std::string& name, std::vector<int64_t> shape, bool decay, int64_t outer = 0,
-                   int64_t inner = 0) {
-      int64_t numel = 1;
-      for (int64_t d : shape) numel *= d;
-      const int k = layout.add(name, std::move(shape), decay);
-      if (slices) slices->push_back(outer > 0 ? TensorSlice{outer, P, r, inner} : TensorSlice{1, 1, 0, numel});
-      return k;
+                   int64_t inner = 0, std::vector<int64_t> whole = {}) {
+      if (outer == 0 || P == 1) return layout.add(name, std::move(shape), decay);
+      return layout.add(name, std::move(shape), decay, TensorSlice{outer, P, r, inner}, std::move(whole));
     };
     if (st.embed) {
       layout.begin_unit("transformer.embed");
@@ -83,15 +79,15 @@ Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(s
       b.ln1_w = add(p + ".ln_1.weight", {C}, false);
       b.ln1_b = add(p + ".ln_1.bias", {C}, false);
       // This rank's heads' rows of each of q, k and v.
-      b.qkv_w = add(p + ".attn.c_attn.weight", {3 * Ct, C}, true, 3, Ct * C);
-      b.qkv_b = add(p + ".attn.c_attn.bias", {3 * Ct}, false, 3, Ct);
-      b.proj_w = add(p + ".attn.c_proj.weight", {C, Ct}, true, C, Ct);
+      b.qkv_w = add(p + ".attn.c_attn.weight", {3 * Ct, C}, true, 3, Ct * C, {3 * C, C});
+      b.qkv_b = add(p + ".attn.c_attn.bias", {3 * Ct}, false, 3, Ct, {3 * C});
+      b.proj_w = add(p + ".attn.c_proj.weight", {C, Ct}, true, C, Ct, {C, C});
       b.proj_b = add(p + ".attn.c_proj.bias", {C}, false);
       b.ln2_w = add(p + ".ln_2.weight", {C}, false);
       b.ln2_b = add(p + ".ln_2.bias", {C}, false);
-      b.fc_w = add(p + ".mlp.c_fc.weight", {Ft, C}, true, 1, Ft * C);
-      b.fc_b = add(p + ".mlp.c_fc.bias", {Ft}, false, 1, Ft);
-      b.fcproj_w = add(p + ".mlp.c_proj.weight", {C, Ft}, true, C, Ft);
+      b.fc_w = add(p + ".mlp.c_fc.weight", {Ft, C}, true, 1, Ft * C, {4 * C, C});
+      b.fc_b = add(p + ".mlp.c_fc.bias", {Ft}, false, 1, Ft, {4 * C});
+      b.fcproj_w = add(p + ".mlp.c_proj.weight", {C, Ft}, true, C, Ft, {C, 4 * C});
       b.fcproj_b = add(p + ".mlp.c_proj.bias", {C}, false);
       if (blocks) blocks->push_back(b);
     }
@@ -102,7 +98,7 @@ Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(s
     }
   };
   Slots mine;
-  build(layout_, stage_, tp_, &blocks_, mine, &slices_);
+  build(layout_, stage_, tp_, &blocks_, mine);
   wte_ = mine.wte;
   wpe_ = mine.wpe;
   lnf_w_ = mine.lnf_w;
@@ -112,7 +108,7 @@ Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(s
   lnf_unit_ = stage_.head ? block_unit0_ + static_cast<int>(blocks_.size()) : -1;
   Layout whole;
   Slots unused;
-  build(whole, GptStage{0, config_.layers, true, true}, GptTp{}, nullptr, unused, nullptr);
+  build(whole, GptStage{0, config_.layers, true, true}, GptTp{}, nullptr, unused);
   for (const Slot& s : layout_.slots()) whole_offset_.push_back(whole.slot(whole.find(s.name)).offset);
 }
 
@@ -191,9 +187,8 @@ void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
       // wte's pad rows (from row vocab on) start at zero and are never trained.
       const size_t live = s.name == "transformer.wte.weight" ? static_cast<size_t>(config_.vocab * config_.width)
                                                              : s.numel;
-      const TensorSlice& sl = slices_[k];
       for (size_t i = lo; i < hi; ++i)
-        p[i - lo] = i - s.offset < live ? sd * counter_normal(seed, whole + sl.whole_index(i - s.offset)) : 0.0f;
+        p[i - lo] = i - s.offset < live ? sd * counter_normal(seed, whole + s.slice.whole_index(i - s.offset)) : 0.0f;
     } else {
       std::fill(p, p + (hi - lo), 0.0f);
     }
@@ -542,7 +537,7 @@ double Gpt::grad_squares(const float* g, size_t begin, size_t n) const {
     const Slot& s = layout_.slots()[i];
     const size_t lo = std::max(begin, s.offset), hi = std::min(begin + n, s.offset + s.numel);
     if (lo >= hi) continue;
-    const double share = slices_[i].parts > 1 ? 1.0 : 1.0 / tp_.size;
+    const double share = s.slice.parts > 1 ? 1.0 : 1.0 / tp_.size;
     sum += share * k().sum_of_squares(g + (lo - begin), hi - lo);
   }
   return sum;

@@ -48,26 +48,14 @@ struct GptStage {
   bool head = true;              // ln_f, the tied head and the loss (the last)
 };
 
-// The slice of the model one tensor-parallel rank holds (Megatron-LM; docs/
-// parallelism.md): of every block, heads [rank, rank + 1) x heads/size of
+// The slice of the model one tensor-parallel rank holds (Megatron-LM;
+// docs/tensor_parallel.md): of every block, heads [rank, rank + 1) x heads/size of
 // c_attn (their q, k and v rows: column-parallel) and the same columns of
 // attn.c_proj (row-parallel), rows [rank, rank + 1) x 4C/size of mlp.c_fc
 // and the same columns of mlp.c_proj; LayerNorms, the row-parallel biases,
 // the embeddings and ln_f whole on every rank.
 struct GptTp {
   int size = 1, rank = 0;
-};
-
-// Where a slot's elements sit in the whole model's tensor of the same name:
-// the whole tensor seen as [outer, parts, inner], the slot as part `part` of
-// it ([outer, inner]). A tensor held whole is {1, 1, 0, numel}.
-struct TensorSlice {
-  int64_t outer = 1, parts = 1, part = 0, inner = 0;
-  // Element i of the slot is element whole_index(i) of the whole tensor.
-  size_t whole_index(size_t i) const {
-    const auto in = static_cast<size_t>(inner);
-    return (i / in * static_cast<size_t>(parts) + static_cast<size_t>(part)) * in + i % in;
-  }
 };
 
 class Gpt : public Model {
@@ -89,7 +77,6 @@ class Gpt : public Model {
   // The whole model (not one pipeline stage of it).
   bool whole() const { return stage_.first == 0 && stage_.last == config_.layers && stage_.embed && stage_.head; }
   const GptTp& tp() const { return tp_; }
-  const TensorSlice& slice(int slot) const { return slices_[static_cast<size_t>(slot)]; }
   // Tensor parallelism: the sum over the TP group, in place, of the row-
   // parallel projections' partial outputs (forward) and the column-parallel
   // ones' partial input gradients (backward): two all-reduces of B x T x C
@@ -197,7 +184,6 @@ class Gpt : public Model {
   GptConfig config_;
   GptStage stage_;
   GptTp tp_;
-  std::vector<TensorSlice> slices_;  // per slot
   std::function<void(float*, size_t)> tp_sum_;
   // Per slot: each slot's offset in the whole model's flat buffer.
   std::vector<size_t> whole_offset_;

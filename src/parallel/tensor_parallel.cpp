@@ -27,8 +27,7 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
   if (o.checkpoint_activations)
     throw InputError(fmt::format("--checkpoint-activations is not built {} yet", not_yet));
   if (!o.checkpoint_dir.empty() || !o.resume.empty())
-    throw InputError(fmt::format("--checkpoint-dir and --resume are not built {} yet (--save is)", not_yet));
-  if (!o.load.empty()) throw InputError(fmt::format("--load is not built {} yet (--save is)", not_yet));
+    throw InputError(fmt::format("--checkpoint-dir and --resume are not built {} yet (--save and --load are)", not_yet));
   if (!o.offload.empty()) throw InputError(fmt::format("--offload is not built {} yet", not_yet));
   const GptConfig c = GptConfig::from(model_hparams(o));
   if (c.heads % mesh.tp != 0)
@@ -59,7 +58,7 @@ void gather_slices(const Gpt& model, const Gpt& whole, comm::ProcessGroup& tp, i
     float* dst = out + (w.offset - all.units()[u].offset);
     scratch.reserve(P * s.numel);
     float* gathered = scratch.f32();
-    const TensorSlice& sl = model.slice(static_cast<int>(k));
+    const TensorSlice& sl = s.slice;
     if (sl.parts == 1) {
       // Replicated: TP rank 0's copy, and every rank's agreement with it.
       std::copy(v, v + s.numel, gathered);

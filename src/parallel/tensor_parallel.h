@@ -1,4 +1,4 @@
-// Tensor parallelism for the GPT (Megatron-LM; docs/parallelism.md): what
+// Tensor parallelism for the GPT (Megatron-LM; docs/tensor_parallel.md): what
 // the run needs besides the model's sliced layout and its two all-reduces
 // per block each way (models/gpt.h): the refusals, the global gradient norm
 // over the TP group, and saving the whole model from its slices.
