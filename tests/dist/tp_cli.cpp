@@ -28,7 +28,12 @@
 //   The ledger: per step and micro-batch, each block's two all-reduces of
 //     B x T x C floats in forward and two in backward, each sending what
 //     the ring's chunking gives rank 0 (all but its own chunk in the
-//     reduce-scatter, all but its successor's in the all-gather).
+//     reduce-scatter, all but its successor's in the all-gather). With
+//     --checkpoint-activations backward recomputes each block's forward,
+//     its two all-reduces included: four in backward, and the weights still
+//     within 1e-5 of one process.
+//   Evaluation: a replica's TP ranks evaluate the same windows together;
+//     the final validation loss within 1e-5 of one process's.
 //   Memory: a rank holds 1/tp of every block's matrices (and of c_attn's
 //     and c_fc's biases), the rest whole; its gradients and AdamW state the same.
 //   Refusals: one sentence, exit 1, before any work.
@@ -147,6 +152,12 @@ class TpCliTest : public ::testing::Test {
     ASSERT_EQ(la.size(), lb.size());
     ASSERT_FALSE(lb.empty());
     for (size_t i = 0; i < lb.size(); ++i) EXPECT_LE(std::fabs(la[i] - lb[i]), r * std::fabs(lb[i])) << "step " << i + 1;
+    // The final evaluation (runs under --pp have none).
+    const nlohmann::json sa = summary(a), sb = summary(b);
+    if (sa.contains("val_loss")) {
+      const double va = sa["val_loss"].get<double>(), vb = sb.at("val_loss").get<double>();
+      EXPECT_LE(std::fabs(va - vb), r * std::fabs(vb)) << "validation loss";
+    }
     std::printf("[ measure  ] %s vs %s: worst tensor max|a-b|/max|b| %.3e\n", a.filename().c_str(),
                 b.filename().c_str(), worst);
   }
@@ -222,6 +233,20 @@ TEST_F(TpCliTest, LedgerHoldsFourAllReducesPerBlock) {
   }
 }
 
+TEST_F(TpCliTest, CheckpointedActivationsRecomputeTheirAllReduces) {
+  const int64_t M = 2, B = 4 / M;
+  const size_t count = static_cast<size_t>(B * kContext * kWidth);
+  const std::string args =
+      kGpt + " --batch 4 --micro-batches 2 --steps 10 --optimizer sgd --lr 0.05 --momentum 0.9 --checkpoint-activations";
+  const fs::path one = run_ok(1, "one_ckpt", args);
+  const fs::path tp = run_ok(2, "tp2_ckpt", args + " --tp 2");
+  expect_within(tp, one, 1e-5);
+  const uint64_t per_all_reduce = 4 * count;  // tp 2: half the buffer in each of the ring's two phases
+  const nlohmann::json phases = summary(tp)["comm_bytes_per_phase"];
+  EXPECT_EQ(phases["forward"].get<uint64_t>(), 2 * kLayers * M * per_all_reduce) << phases;
+  EXPECT_EQ(phases["backward"].get<uint64_t>(), 4 * kLayers * M * per_all_reduce) << phases;
+}
+
 // Each rank holds 1/tp of c_attn, attn.c_proj, c_fc and mlp.c_proj (and
 // c_attn's and c_fc's biases, sliced with their rows); the LayerNorms, the
 // row-parallel biases, the embeddings and ln_f whole. Gradients and AdamW's
@@ -255,7 +280,6 @@ TEST_F(TpCliTest, ImpossibleLayoutsAreRefused) {
       {2, "--model mlp --batch 4 --steps 2 --tp 2", "the mlp model has none"},
       {2, gpt + " --tp 2 --strategy hsdp", "--strategy hsdp is not built with --tp 2 yet"},
       {2, gpt + " --tp 2 --precision bf16", "--precision bf16 is not built with --tp 2 yet"},
-      {2, gpt + " --tp 2 --checkpoint-activations", "--checkpoint-activations is not built with --tp 2 yet"},
       {2, gpt + " --tp 2 --checkpoint-dir ck", "--checkpoint-dir and --resume are not built with --tp 2 yet"},
   };
   for (const Case& c : cases) {
