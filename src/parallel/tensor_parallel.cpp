@@ -22,7 +22,6 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
     throw InputError(fmt::format("--strategy {} is not built {} yet; use local, ddp or zero1/2/3 (over the "
                                  "data-parallel group)",
                                  o.strategy, not_yet));
-  if (o.precision != DType::F32) throw InputError(fmt::format("--precision bf16 is not built {} yet", not_yet));
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
   if (!o.checkpoint_dir.empty() || !o.resume.empty())
     throw InputError(fmt::format("--checkpoint-dir and --resume are not built {} yet (--save and --load are)", not_yet));
