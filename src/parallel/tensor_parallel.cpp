@@ -23,8 +23,6 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
                                  "data-parallel group)",
                                  o.strategy, not_yet));
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
-  if (!o.checkpoint_dir.empty() || !o.resume.empty())
-    throw InputError(fmt::format("--checkpoint-dir and --resume are not built {} yet (--save and --load are)", not_yet));
   if (!o.offload.empty()) throw InputError(fmt::format("--offload is not built {} yet", not_yet));
   const GptConfig c = GptConfig::from(model_hparams(o));
   if (c.heads % mesh.tp != 0)

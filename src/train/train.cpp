@@ -528,7 +528,8 @@ std::string checkpoint_now(const TrainOptions& o, const Model& model, Strategy& 
                            comm::ProcessGroup& pg, int64_t done, TrainResult& r) {
   const auto t0 = Clock::now();
   const WrittenCheckpoint written =
-      write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done, pg.size()), strategy, model, pg, o.keep);
+      write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done, pg.size()), strategy, model, pg, o.keep,
+                       o.tp == 1 || pg.rank() % o.tp == 0);  // TP rank 0 writes the replicated tensors
   ++r.checkpoints;
   r.checkpoint_s += std::chrono::duration<double>(Clock::now() - t0).count();
   r.checkpoint_bytes += written.bytes;
