@@ -23,7 +23,6 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
                                  "data-parallel group)",
                                  o.strategy, not_yet));
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
-  if (!o.offload.empty()) throw InputError(fmt::format("--offload is not built {} yet", not_yet));
   const GptConfig c = GptConfig::from(model_hparams(o));
   if (c.heads % mesh.tp != 0)
     throw InputError(fmt::format("--tp {} does not divide the GPT's {} attention heads (a TP rank holds whole "

@@ -587,7 +587,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   }
   if (!o.load.empty() && !o.resume.empty())
     throw InputError("--load and --resume both give the starting weights; give one");
-  const int64_t micro = micro_batch(o, mesh.dp, mesh.pp == 1 ? "ranks" : "data-parallel replicas");
+  const int64_t micro = micro_batch(o, mesh.dp, mesh.pp == 1 && mesh.tp == 1 ? "ranks" : "data-parallel replicas");
   // Read now: a bad baseline or checkpoint must fail before training, not after it.
   const double baseline = o.baseline.empty() ? 0.0 : read_baseline_throughput(o.baseline);
   std::string resume_path;

@@ -20,8 +20,9 @@
 //     norm across TP, DP and PP groups decides every update), within 1e-5:
 //     dp 2 x tp 2 under DDP and ZeRO-3 (the strategy over the DP group,
 //     unchanged), tp 2 x pp 2 at M = 2, and dp 2 x tp 2 x pp 2 under ZeRO-3
-//     (8 ranks).
-//   bf16 (--precision bf16), tp 2 and dp 2 x tp 2 zero3, 20 SGD steps:
+//     (8 ranks); zero3 with --offload optimizer at dp 2 x tp 2.
+//   bf16 (--precision bf16), tp 2 and dp 2 x tp 2 zero3 (also with
+//     --offload params: fp32 masters on disk), 20 SGD steps:
 //     within 1e-2 of one bf16 process. Every GEMM rounds its inputs to bf16
 //     (8 bits of mantissa), so the fp32 rounding differences of the TP sums
 //     move values across bf16 rounding boundaries (measured 4.1e-3; bf16
@@ -215,12 +216,26 @@ TEST_F(TpCliTest, MeshesWithinOneProcess) {
   }
 }
 
+TEST_F(TpCliTest, OffloadWithinOneProcess) {
+  const std::string args =
+      kGpt + " --batch 4 --micro-batches 2 --steps 10 --optimizer sgd --lr 0.05 --momentum 0.9 --clip 0.3";
+  const fs::path one = run_ok(1, "one_offload", args);
+  fs::create_directories(dir_ / "offload");
+  expect_within(run_ok(4, "dp2_tp2_zero3_offload",
+                       args + " --tp 2 --strategy zero3 --offload optimizer --offload-dir " + q(dir_ / "offload")),
+                one, 1e-5);
+}
+
 TEST_F(TpCliTest, Bf16WithinOneBf16Process) {
   const std::string args =
       kGpt + " --batch 4 --steps 20 --optimizer sgd --lr 0.05 --momentum 0.9 --precision bf16";
   const fs::path one = run_ok(1, "one_bf16", args);
   expect_within(run_ok(2, "tp2_bf16", args + " --tp 2"), one, 1e-2);
   expect_within(run_ok(4, "dp2_tp2_zero3_bf16", args + " --tp 2 --strategy zero3"), one, 1e-2);
+  fs::create_directories(dir_ / "offload_params");
+  expect_within(run_ok(4, "dp2_tp2_zero3_bf16_offload_params",
+                       args + " --tp 2 --strategy zero3 --offload params --offload-dir " + q(dir_ / "offload_params")),
+                one, 1e-2);
 }
 
 TEST_F(TpCliTest, LoadReadsTheRanksSlices) {
@@ -316,11 +331,10 @@ TEST_F(TpCliTest, ImpossibleLayoutsAreRefused) {
   };
   const std::string gpt = kGpt + " --batch 4 --steps 2";
   const std::vector<Case> cases = {
+      {2, gpt + " --tp 2 --strategy hsdp", "--strategy hsdp is not built with --tp 2 yet"},
       {4, gpt + " --tp 4", "--tp 4 does not divide the GPT's 6 attention heads"},
       {3, gpt + " --tp 2", "3 ranks do not split into --tp 2 x --pp 1"},
       {2, "--model mlp --batch 4 --steps 2 --tp 2", "the mlp model has none"},
-      {2, gpt + " --tp 2 --strategy hsdp", "--strategy hsdp is not built with --tp 2 yet"},
-      {2, gpt + " --tp 2 --offload optimizer --strategy zero1", "--offload is not built with --tp 2 yet"},
       {2, gpt + " --tp 2 --strategy dp", "--strategy dp is not built with --tp 2 yet"},
   };
   for (const Case& c : cases) {
