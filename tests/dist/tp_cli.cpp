@@ -31,7 +31,8 @@
 //   --load: each rank reads its slices of a whole model's file, in the
 //     engine's layout and in Hugging Face's (Conv1D weights transposed), as
 //     a whole tensor (local: load_weights) or a shard's range (zero3:
-//     load_weight_range); 10 SGD steps on from it within 1e-5 of one process.
+//     load_weight_range), and by the stages of tp 2 x pp 2; 10 SGD steps on
+//     from it within 1e-5 of one process.
 //   Checkpoints: pieces are placed by their place in the whole tensor, so a
 //     tp 2 run resumed at step 5 of 10 ends bitwise where the uninterrupted
 //     run does, and the same checkpoint resumed by one process and by dp 2 x
@@ -45,7 +46,8 @@
 //     its two all-reduces included: four in backward, and the weights still
 //     within 1e-5 of one process.
 //   Evaluation: a replica's TP ranks evaluate the same windows together;
-//     the final validation loss within 1e-5 of one process's.
+//     the final validation loss within 1e-5 of one process's (every run
+//     compared, --pp included).
 //   Memory: a rank holds 1/tp of every block's matrices (and of c_attn's
 //     and c_fc's biases), the rest whole; its gradients and AdamW state the same.
 //   Refusals: one sentence, exit 1, before any work.
@@ -172,7 +174,7 @@ class TpCliTest : public ::testing::Test {
       ASSERT_TRUE(lb.count(step)) << "step " << step;
       EXPECT_LE(std::fabs(loss - lb.at(step)), r * std::fabs(lb.at(step))) << "step " << step;
     }
-    // The final evaluation (runs under --pp have none).
+    // The final evaluation.
     const nlohmann::json sa = summary(a), sb = summary(b);
     if (sa.contains("val_loss")) {
       const double va = sa["val_loss"].get<double>(), vb = sb.at("val_loss").get<double>();
@@ -251,6 +253,7 @@ TEST_F(TpCliTest, LoadReadsTheRanksSlices) {
   expect_within(run_ok(2, "tp2_loaded_hf", args + from + "hf.st --tp 2"), one, 1e-5);
   expect_within(run_ok(4, "dp2_tp2_zero3_loaded", args + from + "dpt.st --tp 2 --strategy zero3"), one, 1e-5);
   expect_within(run_ok(4, "dp2_tp2_zero3_loaded_hf", args + from + "hf.st --tp 2 --strategy zero3"), one, 1e-5);
+  expect_within(run_ok(4, "tp2_pp2_loaded_hf", args + from + "hf.st --tp 2 --pp 2"), one, 1e-5);
 }
 
 TEST_F(TpCliTest, CheckpointsResumeAtAnyLayout) {
