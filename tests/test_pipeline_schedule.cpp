@@ -26,9 +26,22 @@ TEST(Mesh, MegatronLayoutPipelineOutermost) {
   }
 }
 
+TEST(Mesh, MegatronLayoutTensorParallelInnermost) {
+  // 8 ranks, tp 2 x pp 2: pairs of adjacent ranks share a slice group,
+  // replicas next, stages outermost.
+  for (int rank = 0; rank < 8; ++rank) {
+    const Mesh m = Mesh::layout(8, rank, 2, 2);
+    EXPECT_EQ(m.dp, 2);
+    EXPECT_EQ(m.tp_rank, rank % 2);
+    EXPECT_EQ(m.dp_rank, rank / 2 % 2);
+    EXPECT_EQ(m.pp_rank, rank / 4);
+    EXPECT_EQ(m.rank_of(m.tp_rank, m.dp_rank, m.pp_rank), rank);
+  }
+}
+
 TEST(Mesh, ImpossibleMeshesAreRefused) {
   EXPECT_THROW(Mesh::layout(3, 0, 1, 2), InputError);  // 3 ranks, 2 stages
-  EXPECT_THROW(Mesh::layout(4, 0, 2, 1), InputError);  // tensor parallelism is not built
+  EXPECT_THROW(Mesh::layout(4, 0, 3, 1), InputError);  // 4 ranks, tp 3
   EXPECT_THROW(Mesh::layout(4, 0, 1, 0), InputError);
   try {
     Mesh::layout(6, 0, 1, 4);

@@ -41,7 +41,7 @@ struct Slots {
 
 }  // namespace
 
-Gpt::Gpt(GptConfig config, GptStage stage) : config_(config), stage_(stage) {
+Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(stage), tp_(tp) {
   if (config_.rows() < config_.vocab)
     throw InputError(fmt::format("GPT padded vocabulary {} is smaller than the vocabulary {}", config_.rows(),
                                  config_.vocab));
@@ -49,42 +49,56 @@ Gpt::Gpt(GptConfig config, GptStage stage) : config_(config), stage_(stage) {
   if (stage_.first < 0 || stage_.first > stage_.last || stage_.last > config_.layers)
     throw InputError(fmt::format("GPT stage of blocks [{}, {}) is outside the model's {} blocks", stage_.first,
                                  stage_.last, config_.layers));
+  if (tp_.size < 1 || tp_.rank < 0 || tp_.rank >= tp_.size)
+    throw InputError(fmt::format("GPT tensor-parallel rank {} of {} does not exist", tp_.rank, tp_.size));
+  // C = heads x head size, so heads divisible by tp makes C and 4C so too.
+  if (config_.heads % tp_.size != 0)
+    throw InputError(fmt::format("--tp {} does not divide the GPT's {} attention heads", tp_.size, config_.heads));
   const int64_t C = config_.width, V = config_.rows(), T = config_.context;
   // Matrices (embeddings included) get weight decay; biases and LayerNorm
   // parameters do not, as in GPT-2 / nanoGPT training. The whole model's
   // layout is built too, for the offsets init_range draws from.
-  auto build = [&](Layout& layout, const GptStage& st, std::vector<BlockSlots>* blocks, Slots& sl) {
+  auto build = [&](Layout& layout, const GptStage& st, const GptTp& tp, std::vector<BlockSlots>* blocks, Slots& sl) {
+    const int64_t P = tp.size, r = tp.rank, Ct = C / P, Ft = 4 * C / P;
+    // A slot held whole, or (outer > 0) part r of the whole tensor seen as
+    // [outer, P, inner].
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, bool decay, int64_t outer = 0,
+                   int64_t inner = 0, std::vector<int64_t> whole = {}) {
+      if (outer == 0 || P == 1) return layout.add(name, std::move(shape), decay);
+      return layout.add(name, std::move(shape), decay, TensorSlice{outer, P, r, inner}, std::move(whole));
+    };
     if (st.embed) {
       layout.begin_unit("transformer.embed");
-      sl.wte = layout.add("transformer.wte.weight", {V, C}, true);
-      sl.wpe = layout.add("transformer.wpe.weight", {T, C}, true);
+      sl.wte = add("transformer.wte.weight", {V, C}, true);
+      sl.wpe = add("transformer.wpe.weight", {T, C}, true);
     }
     for (int64_t l = st.first; l < st.last; ++l) {
       std::string p = "transformer.h." + std::to_string(l);
       layout.begin_unit(p);
       BlockSlots b;
-      b.ln1_w = layout.add(p + ".ln_1.weight", {C}, false);
-      b.ln1_b = layout.add(p + ".ln_1.bias", {C}, false);
-      b.qkv_w = layout.add(p + ".attn.c_attn.weight", {3 * C, C}, true);
-      b.qkv_b = layout.add(p + ".attn.c_attn.bias", {3 * C}, false);
-      b.proj_w = layout.add(p + ".attn.c_proj.weight", {C, C}, true);
-      b.proj_b = layout.add(p + ".attn.c_proj.bias", {C}, false);
-      b.ln2_w = layout.add(p + ".ln_2.weight", {C}, false);
-      b.ln2_b = layout.add(p + ".ln_2.bias", {C}, false);
-      b.fc_w = layout.add(p + ".mlp.c_fc.weight", {4 * C, C}, true);
-      b.fc_b = layout.add(p + ".mlp.c_fc.bias", {4 * C}, false);
-      b.fcproj_w = layout.add(p + ".mlp.c_proj.weight", {C, 4 * C}, true);
-      b.fcproj_b = layout.add(p + ".mlp.c_proj.bias", {C}, false);
+      b.ln1_w = add(p + ".ln_1.weight", {C}, false);
+      b.ln1_b = add(p + ".ln_1.bias", {C}, false);
+      // This rank's heads' rows of each of q, k and v.
+      b.qkv_w = add(p + ".attn.c_attn.weight", {3 * Ct, C}, true, 3, Ct * C, {3 * C, C});
+      b.qkv_b = add(p + ".attn.c_attn.bias", {3 * Ct}, false, 3, Ct, {3 * C});
+      b.proj_w = add(p + ".attn.c_proj.weight", {C, Ct}, true, C, Ct, {C, C});
+      b.proj_b = add(p + ".attn.c_proj.bias", {C}, false);
+      b.ln2_w = add(p + ".ln_2.weight", {C}, false);
+      b.ln2_b = add(p + ".ln_2.bias", {C}, false);
+      b.fc_w = add(p + ".mlp.c_fc.weight", {Ft, C}, true, 1, Ft * C, {4 * C, C});
+      b.fc_b = add(p + ".mlp.c_fc.bias", {Ft}, false, 1, Ft, {4 * C});
+      b.fcproj_w = add(p + ".mlp.c_proj.weight", {C, Ft}, true, C, Ft, {C, 4 * C});
+      b.fcproj_b = add(p + ".mlp.c_proj.bias", {C}, false);
       if (blocks) blocks->push_back(b);
     }
     if (st.head) {
       layout.begin_unit("transformer.ln_f");
-      sl.lnf_w = layout.add("transformer.ln_f.weight", {C}, false);
-      sl.lnf_b = layout.add("transformer.ln_f.bias", {C}, false);
+      sl.lnf_w = add("transformer.ln_f.weight", {C}, false);
+      sl.lnf_b = add("transformer.ln_f.bias", {C}, false);
     }
   };
   Slots mine;
-  build(layout_, stage_, &blocks_, mine);
+  build(layout_, stage_, tp_, &blocks_, mine);
   wte_ = mine.wte;
   wpe_ = mine.wpe;
   lnf_w_ = mine.lnf_w;
@@ -94,7 +108,7 @@ Gpt::Gpt(GptConfig config, GptStage stage) : config_(config), stage_(stage) {
   lnf_unit_ = stage_.head ? block_unit0_ + static_cast<int>(blocks_.size()) : -1;
   Layout whole;
   Slots unused;
-  build(whole, GptStage{0, config_.layers, true, true}, nullptr, unused);
+  build(whole, GptStage{0, config_.layers, true, true}, GptTp{}, nullptr, unused);
   for (const Slot& s : layout_.slots()) whole_offset_.push_back(whole.slot(whole.find(s.name)).offset);
 }
 
@@ -159,8 +173,8 @@ void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
   const size_t end = begin + n;
   for (size_t k = 0; k < layout_.slots().size(); ++k) {
     const Slot& s = layout_.slots()[k];
-    // Drawn at the element's place in the whole model: a stage starts from
-    // the whole model's values.
+    // Drawn at the element's place in the whole model: a stage or a
+    // tensor-parallel slice starts from the whole model's values.
     const size_t whole = whole_offset_[k];
     const size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
     if (lo >= hi) continue;
@@ -174,7 +188,7 @@ void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
       const size_t live = s.name == "transformer.wte.weight" ? static_cast<size_t>(config_.vocab * config_.width)
                                                              : s.numel;
       for (size_t i = lo; i < hi; ++i)
-        p[i - lo] = i - s.offset < live ? sd * counter_normal(seed, whole + (i - s.offset)) : 0.0f;
+        p[i - lo] = i - s.offset < live ? sd * counter_normal(seed, whole + s.slice.whole_index(i - s.offset)) : 0.0f;
     } else {
       std::fill(p, p + (hi - lo), 0.0f);
     }
@@ -191,7 +205,9 @@ CT* as(void* p) {
 }  // namespace
 
 int64_t Gpt::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
-  const int64_t C = config_.width, NH = config_.heads, N = B * T, V = config_.rows();
+  const int64_t C = config_.width, N = B * T, V = config_.rows();
+  // This rank's heads and their channels, and its MLP columns.
+  const int64_t Ct = C / tp_.size, NHt = config_.heads / tp_.size, Ft = 4 * C / tp_.size;
   const bool b16 = precision_ == DType::BF16;
   int64_t used = 0;
   auto take = [&](int64_t n) {
@@ -209,15 +225,15 @@ int64_t Gpt::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
     b.ln1 = take_operand(N * C);
     b.ln1_mean = take(N);
     b.ln1_rstd = take(N);
-    b.qkv = take(N * 3 * C);
-    b.atty = take_operand(N * C);
-    b.att = take(B * NH * T * T);
+    b.qkv = take(N * 3 * Ct);
+    b.atty = take_operand(N * Ct);
+    b.att = take(B * NHt * T * T);
     b.res2 = take(N * C);
     b.ln2 = take_operand(N * C);
     b.ln2_mean = take(N);
     b.ln2_rstd = take(N);
-    b.fch = take(N * 4 * C);
-    b.fch_gelu = take_operand(N * 4 * C);
+    b.fch = take(N * Ft);
+    b.fch_gelu = take_operand(N * Ft);
   };
   if (checkpoint_) {
     // Each block keeps its output (the next block's input); everything else
@@ -244,10 +260,10 @@ int64_t Gpt::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
   }
   a.dres = take(N * C);
   a.dC = take(N * C);
-  a.d3C = take(N * 3 * C);
-  a.d4C = take(N * 4 * C);
-  a.atty32 = b16 ? take(N * C) : nullptr;
-  a.dout16 = b16 ? take_operand(N * (stage_.head ? std::max(V, 4 * C) : 4 * C)) : nullptr;
+  a.d3C = take(N * 3 * Ct);
+  a.d4C = take(N * Ft);
+  a.atty32 = b16 ? take(N * Ct) : nullptr;
+  a.dout16 = b16 ? take_operand(N * std::max({C, Ft, stage_.head ? V : 0})) : nullptr;
   return used;
 }
 
@@ -274,26 +290,32 @@ void Gpt::plan_activations(int64_t B, int64_t T) {
 
 template <typename CT>
 void Gpt::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
-  const int64_t C = config_.width, NH = config_.heads, N = B * T;
+  const int64_t C = config_.width, N = B * T;
+  const int64_t Ct = C / tp_.size, NHt = config_.heads / tp_.size, Ft = 4 * C / tp_.size;
   const BlockSlots& s = blocks_[l];
   const BlockActs& a = act_.blocks[l];
+  // A row-parallel projection's output is the sum of every TP rank's
+  // partial product; its bias is added once, by TP rank 0, inside that sum.
+  const bool row_bias = tp_.rank == 0;
   CT *ln1 = as<CT>(a.ln1), *atty = as<CT>(a.atty), *ln2 = as<CT>(a.ln2), *fch_gelu = as<CT>(a.fch_gelu);
   k().layernorm_forward(ln1, a.ln1_mean, a.ln1_rstd, x, param(s.ln1_w), param(s.ln1_b), N, C);
-  k().linear_forward(a.qkv, ln1, weight<CT>(s.qkv_w), param(s.qkv_b), N, C, 3 * C);
+  k().linear_forward(a.qkv, ln1, weight<CT>(s.qkv_w), param(s.qkv_b), N, C, 3 * Ct);
   // Attention computes in fp32 (its softmax needs the range); a bf16 run
   // converts its output for c_proj.
   if constexpr (std::is_same_v<CT, float>) {
-    k().attention_forward(atty, a.att, a.qkv, B, T, C, NH);
+    k().attention_forward(atty, a.att, a.qkv, B, T, Ct, NHt);
   } else {
-    k().attention_forward(act_.atty32, a.att, a.qkv, B, T, C, NH);
-    k().convert(atty, act_.atty32, static_cast<size_t>(N * C));
+    k().attention_forward(act_.atty32, a.att, a.qkv, B, T, Ct, NHt);
+    k().convert(atty, act_.atty32, static_cast<size_t>(N * Ct));
   }
-  k().linear_forward(a.res2, atty, weight<CT>(s.proj_w), param(s.proj_b), N, C, C);
+  k().linear_forward(a.res2, atty, weight<CT>(s.proj_w), row_bias ? param(s.proj_b) : nullptr, N, Ct, C);
+  tensor_sum(a.res2, static_cast<size_t>(N * C));
   k().residual_forward(a.res2, a.res2, x, N * C);
   k().layernorm_forward(ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(s.ln2_w), param(s.ln2_b), N, C);
-  k().linear_forward(a.fch, ln2, weight<CT>(s.fc_w), param(s.fc_b), N, C, 4 * C);
-  k().gelu_forward(fch_gelu, a.fch, N * 4 * C);
-  k().linear_forward(a.res3, fch_gelu, weight<CT>(s.fcproj_w), param(s.fcproj_b), N, 4 * C, C);
+  k().linear_forward(a.fch, ln2, weight<CT>(s.fc_w), param(s.fc_b), N, C, Ft);
+  k().gelu_forward(fch_gelu, a.fch, N * Ft);
+  k().linear_forward(a.res3, fch_gelu, weight<CT>(s.fcproj_w), row_bias ? param(s.fcproj_b) : nullptr, N, Ft, C);
+  tensor_sum(a.res3, static_cast<size_t>(N * C));
   k().residual_forward(a.res3, a.res3, a.res2, N * C);
 }
 
@@ -366,7 +388,8 @@ void Gpt::backward(float loss_scale) {
 
 template <typename CT>
 void Gpt::backward_as(float loss_scale) {
-  const int64_t B = batch_, T = seq_, C = config_.width, NH = config_.heads;
+  const int64_t B = batch_, T = seq_, C = config_.width;
+  const int64_t Ct = C / tp_.size, NHt = config_.heads / tp_.size, Ft = 4 * C / tp_.size;
   const int64_t Vp = config_.rows();
   const int64_t N = B * T;
   const Acts& a = act_;
@@ -386,25 +409,29 @@ void Gpt::backward_as(float loss_scale) {
     // Each layer's parameters are reported final as soon as its backward is
     // done: backward visits them in exactly the reverse of the layout's order
     // (ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj).
-    // MLP branch: its output gradient is the residual stream's gradient.
+    // MLP branch: its output gradient is the residual stream's gradient
+    // (the same on every TP rank, so is the replicated bias's gradient).
     k().linear_backward(a.d4C, grad(s.fcproj_w), grad(s.fcproj_b), operand<CT>(k(), a.dres, N * C, a.dout16),
-                    as<CT>(b.fch_gelu), weight<CT>(s.fcproj_w), N, 4 * C, C, a.dres);
+                    as<CT>(b.fch_gelu), weight<CT>(s.fcproj_w), N, Ft, C, a.dres);
     slots_ready(s.fcproj_w, s.fcproj_b);
-    k().gelu_backward(a.d4C, a.d4C, b.fch, N * 4 * C);
-    k().linear_backward(a.dC, grad(s.fc_w), grad(s.fc_b), operand<CT>(k(), a.d4C, N * 4 * C, a.dout16), as<CT>(b.ln2),
-                    weight<CT>(s.fc_w), N, C, 4 * C, a.d4C);
+    k().gelu_backward(a.d4C, a.d4C, b.fch, N * Ft);
+    k().linear_backward(a.dC, grad(s.fc_w), grad(s.fc_b), operand<CT>(k(), a.d4C, N * Ft, a.dout16), as<CT>(b.ln2),
+                    weight<CT>(s.fc_w), N, C, Ft, a.d4C);
     slots_ready(s.fc_w, s.fc_b);
+    // Each TP rank's columns give part of ln_2's output gradient.
+    tensor_sum(a.dC, static_cast<size_t>(N * C));
     k().layernorm_backward(a.dres, grad(s.ln2_w), grad(s.ln2_b), a.dC, b.res2, param(s.ln2_w), b.ln2_mean,
                        b.ln2_rstd, N, C);
     slots_ready(s.ln2_w, s.ln2_b);
     // Attention branch.
     k().linear_backward(a.dC, grad(s.proj_w), grad(s.proj_b), operand<CT>(k(), a.dres, N * C, a.dout16), as<CT>(b.atty),
-                    weight<CT>(s.proj_w), N, C, C, a.dres);
+                    weight<CT>(s.proj_w), N, Ct, C, a.dres);
     slots_ready(s.proj_w, s.proj_b);
-    k().attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, C, NH);
-    k().linear_backward(a.dC, grad(s.qkv_w), grad(s.qkv_b), operand<CT>(k(), a.d3C, N * 3 * C, a.dout16), as<CT>(b.ln1),
-                    weight<CT>(s.qkv_w), N, C, 3 * C, a.d3C);
+    k().attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, Ct, NHt);
+    k().linear_backward(a.dC, grad(s.qkv_w), grad(s.qkv_b), operand<CT>(k(), a.d3C, N * 3 * Ct, a.dout16), as<CT>(b.ln1),
+                    weight<CT>(s.qkv_w), N, C, 3 * Ct, a.d3C);
     slots_ready(s.qkv_w, s.qkv_b);
+    tensor_sum(a.dC, static_cast<size_t>(N * C));  // ln_1's output gradient, as ln_2's
     k().layernorm_backward(a.dres, grad(s.ln1_w), grad(s.ln1_b), a.dC, x, param(s.ln1_w), b.ln1_mean, b.ln1_rstd, N,
                        C);
     slots_ready(s.ln1_w, s.ln1_b);
@@ -479,7 +506,8 @@ double Gpt::train_flops(int64_t B) const {
   // plus 12 * layers * T * C per token for attention's two products.
   const double C = static_cast<double>(config_.width), T = static_cast<double>(config_.context);
   // A pipeline stage counts its own blocks, and the head if it has it.
-  const double L = static_cast<double>(blocks_.size());
+  // A TP rank computes 1/tp of each block and the whole head.
+  const double L = static_cast<double>(blocks_.size()) / tp_.size;
   const double V = stage_.head ? static_cast<double>(config_.vocab) : 0.0;
   const double gemm_params = L * 12.0 * C * C + V * C;
   const double tokens = static_cast<double>(B) * T;
@@ -492,8 +520,27 @@ double Gpt::recompute_flops(int64_t B) const {
   // head is not recomputed.
   if (!checkpoint_) return 0.0;
   const double C = static_cast<double>(config_.width), T = static_cast<double>(config_.context);
-  const double L = static_cast<double>(blocks_.size());
+  const double L = static_cast<double>(blocks_.size()) / tp_.size;
   return static_cast<double>(B) * T * (2.0 * L * 12.0 * C * C + 4.0 * L * T * C);
+}
+
+void Gpt::tensor_sum(float* x, size_t n) const {
+  if (tp_.size == 1) return;
+  DPT_CHECK(tp_sum_ != nullptr, "a tensor-parallel GPT computes without its TP group's sum");
+  tp_sum_(x, n);
+}
+
+double Gpt::grad_squares(const float* g, size_t begin, size_t n) const {
+  if (tp_.size == 1) return Model::grad_squares(g, begin, n);
+  double sum = 0.0;
+  for (size_t i = 0; i < layout_.slots().size(); ++i) {
+    const Slot& s = layout_.slots()[i];
+    const size_t lo = std::max(begin, s.offset), hi = std::min(begin + n, s.offset + s.numel);
+    if (lo >= hi) continue;
+    const double share = s.slice.parts > 1 ? 1.0 : 1.0 / tp_.size;
+    sum += share * k().sum_of_squares(g + (lo - begin), hi - lo);
+  }
+  return sum;
 }
 
 std::vector<int> Gpt::unit_order() const {

@@ -14,6 +14,7 @@
 // true rows (models/weights.h).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,9 +48,19 @@ struct GptStage {
   bool head = true;              // ln_f, the tied head and the loss (the last)
 };
 
+// The slice of the model one tensor-parallel rank holds (Megatron-LM;
+// docs/tensor_parallel.md): of every block, heads [rank, rank + 1) x heads/size of
+// c_attn (their q, k and v rows: column-parallel) and the same columns of
+// attn.c_proj (row-parallel), rows [rank, rank + 1) x 4C/size of mlp.c_fc
+// and the same columns of mlp.c_proj; LayerNorms, the row-parallel biases,
+// the embeddings and ln_f whole on every rank.
+struct GptTp {
+  int size = 1, rank = 0;
+};
+
 class Gpt : public Model {
  public:
-  explicit Gpt(GptConfig config, GptStage stage = {});
+  explicit Gpt(GptConfig config, GptStage stage = {}, GptTp tp = {});
 
   std::string kind() const override { return "gpt"; }
   std::map<std::string, std::string> metadata() const override;
@@ -65,6 +76,15 @@ class Gpt : public Model {
   const GptStage& stage() const { return stage_; }
   // The whole model (not one pipeline stage of it).
   bool whole() const { return stage_.first == 0 && stage_.last == config_.layers && stage_.embed && stage_.head; }
+  const GptTp& tp() const { return tp_; }
+  // Tensor parallelism: the sum over the TP group, in place, of the row-
+  // parallel projections' partial outputs (forward) and the column-parallel
+  // ones' partial input gradients (backward): two all-reduces of B x T x C
+  // each way per block. Needed before the first forward when tp.size > 1.
+  void set_tensor_sum(std::function<void(float*, size_t)> sum) { tp_sum_ = std::move(sum); }
+  // A TP rank counts a tensor it holds whole as 1/size of its squares, so
+  // the sum over the TP group counts every element of the model once.
+  double grad_squares(const float* g, size_t begin, size_t n) const override;
 
   // Pipeline stages. A stage keeps several micro-batches' activations at
   // once, one arena per slot; use_slot(i) makes slot i's the one forward
@@ -118,6 +138,8 @@ class Gpt : public Model {
     float* atty32 = nullptr;  // bf16 runs: attention's fp32 output before conversion
     void* dout16 = nullptr;   // bf16 runs: an output gradient converted for the GEMMs
   };
+  // The TP group's sum of x[0, n) (nothing at tp 1).
+  void tensor_sum(float* x, size_t n) const;
   // Lays the arena out for (B, T) from base, or only counts when base is
   // null; returns the floats it takes. The one description of the arena:
   // activation_bytes_for asks it too.
@@ -161,6 +183,8 @@ class Gpt : public Model {
 
   GptConfig config_;
   GptStage stage_;
+  GptTp tp_;
+  std::function<void(float*, size_t)> tp_sum_;
   // Per slot: each slot's offset in the whole model's flat buffer.
   std::vector<size_t> whole_offset_;
   const float* tied_w_ = nullptr;

@@ -104,6 +104,11 @@ class Model {
   // Bytes of the activation arena for micro-batches of B samples, before
   // allocating it (memory estimates).
   virtual size_t activation_bytes_for(int64_t B) const = 0;
+  // This rank's share of the global gradient norm's sum of squares, for
+  // g = gradients [begin, begin + n) of the flat buffer: all of it, except
+  // where ranks outside the strategy's group hold copies of the same
+  // tensors (a tensor-parallel GPT's replicated ones; models/gpt.h).
+  virtual double grad_squares(const float* g, size_t /*begin*/, size_t n) const { return k().sum_of_squares(g, n); }
 
   const Layout& layout() const { return layout_; }
   // The model's own full buffers (allocated on first use). A strategy that

@@ -59,7 +59,7 @@ std::optional<std::string> check_names(const Model& model, const std::vector<Ten
     expected[name] = true;
     auto it = by_name.find(name);
     if (it == by_name.end()) throw InputError(fmt::format("{}: tensor '{}' is missing", path, name));
-    const std::vector<int64_t> want = names.file_shape(s.name, s.shape);
+    const std::vector<int64_t> want = names.file_shape(s.name, s.whole_shape);  // a slice's whole tensor
     if (it->second->shape != want) throw InputError(shape_mismatch(path, name, it->second->shape, want));
   }
   std::optional<std::string> tied;
@@ -77,13 +77,39 @@ std::optional<std::string> check_names(const Model& model, const std::vector<Ten
   return tied;
 }
 
+// Elements [first, last) of the whole tensor of slot s, in the model's
+// layout, into dst: a transposed HF weight's piece of each stored row, zero
+// past what the file stores (wte's pad rows). rows: scratch.
+void read_tensor_range(const SafetensorsReader& file, const WeightNames& names, const Slot& s, size_t first,
+                       size_t last, float* dst, std::vector<float>& rows) {
+  const std::string name = names.file_name(s.name);
+  if (!names.transposed(s.name)) {
+    const size_t stored = names.stored(s.name, s.whole_shape, s.numel * static_cast<size_t>(s.slice.parts));
+    const size_t read_hi = std::min(last, std::max(first, stored));
+    if (read_hi > first) file.read(name, first, read_hi - first, dst);
+    std::fill(dst + (read_hi - first), dst + (last - first), 0.0f);
+    return;
+  }
+  // The tensor is [O, I] and the file holds [I, O]: elements [first, last)
+  // lie in rows o_lo..o_hi-1, which are columns of every stored row; read
+  // that piece of each stored row, then pick the elements.
+  const auto I = static_cast<size_t>(s.whole_shape[1]), O = static_cast<size_t>(s.whole_shape[0]);
+  const size_t o_lo = first / I, o_hi = (last - 1) / I + 1, width = o_hi - o_lo;
+  rows.resize(I * width);
+  for (size_t i = 0; i < I; ++i) file.read(name, i * O + o_lo, width, rows.data() + i * width);
+  for (size_t k = first; k < last; ++k) dst[k - first] = rows[(k % I) * width + (k / I - o_lo)];
+}
+
 }  // namespace
 
 WeightWriter::WeightWriter(const std::string& path, const Model& model, WeightFormat format)
     : model_(model), names_(weight_names(model, {}, format == WeightFormat::Hf ? format : WeightFormat::Dpt)) {
   std::vector<TensorSpec> specs;
-  for (const Slot& s : model.layout().slots())
+  for (const Slot& s : model.layout().slots()) {
+    DPT_CHECK(s.slice.parts == 1, "{} is a tensor-parallel slice: write the whole model (parallel/tensor_parallel.h)",
+              s.name);
     specs.push_back({names_.file_name(s.name), DType::F32, names_.file_shape(s.name, s.shape)});
+  }
   std::map<std::string, std::string> meta = model.metadata();
   if (names_.hf) meta["format"] = "pt";  // what Hugging Face's loaders look for
   file_.emplace(path, std::move(specs), meta);
@@ -131,6 +157,16 @@ void load_weights(Model& model, const SafetensorsFile& file, const std::string& 
   float* params = host.empty() ? model.params() : host.data();
   for (const Slot& s : model.layout().slots()) {
     const NamedTensor* t = file.find(names.file_name(s.name));
+    if (s.slice.parts > 1) {
+      // A tensor-parallel slice: its elements picked from the whole tensor
+      // ([O, I], stored [I, O] when transposed). Never wte, so no pad rows.
+      const size_t I = static_cast<size_t>(s.whole_shape.back()), O = static_cast<size_t>(s.whole_shape[0]);
+      for (size_t i = 0; i < s.numel; ++i) {
+        const size_t e = s.slice.whole_index(i);
+        params[s.offset + i] = t->data[names.transposed(s.name) ? e % I * O + e / I : e];
+      }
+      continue;
+    }
     if (names.transposed(s.name))
       transpose(t->data.data(), s.shape[1], s.shape[0], params + s.offset);
     else
@@ -169,25 +205,17 @@ void load_weight_range(const Model& model, const SafetensorsReader& file, size_t
   for (const Slot& s : model.layout().slots()) {
     const size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
     if (lo >= hi) continue;
-    const std::string name = names.file_name(s.name);
+    // A slice is runs of `inner` consecutive elements of the whole tensor
+    // (a whole slot is one run).
+    const auto inner = static_cast<size_t>(s.slice.inner);
     float* dst = out + (lo - begin);
-    if (!names.transposed(s.name)) {
-      // Past what the file stores are wte's pad rows: zero.
-      const size_t stored_end = s.offset + names.stored(s.name, s.shape, s.numel);
-      const size_t read_hi = std::min(hi, std::max(lo, stored_end));
-      if (read_hi > lo) file.read(name, lo - s.offset, read_hi - lo, dst);
-      std::fill(dst + (read_hi - lo), dst + (hi - lo), 0.0f);
-      continue;
+    for (size_t i = lo - s.offset; i < hi - s.offset;) {
+      const size_t run_end = std::min(hi - s.offset, (i / inner + 1) * inner);
+      const size_t e = s.slice.whole_index(i);
+      read_tensor_range(file, names, s, e, e + (run_end - i), dst, rows);
+      dst += run_end - i;
+      i = run_end;
     }
-    // The slot is [O, I] and the file holds [I, O]: elements [lo, hi) of the
-    // slot lie in its rows o_lo..o_hi-1, which are columns of every stored
-    // row; read that piece of each stored row, then pick the elements.
-    const size_t I = static_cast<size_t>(s.shape[1]), O = static_cast<size_t>(s.shape[0]);
-    const size_t first = lo - s.offset, last = hi - s.offset;  // [first, last) of the slot
-    const size_t o_lo = first / I, o_hi = (last - 1) / I + 1, width = o_hi - o_lo;
-    rows.resize(I * width);
-    for (size_t i = 0; i < I; ++i) file.read(name, i * O + o_lo, width, rows.data() + i * width);
-    for (size_t k = first; k < last; ++k) dst[k - first] = rows[(k % I) * width + (k / I - o_lo)];
   }
 }
 

@@ -8,8 +8,6 @@ namespace dpt {
 
 Mesh Mesh::layout(int world, int rank, int tp, int pp) {
   if (tp < 1 || pp < 1) throw InputError(fmt::format("--tp {} and --pp {} must be at least 1", tp, pp));
-  if (tp > 1)
-    throw InputError(fmt::format("--tp {}: tensor parallelism is not built yet; only --tp 1 runs", tp));
   if (world % (tp * pp) != 0)
     throw InputError(fmt::format("{} ranks do not split into --tp {} x --pp {} (a multiple of {} is needed)", world,
                                  tp, pp, tp * pp));
@@ -27,10 +25,12 @@ Mesh Mesh::layout(int world, int rank, int tp, int pp) {
 std::string Mesh::describe() const { return fmt::format("pp {} x dp {} x tp {}", pp, dp, tp); }
 
 MeshGroups::MeshGroups(const Mesh& m, comm::ProcessGroup& world) : world_(world) {
-  if (m.pp == 1) return;
-  // Colors name the group, keys order it: a DP group is one stage's ranks
+  // Colors name the group, keys order it: a TP group is one replica's
+  // ranks of one stage ranked by slice; a DP group is one stage's ranks
   // ranked by replica; a PP group is one replica's ranks ranked by stage.
-  dp_ = world.split(m.pp_rank * m.tp + m.tp_rank, m.dp_rank, "dp");
+  if (m.tp > 1) tp_ = world.split(m.pp_rank * m.dp + m.dp_rank, m.tp_rank, "tp");
+  if (m.tp > 1 || m.pp > 1) dp_ = world.split(m.pp_rank * m.tp + m.tp_rank, m.dp_rank, "dp");
+  if (m.pp == 1) return;
   pp_ = world.split(m.dp_rank * m.tp + m.tp_rank, m.pp_rank, "pp");
   act_ = world.split(m.dp_rank * m.tp + m.tp_rank, m.pp_rank, "pp activations");
   grad_ = world.split(m.dp_rank * m.tp + m.tp_rank, m.pp_rank, "pp gradients");

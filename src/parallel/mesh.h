@@ -4,11 +4,10 @@
 //
 //   rank = (pp_rank * dp + dp_rank) * tp + tp_rank
 //
-// and the subgroups each rank computes with: its DP group (the ranks that
-// hold the same stage and TP slice: what a data-parallel strategy reduces
-// over) and its PP group (one replica's stages, in order). Tensor
-// parallelism has its coordinate already, so it plugs in later as one more
-// group; only tp = 1 is built (Mesh::layout refuses more).
+// and the subgroups each rank computes with: its TP group (the ranks that
+// split one stage's matrices: the activations' all-reduces), its DP group
+// (the ranks that hold the same stage and TP slice: what a data-parallel
+// strategy reduces over) and its PP group (one replica's stages, in order).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +23,7 @@ struct Mesh {
   int tp_rank = 0, dp_rank = 0, pp_rank = 0;
 
   // The layout of `rank` in a world of `world` ranks; throws InputError,
-  // one sentence, when tp x pp does not divide the world (or tp > 1).
+  // one sentence, when tp x pp does not divide the world.
   static Mesh layout(int world, int rank, int tp, int pp);
   int rank_of(int tp_rank, int dp_rank, int pp_rank) const { return (pp_rank * dp + dp_rank) * tp + tp_rank; }
   // "pp 2 x dp 2 x tp 1"
@@ -32,8 +31,9 @@ struct Mesh {
 };
 
 // The subgroups of a mesh on the world group. A degree of 1 needs no group
-// of its own: dp() is then the world itself when pp = 1 (so a run without
-// --pp communicates exactly as before), and the PP links are unused.
+// of its own: dp() is the world itself when tp = pp = 1 (so a run without
+// --tp or --pp communicates exactly as before), tp() is null at tp = 1, and
+// the PP links are unused at pp = 1.
 class MeshGroups {
  public:
   // Collective over `world`: every rank calls it with its own mesh.
@@ -41,6 +41,9 @@ class MeshGroups {
   comm::ProcessGroup& world() { return world_; }
   // The ranks of this rank's stage across replicas.
   comm::ProcessGroup& dp() { return dp_ ? *dp_ : world_; }
+  // The ranks that hold the other slices of this rank's matrices, ranked
+  // by tp_rank; null at tp = 1.
+  comm::ProcessGroup* tp() { return tp_.get(); }
   // This replica's stages, ranked by stage: the loss, the gradient norm,
   // the tied embedding's gradient and weights, saving.
   comm::ProcessGroup& pp() { return pp_ ? *pp_ : world_; }
@@ -54,7 +57,7 @@ class MeshGroups {
 
  private:
   comm::ProcessGroup& world_;
-  std::unique_ptr<comm::ProcessGroup> dp_, pp_, act_, grad_;
+  std::unique_ptr<comm::ProcessGroup> tp_, dp_, pp_, act_, grad_;
 };
 
 }  // namespace dpt

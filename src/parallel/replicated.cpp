@@ -32,7 +32,7 @@ std::string LocalStrategy::describe() const { return "local: one process holds e
 
 void LocalStrategy::begin_step() { model_.zero_grads(); }
 
-double LocalStrategy::grad_norm_squared() { return model_.k().sum_of_squares(model_.grads(), model_.param_count()); }
+double LocalStrategy::grad_norm_squared() { return model_.grad_squares(model_.grads(), 0, model_.param_count()); }
 
 void LocalStrategy::scale_grads(float factor) { model_.k().scale(model_.grads(), model_.param_count(), factor); }
 

@@ -322,7 +322,8 @@ void ZeroStrategy::complete_oldest() {
 double ZeroStrategy::grad_norm_squared() {
   double mine = 0.0;
   for (size_t u = 0; u < shards_.size(); ++u)
-    mine += model_.k().sum_of_squares(grad_shard(static_cast<int>(u)), shards_[u].n);
+    mine += model_.grad_squares(grad_shard(static_cast<int>(u)), unit(static_cast<int>(u)).offset + shards_[u].begin,
+                                shards_[u].n);
   // Every rank's sum, added in rank order in double, so all ranks agree
   // exactly (all_gather moves bytes: a double travels as two floats).
   std::fill(norm_parts_.begin(), norm_parts_.end(), 0.0);

@@ -134,7 +134,7 @@ TrainCommand::TrainCommand(CLI::App& app) {
       ->check(CLI::IsMember({"drop", "pad"}));
   cmd_->add_option("--verify-every", o.verify_every, "steps between checks that all replicas are identical")
       ->check(non_negative());
-  cmd_->add_option("--tp", o.tp, "tensor-parallel degree (only 1 is built yet)")->check(positive());
+  cmd_->add_option("--tp", o.tp, "tensor-parallel degree: a GPT's heads and MLP split over this many adjacent ranks (1)")->check(positive());
   cmd_->add_option("--pp", o.pp,
                    "pipeline stages (gpt): each holds consecutive blocks; data parallelism over world / pp")
       ->check(positive());

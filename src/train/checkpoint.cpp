@@ -57,20 +57,30 @@ std::string kind_name(int kind, const std::vector<std::string>& state) {
 }
 
 // A rank's spans cut at parameter boundaries, parameters first, then each
-// state tensor: the tensors of its file, in file order.
-std::vector<Piece> pieces_of(const std::vector<StateSpan>& spans, const Layout& layout, size_t states) {
+// state tensor: the tensors of its file, in file order. A piece's start is
+// its place in the whole tensor: a tensor-parallel slice is cut into its
+// runs of consecutive elements of the whole tensor (one piece each), so a
+// checkpoint reads back at any tp. Without `replicated`, the tensors a
+// tensor-parallel rank holds whole are left out (TP rank 0 writes them).
+std::vector<Piece> pieces_of(const std::vector<StateSpan>& spans, const Layout& layout, size_t states,
+                             bool replicated = true) {
   std::vector<Piece> out;
   for (int kind = -1; kind < static_cast<int>(states); ++kind)
     for (const StateSpan& sp : spans)
       for (size_t i = 0; i < layout.slots().size(); ++i) {
         const Slot& s = layout.slots()[i];
         const size_t lo = std::max(sp.begin, s.offset), hi = std::min(sp.begin + sp.n, s.offset + s.numel);
-        if (lo >= hi) continue;
-        if (kind < 0 && sp.params)
-          out.push_back({kind, static_cast<int>(i), lo - s.offset, hi - lo, sp.params + (lo - sp.begin), nullptr, 0});
-        else  // optimizer state, or masters kept in the optimizer's tier
-          out.push_back({kind, static_cast<int>(i), lo - s.offset, hi - lo, nullptr, sp.optimizer,
-                         sp.at + (lo - sp.begin)});
+        if (lo >= hi || (!replicated && s.slice.parts == 1)) continue;
+        const auto inner = static_cast<size_t>(s.slice.inner);
+        for (size_t e = lo - s.offset; e < hi - s.offset;) {
+          const size_t end = std::min(hi - s.offset, (e / inner + 1) * inner), in_span = s.offset + e - sp.begin;
+          if (kind < 0 && sp.params)
+            out.push_back({kind, static_cast<int>(i), s.slice.whole_index(e), end - e, sp.params + in_span, nullptr, 0});
+          else  // optimizer state, or masters kept in the optimizer's tier
+            out.push_back({kind, static_cast<int>(i), s.slice.whole_index(e), end - e, nullptr, sp.optimizer,
+                           sp.at + in_span});
+          e = end;
+        }
       }
   return out;
 }
@@ -161,7 +171,8 @@ std::string check_size(const std::string& path, uint64_t bytes) {
 json manifest_json(const CheckpointInfo& info, const Layout& layout, const json& files) {
   json slots = json::array();
   for (const Slot& s : layout.slots())
-    slots.push_back({{"name", s.name}, {"shape", s.shape}, {"offset", s.offset}, {"numel", s.numel}});
+    slots.push_back({{"name", s.name}, {"shape", s.whole_shape}, {"offset", s.offset},
+                     {"numel", s.numel * static_cast<size_t>(s.slice.parts)}});
   return {{"format", kFormat},      {"version", kVersion},
           {"step", info.step},      {"model", info.model},
           {"optimizer", {{"name", info.optimizer}, {"state", info.state}, {"steps", info.step}}},
@@ -221,7 +232,7 @@ void agree_on_error(comm::ProcessGroup& pg, const std::string& problem) {
 }
 
 WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo& info, Strategy& strategy,
-                             const Model& model, comm::ProcessGroup& pg, int keep) {
+                             const Model& model, comm::ProcessGroup& pg, int keep, bool replicated) {
   const fs::path root(dir), final_dir = root / step_name(info.step), tmp = root / (step_name(info.step) + ".tmp");
   const int rank = pg.rank(), world = pg.size();
   std::string problem;
@@ -239,7 +250,7 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
   const std::string name = file_name(rank, world);
   FileCrcs crcs;
   try {
-    const auto pieces = pieces_of(strategy.state_spans(), model.layout(), state.size());
+    const auto pieces = pieces_of(strategy.state_spans(), model.layout(), state.size(), replicated);
     crcs = write_rank_file((tmp / name).string(), pieces, model.layout(), state,
                           {{"dpt.checkpoint.step", std::to_string(info.step)},
                            {"dpt.checkpoint.rank", std::to_string(rank)},
@@ -403,9 +414,11 @@ uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& in
         } catch (const std::exception&) {
           start = SIZE_MAX;
         }
-        if (slot == slot_index.end() || (kind != "params" && k == state.end()) || spec.dtype != DType::F32 ||
-            spec.shape.size() != 1 || start > layout.slots()[static_cast<size_t>(slot->second)].numel ||
-            static_cast<size_t>(spec.shape[0]) > layout.slots()[static_cast<size_t>(slot->second)].numel - start)
+        // (Within the whole tensor: a tensor-parallel slot is a slice of it.)
+        const Slot* sl = slot == slot_index.end() ? nullptr : &layout.slots()[static_cast<size_t>(slot->second)];
+        const size_t whole = sl ? sl->numel * static_cast<size_t>(sl->slice.parts) : 0;
+        if (!sl || (kind != "params" && k == state.end()) || spec.dtype != DType::F32 || spec.shape.size() != 1 ||
+            start > whole || static_cast<size_t>(spec.shape[0]) > whole - start)
           throw IoError(fmt::format("{}: unexpected tensor '{}' for this model", reader.path(), spec.name));
         const size_t n = static_cast<size_t>(spec.shape[0]);
         bool loaded = false;

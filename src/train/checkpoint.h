@@ -49,12 +49,14 @@ struct CheckpointInfo {
 // if there is one), points DIR/latest at it, and removes all but the
 // `keep` newest (keep 0: none removed). Throws IoError naming the file on
 // every rank if any rank fails; the previous checkpoint is then untouched.
+// replicated = false: this rank leaves out the tensors it holds whole (a
+// tensor-parallel rank other than TP rank 0; they are its copies).
 struct WrittenCheckpoint {
   std::string path;
   uint64_t bytes = 0;  // of all ranks' files
 };
 WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo& info, Strategy& strategy,
-                             const Model& model, comm::ProcessGroup& pg, int keep);
+                             const Model& model, comm::ProcessGroup& pg, int keep, bool replicated = true);
 
 // The checkpoint a --resume path names: a checkpoint itself (it holds a
 // manifest.json), or a directory of them (its latest complete one).

@@ -6,6 +6,7 @@
 
 #include "core/fault.h"
 #include "models/weights.h"
+#include "parallel/tensor_parallel.h"
 #include "train/data_source.h"
 #include "train/timeline.h"
 #include "train/train.h"
@@ -27,11 +28,11 @@ double SequentialExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
     t.data_ms += ms(td, Clock::now());
     strategy_.begin_micro_step(k == o_.grad_accum - 1);  // no_sync before the last
     auto tf = Clock::now();
-    pg_.set_phase("forward");
+    for (auto* g : {&pg_, tp_}) if (g) g->set_phase("forward");
     fault_point("forward", step + 1, rank);
     loss += model_.forward(batch_).loss;
     auto tb = Clock::now();
-    pg_.set_phase("backward");
+    for (auto* g : {&pg_, tp_}) if (g) g->set_phase("backward");
     fault_point("backward", step + 1, rank);
     model_.backward(loss_scale_);
     auto te = Clock::now();
@@ -48,8 +49,18 @@ double SequentialExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
 
 size_t SequentialExecutor::trace_spans() const { return 3 * static_cast<size_t>(o_.grad_accum); }
 
+double SequentialExecutor::grad_norm_squared() {
+  const double mine = strategy_.grad_norm_squared();
+  if (!tp_) return mine;
+  tp_->set_phase("optimizer");  // as the loop's groups are by now
+  return sum_in_rank_order(*tp_, mine, norm_parts_);
+}
+
 void SequentialExecutor::save(const std::string& path, WeightFormat format) {
-  save_model(strategy_, model_, path, format, pg_.rank() == 0);
+  if (tp_)
+    save_tensor_parallel(strategy_, dynamic_cast<const Gpt&>(model_), mesh_, *tp_, path, format, pg_.rank() == 0);
+  else
+    save_model(strategy_, model_, path, format, pg_.rank() == 0);
 }
 
 // Under zero3 no rank ever holds more than one unit: the tensors of a unit

@@ -22,6 +22,7 @@
 
 #include "models/hf_gpt2.h"
 #include "models/model.h"
+#include "parallel/mesh.h"
 #include "parallel/strategy.h"
 #include "train/evaluate.h"
 
@@ -57,12 +58,16 @@ class Executor {
 
 class SequentialExecutor : public Executor {
  public:
-  // loss_scale: the strategy's, over the micro-batches.
+  // loss_scale: the strategy's, over the micro-batches. With tensor
+  // parallelism, tp is the mesh's TP group (model: its slice of a GPT).
   SequentialExecutor(const TrainOptions& o, comm::ProcessGroup& pg, Model& model, Strategy& strategy,
-                     DataSource& data, float loss_scale)
-      : o_(o), pg_(pg), model_(model), strategy_(strategy), data_(data), loss_scale_(loss_scale) {}
+                     DataSource& data, float loss_scale, const Mesh& mesh, comm::ProcessGroup* tp = nullptr)
+      : o_(o), pg_(pg), model_(model), strategy_(strategy), data_(data), loss_scale_(loss_scale), mesh_(mesh),
+        tp_(tp) {}
   double run(int64_t step, StepBreakdown& t, Timeline* tl) override;
-  double grad_norm_squared() override { return strategy_.grad_norm_squared(); }
+  // Under TP, each rank's share summed over the TP group (models/model.h's
+  // grad_squares counts the replicated tensors once in that sum).
+  double grad_norm_squared() override;
   void save(const std::string& path, WeightFormat format) override;
   size_t trace_spans() const override;
   size_t activation_bytes() const override { return model_.activation_bytes(); }
@@ -75,6 +80,9 @@ class SequentialExecutor : public Executor {
   DataSource& data_;
   Batch batch_;
   float loss_scale_;
+  Mesh mesh_;
+  comm::ProcessGroup* tp_;
+  std::vector<double> norm_parts_;
 };
 
 // Writes the weights a unit at a time: every rank takes part in each unit's

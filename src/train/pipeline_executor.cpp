@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "models/weights.h"
+#include "parallel/tensor_parallel.h"
 #include "train/data_source.h"
 #include "train/timeline.h"
 #include "train/train.h"
@@ -135,7 +136,8 @@ double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
         grad_recv = grads.recv_async(model_.output_grad(), n, DType::F32, s + 1);
         model_.use_slot(slot);
       }
-      for (auto* g : {&acts, &grads, &pp, &groups_.dp(), &groups_.world()}) g->set_phase("forward");
+      for (auto* g : {&acts, &grads, &pp, &groups_.dp(), &groups_.world(), groups_.tp()})
+        if (g) g->set_phase("forward");
       fault_point("forward", step + 1, rank);
       if (!first()) {
         model_.prepare(batch_.B, batch_.T);
@@ -156,7 +158,8 @@ double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
       const auto tb = Clock::now();
       const bool final = op.micro == M - 1;
       const size_t n = static_cast<size_t>(batch_.B * batch_.T * model_.config().width);
-      for (auto* g : {&acts, &grads, &pp, &groups_.dp(), &groups_.world()}) g->set_phase("backward");
+      for (auto* g : {&acts, &grads, &pp, &groups_.dp(), &groups_.world(), groups_.tp()})
+        if (g) g->set_phase("backward");
       fault_point("backward", step + 1, rank);
       strategy_.begin_micro_step(final);  // the reductions start in the last backward
       if (grad_recv_micro == op.micro)
@@ -199,10 +202,16 @@ double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
 }
 
 double PipelineExecutor::grad_norm_squared() {
-  // Each stage's sum over its data-parallel group, then over the stages in
-  // stage order (a gather of doubles, summed the same way on every rank).
+  // Each stage's sum over its data-parallel group and its TP group (where
+  // the replicated tensors count once), then over the stages in stage order
+  // (a gather of doubles, summed the same way on every rank).
   std::vector<double> all(static_cast<size_t>(mesh_.pp), 0.0);
-  all[static_cast<size_t>(mesh_.pp_rank)] = strategy_.grad_norm_squared();
+  double stage = strategy_.grad_norm_squared();
+  if (comm::ProcessGroup* tp = groups_.tp()) {
+    tp->set_phase("optimizer");
+    stage = sum_in_rank_order(*tp, stage, norm_parts_);
+  }
+  all[static_cast<size_t>(mesh_.pp_rank)] = stage;
   groups_.pp().all_gather(all.data(), all.size() * 2, DType::F32);
   double sum = 0.0;
   for (double v : all) sum += v;
@@ -237,17 +246,28 @@ nlohmann::json PipelineExecutor::detail() {
 void PipelineExecutor::after_step() { sync_tied_weights(); }
 
 void PipelineExecutor::save(const std::string& path, WeightFormat format) {
-  // Each stage's parameters gathered over its data-parallel group; replica
-  // 0's stages send theirs to the first, which writes the whole model (it
-  // holds all of it for the while: a GPT that needs a pipeline to train
-  // still fits one rank's memory as weights alone).
-  FlatBuffer mine(model_.param_count());
-  for (size_t u = 0; u < model_.layout().units().size(); ++u)
-    strategy_.gather_unit(static_cast<int>(u), mine.f32() + model_.layout().units()[u].offset);
-  if (mesh_.dp_rank != 0) return;
+  // Each stage's parameters gathered over its data-parallel group (and its
+  // slices over its TP group); replica 0's stages (their TP rank 0) send
+  // theirs to the first, which writes the whole model (it holds all of it
+  // for the while: a GPT that needs a pipeline to train still fits one
+  // rank's memory as weights alone).
+  const Gpt held = stage_model(mesh_.pp_rank);  // the stage, its tensors whole
+  FlatBuffer mine(held.param_count());
+  comm::ProcessGroup* tp = groups_.tp();
+  FlatBuffer unit(tp ? model_.param_count() : 0), scratch;
+  for (size_t u = 0; u < model_.layout().units().size(); ++u) {
+    float* whole_unit = mine.f32() + held.layout().units()[u].offset;
+    if (!tp) {
+      strategy_.gather_unit(static_cast<int>(u), whole_unit);
+      continue;
+    }
+    strategy_.gather_unit(static_cast<int>(u), unit.f32());
+    if (mesh_.dp_rank == 0) gather_slices(model_, held, *tp, static_cast<int>(u), unit.f32(), whole_unit, scratch);
+  }
+  if (mesh_.dp_rank != 0 || mesh_.tp_rank != 0) return;
   comm::ProcessGroup& pp = groups_.pp();
   if (!first()) {
-    pp.send(mine.f32(), model_.param_count(), DType::F32, 0);
+    pp.send(mine.f32(), held.param_count(), DType::F32, 0);
     return;
   }
   const Gpt whole(model_.config());
@@ -257,7 +277,7 @@ void PipelineExecutor::save(const std::string& path, WeightFormat format) {
       std::copy(values + slot.offset, values + slot.offset + slot.numel,
                 all.begin() + static_cast<long>(whole.layout().slot(whole.layout().find(slot.name)).offset));
   };
-  place(model_.layout(), mine.f32());
+  place(held.layout(), mine.f32());
   for (int s = 1; s < mesh_.pp; ++s) {
     const Gpt stage = stage_model(s);
     FlatBuffer theirs(stage.param_count());

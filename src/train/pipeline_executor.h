@@ -67,7 +67,7 @@ class PipelineExecutor : public Executor {
   const ForwardFn* eval_forward() override { return &eval_forward_; }
 
  private:
-  // A stage's layout (its Gpt, never allocated) for saving.
+  // A stage's layout (its Gpt, never allocated, its tensors whole) for saving.
   Gpt stage_model(int s) const { return Gpt(model_.config(), options_.stages[static_cast<size_t>(s)]); }
   bool first() const { return mesh_.pp_rank == 0; }
   bool last() const { return mesh_.pp_rank == mesh_.pp - 1; }
@@ -92,6 +92,7 @@ class PipelineExecutor : public Executor {
   // Sends in flight per slot: a slot's arena is not reused before they end.
   std::vector<std::shared_ptr<comm::Work>> sends_;
   ForwardFn eval_forward_;
+  std::vector<double> norm_parts_;  // the TP group's sums of squares
 };
 
 }  // namespace dpt

@@ -27,6 +27,7 @@
 #include "models/weights.h"
 #include "parallel/mesh.h"
 #include "parallel/rank_bytes.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/replicas.h"
 #include "train/checkpoint.h"
 #include "train/data_source.h"
@@ -228,11 +229,12 @@ void print_header(const TrainOptions& o, const Model& model, const Strategy& str
   const int world = mesh.world;
   std::printf("dpt train: %s, %zu parameters%s, %s, %s%s on %d rank%s, global batch %lld (%lld per %s%s), "
               "%lld steps, %d thread%s per rank\n",
-              o.model.c_str(), model.param_count(), mesh.pp > 1 ? " on this stage" : "", o.optimizer.name.c_str(),
-              o.strategy.c_str(),
+              o.model.c_str(), model.param_count(),
+              mesh.pp > 1 ? " on this stage" : mesh.tp > 1 ? " in this rank's tensor-parallel slice" : "",
+              o.optimizer.name.c_str(), o.strategy.c_str(),
               o.precision == DType::BF16 ? " in bf16 mixed precision" : "", world,
               world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / mesh.dp),
-              mesh.pp > 1 ? "replica" : "rank",
+              mesh.pp > 1 || mesh.tp > 1 ? "replica" : "rank",
               o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
               static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
   if (world > 1) std::printf("%s\n%s\n", strategy.describe().c_str(), topology_line(topology).c_str());
@@ -536,7 +538,8 @@ std::string checkpoint_now(const TrainOptions& o, const Model& model, Strategy& 
                            comm::ProcessGroup& pg, int64_t done, TrainResult& r) {
   const auto t0 = Clock::now();
   const WrittenCheckpoint written =
-      write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done, pg.size()), strategy, model, pg, o.keep);
+      write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done, pg.size()), strategy, model, pg, o.keep,
+                       o.tp == 1 || pg.rank() % o.tp == 0);  // TP rank 0 writes the replicated tensors
   ++r.checkpoints;
   r.checkpoint_s += std::chrono::duration<double>(Clock::now() - t0).count();
   r.checkpoint_bytes += written.bytes;
@@ -585,6 +588,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp);
   if (o.strategy.empty()) o.strategy = default_strategy(mesh.dp);
   check_pipeline(o, mesh);
+  check_tensor_parallel(o, mesh);
   check_outputs(o, pg);
   check_placement(o);
   if (o.strategy == "dp") {
@@ -593,7 +597,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   }
   if (!o.load.empty() && !o.resume.empty())
     throw InputError("--load and --resume both give the starting weights; give one");
-  const int64_t micro = micro_batch(o, mesh.dp, mesh.pp == 1 ? "ranks" : "data-parallel replicas");
+  const int64_t micro = micro_batch(o, mesh.dp, mesh.pp == 1 && mesh.tp == 1 ? "ranks" : "data-parallel replicas");
   // Read now: a bad baseline or checkpoint must fail before training, not after it.
   const double baseline = o.baseline.empty() ? 0.0 : read_baseline_throughput(o.baseline);
   std::string resume_path;
@@ -611,13 +615,23 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const std::map<std::string, std::string> hparams = saved ? resumed_hparams(o, *saved) : model_hparams(o);
   std::vector<GptStage> stages;
   if (mesh.pp > 1) stages = gpt_stages(GptConfig::from(hparams), mesh.pp, o.pp_split);
-  auto model = mesh.pp > 1 ? std::make_unique<Gpt>(GptConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)])
-                           : make_model(hparams);
+  // Under --tp it is this rank's slice of every block.
+  std::unique_ptr<Model> model;
+  if (mesh.pp > 1)
+    model = std::make_unique<Gpt>(GptConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)],
+                                  GptTp{mesh.tp, mesh.tp_rank});
+  else if (mesh.tp > 1)
+    model = std::make_unique<Gpt>(GptConfig::from(hparams), GptStage{}, GptTp{mesh.tp, mesh.tp_rank});
+  else
+    model = make_model(hparams);
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
   model->set_device(o.device);
   MeshGroups groups(mesh, pg);
   comm::ProcessGroup& dpg = groups.dp();
+  if (comm::ProcessGroup* tpg = groups.tp())
+    dynamic_cast<Gpt&>(*model).set_tensor_sum(
+        [tpg](float* x, size_t n) { tpg->all_reduce(x, n, DType::F32, comm::ReduceOp::Sum); });
   StrategyOptions so = strategy_options(o);
   if (so.name == "hsdp") so.shard_group = shard_group_size(so, dpg);
   check_offload(o, so, *model, dpg);
@@ -639,7 +653,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
         mesh, groups, dynamic_cast<Gpt&>(*model), *strategy, data, loss_scale,
         PipelineOptions{parse_pipe_schedule(o.pp_schedule), static_cast<int>(o.grad_accum), stages});
   else
-    executor = std::make_unique<SequentialExecutor>(o, pg, *model, *strategy, data, loss_scale);
+    executor = std::make_unique<SequentialExecutor>(o, pg, *model, *strategy, data, loss_scale, mesh, groups.tp());
 
   const int64_t steps = data.steps(o);
   o.schedule.total_steps = steps;
@@ -649,6 +663,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
     if (!data.evaluable()) return std::nullopt;
+    // A replica's TP ranks evaluate the same windows together (their equal
+    // copies in the combined sums leave the mean as it is).
     return combine(
         data.evaluate(*model, micro, o.eval_windows, mesh.dp_rank, mesh.dp, executor->eval_forward()), pg);
   };

@@ -265,7 +265,6 @@ TEST_F(PpCliTest, ImpossibleMeshesAreRefused) {
   const std::string gpt = fmt::format("{} --layers 2 --batch 4 --steps 2", kGpt);
   const std::vector<Case> cases = {
       {3, gpt + " --pp 2", "3 ranks do not split into --tp 1 x --pp 2"},
-      {2, gpt + " --tp 2", "tensor parallelism is not built yet"},
       {3, gpt + " --pp 3", "--pp 3 needs at least one block per stage, and the model has 2"},
       {2, gpt + " --pp 2 --micro-batches 3", "global batch 4 does not split into 1 data-parallel replicas x 3"},
       {2, gpt + " --pp 2 --pp-split 2,1", "--pp-split '2,1' must give 2 stages' blocks summing to the model's 2"},

@@ -1,0 +1,47 @@
+// Tensor parallelism for the GPT (Megatron-LM; docs/tensor_parallel.md): what
+// the run needs besides the model's sliced layout and its two all-reduces
+// per block each way (models/gpt.h): the refusals, the global gradient norm
+// over the TP group, and saving the whole model from its slices.
+#pragma once
+
+#include <string>
+
+#include "comm/process_group.h"
+#include "models/gpt.h"
+#include "models/hf_gpt2.h"
+#include "parallel/mesh.h"
+#include "parallel/strategy.h"
+#include "tensor/flat_buffer.h"
+
+namespace dpt {
+
+struct TrainOptions;
+
+// Refuses, in one sentence, a --tp the engine cannot run: heads not
+// divisible by tp, another model than the GPT, and the options not built
+// with --tp yet. Nothing at tp = 1. (Mesh::layout refuses a world that
+// tp x pp does not divide; check_pipeline what --pp cannot run.)
+void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh);
+
+// Collective over g: the sum of every rank's value, added in rank order so
+// every rank gets the same double. parts: g.size() doubles of scratch.
+double sum_in_rank_order(comm::ProcessGroup& g, double mine, std::vector<double>& parts);
+
+// Collective over tp: unit u of `whole` (the same stage as `model`, held
+// whole: GptTp{}) into out, from this rank's values of its own unit u
+// (`mine`): each sliced tensor all-gathered, one at a time, and put in its
+// place. Tensors every TP rank holds whole are checked to be bitwise the
+// same on all of them (InternalError naming the tensor otherwise): their
+// gradients are the same by construction, so their updates must be too.
+// scratch grows to what a tensor's gather needs.
+void gather_slices(const Gpt& model, const Gpt& whole, comm::ProcessGroup& tp, int unit, const float* mine,
+                   float* out, FlatBuffer& scratch);
+
+// Collective over every rank: writes the whole model's PyTorch-named file
+// from the slices. Each unit is gathered over the DP group by the strategy,
+// then replica 0's TP ranks gather its slices (gather_slices: no rank holds
+// more than one unit of the whole model) and `lead` writes it.
+void save_tensor_parallel(Strategy& strategy, const Gpt& model, const Mesh& mesh, comm::ProcessGroup& tp,
+                          const std::string& path, WeightFormat format, bool lead);
+
+}  // namespace dpt
