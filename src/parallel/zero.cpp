@@ -577,8 +577,16 @@ void ZeroStrategy::grads_ready(size_t offset, size_t numel) {
     record(Timeline::ReduceScatter, u, g.work);
   }
   // Take the shards of reductions that are already done, freeing buffers.
-  while (!inflight_.empty() && grads_[static_cast<size_t>(inflight_.front())].work->is_completed())
-    complete_oldest();
+  // Not under hsdp: there completing a unit issues the replica group's
+  // blocking all-reduce, and issued at a moment that depends on timing it
+  // falls at different places among the shard group's collectives on
+  // different ranks: one rank then waits in the replica all-reduce for a
+  // peer that waits in a shard-group all-gather for a rank that waits in
+  // the replica all-reduce (a deadlock, seen in 1 run of 4-6). The other
+  // completions happen at the same point of the program on every rank.
+  if (!replica_group_)
+    while (!inflight_.empty() && grads_[static_cast<size_t>(inflight_.front())].work->is_completed())
+      complete_oldest();
 }
 
 }  // namespace dpt

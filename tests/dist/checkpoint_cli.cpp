@@ -342,10 +342,13 @@ TEST_F(CheckpointCli, ASecondSignalStopsAtOnce) {
 }
 
 TEST_F(CheckpointCli, LaunchRestartsAKilledJobFromItsLatestCheckpoint) {
-  const std::string common = fmt::format("{} {} --strategy ddp --steps 300", kGpt, kQuiet);
+  // Enough steps that the kill, at most 0.3 s after the first checkpoint,
+  // lands mid-run on a fast CPU too (300 steps took 1.2 s on AVX-512, and the
+  // job then ended before the kill).
+  const std::string common = fmt::format("{} {} --strategy ddp --steps 1500", kGpt, kQuiet);
   const std::string job = fmt::format(
       "env OMP_NUM_THREADS=1 DPT_COMM_TIMEOUT=60 {} launch -n 2 --max-restarts 2 -- {} train {} --checkpoint-dir {} "
-      "--checkpoint-every 40 --save {}",
+      "--checkpoint-every 200 --save {}",
       q(dpt_bin()), q(dpt_bin()), common, q(path("ck")), q(path("restarted.safetensors")));
   RunResult r;
   std::thread runner([&] { r = test::run_shell(job, dir_, 120); });
