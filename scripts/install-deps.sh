@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   openmpi-bin libopenmpi-dev
+  iproute2 util-linux  # ip netns and unshare: two hosts on one machine (scripts/two_hosts.sh)
   dataset-fashion-mnist fortunes
   python3 python3-numpy python3-torch
 )

@@ -9,9 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 namespace dpt::test {
 
@@ -53,6 +55,26 @@ inline RunResult run_shell(const std::string& cmd, const std::filesystem::path& 
   r.err = read_file(err_path);
   std::filesystem::remove(err_path);
   return r;
+}
+
+// A refusal as a multi-rank run prints it: exit 1, nothing on stdout, and
+// every rank that reports an error reports the same sentence, `says` in it.
+inline void expect_one_refusal(const RunResult& r, const std::string& says) {
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+  std::istringstream in(r.err);
+  std::string first, line;
+  int lines = 0;
+  while (std::getline(in, line)) {
+    const size_t at = line.find("error: ");  // after "dpt[rank r]: "
+    if (at == std::string::npos) continue;
+    line = line.substr(at);
+    if (first.empty()) first = line;
+    EXPECT_EQ(line, first);
+    ++lines;
+  }
+  EXPECT_GE(lines, 1) << r.err;
+  EXPECT_EQ(r.out, "");
 }
 
 }  // namespace dpt::test
