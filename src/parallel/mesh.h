@@ -30,6 +30,11 @@ struct Mesh {
   std::string describe() const;
 };
 
+// Refuses, in one sentence, a strategy that does not run over a mesh's
+// data-parallel group yet (dp keeps its replicas in threads of one process,
+// hsdp splits its group again); `with` names the degree ("with --tp 2").
+void check_mesh_strategy(const std::string& strategy, const std::string& with);
+
 // The subgroups of a mesh on the world group. A degree of 1 needs no group
 // of its own: dp() is the world itself when tp = pp = 1 (so a run without
 // --tp or --pp communicates exactly as before), tp() is null at tp = 1, and

@@ -50,10 +50,7 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
   const std::string not_yet = fmt::format("with --pp {}", mesh.pp);
   if (o.model != "gpt")
     throw InputError(fmt::format("--pp splits a GPT's blocks into stages; the {} model has none", o.model));
-  if (o.strategy == "hsdp" || o.strategy == "dp")
-    throw InputError(fmt::format("--strategy {} is not built {} yet; use local, ddp or zero1/2/3 (over the "
-                                 "data-parallel group)",
-                                 o.strategy, not_yet));
+  check_mesh_strategy(o.strategy, not_yet);
   if (o.precision != DType::F32) throw InputError(fmt::format("--precision bf16 is not built {} yet", not_yet));
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
   if (!o.checkpoint_dir.empty() || !o.resume.empty())
