@@ -17,6 +17,7 @@
 #include "comm/mpi_env.h"
 #include "comm/mpi_transport.h"
 #include "comm/ring.h"
+#include "comm/setup_deadline.h"
 #include "comm/shm_transport.h"
 #include "nn/kernels.h"
 #include "cuda/backend.h"
@@ -317,7 +318,10 @@ std::unique_ptr<ProcessGroup> ProcessGroup::create_self() { return build(Config{
 std::unique_ptr<ProcessGroup> ProcessGroup::create(const Config& config) {
   MPI_Comm comm = MPI_COMM_NULL;
   if (launched_by_mpi()) {
+    SetupDeadline deadline(config.timeout, "world");
+    deadline.at("MPI initialisation");
     mpi_ensure_init();
+    deadline.at("MPI_Comm_dup");
     std::lock_guard<std::mutex> lock(mpi_mutex());
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   }
@@ -334,6 +338,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std:
   barrier();  // nothing of this group in flight on any rank: the split is the next use of its communicator
   MPI_Comm child = MPI_COMM_NULL;
   {
+    SetupDeadline deadline(config_.timeout, name);
+    deadline.at("MPI_Comm_split");
     std::lock_guard<std::mutex> lock(mpi_mutex());
     mpi_check(MPI_Comm_split(impl_->comm, color, key, &child), "split");
   }
@@ -353,6 +359,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
   im.comm = comm;
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
+  SetupDeadline deadline(config.timeout, name);
   int world_rank = 0;
   if (comm != MPI_COMM_NULL) {
     std::lock_guard<std::mutex> lock(mpi_mutex());
@@ -363,6 +370,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
   }
   pg->world_ranks_.assign(static_cast<size_t>(pg->size_), world_rank);
   if (pg->size_ > 1) {
+    deadline.at("exchange of ranks (MPI_Allgather)");
     std::lock_guard<std::mutex> lock(mpi_mutex());
     mpi_check(MPI_Allgather(&world_rank, 1, MPI_INT, pg->world_ranks_.data(), 1, MPI_INT, im.comm), "rank exchange");
   }
@@ -372,6 +380,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
   std::vector<char> names(static_cast<size_t>(n) * sizeof host);
   std::copy(host, host + sizeof host, names.begin() + static_cast<long>(rank) * static_cast<long>(sizeof host));
   if (n > 1) {
+    deadline.at("exchange of host names (MPI_Allgather)");
     std::lock_guard<std::mutex> lock(mpi_mutex());
     mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, names.data(), sizeof host, MPI_BYTE, im.comm),
               "host exchange");
@@ -407,6 +416,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
     // broadcast name is the same on every member.
     static std::atomic<uint64_t> groups{0};
     uint64_t tag[3] = {static_cast<uint64_t>(::getpid()), std::random_device{}(), groups++};
+    deadline.at("shared-memory handshake (MPI_Bcast, MPI_Barrier)");
     {
       std::lock_guard<std::mutex> lock(mpi_mutex());
       mpi_check(MPI_Bcast(tag, 3, MPI_UINT64_T, 0, im.comm), "shared memory setup");

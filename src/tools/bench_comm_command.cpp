@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/process_group.h"
+#include "comm/setup_deadline.h"
 #include "core/error.h"
 #include "core/membw.h"
 #include "io/atomic_file.h"
@@ -96,13 +97,6 @@ size_t parse_size(const std::string& s) {
   if (v == 0 || v % 4 != 0)
     throw InputError(fmt::format("--sizes: {} is not a whole, non-zero number of fp32 elements", s));
   return static_cast<size_t>(v);
-}
-
-// The rank the launcher gave this process, before MPI is up (0 without one).
-int launcher_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
-    if (const char* v = std::getenv(var)) return std::atoi(v);
-  return 0;
 }
 
 void issue(ProcessGroup& pg, Op op, float* buf, size_t count) {
@@ -244,7 +238,7 @@ int BenchCommCommand::run() {
   // The physical ceiling, measured by rank 0 alone before the others are
   // busy (they wait in MPI start-up meanwhile, sleeping rather than spinning).
   MemcpyBandwidth membw;
-  const bool measure = launcher_rank() == 0;
+  const bool measure = comm::launcher_rank() == 0;
   if (measure) membw = measure_memcpy_bandwidth();
 
   const size_t max_count = *std::max_element(sizes.begin(), sizes.end()) / 4;

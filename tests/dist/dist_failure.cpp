@@ -1,6 +1,6 @@
 // A job that goes wrong on purpose, for tests/dist/test_dist_failure.cpp.
 //
-//   mpirun -n 3 dist_failure --mode die|skip|mismatch|none [--timeout-ms 3000]
+//   mpirun -n 3 dist_failure --mode die|skip|mismatch|late|none [--timeout-ms 3000]
 //
 // Every rank runs five all_reduces; the third is where rank 1 misbehaves:
 //   die       rank 1 exits (_exit(0)) before it
@@ -24,20 +24,13 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "comm/setup_deadline.h"
 
 namespace {
 
 [[noreturn]] void usage(const char* msg) {
-  std::fprintf(stderr, "dist_failure: %s\nusage: dist_failure --mode die|skip|mismatch|none [--timeout-ms N]\n", msg);
+  std::fprintf(stderr, "dist_failure: %s\nusage: dist_failure --mode die|skip|mismatch|late|none [--timeout-ms N]\n", msg);
   std::exit(2);
-}
-
-// The rank from the launcher's environment, for messages before the group
-// exists.
-int env_rank() {
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"})
-    if (const char* v = std::getenv(name)) return std::atoi(v);
-  return 0;
 }
 
 }  // namespace
@@ -57,9 +50,15 @@ int main(int argc, char** argv) {
       usage(("unknown argument '" + a + "'").c_str());
     }
   }
-  if (mode != "die" && mode != "skip" && mode != "mismatch" && mode != "none") usage("--mode is required");
+  if (mode != "die" && mode != "skip" && mode != "mismatch" && mode != "none" &&
+      mode != "late") usage("--mode is required");
 
-  int rank = env_rank();
+  int rank = dpt::comm::launcher_rank();  // for messages before the group exists
+  if (mode == "late" && rank == 1) {
+    // A rank that never joins: the others wait in the group's set-up.
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+    _exit(0);
+  }
   try {
     dpt::comm::Config config = dpt::comm::Config::from_env();
     config.timeout = std::chrono::milliseconds(timeout_ms);

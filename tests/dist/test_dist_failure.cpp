@@ -80,6 +80,14 @@ TEST_P(Failure, RankSkipsThirdCollective) {
   EXPECT_TRUE(has(r.output, ": all_reduce #2 of 4000 bytes")) << r.output;
 }
 
+TEST_P(Failure, RankNeverJoinsTheSetUp) {
+  const JobResult r = run_job(mpirun(3, algo_env(GetParam()), "--mode late --timeout-ms 3000"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_LT(r.seconds, 15.0) << r.output;  // rank 1 sleeps 20 s: the deadline, not its exit, ends the job
+  EXPECT_TRUE(has(r.output, "error: world group: the set-up's")) << r.output;
+  EXPECT_TRUE(has(r.output, "did not finish within 3 s: a rank never joined")) << r.output;
+}
+
 TEST_P(Failure, RanksIssueDifferentCollectives) {
   const JobResult r = run_job(mpirun(3, algo_env(GetParam()), "--mode mismatch --timeout-ms 3000"));
   EXPECT_NE(r.status, 0) << r.output;
