@@ -48,9 +48,10 @@ struct Case {
   float alpha = 1.0f, beta = 0.0f;
   int64_t pad = 0;     // added to every leading dimension
   int64_t offset = 0;  // elements before each operand in its buffer
+  bool bias = false;   // gemm_bias: a bias row added to C (alpha 1, beta 0)
   std::string name() const {
-    return fmt::format("{}x{}x{} {}{} alpha {} beta {} pad {} offset {}", M, N, K, op_a == Op::N ? 'N' : 'T',
-                       op_b == Op::N ? 'N' : 'T', alpha, beta, pad, offset);
+    return fmt::format("{}x{}x{} {}{} alpha {} beta {} pad {} offset {}{}", M, N, K, op_a == Op::N ? 'N' : 'T',
+                       op_b == Op::N ? 'N' : 'T', alpha, beta, pad, offset, bias ? " bias" : "");
   }
 };
 
@@ -87,7 +88,8 @@ struct Reference {
   std::vector<double> want, bound;
 };
 
-Reference reference(const Case& c, const Operand& a, const Operand& b, const Operand& c0, double extra = 0.0) {
+Reference reference(const Case& c, const Operand& a, const Operand& b, const Operand& c0, double extra = 0.0,
+                    const std::vector<float>& bias = {}) {
   Reference r;
   r.want.resize(static_cast<size_t>(c.M * c.N));
   r.bound.resize(r.want.size());
@@ -103,9 +105,10 @@ Reference reference(const Case& c, const Operand& a, const Operand& b, const Ope
         abs += std::fabs(p);
       }
       const double old = c.beta != 0.0f ? c0.get(i, j) : 0.0;
+      const double add = bias.empty() ? 0.0 : bias[static_cast<size_t>(j)];
       const size_t e = static_cast<size_t>(i * c.N + j);
-      r.want[e] = c.alpha * s + c.beta * old;
-      r.bound[e] = gamma * (std::fabs(c.alpha) * abs + std::fabs(c.beta * old));
+      r.want[e] = c.alpha * s + c.beta * old + add;
+      r.bound[e] = gamma * (std::fabs(c.alpha) * abs + std::fabs(c.beta * old) + std::fabs(add));
     }
   return r;
 }
@@ -153,9 +156,18 @@ class Gemm : public ::testing::TestWithParam<GemmBackend> {
       for (int64_t i = 0; i < c.M; ++i)
         for (int64_t j = 0; j < c.N; ++j) out.at(i, j) = nan;
     if (in == In::BF16) a.round_to_bf16(), b.round_to_bf16();
-    const Reference r = reference(c, a, b, out);
-    if (in == In::F32) {
+    std::vector<float> bias;
+    if (c.bias)
+      for (int64_t j = 0; j < c.N; ++j) bias.push_back(rng.normal());
+    const Reference r = reference(c, a, b, out, 0.0, bias);
+    if (in == In::F32 && c.bias) {
+      gemm_bias(c.op_a, c.op_b, c.M, c.N, c.K, a.data(), a.ld, b.data(), b.ld, bias.data(), out.data(), out.ld);
+    } else if (in == In::F32) {
       gemm(c.op_a, c.op_b, c.M, c.N, c.K, c.alpha, a.data(), a.ld, b.data(), b.ld, c.beta, out.data(), out.ld);
+    } else if (c.bias) {
+      const std::vector<bf16> a16 = a.as_bf16(), b16 = b.as_bf16();
+      gemm_bias(c.op_a, c.op_b, c.M, c.N, c.K, a16.data() + c.offset, a.ld, b16.data() + c.offset, b.ld, bias.data(),
+                out.data(), out.ld);
     } else {
       const std::vector<bf16> a16 = a.as_bf16(), b16 = b.as_bf16();
       gemm(c.op_a, c.op_b, c.M, c.N, c.K, c.alpha, a16.data() + c.offset, a.ld, b16.data() + c.offset, b.ld, c.beta,
@@ -217,6 +229,21 @@ TEST_P(Gemm, StridedSubBlocksOfFlatBuffers) {
     run({64, 256, 2048, Op::T, Op::N, 1.0f, 1.0f, 1024 - 64, 192}, in);  // dout[:, 192:256]^T inp
     run({128, 128, 64, Op::N, Op::T, 0.125f, 0.0f, 3 * 256 - 64, 64}, in);  // q k^T of head 1
     run({128, 64, 128, Op::N, Op::N, 1.0f, 0.0f, 3 * 256 - 128, 7}, in);
+  }
+}
+
+// A linear layer's forward: the bias added to every row as C is written (C's
+// old contents, NaN here, ignored), at the workloads' shapes and awkward ones.
+TEST_P(Gemm, BiasAddedToEveryRow) {
+  for (In in : {In::F32, In::BF16}) {
+    Case c{2048, 1024, 256, Op::N, Op::T};  // W-GPT c_fc
+    c.bias = true;
+    run(c, in);
+    for (Case odd : {Case{7, 1000, 1, Op::N, Op::T, 1.0f, 0.0f, 3, 5}, Case{1, 7, 1000, Op::N, Op::T},
+                     Case{1000, 10, 7, Op::N, Op::N, 1.0f, 0.0f, 1, 0}}) {
+      odd.bias = true;
+      run(odd, in);
+    }
   }
 }
 

@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -102,6 +104,35 @@ void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const 
   widen(a32.data(), A, a_rows, a_cols, lda);
   widen(b32.data(), B, b_rows, b_cols, ldb);
   gemm(op_a, op_b, M, N, K, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, C, ldc);
+}
+
+namespace {
+template <typename T>
+void gemm_bias_rows(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+                    int64_t ldb, const float* bias, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+#ifdef DPT_HAVE_ONEDNN
+  const bool onednn = std::is_same_v<T, float> ? gemm_backend() == GemmBackend::OneDnn : gemm_bf16_native();
+  if (onednn) {
+    DPT_CHECK(K > 0, "gemm with K = {}", K);
+    onednn::matmul(op_a, op_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, std::is_same_v<T, bf16>, bias);
+    return;
+  }
+#endif
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < M; ++m) std::memcpy(C + m * ldc, bias, sizeof(float) * static_cast<size_t>(N));
+  gemm(op_a, op_b, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
+}
+}  // namespace
+
+void gemm_bias(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+               int64_t ldb, const float* bias, float* C, int64_t ldc) {
+  gemm_bias_rows(op_a, op_b, M, N, K, A, lda, B, ldb, bias, C, ldc);
+}
+
+void gemm_bias(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
+               int64_t ldb, const float* bias, float* C, int64_t ldc) {
+  gemm_bias_rows(op_a, op_b, M, N, K, A, lda, B, ldb, bias, C, ldc);
 }
 
 #ifdef DPT_HAVE_ONEDNN

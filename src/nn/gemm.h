@@ -55,6 +55,14 @@ void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const 
 void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
           const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// C = op(A) op(B) + bias, the bias (N values) added to every row of C; C's
+// old contents are not read. oneDNN adds the bias as it writes C; OpenBLAS
+// gets C pre-filled with the bias and beta = 1 (one more pass over C).
+void gemm_bias(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+               int64_t ldb, const float* bias, float* C, int64_t ldc);
+void gemm_bias(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
+               int64_t ldb, const float* bias, float* C, int64_t ldc);
+
 // Whether bf16 GEMMs on the current backend run on bf16 kernels (oneDNN on a
 // CPU that has them) rather than through fp32 scratch.
 bool gemm_bf16_native();

@@ -45,15 +45,17 @@ struct FreeBytes {
 // the allocation does not move when the entry does).
 struct Entry {
   dnnl::matmul prim;
-  memory src, wei, dst, scratch;
+  memory src, wei, dst, scratch, bias;
   std::unique_ptr<void, FreeBytes> scratch_bytes;
   // The execute arguments, built once: the C++ wrapper's execute() would
-  // build a map and a vector on every call.
-  std::array<dnnl_exec_arg_t, 4> args;
+  // build a map and a vector on every call. The bias's is last, and passed
+  // only by primitives that have one.
+  std::array<dnnl_exec_arg_t, 5> args;
+  int nargs = 4;
 };
 
 dnnl::matmul::primitive_desc make_pd(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha,
-                                     int64_t lda, int64_t ldb, float beta, int64_t ldc, bool bf16) {
+                                     int64_t lda, int64_t ldb, float beta, int64_t ldc, bool bf16, bool bias) {
   const auto in = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   dnnl::primitive_attr attr;
   // alpha as the output scale and beta as a sum post-op (oneDNN 2.x):
@@ -68,8 +70,11 @@ dnnl::matmul::primitive_desc make_pd(Op op_a, Op op_b, int64_t M, int64_t N, int
   // A scratchpad per primitive, owned by the cache entry: nothing is
   // allocated per call, and no two threads share one.
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  dnnl::matmul::desc d(operand(M, K, lda, op_a, in), operand(K, N, ldb, op_b, in),
-                       memory::desc(Dims{M, N}, memory::data_type::f32, Dims{ldc, 1}));
+  const memory::desc src = operand(M, K, lda, op_a, in), wei = operand(K, N, ldb, op_b, in),
+                     dst(Dims{M, N}, memory::data_type::f32, Dims{ldc, 1});
+  // A bias is a [1, N] row broadcast over C's rows.
+  dnnl::matmul::desc d = bias ? dnnl::matmul::desc(src, wei, memory::desc(Dims{1, N}, memory::data_type::f32, Dims{N, 1}), dst)
+                              : dnnl::matmul::desc(src, wei, dst);
   return dnnl::matmul::primitive_desc(d, attr, cpu_engine());
 }
 
@@ -88,35 +93,43 @@ Entry make_entry(const dnnl::matmul::primitive_desc& pd) {
   e.args = {{{DNNL_ARG_SRC, e.src.get()},
              {DNNL_ARG_WEIGHTS, e.wei.get()},
              {DNNL_ARG_DST, e.dst.get()},
-             {DNNL_ARG_SCRATCHPAD, e.scratch.get()}}};
+             {DNNL_ARG_SCRATCHPAD, e.scratch.get()},
+             {DNNL_ARG_BIAS, nullptr}}};
+  if (pd.query_md(dnnl::query::exec_arg_md, DNNL_ARG_BIAS).get_size() > 0) {
+    e.bias = memory(pd.query_md(dnnl::query::exec_arg_md, DNNL_ARG_BIAS), eng, DNNL_MEMORY_NONE);
+    e.args[4].memory = e.bias.get();
+    e.nargs = 5;
+  }
   return e;
 }
 
 // Everything a primitive depends on. The thread count is part of it because
 // oneDNN sizes its work split when the primitive is created; a call from
 // inside a parallel region gets one thread's primitive of its own.
-using Key = std::array<int64_t, 13>;
+using Key = std::array<int64_t, 14>;
 
 Key key_of(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, int64_t lda, int64_t ldb, float beta,
-           int64_t ldc, bool bf16) {
+           int64_t ldc, bool bf16, bool bias) {
   const bool nested = omp_in_parallel();
   return {M, N, K, lda, ldb, ldc, op_a == Op::T, op_b == Op::T, bf16, std::bit_cast<uint32_t>(alpha),
-          std::bit_cast<uint32_t>(beta), nested ? 1 : omp_get_max_threads(), nested};
+          std::bit_cast<uint32_t>(beta), nested ? 1 : omp_get_max_threads(), nested, bias};
 }
 
 }  // namespace
 
 void matmul(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A, int64_t lda,
-            const void* B, int64_t ldb, float beta, float* C, int64_t ldc, bool bf16) {
+            const void* B, int64_t ldb, float beta, float* C, int64_t ldc, bool bf16, const float* bias) {
   // One cache and one stream per thread: attention calls from every thread
   // of a parallel region at once, and a thread-local map needs no lock.
   // Threads of the OpenMP pool live as long as the process, and so do these.
   static thread_local std::map<Key, Entry> cache;
   static thread_local dnnl::stream stream(cpu_engine());
-  const Key key = key_of(op_a, op_b, M, N, K, alpha, lda, ldb, beta, ldc, bf16);
+  DPT_CHECK(!bias || (alpha == 1.0f && beta == 0.0f), "a GEMM with a bias takes alpha 1 and beta 0");
+  const Key key = key_of(op_a, op_b, M, N, K, alpha, lda, ldb, beta, ldc, bf16, bias != nullptr);
   auto it = cache.find(key);
   if (it == cache.end()) {
-    it = cache.emplace(key, make_entry(make_pd(op_a, op_b, M, N, K, alpha, lda, ldb, beta, ldc, bf16))).first;
+    it = cache.emplace(key, make_entry(make_pd(op_a, op_b, M, N, K, alpha, lda, ldb, beta, ldc, bf16, bias != nullptr)))
+             .first;
     g_created.fetch_add(1, std::memory_order_relaxed);
   } else {
     g_hits.fetch_add(1, std::memory_order_relaxed);
@@ -125,9 +138,9 @@ void matmul(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, cons
   e.src.set_data_handle(const_cast<void*>(A));
   e.wei.set_data_handle(const_cast<void*>(B));
   e.dst.set_data_handle(C);
-  dnnl::error::wrap_c_api(
-      dnnl_primitive_execute(e.prim.get(), stream.get(), static_cast<int>(e.args.size()), e.args.data()),
-      "oneDNN matmul failed");
+  if (bias) e.bias.set_data_handle(const_cast<float*>(bias));
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(e.prim.get(), stream.get(), e.nargs, e.args.data()),
+                          "oneDNN matmul failed");
   // The CPU engine runs synchronously in OpenMP builds; wait() is a no-op
   // kept for correctness under other runtimes.
   stream.wait();
@@ -136,7 +149,7 @@ void matmul(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, cons
 bool bf16_supported() {
   static const bool ok = [] {
     try {
-      auto pd = make_pd(Op::N, Op::N, 16, 16, 16, 1.0f, 16, 16, 0.0f, 16, true);
+      auto pd = make_pd(Op::N, Op::N, 16, 16, 16, 1.0f, 16, 16, 0.0f, 16, true, false);
       // The reference kernel "works" everywhere at a tiny fraction of the
       // speed; only a real bf16 kernel counts.
       return std::strncmp(pd.impl_info_str(), "ref", 3) != 0;

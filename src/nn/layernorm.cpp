@@ -14,13 +14,18 @@ void layernorm_forward(T* out, float* mean, float* rstd, const float* inp, const
   for (int64_t n = 0; n < N; ++n) {
     const float* x = inp + n * C;
     T* y = out + n * C;
+    // The row sums are SIMD reductions (lanes summed at the end): a serial
+    // float sum is one dependent add per element, several times slower.
     float m = 0.0f;
+#pragma omp simd reduction(+ : m)
     for (int64_t c = 0; c < C; ++c) m += x[c];
     m /= static_cast<float>(C);
     float v = 0.0f;
+#pragma omp simd reduction(+ : v)
     for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
     v /= static_cast<float>(C);
     float s = 1.0f / std::sqrt(v + kLayerNormEps);
+#pragma omp simd
     for (int64_t c = 0; c < C; ++c) y[c] = from_f32<T>((x[c] - m) * s * weight[c] + bias[c]);
     mean[n] = m;
     rstd[n] = s;
@@ -56,6 +61,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       float m = mean[n], s = rstd[n];
       // dxhat = dy * w; dx = s * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
       float sum_dxhat = 0.0f, sum_dxhat_xhat = 0.0f;
+#pragma omp simd reduction(+ : sum_dxhat, sum_dxhat_xhat)
       for (int64_t c = 0; c < C; ++c) {
         float xhat = (x[c] - m) * s;
         float dxhat = dy[c] * weight[c];
@@ -65,6 +71,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
         db[c] += dy[c];
       }
       float a = sum_dxhat / static_cast<float>(C), b = sum_dxhat_xhat / static_cast<float>(C);
+#pragma omp simd
       for (int64_t c = 0; c < C; ++c) {
         float xhat = (x[c] - m) * s;
         dx[c] += s * (dy[c] * weight[c] - a - xhat * b);

@@ -1,6 +1,5 @@
 #include "nn/linear.h"
 
-#include <cstring>
 #include <type_traits>
 
 #include "core/error.h"
@@ -12,15 +11,10 @@ namespace dpt {
 template <typename T>
 void linear_forward(float* out, const T* inp, const T* weight, const float* bias, int64_t N, int64_t C,
                     int64_t OC) {
-  // Pre-fill rows with the bias and let the GEMM add into them (beta = 1): one
-  // pass over `out` instead of a second bias pass after the GEMM.
-  float beta = 0.0f;
-  if (bias) {
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; ++n) std::memcpy(out + n * OC, bias, sizeof(float) * OC);
-    beta = 1.0f;
-  }
-  gemm(Op::N, Op::T, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC);
+  if (bias)
+    gemm_bias(Op::N, Op::T, N, OC, C, inp, C, weight, C, bias, out, OC);
+  else
+    gemm(Op::N, Op::T, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
 }
 
 template <typename T>
