@@ -537,9 +537,13 @@ void count_comm(comm::ProcessGroup& pg, uint64_t bytes_at_start, const std::map<
 std::string checkpoint_now(const TrainOptions& o, const Model& model, Strategy& strategy, const DataSource& data,
                            comm::ProcessGroup& pg, int64_t done, TrainResult& r) {
   const auto t0 = Clock::now();
+  // A pipeline stage's ranks write its pieces; the manifest lists the whole model.
+  std::optional<Gpt> whole;
+  if (o.pp > 1) whole.emplace(dynamic_cast<const Gpt&>(model).config());
   const WrittenCheckpoint written =
       write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done, pg.size()), strategy, model, pg, o.keep,
-                       o.tp == 1 || pg.rank() % o.tp == 0);  // TP rank 0 writes the replicated tensors
+                       o.tp == 1 || pg.rank() % o.tp == 0,  // TP rank 0 writes the replicated tensors
+                       whole ? &*whole : nullptr);
   ++r.checkpoints;
   r.checkpoint_s += std::chrono::duration<double>(Clock::now() - t0).count();
   r.checkpoint_bytes += written.bytes;
@@ -647,6 +651,12 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // The strategy's loss scale carries the 1/dp of the average, so every
   // reduction is a plain sum and every gradient element is scaled once.
   const float loss_scale = strategy->loss_scale() / static_cast<float>(o.grad_accum);
+  const int64_t steps = data.steps(o);
+  o.schedule.total_steps = steps;
+  TrainResult r;
+  if (world > 1) r.topology = topology_json(pg);
+  const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps, r) : 0;
+  // After the resume: a pipeline's last stage copies wte from the first.
   std::unique_ptr<Executor> executor;
   if (mesh.pp > 1)
     executor = std::make_unique<PipelineExecutor>(
@@ -654,12 +664,6 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
         PipelineOptions{parse_pipe_schedule(o.pp_schedule), static_cast<int>(o.grad_accum), stages});
   else
     executor = std::make_unique<SequentialExecutor>(o, pg, *model, *strategy, data, loss_scale, mesh, groups.tp());
-
-  const int64_t steps = data.steps(o);
-  o.schedule.total_steps = steps;
-  TrainResult r;
-  if (world > 1) r.topology = topology_json(pg);
-  const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps, r) : 0;
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
     if (!data.evaluable()) return std::nullopt;
