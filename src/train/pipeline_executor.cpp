@@ -52,7 +52,6 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
     throw InputError(fmt::format("--pp splits a GPT's blocks into stages; the {} model has none", o.model));
   check_mesh_strategy(o.strategy, not_yet, true);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
-  if (!o.offload.empty()) throw InputError(fmt::format("--offload is not built {} yet", not_yet));
   gpt_stages(GptConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
 }
 

@@ -341,7 +341,8 @@ void check_placement(const TrainOptions& o) {
 
 }  // namespace
 
-void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg) {
+void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg,
+                   comm::ProcessGroup& world) {
   if (o.offload.empty()) {
     if (!o.offload_dir.empty()) throw InputError("--offload-dir is given without --offload optimizer");
     return;
@@ -362,12 +363,12 @@ void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model
   std::string problem;
   try {
     const MemoryBytes b = rank_bytes(so, model, pg.size());
-    check_offload_dir(o.offload_dir, static_cast<uint64_t>(b.offloaded) * ranks_on_host(pg.size()));
+    check_offload_dir(o.offload_dir, static_cast<uint64_t>(b.offloaded) * ranks_on_host(world.size()));
   } catch (const InputError& e) {
     problem = e.what();
   }
   float bad = problem.empty() ? 0.0f : 1.0f;
-  if (pg.size() > 1) pg.all_reduce(&bad, 1, DType::F32, comm::ReduceOp::Max);
+  if (world.size() > 1) world.all_reduce(&bad, 1, DType::F32, comm::ReduceOp::Max);
   if (!problem.empty()) throw InputError(problem);
   if (bad > 0.0f) throw InputError("another rank cannot use its --offload-dir (its error names it)");
 }
@@ -638,7 +639,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
         [tpg](float* x, size_t n) { tpg->all_reduce(x, n, DType::F32, comm::ReduceOp::Sum); });
   StrategyOptions so = strategy_options(o);
   if (so.name == "hsdp") so.shard_group = shard_group_size(so, dpg);
-  check_offload(o, so, *model, dpg);
+  check_offload(o, so, *model, dpg, pg);
   check_memory(o, so, *model, micro, dpg,
                mesh.pp > 1 ? pipe_slots(parse_pipe_schedule(o.pp_schedule), mesh.pp, mesh.pp_rank,
                                         static_cast<int>(o.grad_accum))

@@ -229,6 +229,35 @@ TEST_F(PpCliTest, PipelineTimesHsdpWithinOneProcess) {
   expect_within(piped, run_ok(1, "one_hsdp", args), 1e-5);
 }
 
+// Offload (docs/memory.md): each stage's ranks stream their stage's
+// optimizer state (--offload optimizer) or also their fp32 masters
+// (--offload params: bf16, a sharded strategy) through a file of their own,
+// in 4 KiB chunks; the arithmetic is the same, so the weights equal the
+// runs without offload byte for byte. The summary (rank 0: the first stage)
+// counts the state as offloaded, and the files are gone after the run.
+TEST_F(PpCliTest, OffloadEqualsThePipelineWithout) {
+  const fs::path off = dir_ / "off";
+  fs::create_directories(off);
+  const std::string to = fmt::format(" --offload-dir {} --offload-chunk-mb 0.004", q(off));
+  const std::string args = fmt::format("{} --layers 3 --batch 8 --micro-batches 2 --steps 5 --pp 2", kGpt);
+  const fs::path ram = run_ok(2, "pp2_ram", args);
+  const fs::path moved = run_ok(2, "pp2_offload_optimizer", args + " --offload optimizer" + to);
+  EXPECT_TRUE(read_file(moved.string() + ".st") == read_file(ram.string() + ".st")) << "optimizer offload differs";
+  const auto bytes = [](const fs::path& stem) {
+    return nlohmann::json::parse(read_file(stem.string() + ".json"))["bytes"];
+  };
+  EXPECT_EQ(bytes(moved)["offloaded"], bytes(ram)["optimizer"]);
+  EXPECT_GT(bytes(ram)["optimizer"].get<int64_t>(), 0);
+
+  const std::string sharded = args + " --strategy zero3 --precision bf16";
+  const fs::path ram16 = run_ok(4, "pp2_dp2_zero3_bf16_ram", sharded);
+  const fs::path params = run_ok(4, "pp2_dp2_zero3_bf16_offload_params", sharded + " --offload params" + to);
+  EXPECT_TRUE(read_file(params.string() + ".st") == read_file(ram16.string() + ".st")) << "params offload differs";
+  // The masters, m and v: a bf16 sharded run's whole optimizer category.
+  EXPECT_EQ(bytes(params)["offloaded"], bytes(ram16)["optimizer"]);
+  EXPECT_TRUE(fs::is_empty(off)) << "an offload file was left behind";
+}
+
 // bf16 (docs/precision.md): each stage computes with bf16 copies of its
 // weights and the last stage's head with a bf16 copy of wte, rounded from
 // the fp32 masters as one process rounds its own. At M = 1 every rounding
