@@ -45,8 +45,8 @@ struct PipelineOptions {
 std::vector<GptStage> gpt_stages(const GptConfig& config, int pp, const std::string& split);
 
 // Refuses, in one sentence, a pipeline the engine cannot run: another model
-// than the GPT, a model with fewer blocks than stages, a bad --pp-split, and
-// the options not built with --pp yet.
+// than the GPT, a model with fewer blocks than stages, a bad --pp-split,
+// --strategy dp and --device cuda.
 void check_pipeline(const TrainOptions& o, const Mesh& mesh);
 
 class PipelineExecutor : public Executor {
