@@ -330,8 +330,9 @@ TEST_F(PpCliTest, Bf16SendsActivationsInFp32AndTheHeadsWteInBf16) {
 // checkpoint whose manifest lists the whole model. Resumed at step 5 of 10
 // under the same layout: byte for byte the uninterrupted run (the last
 // stage's copy of wte is taken from the first stage after the resume).
-// Resumed by one process, and one process's checkpoint at pp 3 and at pp 2
-// x dp 2 under zero3: within 1e-5 of one process (M = 2, SGD; see the top).
+// Resumed by one process, and one process's checkpoint at pp 2, at pp 3 and
+// at pp 2 x dp 2 under zero3: within 1e-5 of one process (M = 2, SGD; see
+// the top).
 TEST_F(PpCliTest, CheckpointsResumeAtAnyLayout) {
   const std::string args = fmt::format("{} {} --layers 3 --batch 8 --micro-batches 2 --steps 10", kGpt, kSgd);
   const std::string ckpt = " --checkpoint-every 5 --checkpoint-dir ";
@@ -348,6 +349,7 @@ TEST_F(PpCliTest, CheckpointsResumeAtAnyLayout) {
   EXPECT_EQ(again.begin()->first, 6);
   for (const auto& [step, loss] : again) EXPECT_EQ(loss, all.at(step)) << "step " << step;
   expect_within(run_ok(1, "one_from_pp2", args + from_pp2), one, 1e-5);
+  expect_within(run_ok(2, "pp2_from_one", args + " --pp 2" + from_one), one, 1e-5);
   expect_within(run_ok(3, "pp3_from_one", args + " --pp 3" + from_one), one, 1e-5);
   expect_within(run_ok(4, "pp2_dp2_zero3_from_one", args + " --pp 2 --strategy zero3" + from_one), one, 1e-5);
 }
