@@ -640,11 +640,21 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   StrategyOptions so = strategy_options(o);
   if (so.name == "hsdp") so.shard_group = shard_group_size(so, dpg);
   check_offload(o, so, *model, dpg, pg);
-  check_memory(o, so, *model, micro, dpg,
-               mesh.pp > 1 ? pipe_slots(parse_pipe_schedule(o.pp_schedule), mesh.pp, mesh.pp_rank,
-                                        static_cast<int>(o.grad_accum))
-                           : 1,
-               world);
+  if (mesh.pp == 1) {
+    check_memory(o, so, *model, micro, dpg, 1, world);
+  } else {
+    // Stages hold different parts of the model: one that does not fit ends
+    // the run on every rank, with its sentence.
+    std::string too_big;
+    try {
+      check_memory(o, so, *model, micro, dpg,
+                   pipe_slots(parse_pipe_schedule(o.pp_schedule), mesh.pp, mesh.pp_rank, static_cast<int>(o.grad_accum)),
+                   world);
+    } catch (const InputError& e) {
+      too_big = e.what();
+    }
+    agree_on_error(pg, too_big);
+  }
   auto strategy = make_strategy(so, *model, dpg, {o.seed, o.load, parse_weight_format(o.load_format)});
 
   // All stages of a replica read the same sequences.
