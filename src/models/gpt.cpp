@@ -112,11 +112,11 @@ Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(s
   for (const Slot& s : layout_.slots()) whole_offset_.push_back(whole.slot(whole.find(s.name)).offset);
 }
 
-void Gpt::set_tied_head(const float* wte, float* tied_grad) {
+void Gpt::set_tied_head(const void* wte, float* tied_grad) {
   DPT_CHECK(stage_.head && !stage_.embed, "a tied head copy is for a last stage without the embedding");
-  if (precision_ != DType::F32 || device_ != Device::CPU)
-    throw InputError("a pipeline's tied head is built for fp32 on the CPU only");
+  if (device_ != Device::CPU) throw InputError("a pipeline's tied head is built for the CPU only");
   tied_w_ = wte;
+  tied_dtype_ = precision_;
   tied_g_ = tied_grad;
 }
 
@@ -482,13 +482,10 @@ void Gpt::head_backward(float loss_scale) {
 
 template <typename CT>
 const CT* Gpt::tied_weight() const {
-  // set_tied_head admits fp32 only: a bf16 head would need a bf16 copy.
-  if constexpr (std::is_same_v<CT, float>) {
-    DPT_CHECK(tied_w_ != nullptr, "a last stage without the embedding has no tied head copy");
-    return tied_w_;
-  } else {
-    throw InternalError("a pipeline's tied head computes in fp32 only");
-  }
+  DPT_CHECK(tied_w_ != nullptr, "a last stage without the embedding has no tied head copy");
+  DPT_CHECK(tied_dtype_ == (std::is_same_v<CT, float> ? DType::F32 : DType::BF16),
+            "the tied head copy is {}, the head computes in another type", dtype_name(tied_dtype_));
+  return static_cast<const CT*>(tied_w_);
 }
 
 void Gpt::pack_logits(int64_t N) {

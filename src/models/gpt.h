@@ -102,8 +102,10 @@ class Gpt : public Model {
   float* output_grad() { return act_.dres; }
   const float* input_grad() const { return act_.dres; }
   // A head without the embedding computes with this copy of wte, which
-  // the pipeline keeps, and adds its gradient into tied_grad (fp32).
-  void set_tied_head(const float* wte, float* tied_grad);
+  // the pipeline keeps in the compute type (fp32, or bf16 in a bf16 run:
+  // what the head's GEMM reads), and adds its gradient into tied_grad
+  // (fp32, as every weight gradient). Call after set_precision.
+  void set_tied_head(const void* wte, float* tied_grad);
   // The embedding's backward adds this gradient into wte's before its own
   // (the head's contribution, computed on the last stage), when set.
   void set_tied_grad_in(const float* g) { tied_in_ = g; }
@@ -187,7 +189,8 @@ class Gpt : public Model {
   std::function<void(float*, size_t)> tp_sum_;
   // Per slot: each slot's offset in the whole model's flat buffer.
   std::vector<size_t> whole_offset_;
-  const float* tied_w_ = nullptr;
+  const void* tied_w_ = nullptr;  // in tied_dtype_
+  DType tied_dtype_ = DType::F32;
   float* tied_g_ = nullptr;
   const float* tied_in_ = nullptr;
   // The arenas of the slots not in use (the current one lives in the

@@ -18,7 +18,7 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
   const std::string not_yet = fmt::format("with --tp {}", mesh.tp);
   if (o.model != "gpt")
     throw InputError(fmt::format("--tp splits a GPT's attention heads and MLP; the {} model has none", o.model));
-  check_mesh_strategy(o.strategy, not_yet);
+  check_mesh_strategy(o.strategy, not_yet, false);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
   const GptConfig c = GptConfig::from(model_hparams(o));
   if (c.heads % mesh.tp != 0)

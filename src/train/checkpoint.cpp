@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <regex>
+#include <set>
 #include <vector>
 
 #include "core/error.h"
@@ -232,7 +233,8 @@ void agree_on_error(comm::ProcessGroup& pg, const std::string& problem) {
 }
 
 WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo& info, Strategy& strategy,
-                             const Model& model, comm::ProcessGroup& pg, int keep, bool replicated) {
+                             const Model& model, comm::ProcessGroup& pg, int keep, bool replicated,
+                             const Model* whole) {
   const fs::path root(dir), final_dir = root / step_name(info.step), tmp = root / (step_name(info.step) + ".tmp");
   const int rank = pg.rank(), world = pg.size();
   std::string problem;
@@ -277,7 +279,7 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
       CheckpointInfo complete = info;
       complete.state = state;
       AtomicFile manifest((tmp / "manifest.json").string());
-      manifest.write(manifest_json(complete, model.layout(), files).dump(1) + "\n");
+      manifest.write(manifest_json(complete, (whole ? *whole : model).layout(), files).dump(1) + "\n");
       manifest.commit();  // fsyncs tmp, the directory holding the rank files
       const fs::path old = root / (step_name(info.step) + ".old");
       if (fs::exists(final_dir)) fs::rename(final_dir, old);  // a rerun from an earlier checkpoint
@@ -343,6 +345,7 @@ CheckpointInfo read_checkpoint_info(const std::string& checkpoint) {
     if (info.step < 0 || info.world < 1 || !j.at("files").is_array() ||
         j.at("files").size() != static_cast<size_t>(info.world))
       throw IoError("");
+    for (const json& p : j.at("parameters")) (void)p.at("name").get<std::string>();
     for (const json& f : j.at("files")) {
       (void)f.at("name").get<std::string>();
       (void)f.at("bytes").get<uint64_t>();
@@ -372,9 +375,12 @@ uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& in
                                  state.empty() ? "none" : fmt::format("{}", fmt::join(state, ", "))));
 
   json files;
+  std::set<std::string> listed;  // the checkpoint's parameters: its whole model's
   {
     std::ifstream in(manifest_path);
-    files = json::parse(in).at("files");
+    const json manifest = json::parse(in);
+    files = manifest.at("files");
+    for (const json& p : manifest.at("parameters")) listed.insert(p.at("name").get<std::string>());
   }
   std::string problem;
   for (const json& f : files)
@@ -415,6 +421,8 @@ uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& in
           start = SIZE_MAX;
         }
         // (Within the whole tensor: a tensor-parallel slot is a slice of it.)
+        // Another pipeline stage's parameter: its ranks read it.
+        if (a != b && slot == slot_index.end() && listed.count(spec.name.substr(a + 1, b - a - 1))) continue;
         const Slot* sl = slot == slot_index.end() ? nullptr : &layout.slots()[static_cast<size_t>(slot->second)];
         const size_t whole = sl ? sl->numel * static_cast<size_t>(sl->slice.parts) : 0;
         if (!sl || (kind != "params" && k == state.end()) || spec.dtype != DType::F32 || spec.shape.size() != 1 ||

@@ -50,13 +50,16 @@ struct CheckpointInfo {
 // `keep` newest (keep 0: none removed). Throws IoError naming the file on
 // every rank if any rank fails; the previous checkpoint is then untouched.
 // replicated = false: this rank leaves out the tensors it holds whole (a
-// tensor-parallel rank other than TP rank 0; they are its copies).
+// tensor-parallel rank other than TP rank 0; they are its copies). whole:
+// the model the manifest lists, when `model` is one pipeline stage of it
+// (each stage's ranks write their stage's pieces; null: `model` itself).
 struct WrittenCheckpoint {
   std::string path;
   uint64_t bytes = 0;  // of all ranks' files
 };
 WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo& info, Strategy& strategy,
-                             const Model& model, comm::ProcessGroup& pg, int keep, bool replicated = true);
+                             const Model& model, comm::ProcessGroup& pg, int keep, bool replicated = true,
+                             const Model* whole = nullptr);
 
 // The checkpoint a --resume path names: a checkpoint itself (it holds a
 // manifest.json), or a directory of them (its latest complete one).
@@ -70,6 +73,8 @@ CheckpointInfo read_checkpoint_info(const std::string& checkpoint);
 // optimizer and that its files have their sizes; then each rank reads every
 // piece that meets its spans, whole, checks it against its CRC-32 and copies
 // what it needs, and the strategy completes itself (Strategy::restored).
+// A pipeline stage skips the pieces of the parameters other stages hold
+// (those the manifest lists and `model` does not).
 // Throws IoError / InputError naming the file and what is wrong, on every
 // rank (the run then ends before its first step). Returns the bytes of all
 // its files.

@@ -50,12 +50,8 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
   const std::string not_yet = fmt::format("with --pp {}", mesh.pp);
   if (o.model != "gpt")
     throw InputError(fmt::format("--pp splits a GPT's blocks into stages; the {} model has none", o.model));
-  check_mesh_strategy(o.strategy, not_yet);
-  if (o.precision != DType::F32) throw InputError(fmt::format("--precision bf16 is not built {} yet", not_yet));
+  check_mesh_strategy(o.strategy, not_yet, true);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
-  if (!o.checkpoint_dir.empty() || !o.resume.empty())
-    throw InputError(fmt::format("--checkpoint-dir and --resume are not built {} yet", not_yet));
-  if (!o.offload.empty()) throw InputError(fmt::format("--offload is not built {} yet", not_yet));
   gpt_stages(GptConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
 }
 
@@ -67,14 +63,18 @@ PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& mo
   ops_ = pipe_ops(options_.schedule, mesh_.pp, mesh_.pp_rank, M);
   slots_ = pipe_slots(options_.schedule, mesh_.pp, mesh_.pp_rank, M);
   sends_.resize(static_cast<size_t>(slots_));
+  // The head's copy of wte is in the compute type: the head's GEMM reads
+  // it as one process reads its own compute copy of wte.
+  const DType compute = model_.precision();
   if (last()) {
-    tied_w_ = FlatBuffer(wte_numel());
+    tied_w_ = FlatBuffer(wte_numel(), compute);
     tied_g_ = FlatBuffer(wte_numel());
     model_.set_tied_head(tied_w_.f32(), tied_g_.f32());
   }
   if (first()) {
     tied_g_ = FlatBuffer(wte_numel());
     embed_unit_ = FlatBuffer(model_.layout().units()[0].numel);
+    if (compute != DType::F32) tied_w_ = FlatBuffer(wte_numel(), compute);
   }
   sync_tied_weights();
   eval_forward_ = [this](const Batch& b) {
@@ -96,11 +96,18 @@ size_t PipelineExecutor::wte_numel() const {
 }
 
 void PipelineExecutor::sync_tied_weights() {
+  const DType compute = model_.precision();
   if (first()) {
-    strategy_.gather_unit(0, embed_unit_.f32());  // wte is the unit's first slot
-    groups_.pp().send(embed_unit_.f32(), wte_numel(), DType::F32, mesh_.pp - 1);
+    strategy_.gather_unit(0, embed_unit_.f32());  // wte is the unit's first slot (the fp32 masters)
+    const void* values = embed_unit_.f32();
+    if (compute == DType::BF16) {
+      // Rounded here as every strategy rounds its compute copies: half the bytes.
+      convert(tied_w_.b16(), embed_unit_.f32(), wte_numel());
+      values = tied_w_.b16();
+    }
+    groups_.pp().send(values, wte_numel(), compute, mesh_.pp - 1);
   } else if (last()) {
-    groups_.pp().recv(tied_w_.f32(), wte_numel(), DType::F32, 0);
+    groups_.pp().recv(tied_w_.f32(), wte_numel(), compute, 0);
   }
 }
 
@@ -209,6 +216,7 @@ double PipelineExecutor::grad_norm_squared() {
     stage = sum_in_rank_order(*tp, stage, norm_parts_);
   }
   all[static_cast<size_t>(mesh_.pp_rank)] = stage;
+  groups_.pp().set_phase("optimizer");
   groups_.pp().all_gather(all.data(), all.size() * 2, DType::F32);
   double sum = 0.0;
   for (double v : all) sum += v;
@@ -240,7 +248,10 @@ nlohmann::json PipelineExecutor::detail() {
           {"stages", stages}};
 }
 
-void PipelineExecutor::after_step() { sync_tied_weights(); }
+void PipelineExecutor::after_step() {
+  groups_.pp().set_phase("optimizer");  // the ledger counts wte's new values there
+  sync_tied_weights();
+}
 
 void PipelineExecutor::save(const std::string& path, WeightFormat format) {
   // Each stage's parameters gathered over its data-parallel group (and its

@@ -14,8 +14,13 @@
 // micro-batch (at M = 1 exactly one process's order, so bitwise equal; at
 // M > 1 the head's part is summed before the tokens' instead of
 // interleaved). After the optimizer step the first stage sends wte's new
-// values back: V x C floats each way per step, what an all-reduce of the
+// values back in the compute type (bf16 in a bf16 run: the copy the head's
+// GEMM reads): V x C values each way per step, what an all-reduce of the
 // gradient between the two stages would move.
+//
+// Activations and their gradients cross a stage boundary on the residual
+// stream, which a bf16 run keeps in fp32 (docs/precision.md): they travel
+// in fp32 in either precision, so a boundary adds no rounding.
 #pragma once
 
 #include <memory>
@@ -40,8 +45,8 @@ struct PipelineOptions {
 std::vector<GptStage> gpt_stages(const GptConfig& config, int pp, const std::string& split);
 
 // Refuses, in one sentence, a pipeline the engine cannot run: another model
-// than the GPT, a model with fewer blocks than stages, a bad --pp-split, and
-// the options not built with --pp yet.
+// than the GPT, a model with fewer blocks than stages, a bad --pp-split,
+// --strategy dp and --device cuda.
 void check_pipeline(const TrainOptions& o, const Mesh& mesh);
 
 class PipelineExecutor : public Executor {
@@ -85,8 +90,9 @@ class PipelineExecutor : public Executor {
   std::vector<PipeOp> ops_;
   int slots_ = 1;
   Batch batch_;
-  // The last stage: its copy of wte and the head's gradient for it; the
-  // first: the gradient received (both V x C).
+  // The last stage: its copy of wte (in the compute type) and the head's
+  // gradient for it (fp32); the first: the gradient received and, in a
+  // bf16 run, wte rounded for sending (all V x C).
   FlatBuffer tied_w_, tied_g_;
   FlatBuffer embed_unit_;  // the first stage: its embedding unit, gathered
   // Sends in flight per slot: a slot's arena is not reused before they end.

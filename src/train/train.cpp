@@ -341,7 +341,8 @@ void check_placement(const TrainOptions& o) {
 
 }  // namespace
 
-void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg) {
+void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg,
+                   comm::ProcessGroup& world) {
   if (o.offload.empty()) {
     if (!o.offload_dir.empty()) throw InputError("--offload-dir is given without --offload optimizer");
     return;
@@ -362,12 +363,12 @@ void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model
   std::string problem;
   try {
     const MemoryBytes b = rank_bytes(so, model, pg.size());
-    check_offload_dir(o.offload_dir, static_cast<uint64_t>(b.offloaded) * ranks_on_host(pg.size()));
+    check_offload_dir(o.offload_dir, static_cast<uint64_t>(b.offloaded) * ranks_on_host(world.size()));
   } catch (const InputError& e) {
     problem = e.what();
   }
   float bad = problem.empty() ? 0.0f : 1.0f;
-  if (pg.size() > 1) pg.all_reduce(&bad, 1, DType::F32, comm::ReduceOp::Max);
+  if (world.size() > 1) world.all_reduce(&bad, 1, DType::F32, comm::ReduceOp::Max);
   if (!problem.empty()) throw InputError(problem);
   if (bad > 0.0f) throw InputError("another rank cannot use its --offload-dir (its error names it)");
 }
@@ -537,9 +538,13 @@ void count_comm(comm::ProcessGroup& pg, uint64_t bytes_at_start, const std::map<
 std::string checkpoint_now(const TrainOptions& o, const Model& model, Strategy& strategy, const DataSource& data,
                            comm::ProcessGroup& pg, int64_t done, TrainResult& r) {
   const auto t0 = Clock::now();
+  // A pipeline stage's ranks write its pieces; the manifest lists the whole model.
+  std::optional<Gpt> whole;
+  if (o.pp > 1) whole.emplace(dynamic_cast<const Gpt&>(model).config());
   const WrittenCheckpoint written =
       write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done, pg.size()), strategy, model, pg, o.keep,
-                       o.tp == 1 || pg.rank() % o.tp == 0);  // TP rank 0 writes the replicated tensors
+                       o.tp == 1 || pg.rank() % o.tp == 0,  // TP rank 0 writes the replicated tensors
+                       whole ? &*whole : nullptr);
   ++r.checkpoints;
   r.checkpoint_s += std::chrono::duration<double>(Clock::now() - t0).count();
   r.checkpoint_bytes += written.bytes;
@@ -634,12 +639,22 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
         [tpg](float* x, size_t n) { tpg->all_reduce(x, n, DType::F32, comm::ReduceOp::Sum); });
   StrategyOptions so = strategy_options(o);
   if (so.name == "hsdp") so.shard_group = shard_group_size(so, dpg);
-  check_offload(o, so, *model, dpg);
-  check_memory(o, so, *model, micro, dpg,
-               mesh.pp > 1 ? pipe_slots(parse_pipe_schedule(o.pp_schedule), mesh.pp, mesh.pp_rank,
-                                        static_cast<int>(o.grad_accum))
-                           : 1,
-               world);
+  check_offload(o, so, *model, dpg, pg);
+  if (mesh.pp == 1) {
+    check_memory(o, so, *model, micro, dpg, 1, world);
+  } else {
+    // Stages hold different parts of the model: one that does not fit ends
+    // the run on every rank, with its sentence.
+    std::string too_big;
+    try {
+      check_memory(o, so, *model, micro, dpg,
+                   pipe_slots(parse_pipe_schedule(o.pp_schedule), mesh.pp, mesh.pp_rank, static_cast<int>(o.grad_accum)),
+                   world);
+    } catch (const InputError& e) {
+      too_big = e.what();
+    }
+    agree_on_error(pg, too_big);
+  }
   auto strategy = make_strategy(so, *model, dpg, {o.seed, o.load, parse_weight_format(o.load_format)});
 
   // All stages of a replica read the same sequences.
@@ -647,6 +662,12 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // The strategy's loss scale carries the 1/dp of the average, so every
   // reduction is a plain sum and every gradient element is scaled once.
   const float loss_scale = strategy->loss_scale() / static_cast<float>(o.grad_accum);
+  const int64_t steps = data.steps(o);
+  o.schedule.total_steps = steps;
+  TrainResult r;
+  if (world > 1) r.topology = topology_json(pg);
+  const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps, r) : 0;
+  // After the resume: a pipeline's last stage copies wte from the first.
   std::unique_ptr<Executor> executor;
   if (mesh.pp > 1)
     executor = std::make_unique<PipelineExecutor>(
@@ -654,12 +675,6 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
         PipelineOptions{parse_pipe_schedule(o.pp_schedule), static_cast<int>(o.grad_accum), stages});
   else
     executor = std::make_unique<SequentialExecutor>(o, pg, *model, *strategy, data, loss_scale, mesh, groups.tp());
-
-  const int64_t steps = data.steps(o);
-  o.schedule.total_steps = steps;
-  TrainResult r;
-  if (world > 1) r.topology = topology_json(pg);
-  const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps, r) : 0;
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
     if (!data.evaluable()) return std::nullopt;

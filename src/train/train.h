@@ -165,8 +165,11 @@ void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model&
 // Refuses, in one sentence on every rank, an --offload the run cannot have:
 // an unsupported value, a strategy without an optimizer state to offload,
 // or an --offload-dir that is missing, not writable, in memory or too small
-// for the state of the ranks on this host (optim/file_tier.h).
-void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg);
+// for the state of the ranks on this host (optim/file_tier.h). pg: the
+// group the strategy runs over (the data-parallel group under --tp or
+// --pp); world: every rank of the job, which all refuse together.
+void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg,
+                   comm::ProcessGroup& world);
 
 // Fails before training, with the sentence AtomicFile would give at the end,
 // if rank 0 cannot create one of the run's output files (--save,
