@@ -92,7 +92,7 @@ PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& mo
 }
 
 size_t PipelineExecutor::wte_numel() const {
-  return static_cast<size_t>(model_.config().rows() * model_.config().width);
+  return static_cast<size_t>(model_.wte_rows() * model_.config().width);  // this TP rank's rows
 }
 
 void PipelineExecutor::sync_tied_weights() {
