@@ -21,7 +21,10 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
   const std::string not_yet = fmt::format("with --tp {}", mesh.tp);
   if (o.model != "gpt")
     throw InputError(fmt::format("--tp splits a GPT's attention heads and MLP; the {} model has none", o.model));
-  check_mesh_strategy(o.strategy, not_yet);
+  // hsdp runs over the DP group as every other sharded strategy does
+  // (docs/tensor_parallel.md, "HSDP"); check_mesh_strategy refuses it only
+  // for the pipeline.
+  if (o.strategy != "hsdp") check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
   const GptConfig c = GptConfig::from(model_hparams(o));
   if (c.heads % mesh.tp != 0)

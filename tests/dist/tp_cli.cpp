@@ -421,6 +421,34 @@ TEST_F(TpCliTest, VocabParallelCheckpointsResumeAtAnyLayout) {
                            "the checkpoint holds wte as 256 rows, which --tp-embedding vocab cannot split over --tp 3");
 }
 
+// HSDP over the DP group (ZeRO-3 inside shard groups, their shards
+// all-reduced across groups), clipped so the global norm decides every
+// update: dp 2 x tp 2 with shard groups of 1 (two replica groups' all-
+// reduces) and of 2 (one shard group's reduce-scatters and gathers), and
+// dp 4 x tp 2 with shard groups of 2 (both at once; 8 ranks), the
+// vocabulary-parallel embedding in one of each. A deadline ends a hang.
+TEST_F(TpCliTest, HsdpWithinOneProcess) {
+  const std::string args = kGpt +
+      " --batch 8 --micro-batches 2 --steps 20 --optimizer sgd --lr 0.05 --momentum 0.9 --clip 0.3 --comm-timeout 30";
+  const fs::path one = run_ok(1, "one_hsdp", args);
+  const std::string hsdp = " --tp 2 --strategy hsdp --shard-group ";
+  expect_within(run_ok(4, "dp2_tp2_hsdp1", args + hsdp + "1"), one, 1e-5);
+  expect_within(run_ok(4, "dp2_tp2_hsdp2_vocab", args + hsdp + "2 --tp-embedding vocab"), one, 1e-5);
+  expect_within(run_ok(8, "dp4_tp2_hsdp2", args + hsdp + "2"), one, 1e-5);
+  expect_within(run_ok(8, "dp4_tp2_hsdp2_vocab", args + hsdp + "2 --tp-embedding vocab"), one, 1e-5);
+}
+
+// The summary's ring factor is the data-parallel group's: at dp 2 x tp 2
+// (4 ranks) the gradients' all-reduce runs over 2 ranks, 2(N-1)/N = 1.
+TEST_F(TpCliTest, SummaryRingFactorIsTheDataParallelGroups) {
+  std::string args = kGpt + " --batch 4 --steps 1 --tp 2";
+  args.replace(args.find(" --quiet"), 8, "");
+  const RunResult r = train(4, args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("ring all-reduce over N = 2 data-parallel ranks: 2(N-1)/N = 1.000"), std::string::npos)
+      << r.out;
+}
+
 TEST_F(TpCliTest, ImpossibleLayoutsAreRefused) {
   struct Case {
     int ranks;
@@ -428,7 +456,6 @@ TEST_F(TpCliTest, ImpossibleLayoutsAreRefused) {
   };
   const std::string gpt = kGpt + " --batch 4 --steps 2";
   const std::vector<Case> cases = {
-      {2, gpt + " --tp 2 --strategy hsdp", "--strategy hsdp is not built with --tp 2 yet"},
       {4, gpt + " --tp 4", "--tp 4 does not divide the GPT's 6 attention heads"},
       {3, gpt + " --tp 2", "3 ranks do not split into --tp 2 x --pp 1"},
       {2, "--model mlp --batch 4 --steps 2 --tp 2", "the mlp model has none"},
