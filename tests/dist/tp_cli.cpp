@@ -50,6 +50,17 @@
 //     compared, --pp included).
 //   Memory: a rank holds 1/tp of every block's matrices (and of c_attn's
 //     and c_fc's biases), the rest whole; its gradients and AdamW state the same.
+//   --tp-embedding vocab (wte's rows and the logits split, a parallel
+//     cross-entropy): the same comparisons at tp 2 and 3 (256 rows padded
+//     to 258 at tp 3), with ZeRO-3 and with pipeline stages; AdamW holds
+//     c_attn's query and key rows to 1e-4 (their gradients are ~100x
+//     smaller than the value rows', differences of larger terms, and AdamW
+//     normalises them: measured 1.6e-5, against 7.9e-6 for the replicated
+//     embedding); rows held, activations (no B x T x V buffer) and the
+//     ledger exactly; checkpoints across layouts.
+//   HSDP over the DP group: dp 2 x tp 2 (shard groups of 1, of 2) and dp 4
+//     x tp 2 (groups of 2), within 1e-5, under a collective deadline.
+//   The summary's 2(N-1)/N is the data-parallel group's.
 //   Refusals: one sentence, exit 1, before any work.
 //
 // "Within r": per tensor, max|a - b| <= r x max|b|, and the same for every
