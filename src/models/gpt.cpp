@@ -14,6 +14,7 @@
 #include "nn/layernorm.h"
 #include "nn/linear.h"
 #include "nn/residual.h"
+#include "nn/vocab_parallel.h"
 
 namespace dpt {
 
@@ -54,11 +55,18 @@ Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(s
   // C = heads x head size, so heads divisible by tp makes C and 4C so too.
   if (config_.heads % tp_.size != 0)
     throw InputError(fmt::format("--tp {} does not divide the GPT's {} attention heads", tp_.size, config_.heads));
-  const int64_t C = config_.width, V = config_.rows(), T = config_.context;
+  // Initial values are drawn at each element's place in the model as
+  // configured (`config`), so padding wte's rows below moves nothing else.
+  const int64_t drawn_rows = config_.rows();
+  // A vocabulary-parallel wte: rows padded up to a multiple of tp (each
+  // rank holds as many), the pad rows zero and out of the loss.
+  if (vocab_parallel()) config_.padded_vocab = (config_.rows() + tp_.size - 1) / tp_.size * tp_.size;
+  const int64_t C = config_.width, T = config_.context;
   // Matrices (embeddings included) get weight decay; biases and LayerNorm
   // parameters do not, as in GPT-2 / nanoGPT training. The whole model's
   // layout is built too, for the offsets init_range draws from.
-  auto build = [&](Layout& layout, const GptStage& st, const GptTp& tp, std::vector<BlockSlots>* blocks, Slots& sl) {
+  auto build = [&](Layout& layout, const GptStage& st, const GptTp& tp, int64_t V, std::vector<BlockSlots>* blocks,
+                   Slots& sl) {
     const int64_t P = tp.size, r = tp.rank, Ct = C / P, Ft = 4 * C / P;
     // A slot held whole, or (outer > 0) part r of the whole tensor seen as
     // [outer, P, inner].
@@ -69,7 +77,8 @@ Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(s
     };
     if (st.embed) {
       layout.begin_unit("transformer.embed");
-      sl.wte = add("transformer.wte.weight", {V, C}, true);
+      sl.wte = tp.vocab ? add("transformer.wte.weight", {V / P, C}, true, 1, V / P * C, {V, C})
+                        : add("transformer.wte.weight", {V, C}, true);
       sl.wpe = add("transformer.wpe.weight", {T, C}, true);
     }
     for (int64_t l = st.first; l < st.last; ++l) {
@@ -98,7 +107,7 @@ Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(s
     }
   };
   Slots mine;
-  build(layout_, stage_, tp_, &blocks_, mine);
+  build(layout_, stage_, tp_, config_.rows(), &blocks_, mine);
   wte_ = mine.wte;
   wpe_ = mine.wpe;
   lnf_w_ = mine.lnf_w;
@@ -108,7 +117,7 @@ Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(s
   lnf_unit_ = stage_.head ? block_unit0_ + static_cast<int>(blocks_.size()) : -1;
   Layout whole;
   Slots unused;
-  build(whole, GptStage{0, config_.layers, true, true}, GptTp{}, nullptr, unused);
+  build(whole, GptStage{0, config_.layers, true, true}, GptTp{}, drawn_rows, nullptr, unused);
   for (const Slot& s : layout_.slots()) whole_offset_.push_back(whole.slot(whole.find(s.name)).offset);
 }
 
@@ -186,9 +195,11 @@ void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
       const float sd = s.name.ends_with("c_proj.weight") ? std_proj : 0.02f;
       // wte's pad rows (from row vocab on) start at zero and are never trained.
       const size_t live = s.name == "transformer.wte.weight" ? static_cast<size_t>(config_.vocab * config_.width)
-                                                             : s.numel;
-      for (size_t i = lo; i < hi; ++i)
-        p[i - lo] = i - s.offset < live ? sd * counter_normal(seed, whole + s.slice.whole_index(i - s.offset)) : 0.0f;
+                                                             : s.numel * static_cast<size_t>(s.slice.parts);
+      for (size_t i = lo; i < hi; ++i) {
+        const size_t e = s.slice.whole_index(i - s.offset);
+        p[i - lo] = e < live ? sd * counter_normal(seed, whole + e) : 0.0f;
+      }
     } else {
       std::fill(p, p + (hi - lo), 0.0f);
     }
@@ -205,7 +216,7 @@ CT* as(void* p) {
 }  // namespace
 
 int64_t Gpt::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
-  const int64_t C = config_.width, N = B * T, V = config_.rows();
+  const int64_t C = config_.width, N = B * T;
   // This rank's heads and their channels, and its MLP columns.
   const int64_t Ct = C / tp_.size, NHt = config_.heads / tp_.size, Ft = 4 * C / tp_.size;
   const bool b16 = precision_ == DType::BF16;
@@ -256,14 +267,15 @@ int64_t Gpt::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
     a.lnf = take_operand(N * C);
     a.lnf_mean = take(N);
     a.lnf_rstd = take(N);
-    a.logits = take(N * V);
+    a.logits = take(N * wte_rows());
+    a.ce = vocab_parallel() ? take(3 * N) : nullptr;
   }
   a.dres = take(N * C);
   a.dC = take(N * C);
   a.d3C = take(N * 3 * Ct);
   a.d4C = take(N * Ft);
   a.atty32 = b16 ? take(N * Ct) : nullptr;
-  a.dout16 = b16 ? take_operand(N * std::max({C, Ft, stage_.head ? V : 0})) : nullptr;
+  a.dout16 = b16 ? take_operand(N * std::max({C, Ft, stage_.head ? wte_rows() : 0})) : nullptr;
   return used;
 }
 
@@ -341,12 +353,18 @@ ForwardStats Gpt::forward(const Batch& batch) {
 
 template <typename CT>
 ForwardStats Gpt::forward_as(int64_t B, int64_t T) {
-  const int64_t C = config_.width, V = config_.vocab, Vp = config_.rows(), N = B * T;
+  const int64_t C = config_.width, V = config_.vocab, Vp = wte_rows(), N = B * T;
   begin(Pass::Forward);
   // A stage without the embedding finds its input in encoded (stage_input).
   if (stage_.embed) {
     open(embed_unit_);
-    k().embedding_forward(act_.encoded, tok(), weight<CT>(wte_), N, C);
+    if (vocab_parallel()) {
+      // Each rank looks up the tokens it holds rows for; the sum has them all.
+      vocab_embedding_forward(act_.encoded, tok(), weight<CT>(wte_), wte_first_row(), wte_rows(), N, C);
+      tensor_sum(act_.encoded, static_cast<size_t>(N * C));
+    } else {
+      k().embedding_forward(act_.encoded, tok(), weight<CT>(wte_), N, C);
+    }
     k().position_embedding_forward(act_.encoded, weight<CT>(wpe_), B, T, C);
     close(embed_unit_);
   }
@@ -372,9 +390,13 @@ ForwardStats Gpt::forward_as(int64_t B, int64_t T) {
   } else {
     k().linear_forward(act_.logits, lnf, tied_weight<CT>(), nullptr, N, C, Vp);
   }
-  pack_logits(N);
   ForwardStats st;
   st.count = N;
+  if (vocab_parallel()) {
+    st.loss = vocab_parallel_loss(N, &st.correct);
+    return st;
+  }
+  pack_logits(N);
   st.loss = k().cross_entropy_forward(act_.logits, act_.logits, tgt(), N, V, &st.correct);
   return st;
 }
@@ -390,7 +412,7 @@ template <typename CT>
 void Gpt::backward_as(float loss_scale) {
   const int64_t B = batch_, T = seq_, C = config_.width;
   const int64_t Ct = C / tp_.size, NHt = config_.heads / tp_.size, Ft = 4 * C / tp_.size;
-  const int64_t Vp = config_.rows();
+  const int64_t Vp = wte_rows();
   const int64_t N = B * T;
   const Acts& a = act_;
   begin(Pass::Backward);
@@ -444,17 +466,27 @@ void Gpt::backward_as(float loss_scale) {
   // in first, as one process has it there before the tokens' part.
   if (tied_in_) k().residual_forward(grad(wte_), grad(wte_), tied_in_, static_cast<size_t>(Vp * C));
   k().position_embedding_backward(grad(wpe_), a.dres, B, T, C);
-  k().embedding_backward(grad(wte_), a.dres, tok(), N, C);
+  // (Vocabulary-parallel: dres is the same on every TP rank, and each adds
+  // it into the rows it holds; no communication.)
+  if (vocab_parallel())
+    vocab_embedding_backward(grad(wte_), a.dres, tok(), wte_first_row(), wte_rows(), N, C);
+  else
+    k().embedding_backward(grad(wte_), a.dres, tok(), N, C);
   slots_ready(wte_, wpe_);
   close(embed_unit_);
 }
 
 template <typename CT>
 void Gpt::head_backward(float loss_scale) {
-  const int64_t N = batch_ * seq_, C = config_.width, V = config_.vocab, Vp = config_.rows();
+  const int64_t N = batch_ * seq_, C = config_.width, V = config_.vocab, Vp = wte_rows();
   const Acts& a = act_;
-  k().cross_entropy_backward(a.logits, a.logits, tgt(), N, V, loss_scale / static_cast<float>(N));
-  unpack_logit_grads(N);
+  const float scale = loss_scale / static_cast<float>(N);
+  if (vocab_parallel()) {
+    vocab_ce_backward(a.logits, tgt(), wte_first_row(), N, Vp, vocab_live(), scale);
+  } else {
+    k().cross_entropy_backward(a.logits, a.logits, tgt(), N, V, scale);
+    unpack_logit_grads(N);
+  }
   // The tied weight gets the output projection's gradient here and the
   // embedding's at the very end, so its unit is ready last: both
   // contributions are summed in the unit's gradients before any reduction.
@@ -469,6 +501,9 @@ void Gpt::head_backward(float loss_scale) {
     k().linear_backward(a.dC, tied_g_, nullptr, operand<CT>(k(), a.logits, N * Vp, a.dout16), as<CT>(a.lnf),
                         tied_weight<CT>(), N, C, Vp, nullptr);
   }
+  // Vocabulary-parallel: each rank's columns give part of ln_f's output
+  // gradient.
+  if (vocab_parallel()) tensor_sum(a.dC, static_cast<size_t>(N * C));
   open(lnf_unit_);
   // dres is the gradient of the residual stream; every LayerNorm backward
   // adds its input gradient into it, which is how the skip connections'
@@ -503,9 +538,10 @@ double Gpt::train_flops(int64_t B) const {
   // plus 12 * layers * T * C per token for attention's two products.
   const double C = static_cast<double>(config_.width), T = static_cast<double>(config_.context);
   // A pipeline stage counts its own blocks, and the head if it has it.
-  // A TP rank computes 1/tp of each block and the whole head.
+  // A TP rank computes 1/tp of each block.
   const double L = static_cast<double>(blocks_.size()) / tp_.size;
-  const double V = stage_.head ? static_cast<double>(config_.vocab) : 0.0;
+  // The head is 1/tp of it too with a vocabulary-parallel wte.
+  const double V = stage_.head ? static_cast<double>(config_.vocab) / (vocab_parallel() ? tp_.size : 1) : 0.0;
   const double gemm_params = L * 12.0 * C * C + V * C;
   const double tokens = static_cast<double>(B) * T;
   return tokens * (6.0 * gemm_params + 12.0 * L * T * C);
@@ -521,10 +557,23 @@ double Gpt::recompute_flops(int64_t B) const {
   return static_cast<double>(B) * T * (2.0 * L * 12.0 * C * C + 4.0 * L * T * C);
 }
 
-void Gpt::tensor_sum(float* x, size_t n) const {
+void Gpt::tensor_sum(float* x, size_t n, TpReduce op) const {
   if (tp_.size == 1) return;
-  DPT_CHECK(tp_sum_ != nullptr, "a tensor-parallel GPT computes without its TP group's sum");
-  tp_sum_(x, n);
+  DPT_CHECK(tp_reduce_ != nullptr, "a tensor-parallel GPT computes without its TP group's sum");
+  tp_reduce_(x, n, op);
+}
+
+float Gpt::vocab_parallel_loss(int64_t N, int64_t* correct) {
+  DPT_CHECK(device_ == Device::CPU, "the vocabulary-parallel cross-entropy runs on the CPU only");
+  // This rank's columns of the vocabulary: [first, first + live), the rest
+  // of its wte_rows() pad (only the last rank has any).
+  const int64_t W = wte_rows(), first = wte_first_row(), live = vocab_live();
+  float *zmax = act_.ce, *sums = act_.ce + N;
+  vocab_ce_max(zmax, act_.logits, N, W, live);
+  tensor_sum(zmax, static_cast<size_t>(N), TpReduce::Max);
+  vocab_ce_exp(act_.logits, sums, zmax, tgt(), first, N, W, live);
+  tensor_sum(sums, static_cast<size_t>(2 * N));
+  return vocab_ce_loss(act_.logits, sums, zmax, N, W, live, correct);
 }
 
 double Gpt::grad_squares(const float* g, size_t begin, size_t n) const {

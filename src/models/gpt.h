@@ -14,6 +14,7 @@
 // true rows (models/weights.h).
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <string>
@@ -53,10 +54,18 @@ struct GptStage {
 // c_attn (their q, k and v rows: column-parallel) and the same columns of
 // attn.c_proj (row-parallel), rows [rank, rank + 1) x 4C/size of mlp.c_fc
 // and the same columns of mlp.c_proj; LayerNorms, the row-parallel biases,
-// the embeddings and ln_f whole on every rank.
+// wpe and ln_f whole on every rank. wte (and with it the tied head) is whole
+// too, or with `vocab` rows [rank, rank + 1) x rows/size of it: the
+// vocabulary-parallel embedding and cross-entropy (nn/vocab_parallel.h),
+// its rows padded up to a multiple of size (pad rows are zero and take no
+// part in the loss, as a padded vocabulary's).
 struct GptTp {
   int size = 1, rank = 0;
+  bool vocab = false;
 };
+
+// The reductions a tensor-parallel GPT asks of its TP group.
+enum class TpReduce { Sum, Max };
 
 class Gpt : public Model {
  public:
@@ -80,8 +89,16 @@ class Gpt : public Model {
   // Tensor parallelism: the sum over the TP group, in place, of the row-
   // parallel projections' partial outputs (forward) and the column-parallel
   // ones' partial input gradients (backward): two all-reduces of B x T x C
-  // each way per block. Needed before the first forward when tp.size > 1.
-  void set_tensor_sum(std::function<void(float*, size_t)> sum) { tp_sum_ = std::move(sum); }
+  // each way per block. With a vocabulary-parallel wte also the embedding's
+  // partial lookups and the head's partial input gradient (B x T x C each),
+  // and the cross-entropy's maxima (Max) and sums (2 B x T). Needed before
+  // the first forward when tp.size > 1.
+  void set_tensor_reduce(std::function<void(float*, size_t, TpReduce)> reduce) { tp_reduce_ = std::move(reduce); }
+  // wte's rows on this rank (all of them unless vocabulary-parallel), and
+  // the first of them.
+  bool vocab_parallel() const { return tp_.vocab && tp_.size > 1; }
+  int64_t wte_rows() const { return config_.rows() / (vocab_parallel() ? tp_.size : 1); }
+  int64_t wte_first_row() const { return vocab_parallel() ? tp_.rank * wte_rows() : 0; }
   // A TP rank counts a tensor it holds whole as 1/size of its squares, so
   // the sum over the TP group counts every element of the model once.
   double grad_squares(const float* g, size_t begin, size_t n) const override;
@@ -134,14 +151,20 @@ class Gpt : public Model {
     std::vector<BlockActs> blocks;
     float *encoded = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;
     float* logits = nullptr;  // [B*T, padded V]; [B*T, V] probabilities after forward
+                              // (vocabulary-parallel: [B*T, wte_rows()], this rank's columns)
+    float* ce = nullptr;      // vocabulary-parallel: the cross-entropy's maxima, then its sums [3 B*T]
     void* lnf = nullptr;      // compute type
     // Backward scratch, reused by every block.
     float *dres = nullptr, *dC = nullptr, *d3C = nullptr, *d4C = nullptr;
     float* atty32 = nullptr;  // bf16 runs: attention's fp32 output before conversion
     void* dout16 = nullptr;   // bf16 runs: an output gradient converted for the GEMMs
   };
-  // The TP group's sum of x[0, n) (nothing at tp 1).
-  void tensor_sum(float* x, size_t n) const;
+  // The TP group's sum (or max) of x[0, n) (nothing at tp 1).
+  void tensor_sum(float* x, size_t n, TpReduce op = TpReduce::Sum) const;
+  // The loss over this rank's vocabulary columns (vocabulary-parallel).
+  float vocab_parallel_loss(int64_t N, int64_t* correct);
+  // Of this rank's wte rows, those of the vocabulary (the rest are pad).
+  int64_t vocab_live() const { return std::clamp<int64_t>(config_.vocab - wte_first_row(), 0, wte_rows()); }
   // Lays the arena out for (B, T) from base, or only counts when base is
   // null; returns the floats it takes. The one description of the arena:
   // activation_bytes_for asks it too.
@@ -186,7 +209,7 @@ class Gpt : public Model {
   GptConfig config_;
   GptStage stage_;
   GptTp tp_;
-  std::function<void(float*, size_t)> tp_sum_;
+  std::function<void(float*, size_t, TpReduce)> tp_reduce_;
   // Per slot: each slot's offset in the whole model's flat buffer.
   std::vector<size_t> whole_offset_;
   const void* tied_w_ = nullptr;  // in tied_dtype_

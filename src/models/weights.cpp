@@ -159,11 +159,13 @@ void load_weights(Model& model, const SafetensorsFile& file, const std::string& 
     const NamedTensor* t = file.find(names.file_name(s.name));
     if (s.slice.parts > 1) {
       // A tensor-parallel slice: its elements picked from the whole tensor
-      // ([O, I], stored [I, O] when transposed). Never wte, so no pad rows.
+      // ([O, I], stored [I, O] when transposed), zero past what the file
+      // stores (a vocabulary-parallel wte's pad rows; wte is never transposed).
       const size_t I = static_cast<size_t>(s.whole_shape.back()), O = static_cast<size_t>(s.whole_shape[0]);
       for (size_t i = 0; i < s.numel; ++i) {
         const size_t e = s.slice.whole_index(i);
-        params[s.offset + i] = t->data[names.transposed(s.name) ? e % I * O + e / I : e];
+        const size_t at = names.transposed(s.name) ? e % I * O + e / I : e;
+        params[s.offset + i] = at < t->data.size() ? t->data[at] : 0.0f;
       }
       continue;
     }

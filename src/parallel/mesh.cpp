@@ -22,11 +22,11 @@ Mesh Mesh::layout(int world, int rank, int tp, int pp) {
   return m;
 }
 
-void check_mesh_strategy(const std::string& strategy, const std::string& with, bool hsdp) {
-  if ((strategy == "hsdp" && !hsdp) || strategy == "dp")
-    throw InputError(fmt::format("--strategy {} is not built {} yet; use local, ddp or zero1/2/3{} (over the "
-                                 "data-parallel group)",
-                                 strategy, with, hsdp ? " or hsdp" : ""));
+void check_mesh_strategy(const std::string& strategy, const std::string& with) {
+  if (strategy == "dp")
+    throw InputError(fmt::format("--strategy dp keeps its replicas in threads of one process and does not run {}; "
+                                 "use local, ddp, zero1/2/3 or hsdp (over the data-parallel group)",
+                                 with));
 }
 
 std::string Mesh::describe() const { return fmt::format("pp {} x dp {} x tp {}", pp, dp, tp); }

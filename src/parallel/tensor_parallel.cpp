@@ -14,17 +14,28 @@
 namespace dpt {
 
 void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
-  if (mesh.tp == 1) return;
+  if (mesh.tp == 1) {
+    if (o.tp_embedding != "replicated") throw InputError("--tp-embedding vocab needs --tp 2 or more");
+    return;
+  }
   const std::string not_yet = fmt::format("with --tp {}", mesh.tp);
   if (o.model != "gpt")
     throw InputError(fmt::format("--tp splits a GPT's attention heads and MLP; the {} model has none", o.model));
-  check_mesh_strategy(o.strategy, not_yet, false);
+  check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
   const GptConfig c = GptConfig::from(model_hparams(o));
   if (c.heads % mesh.tp != 0)
     throw InputError(fmt::format("--tp {} does not divide the GPT's {} attention heads (a TP rank holds whole "
                                  "heads, and with them 4C/tp of the MLP's {} columns)",
                                  mesh.tp, c.heads, 4 * c.width));
+}
+
+void check_vocab_rows(const GptConfig& c, int tp) {
+  if (c.rows() % tp != 0)
+    throw InputError(fmt::format("the checkpoint holds wte as {} rows, which --tp-embedding vocab cannot split over "
+                                 "--tp {} (a fresh run pads them to a multiple of tp; resume at a tp that divides {}, "
+                                 "or with --tp-embedding replicated)",
+                                 c.rows(), tp, c.rows()));
 }
 
 double sum_in_rank_order(comm::ProcessGroup& g, double mine, std::vector<double>& parts) {

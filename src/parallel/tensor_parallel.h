@@ -23,6 +23,12 @@ struct TrainOptions;
 // tp x pp does not divide; check_pipeline what --pp cannot run.)
 void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh);
 
+// Refuses, in one sentence, resuming a checkpoint whose wte rows a
+// vocabulary-parallel wte cannot split over tp ranks: a fresh run pads the
+// rows to a multiple of tp, but a checkpoint holds no values for pad rows
+// it did not have.
+void check_vocab_rows(const GptConfig& c, int tp);
+
 // Collective over g: the sum of every rank's value, added in rank order so
 // every rank gets the same double. parts: g.size() doubles of scratch.
 double sum_in_rank_order(comm::ProcessGroup& g, double mine, std::vector<double>& parts);

@@ -135,6 +135,10 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--verify-every", o.verify_every, "steps between checks that all replicas are identical")
       ->check(non_negative());
   cmd_->add_option("--tp", o.tp, "tensor-parallel degree: a GPT's heads and MLP split over this many adjacent ranks (1)")->check(positive());
+  cmd_->add_option("--tp-embedding", o.tp_embedding,
+                   "--tp: replicated (wte and the head whole on every rank) or vocab (wte's rows split over the TP "
+                   "ranks, a parallel cross-entropy: no rank holds whole logits; for large vocabularies)")
+      ->check(CLI::IsMember({"replicated", "vocab"}));
   cmd_->add_option("--pp", o.pp,
                    "pipeline stages (gpt): each holds consecutive blocks; data parallelism over world / pp")
       ->check(positive());

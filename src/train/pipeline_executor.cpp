@@ -50,7 +50,7 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
   const std::string not_yet = fmt::format("with --pp {}", mesh.pp);
   if (o.model != "gpt")
     throw InputError(fmt::format("--pp splits a GPT's blocks into stages; the {} model has none", o.model));
-  check_mesh_strategy(o.strategy, not_yet, true);
+  check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
   gpt_stages(GptConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
 }
@@ -92,7 +92,7 @@ PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& mo
 }
 
 size_t PipelineExecutor::wte_numel() const {
-  return static_cast<size_t>(model_.config().rows() * model_.config().width);
+  return static_cast<size_t>(model_.wte_rows() * model_.config().width);  // this TP rank's rows
 }
 
 void PipelineExecutor::sync_tied_weights() {

@@ -64,10 +64,14 @@ void Report::print() const {
     }
     const double param_bytes = static_cast<double>(model.param_count() * sizeof(float));
     const RankTimes& r0 = ranks[0];
+    // The gradients' all-reduce runs over the data-parallel group (the
+    // ranks that hold the same stage and slice), not over the world.
+    const int dp = world / (o.tp * o.pp);
     std::printf("communication: %.2f MiB sent per step per rank = %.3f x the %.2f MiB of parameters "
-                "(ring all-reduce: 2(N-1)/N = %.3f); exposed %.1f%% of the step on rank 0\n",
+                "(ring all-reduce over N = %d data-parallel rank%s: 2(N-1)/N = %.3f); exposed %.1f%% of the step "
+                "on rank 0\n",
                 r.comm_bytes_per_step * kMiB, static_cast<double>(r.comm_bytes_per_step) / param_bytes,
-                param_bytes * kMiB, 2.0 * (world - 1) / world,
+                param_bytes * kMiB, dp, dp == 1 ? "" : "s", 2.0 * (dp - 1) / dp,
                 r0.step_ms > 0 ? 100.0 * (r0.comm_wait_ms + r0.gather_ms) / r0.step_ms : 0.0);
     std::printf("  by phase (MiB per step):");
     for (const char* phase : {"forward", "backward", "optimizer", "other"}) {

@@ -622,11 +622,12 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (mesh.pp > 1) stages = gpt_stages(GptConfig::from(hparams), mesh.pp, o.pp_split);
   // Under --tp it is this rank's slice of every block.
   std::unique_ptr<Model> model;
+  const GptTp tp{mesh.tp, mesh.tp_rank, o.tp_embedding == "vocab"};
+  if (saved && tp.vocab) check_vocab_rows(GptConfig::from(hparams), mesh.tp);
   if (mesh.pp > 1)
-    model = std::make_unique<Gpt>(GptConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)],
-                                  GptTp{mesh.tp, mesh.tp_rank});
+    model = std::make_unique<Gpt>(GptConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)], tp);
   else if (mesh.tp > 1)
-    model = std::make_unique<Gpt>(GptConfig::from(hparams), GptStage{}, GptTp{mesh.tp, mesh.tp_rank});
+    model = std::make_unique<Gpt>(GptConfig::from(hparams), GptStage{}, tp);
   else
     model = make_model(hparams);
   model->set_checkpoint_activations(o.checkpoint_activations);
@@ -635,8 +636,9 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   MeshGroups groups(mesh, pg);
   comm::ProcessGroup& dpg = groups.dp();
   if (comm::ProcessGroup* tpg = groups.tp())
-    dynamic_cast<Gpt&>(*model).set_tensor_sum(
-        [tpg](float* x, size_t n) { tpg->all_reduce(x, n, DType::F32, comm::ReduceOp::Sum); });
+    dynamic_cast<Gpt&>(*model).set_tensor_reduce([tpg](float* x, size_t n, TpReduce op) {
+      tpg->all_reduce(x, n, DType::F32, op == TpReduce::Max ? comm::ReduceOp::Max : comm::ReduceOp::Sum);
+    });
   StrategyOptions so = strategy_options(o);
   if (so.name == "hsdp") so.shard_group = shard_group_size(so, dpg);
   check_offload(o, so, *model, dpg, pg);

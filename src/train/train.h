@@ -55,6 +55,7 @@ struct TrainOptions {
   // (gpipe or 1f1b), with blocks per stage from pp_split ("2,1,1"; empty:
   // balanced by parameters). docs/pipeline.md.
   int tp = 1;
+  std::string tp_embedding = "replicated";  // or "vocab": wte's rows split over the TP group
   int pp = 1;
   std::string pp_schedule = "1f1b";
   std::string pp_split;
