@@ -5,6 +5,7 @@
 // the DP group) plus what the mesh adds, collective by collective as
 // models/gpt.cpp, parallel/tensor_parallel.cpp and train/pipeline_executor.cpp
 // issue them.
+#include "core/dtype.h"
 #include "models/gpt.h"
 #include "parallel/rank_bytes.h"
 #include "train/plan.h"
@@ -61,6 +62,48 @@ CommPlan pipeline_comm(const StrategyOptions& so, const Gpt& gpt, const Mesh& me
   return c;
 }
 
+// zero3 on a pipeline stage (parallel/zero.cpp): a unit a forward ends on
+// is kept when the unit next in the recorded order is that same unit, so a
+// backward that follows a forward directly (any micro-batch's) skips its
+// first gather; every forward frees what the last pass kept. The backward
+// order is recorded until the first forward that follows a backward: when
+// that covers several backwards, the recorded order goes on past a
+// backward's end with the first unit of the next, which is prefetched
+// there, and wasted when a forward or the step's end comes next.
+struct KeptGathers {
+  uint64_t skipped = 0, wasted = 0;              // per step, once recorded
+  uint64_t skipped_first = 0, wasted_first = 0;  // in the first step
+};
+KeptGathers kept_gathers(const std::vector<PipeOp>& ops, Prefetch prefetch) {
+  KeptGathers k;
+  size_t recorded_backwards = 0;
+  bool seen_backward = false, recorded = false;
+  for (const PipeOp& op : ops) {
+    if (op.forward && seen_backward) break;
+    if (!op.forward) {
+      seen_backward = true;
+      ++recorded_backwards;
+    }
+  }
+  const bool prefetches = prefetch == Prefetch::Both || prefetch == Prefetch::Backward;
+  seen_backward = false;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].forward) {
+      recorded = recorded || seen_backward;
+      continue;
+    }
+    seen_backward = true;
+    const bool after_forward = i > 0 && ops[i - 1].forward;
+    const bool before_forward = i + 1 == ops.size() || ops[i + 1].forward;
+    const bool waste = prefetches && recorded_backwards > 1 && before_forward;
+    k.skipped += after_forward;
+    k.wasted += waste;
+    k.skipped_first += recorded && after_forward;
+    k.wasted_first += recorded && waste;
+  }
+  return k;
+}
+
 }  // namespace
 
 StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Model& model, const Mesh& mesh, int s,
@@ -72,6 +115,18 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
   st.arenas = mesh.pp > 1 ? pipe_slots(parse_pipe_schedule(r.run.pp_schedule), mesh.pp, s, static_cast<int>(M)) : 1;
   st.activations = static_cast<size_t>(st.arenas) * st.arena;
   st.comm = planned_comm(so, model, mesh.dp, 0, M);
+  if (mesh.pp > 1 && zero_stage(so.name) == 3 && so.reshard_after_forward) {
+    // planned_comm counts a forward and its backward back to back: each
+    // backward's first unit is the one its forward kept. A stage
+    // interleaves its micro-batches instead (stage_gathers says how).
+    const std::vector<int> order = model.unit_order();
+    const uint64_t last = RingSends{mesh.dp, 0}.ag(model.layout().units()[static_cast<size_t>(order.back())].numel,
+                                                   dtype_size(model.precision()));
+    const KeptGathers k =
+        kept_gathers(pipe_ops(parse_pipe_schedule(r.run.pp_schedule), mesh.pp, s, static_cast<int>(M)), so.prefetch);
+    st.comm.backward += static_cast<uint64_t>(M) * last - k.skipped * last + k.wasted * last;
+    st.comm.first_step = (k.skipped - k.skipped_first - k.wasted + k.wasted_first) * last;
+  }
   if (const auto* gpt = dynamic_cast<const Gpt*>(&model)) {
     const GptStage& g = gpt->stage();
     const int64_t blocks = (g.last < 0 ? gpt->config().layers : g.last) - g.first;
