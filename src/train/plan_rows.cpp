@@ -138,10 +138,10 @@ bool mesh_runs(const PlanRequest& r, const Mesh& mesh, const PlanPoint& p) {
 // offload first, then ddp, zero1, zero2, zero3, each without checkpointing
 // first), and when that is not the plan's choice, what it would cost.
 // Called with a best row.
-std::string seed_verdict(const Plan& plan) {
+std::string seed_verdict(const Plan& plan, bool mesh) {
   for (const PlanRow& row : plan.rows) {
     if (!row.fits) continue;
-    const char* why = "one rank holds everything";
+    const char* why = mesh ? "one replica's ranks (its tp x pp mesh) hold everything" : "one rank holds everything";
     switch (zero_stage(row.point.strategy)) {
       case 0:
         if (row.point.strategy == "ddp") why = "the model, its gradients and optimizer state fit on every rank: DDP";
@@ -208,7 +208,7 @@ std::string reason_for(const PlanRequest& r, const Plan& plan) {
   else
     why += "; the fastest that fits";
   if (!too_big.empty()) why += "; faster but too big: " + list(too_big);
-  return why + "; seed 000, from what fits here: " + seed_verdict(plan);
+  return why + "; seed 000, from what fits here: " + seed_verdict(plan, r.run.tp > 1 || r.run.pp > 1);
 }
 
 // The strategies asked for (fsdp is zero3), or every one that makes sense on
