@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -358,6 +359,41 @@ TEST_F(PlanCliTest, MeshRowsMatchRuns) {
     EXPECT_EQ(row->at("bytes").at("total").get<uint64_t>(), most);
     EXPECT_DOUBLE_EQ(row->at("bubble").get<double>(), s.at("pipeline").at("bubble_formula").get<double>());
   }
+}
+
+// --meshes: every tp x pp of the ranks that training runs for the model (the
+// GPT has 2 heads and 3 blocks: tp 4 and pp 4 are not), each row the same
+// as the plan of that mesh alone.
+TEST_F(PlanCliTest, MeshesPlansEveryLayoutTrainingRuns) {
+  const std::string rates = " --ranks 4 --json --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --memory 1T";
+  const RunResult all = dpt("plan " + kGpt.flags + rates + " --meshes");
+  ASSERT_EQ(all.code, 0) << all.err;
+  const json plan = json::parse(all.out);
+  std::map<std::pair<int, int>, std::vector<json>> by_mesh;
+  for (const json& row : plan.at("rows"))
+    by_mesh[{row.at("tp").get<int>(), row.at("pp").get<int>()}].push_back(row);
+  const std::vector<std::pair<int, int>> expected = {{1, 1}, {1, 2}, {2, 1}, {2, 2}};
+  ASSERT_EQ(by_mesh.size(), expected.size());
+  for (const auto& [tp, pp] : expected) {
+    SCOPED_TRACE(fmt::format("tp {} pp {}", tp, pp));
+    ASSERT_EQ(by_mesh.count(std::make_pair(tp, pp)), 1u);
+    const RunResult one = dpt(fmt::format("plan {}{} --tp {} --pp {}", kGpt.flags, rates, tp, pp));
+    ASSERT_EQ(one.code, 0) << one.err;
+    const json alone = json::parse(one.out).at("rows");
+    const std::vector<json>& rows = by_mesh[std::make_pair(tp, pp)];
+    ASSERT_EQ(alone.size(), rows.size());
+    // The bytes but the peak RSS, which adds each process's own runtime.
+    auto held = [](json bytes) {
+      bytes.erase("peak_rss");
+      return bytes;
+    };
+    for (size_t i = 0; i < alone.size(); ++i) {
+      EXPECT_EQ(held(rows[i].at("bytes")), held(alone.at(i).at("bytes")));
+      EXPECT_EQ(rows[i].at("comm"), alone.at(i).at("comm"));
+      EXPECT_EQ(rows[i].at("strategy"), alone.at(i).at("strategy"));
+    }
+  }
+  test::expect_one_refusal(dpt("plan " + kGpt.flags + rates + " --meshes --tp 2"), "give it or --tp/--pp, not both");
 }
 
 // An impossible mesh is refused with training's own sentence.

@@ -117,7 +117,7 @@ class PlanCommand {
   std::vector<std::string> strategies_;
   double gemm_gflops_ = 0, copy_gbs_ = 0, disk_gbs_ = 0, offload_chunk_mb_ = 4.0;
   std::string offload_dir_ = "/var/tmp";
-  bool json_ = false;
+  bool json_ = false, meshes_ = false;
 };
 
 // `dpt bench`, created by the first of its subcommands to ask for it.

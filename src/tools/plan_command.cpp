@@ -50,7 +50,11 @@ void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, cons
               static_cast<long long>(r.batch), static_cast<long long>(r.batch / r.world),
               r.grad_accum > 1 ? fmt::format(" in {} micro-batches", r.grad_accum).c_str() : "", r.world,
               r.world == 1 ? "" : "s", r.ranks_here);
-  if (r.run.tp > 1 || r.run.pp > 1)
+  if (r.all_meshes)
+    std::printf("meshes: every tp x pp of %d ranks that dpt train runs for this model (rows tpN ppN; dp = ranks / "
+                "(tp x pp)); pipelines %s over %lld micro-batches; a pipeline's figures are its largest stage's\n",
+                r.world, r.run.pp_schedule.c_str(), static_cast<long long>(r.grad_accum));
+  else if (r.run.tp > 1 || r.run.pp > 1)
     std::printf("mesh: pp %d x dp %d x tp %d%s; a pipeline's figures are its largest stage's (--json: every "
                 "stage's)\n",
                 r.run.pp, r.world / (r.run.tp * r.run.pp), r.run.tp,
@@ -104,6 +108,8 @@ PlanCommand::PlanCommand(CLI::App& app) {
   cmd_->add_option("--pp-schedule", opts_.pp_schedule, "--pp: gpipe or 1f1b (default)")
       ->check(CLI::IsMember({"gpipe", "1f1b"}));
   cmd_->add_option("--pp-split", opts_.pp_split, "--pp: blocks per stage, e.g. 2,1,1 (default: balanced)");
+  cmd_->add_flag("--meshes", meshes_,
+                 "rows for every tp x pp mesh of the ranks that dpt train runs for the model (instead of --tp, --pp)");
   cmd_->add_option("--optimizer", opts_.optimizer.name, "sgd or adamw (default sgd mlp, adamw gpt)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
   cmd_->add_option("--momentum", opts_.optimizer.momentum, "sgd momentum (0: no state)")->check(fraction(0.0, 1.0));
@@ -148,6 +154,8 @@ int PlanCommand::run() {
                                    micro_batches_, opts_.grad_accum));
     opts_.grad_accum = micro_batches_;
   }
+  if (meshes_ && (cmd_->count("--tp") > 0 || cmd_->count("--pp") > 0))
+    throw InputError("--meshes plans every tp x pp of the ranks; give it or --tp/--pp, not both");
   opts_.zero_scatter = zero_reduce_ == "scatter";
   opts_.zero_accumulate_locally = zero_accumulate_ == "local";
   opts_.ddp.reduce_dtype = parse_precision(reduce_dtype_, "--reduce-dtype");
@@ -156,6 +164,7 @@ int PlanCommand::run() {
   r.run = opts_;
   r.base = strategy_options(opts_);
   r.strategies = strategies_;
+  r.all_meshes = meshes_;
   r.batch = opts_.batch;
   r.grad_accum = opts_.grad_accum;
   r.world = ranks_;

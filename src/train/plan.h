@@ -86,6 +86,7 @@ struct PlanPoint {
   std::string precision = "fp32";
   bool checkpoint = false;  // activation checkpointing
   std::string offload = "none";
+  int tp = 1, pp = 1;  // the mesh (dp = ranks / (tp x pp))
 };
 
 // The machine, measured (or given): what the time estimates divide by.
@@ -149,6 +150,9 @@ struct PlanRequest {
   TrainOptions run;
   StrategyOptions base;          // everything but the strategy's name
   std::vector<std::string> strategies;  // the rows' strategies; empty: all that make sense
+  // Every tp x pp mesh of the world that training runs (--meshes) instead
+  // of run.tp x run.pp alone; run.pp_schedule and grad_accum apply to each.
+  bool all_meshes = false;
   int64_t batch = 0;             // global samples per step
   int64_t grad_accum = 1;        // micro-batches per step (M under --pp)
   int world = 1, ranks_here = 1;
@@ -173,7 +177,8 @@ struct Plan {
   std::string reason;  // why, in words, with the numbers
 };
 
-// "zero3 bf16 +ckpt +offload params": a row's name in the table and reasons.
+// "zero3 bf16 +ckpt +offload params", "tp2 pp2 local": a row's name in the
+// table and reasons.
 std::string row_name(const PlanPoint& point);
 
 // Every row, the recommendation and its reason. Switches the model's

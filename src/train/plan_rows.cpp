@@ -138,9 +138,10 @@ bool mesh_runs(const PlanRequest& r, const Mesh& mesh, const PlanPoint& p) {
 // offload first, then ddp, zero1, zero2, zero3, each without checkpointing
 // first), and when that is not the plan's choice, what it would cost.
 // Called with a best row.
-std::string seed_verdict(const Plan& plan, bool mesh) {
+std::string seed_verdict(const Plan& plan) {
   for (const PlanRow& row : plan.rows) {
     if (!row.fits) continue;
+    const bool mesh = row.point.tp > 1 || row.point.pp > 1;
     const char* why = mesh ? "one replica's ranks (its tp x pp mesh) hold everything" : "one rank holds everything";
     switch (zero_stage(row.point.strategy)) {
       case 0:
@@ -208,19 +209,22 @@ std::string reason_for(const PlanRequest& r, const Plan& plan) {
   else
     why += "; the fastest that fits";
   if (!too_big.empty()) why += "; faster but too big: " + list(too_big);
-  return why + "; seed 000, from what fits here: " + seed_verdict(plan, r.run.tp > 1 || r.run.pp > 1);
+  return why + "; seed 000, from what fits here: " + seed_verdict(plan);
 }
 
 // The strategies asked for (fsdp is zero3), or every one that makes sense on
 // this many data-parallel replicas.
+// With --meshes a mesh of one replica has the local row and the others the
+// data-parallel strategies asked for.
 std::vector<std::string> plan_strategies(const PlanRequest& r, int dp) {
-  if (r.strategies.empty())
+  if (r.strategies.empty() || (r.all_meshes && dp == 1))
     return dp == 1 ? std::vector<std::string>{"local"} : std::vector<std::string>{"ddp", "zero1", "zero2", "zero3"};
   std::vector<std::string> out;
   for (std::string s : r.strategies) {
     if (s == "fsdp") s = "zero3";
     if (s != "local" && s != "ddp" && zero_stage(s) == 0)
       throw InputError(fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3 or fsdp)", s));
+    if (s == "local" && dp > 1 && r.all_meshes) continue;
     if (s == "local" && dp > 1)
       throw InputError(dp == r.world
                            ? fmt::format("--strategy local trains one process, not {} ranks", r.world)
@@ -233,63 +237,101 @@ std::vector<std::string> plan_strategies(const PlanRequest& r, int dp) {
 }  // namespace
 
 std::string row_name(const PlanPoint& p) {
-  std::string s = p.strategy;
+  std::string s = (p.tp > 1 ? fmt::format("tp{} ", p.tp) : "") + (p.pp > 1 ? fmt::format("pp{} ", p.pp) : "") + p.strategy;
   if (p.precision != "fp32") s += " " + p.precision;
   if (p.checkpoint) s += " +ckpt";
   if (p.offload != "none") s += " +offload " + p.offload;
   return s;
 }
 
-Plan make_plan(const PlanRequest& r, Model& model) {
-  if (r.world < 1) throw InputError(fmt::format("--ranks must be at least 1 (got {})", r.world));
-  // The mesh as training lays it out and refuses it, rank 0's coordinates.
+namespace {
+
+// One mesh and its stages: each stage's model as training builds it (its
+// blocks, rank 0's slices of them), or the model itself without a mesh.
+struct MeshStages {
+  Mesh mesh;
+  int64_t micro = 0;
+  std::vector<std::unique_ptr<Model>> built;
+  std::vector<Model*> stages;
+};
+
+// tp x pp as training lays the mesh out and refuses it (rank 0's
+// coordinates): InputError, training's sentence, when it cannot run.
+MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
   TrainOptions run = r.run;
   run.batch = r.batch;
   run.grad_accum = r.grad_accum;
-  const Mesh mesh = Mesh::layout(r.world, 0, run.tp, run.pp);
-  check_pipeline(run, mesh);
-  check_tensor_parallel(run, mesh);
-  const int64_t micro = micro_batch(run, mesh.dp, mesh.pp == 1 && mesh.tp == 1 ? "ranks" : "data-parallel replicas");
-  // Each stage's model as training builds it (its blocks, rank 0's slices
-  // of them), or the model itself without a mesh.
-  std::vector<std::unique_ptr<Model>> built;
-  std::vector<Model*> stages;
-  if (mesh.tp == 1 && mesh.pp == 1) {
-    stages.push_back(&model);
-  } else {
-    const GptConfig config = GptConfig::from(model_hparams(run));
-    const std::vector<GptStage> split =
-        mesh.pp > 1 ? gpt_stages(config, mesh.pp, run.pp_split) : std::vector<GptStage>{GptStage{}};
-    for (const GptStage& st : split) {
-      built.push_back(std::make_unique<Gpt>(config, st, GptTp{mesh.tp, 0}));
-      stages.push_back(built.back().get());
-    }
+  MeshStages m;
+  m.mesh = Mesh::layout(r.world, 0, tp, pp);
+  check_pipeline(run, m.mesh);
+  check_tensor_parallel(run, m.mesh);
+  m.micro = micro_batch(run, m.mesh.dp, tp == 1 && pp == 1 ? "ranks" : "data-parallel replicas");
+  if (tp == 1 && pp == 1) {
+    m.stages.push_back(&model);
+    return m;
   }
-  const std::vector<const Model*> views(stages.begin(), stages.end());
+  const GptConfig config = GptConfig::from(model_hparams(run));
+  const std::vector<GptStage> split = pp > 1 ? gpt_stages(config, pp, run.pp_split) : std::vector<GptStage>{GptStage{}};
+  for (const GptStage& st : split) {
+    m.built.push_back(std::make_unique<Gpt>(config, st, GptTp{tp, 0}));
+    m.stages.push_back(m.built.back().get());
+  }
+  return m;
+}
+
+// The meshes a plan covers: the one asked for (refused in training's
+// sentence when it cannot run), or with --meshes every tp x pp whose
+// product divides the world and that training runs, data parallelism alone
+// first.
+std::vector<MeshStages> plan_meshes(const PlanRequest& r, Model& model) {
+  std::vector<MeshStages> out;
+  if (!r.all_meshes) {
+    out.push_back(mesh_stages(r, r.run.tp, r.run.pp, model));
+    return out;
+  }
+  for (int tp = 1; tp <= r.world; ++tp)
+    for (int pp = 1; tp * pp <= r.world; ++pp) {
+      if (r.world % (tp * pp) != 0) continue;
+      try {
+        out.push_back(mesh_stages(r, tp, pp, model));
+      } catch (const InputError&) {
+        // Not a layout training runs for this model: no rows.
+      }
+    }
+  return out;
+}
+
+}  // namespace
+
+Plan make_plan(const PlanRequest& r, Model& model) {
+  if (r.world < 1) throw InputError(fmt::format("--ranks must be at least 1 (got {})", r.world));
+  std::vector<MeshStages> meshes = plan_meshes(r, model);
   const bool was = model.checkpoint_activations();
   const DType was_precision = model.precision();
   // Checkpointing makes sense only where it drops something (not the MLP).
   model.set_checkpoint_activations(false);
-  const size_t plain = model.activation_bytes_for(micro);
+  const size_t plain = model.activation_bytes_for(1);
   model.set_checkpoint_activations(true);
-  const bool ckpt_helps = model.activation_bytes_for(micro) < plain;
-  const std::vector<std::string> strategies = plan_strategies(r, mesh.dp);
+  const bool ckpt_helps = model.activation_bytes_for(1) < plain;
   // Offload outermost: the rows that keep everything in RAM come first, so
   // among estimates too close to tell apart the plan never picks a disk.
   Plan plan;
   for (const std::string& offload : kOffloads)
-    for (const std::string& s : strategies)
-      for (const std::string& precision : kPrecisions)
-        for (bool ckpt : {false, true}) {
-          const PlanPoint point{s, precision, ckpt, offload};
-          if ((ckpt && !ckpt_helps) || !offload_makes_sense(offload, s, precision) || !mesh_runs(r, mesh, point))
-            continue;
-          for (Model* m : stages) {
-            m->set_checkpoint_activations(ckpt);
-            m->set_precision(parse_precision(precision));
+    for (MeshStages& m : meshes) {
+      const std::vector<const Model*> views(m.stages.begin(), m.stages.end());
+      for (const std::string& s : plan_strategies(r, m.mesh.dp))
+        for (const std::string& precision : kPrecisions)
+          for (bool ckpt : {false, true}) {
+            const PlanPoint point{s, precision, ckpt, offload, m.mesh.tp, m.mesh.pp};
+            if ((ckpt && !ckpt_helps) || !offload_makes_sense(offload, s, precision) || !mesh_runs(r, m.mesh, point))
+              continue;
+            for (Model* stage : m.stages) {
+              stage->set_checkpoint_activations(ckpt);
+              stage->set_precision(parse_precision(precision));
+            }
+            plan.rows.push_back(make_row(r, views, m.mesh, point, m.micro));
           }
-          plan.rows.push_back(make_row(r, views, mesh, point, micro));
-        }
+    }
   model.set_checkpoint_activations(was);
   model.set_precision(was_precision);
   // The fastest that fits, or the first in the grid's order (no offload,
@@ -332,7 +374,8 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
   for (const PlanRow& row : plan.rows) {
     const MemoryBytes& b = row.bytes;
     rows.push_back(
-        {{"strategy", row.point.strategy}, {"precision", row.point.precision},
+        {{"strategy", row.point.strategy}, {"tp", row.point.tp}, {"pp", row.point.pp},
+         {"dp", r.world / (row.point.tp * row.point.pp)}, {"precision", row.point.precision},
          {"checkpoint_activations", row.point.checkpoint}, {"offload", row.point.offload},
          {"bytes", {{"parameters", b.parameters}, {"gradients", b.gradients}, {"optimizer", b.optimizer},
                     {"gathered", b.gathered}, {"scratch", b.scratch}, {"activations", row.activations},
@@ -352,7 +395,8 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
                          {"disk_read_gbs", r.machine.disk_read_gbs},
                          {"threads", r.machine.threads}, {"runtime_bytes", r.machine.runtime_bytes}}},
             {"mesh", {{"tp", r.run.tp}, {"pp", r.run.pp}, {"dp", r.world / (r.run.tp * r.run.pp)},
-                      {"pp_schedule", r.run.pp > 1 ? r.run.pp_schedule : ""}}},
+                      {"pp_schedule", r.run.pp > 1 || r.all_meshes ? r.run.pp_schedule : ""},
+                      {"all", r.all_meshes}}},
             {"rows", rows}, {"reason", plan.reason}, {"tie_margin", kTieMargin}};
   j["recommended"] = plan.best < 0 ? json(nullptr) : json(plan.best);
   return j;
