@@ -213,24 +213,24 @@ std::string reason_for(const PlanRequest& r, const Plan& plan) {
 }
 
 // The strategies asked for (fsdp is zero3), or every one that makes sense on
-// this many data-parallel replicas.
-// With --meshes a mesh of one replica has the local row and the others the
-// data-parallel strategies asked for.
+// this many data-parallel replicas. With --meshes a mesh of one replica has
+// the local row, and the others the data-parallel strategies asked for.
 std::vector<std::string> plan_strategies(const PlanRequest& r, int dp) {
-  if (r.strategies.empty() || (r.all_meshes && dp == 1))
-    return dp == 1 ? std::vector<std::string>{"local"} : std::vector<std::string>{"ddp", "zero1", "zero2", "zero3"};
   std::vector<std::string> out;
   for (std::string s : r.strategies) {
     if (s == "fsdp") s = "zero3";
     if (s != "local" && s != "ddp" && zero_stage(s) == 0)
       throw InputError(fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3 or fsdp)", s));
-    if (s == "local" && dp > 1 && r.all_meshes) continue;
-    if (s == "local" && dp > 1)
+    if (s == "local" && dp > 1) {
+      if (r.all_meshes) continue;
       throw InputError(dp == r.world
                            ? fmt::format("--strategy local trains one process, not {} ranks", r.world)
                            : fmt::format("--strategy local trains one replica, not {} data-parallel replicas", dp));
+    }
     if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
   }
+  if (r.strategies.empty() || (r.all_meshes && dp == 1))
+    return dp == 1 ? std::vector<std::string>{"local"} : std::vector<std::string>{"ddp", "zero1", "zero2", "zero3"};
   return out;
 }
 
