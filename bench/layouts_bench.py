@@ -13,7 +13,7 @@ is left out: at 2 ranks its shard group is either both ranks (zero3 itself)
 or one rank (ddp's replicas, reduced as shards): nothing new to measure.
 
 Per layout: tokens/s (the median over --repeat interleaved rounds of each
-run's median step), peak RSS per rank, the bytes rank 0 accounts by category
+run's median step), peak RSS per rank (and the plan's per stage), the bytes rank 0 accounts by category
 (and per pipeline stage its parameters and activation arenas), the bytes it
 sent per step (the summary's ledger), the exposed communication per step
 (every rank's wait for reductions, gathers and pipeline neighbours; under tp
@@ -138,7 +138,11 @@ def main():
             row["tp_all_reduce_ms_per_step"] = 1000 * best["comm"]["all_reduce"]["seconds"] / a.steps
         p, planned = plan(a.dpt, ranks, strategy, flags, rates)
         stage0 = planned["stages"][0]["bytes"]
+        # Each stage's predicted peak RSS: its need plus the runtime the
+        # row adds (dpt plan's own resident memory, Open MPI's).
+        runtime = planned["bytes"]["peak_rss"] - planned["bytes"]["total"]
         row["plan"] = {"bytes_rank0": {k: stage0[k] for k in CATEGORIES},
+                       "peak_rss_per_stage": [st["bytes"]["total"] + runtime for st in planned["stages"]],
                        "need_largest_stage": planned["bytes"]["total"],
                        "sent_per_step_rank0": planned_sent(planned, a.steps),
                        "step_s": planned["time"]["step_s"], "bubble": planned["bubble"]}
