@@ -45,11 +45,16 @@ std::string mib(uint64_t bytes) { return fmt::format("{:.1f}", static_cast<doubl
 void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, const std::string& model_name,
                 bool measured, bool disk_measured) {
   const MachineRates& m = r.machine;
-  std::printf("dpt plan: %s, %zu parameters, %s, global batch %lld (%lld per rank%s), %d rank%s, %d on this host\n",
+  // A replica's share of the batch: a rank's without a mesh; with --meshes
+  // it differs from mesh to mesh.
+  const bool mesh = r.run.tp > 1 || r.run.pp > 1;
+  const std::string share =
+      r.all_meshes ? ""
+                   : fmt::format(" ({} per {}{})", r.batch / (r.world / (r.run.tp * r.run.pp)), mesh ? "replica" : "rank",
+                                 r.grad_accum > 1 ? fmt::format(" in {} micro-batches", r.grad_accum) : "");
+  std::printf("dpt plan: %s, %zu parameters, %s, global batch %lld%s, %d rank%s, %d on this host\n",
               model_name.c_str(), model.param_count(), r.base.optimizer.name.c_str(),
-              static_cast<long long>(r.batch), static_cast<long long>(r.batch / r.world),
-              r.grad_accum > 1 ? fmt::format(" in {} micro-batches", r.grad_accum).c_str() : "", r.world,
-              r.world == 1 ? "" : "s", r.ranks_here);
+              static_cast<long long>(r.batch), share.c_str(), r.world, r.world == 1 ? "" : "s", r.ranks_here);
   if (r.all_meshes)
     std::printf("meshes: every tp x pp of %d ranks that dpt train runs for this model (rows tpN ppN; dp = ranks / "
                 "(tp x pp)); pipelines %s over %lld micro-batches; a pipeline's figures are its largest stage's\n",
