@@ -1,7 +1,9 @@
 // `dpt plan` against real runs: for every strategy, with and without
-// activation checkpointing and offload, on 2 ranks, the bytes it plans per
-// category are the bytes the run accounts (its summary's memory table, rank
-// 0), and the bytes it plans to send are the ledger's; its predicted peak
+// activation checkpointing and offload, on 2 ranks, and for meshes (tp 2,
+// pp 2 under both schedules, dp 2 x tp 2 zero3, pp 2 x dp 2 zero1), the
+// bytes it plans per category are the bytes the run accounts (its summary's
+// memory table, rank 0; every stage's arenas), and the bytes it plans to
+// send are the ledger's; its predicted peak
 // RSS is near the measured one; it probes the offload disk; bad input is one
 // sentence and exit 1.
 //
@@ -10,6 +12,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -286,6 +289,144 @@ TEST_F(PlanCliTest, RecommendsFromTheMemoryGiven) {
   ASSERT_FALSE(none.is_null());
   EXPECT_TRUE(none.at("recommended").is_null());
   EXPECT_NE(none.at("reason").get<std::string>().find("nothing fits"), std::string::npos);
+}
+
+// Meshes: the plan's row for a tp/pp/dp layout against a real run of it.
+// The summary's bytes and ledger are rank 0's (stage 0, TP rank 0), so they
+// are held to the plan's first stage; its "pipeline" section reports every
+// stage's parameters and activation arenas, held to each planned stage,
+// and the last stage's copy of wte and its gradient to that stage's
+// pipeline buffers.
+TEST_F(PlanCliTest, MeshRowsMatchRuns) {
+  struct Case {
+    int ranks;
+    const char* strategy;
+    std::string flags;
+    bool ckpt;
+    const char* precision = "fp32";
+    const char* offload = "none";
+  };
+  const std::string model = kGpt.flags.substr(0, kGpt.flags.find(" --batch"));
+  for (const Case& c : {Case{2, "local", "--batch 4 --tp 2 --micro-batches 2", false},
+                        Case{2, "local", "--batch 4 --tp 2 --micro-batches 2", true},
+                        // vocabulary-parallel: wte's rows, the embedding's and the loss's sums
+                        Case{2, "local", "--batch 4 --tp 2 --micro-batches 2 --tp-embedding vocab", false},
+                        Case{8, "zero3", "--batch 4 --tp 2 --pp 2 --tp-embedding vocab", false},
+                        Case{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule gpipe", false},
+                        Case{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule 1f1b", false},
+                        Case{4, "zero3", "--batch 4 --tp 2", false},
+                        Case{4, "zero1", "--batch 4 --pp 2 --micro-batches 2", false},
+                        Case{4, "zero3", "--batch 4 --pp 2", false},
+                        Case{4, "zero3", "--batch 4 --pp 2 --micro-batches 2", false},
+                        Case{4, "zero3", "--batch 8 --pp 2 --micro-batches 4 --pp-schedule gpipe", false},
+                        Case{4, "zero3", "--batch 8 --pp 2 --micro-batches 4 --pp-schedule 1f1b", false},
+                        // bf16 under --pp: the head's wte copy and its send in bf16.
+                        Case{2, "local", "--batch 4 --pp 2 --micro-batches 2", false, "bf16"},
+                        Case{4, "zero3", "--batch 4 --pp 2 --micro-batches 2", false, "bf16"},
+                        Case{4, "zero3", "--batch 4 --pp 2 --micro-batches 2", false, "bf16", "params"},
+                        Case{2, "local", "--batch 4 --pp 2 --micro-batches 2", false, "fp32", "optimizer"}}) {
+    const std::string what = fmt::format("{} ranks {} {}{} {} offload {}", c.ranks, c.strategy, c.flags,
+                                         c.ckpt ? " +ckpt" : "", c.precision, c.offload);
+    SCOPED_TRACE(what);
+    const RunResult planned = dpt(fmt::format("plan {} {} --ranks {} --json --gemm-gflops 10 --copy-gbs 2 "
+                                              "--disk-gbs 1 --memory 1T",
+                                              model, c.flags, c.ranks));
+    ASSERT_EQ(planned.code, 0) << planned.err;
+    const json p = json::parse(planned.out);
+    const json* row = find_row(p, c.strategy, c.ckpt, c.precision, c.offload);
+    ASSERT_NE(row, nullptr);
+    const fs::path summary = dir_ / "mesh.json";
+    const std::string offload =
+        std::string(c.offload) == "none" ? "" : fmt::format("--offload {} --offload-dir {}", c.offload, q(dir_));
+    const RunResult r = dpt(fmt::format("launch -n {} -- {} train {} {} --strategy {} {} --precision {} {} --synthetic "
+                                        "--steps {} --log-every 100 --threads 1 --quiet --summary-out {}",
+                                        c.ranks, q(dpt_bin()), model, c.flags, c.strategy,
+                                        c.ckpt ? "--checkpoint-activations" : "", c.precision, offload, kSteps,
+                                        q(summary)));
+    ASSERT_EQ(r.code, 0) << r.all();
+    const json s = json::parse(test::read_file(summary));
+    const json& stages = row->at("stages");
+    expect_row_matches(stages.at(0), s, what);
+    if (!s.contains("pipeline")) {
+      EXPECT_EQ(stages.size(), 1u);
+      continue;
+    }
+    const json& ran = s.at("pipeline").at("stages");
+    ASSERT_EQ(ran.size(), stages.size());
+    for (size_t k = 0; k < ran.size(); ++k) {
+      const json &st = stages.at(k), &got = ran.at(k);
+      EXPECT_EQ(got.at("arenas").get<int64_t>(), st.at("arenas").get<int64_t>()) << "stage " << k;
+      EXPECT_EQ(got.at("arena_bytes").get<uint64_t>(), st.at("arena_bytes").get<uint64_t>()) << "stage " << k;
+      EXPECT_EQ(got.at("activation_bytes").get<uint64_t>(), st.at("bytes").at("activations").get<uint64_t>())
+          << "stage " << k;
+      if (std::string(c.strategy) != "zero3") {  // replicated parameters: the stage's whole count
+        // (in the compute type: under bf16 the masters count as optimizer state)
+        const uint64_t width = std::string(c.precision) == "bf16" ? 2 : 4;
+        EXPECT_EQ(width * got.at("params").get<uint64_t>(), st.at("bytes").at("parameters").get<uint64_t>())
+            << "stage " << k;
+      }
+      if (k + 1 == ran.size()) {
+        EXPECT_EQ(got.at("tied_copy_bytes").get<uint64_t>(), st.at("bytes").at("pipeline").get<uint64_t>());
+      }
+    }
+    // The row is the stage that needs the most; the pipeline's bubble.
+    uint64_t most = 0;
+    for (const json& st : stages) most = std::max(most, st.at("bytes").at("total").get<uint64_t>());
+    EXPECT_EQ(row->at("bytes").at("total").get<uint64_t>(), most);
+    EXPECT_DOUBLE_EQ(row->at("bubble").get<double>(), s.at("pipeline").at("bubble_formula").get<double>());
+  }
+}
+
+// --meshes: every tp x pp of the ranks that training runs for the model (the
+// GPT has 2 heads and 3 blocks: tp 4 and pp 4 are not), each row the same
+// as the plan of that mesh alone.
+TEST_F(PlanCliTest, MeshesPlansEveryLayoutTrainingRuns) {
+  const std::string rates = " --ranks 4 --json --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --memory 1T";
+  const RunResult all = dpt("plan " + kGpt.flags + rates + " --meshes");
+  ASSERT_EQ(all.code, 0) << all.err;
+  const json plan = json::parse(all.out);
+  std::map<std::pair<int, int>, std::vector<json>> by_mesh;
+  for (const json& row : plan.at("rows"))
+    by_mesh[{row.at("tp").get<int>(), row.at("pp").get<int>()}].push_back(row);
+  const std::vector<std::pair<int, int>> expected = {{1, 1}, {1, 2}, {2, 1}, {2, 2}};
+  ASSERT_EQ(by_mesh.size(), expected.size());
+  for (const auto& [tp, pp] : expected) {
+    SCOPED_TRACE(fmt::format("tp {} pp {}", tp, pp));
+    ASSERT_EQ(by_mesh.count(std::make_pair(tp, pp)), 1u);
+    const RunResult one = dpt(fmt::format("plan {}{} --tp {} --pp {}", kGpt.flags, rates, tp, pp));
+    ASSERT_EQ(one.code, 0) << one.err;
+    const json alone = json::parse(one.out).at("rows");
+    const std::vector<json>& rows = by_mesh[std::make_pair(tp, pp)];
+    ASSERT_EQ(alone.size(), rows.size());
+    // The bytes but the peak RSS, which adds each process's own runtime.
+    auto held = [](json bytes) {
+      bytes.erase("peak_rss");
+      return bytes;
+    };
+    for (size_t i = 0; i < alone.size(); ++i) {
+      EXPECT_EQ(held(rows[i].at("bytes")), held(alone.at(i).at("bytes")));
+      EXPECT_EQ(rows[i].at("comm"), alone.at(i).at("comm"));
+      EXPECT_EQ(rows[i].at("strategy"), alone.at(i).at("strategy"));
+    }
+  }
+  test::expect_one_refusal(dpt("plan " + kGpt.flags + rates + " --meshes --tp 2"), "give it or --tp/--pp, not both");
+}
+
+// An impossible mesh is refused with training's own sentence.
+TEST_F(PlanCliTest, ImpossibleMeshesAreRefused) {
+  const std::string plan = "plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 ";
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--ranks 3 --tp 2", "3 ranks do not split into --tp 2 x --pp 1"},
+           {"--ranks 4 --tp 4", "--tp 4 does not divide the GPT's 2 attention heads"},
+           {"--ranks 4 --pp 4", "--pp 4 needs at least one block per stage, and the model has 3"},
+           {"--ranks 4 --tp 2 --micro-batches 3", "global batch 4 does not split into 2 data-parallel replicas x 3"},
+           {"--ranks 2 --pp 2 --micro-batches 2 --grad-accum 4", "one setting under two names"},
+           {"--ranks 4 --tp 2 --strategy local", "--strategy local trains one replica, not 2 data-parallel replicas"}}) {
+    SCOPED_TRACE(args);
+    test::expect_one_refusal(dpt(plan + args), says);
+  }
+  test::expect_one_refusal(dpt("plan --model mlp --ranks 2 --tp 2 --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1"),
+                           "the mlp model has none");
 }
 
 TEST_F(PlanCliTest, BadInputIsOneSentenceAndExitOne) {

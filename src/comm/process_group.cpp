@@ -163,7 +163,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::submit(OpCode code, size_t count, DTyp
                       static_cast<int64_t>(dtype), root};
   const bool check = pg->config_.check_order && pg->size_ > 1 && code != OpCode::Send && code != OpCode::Recv;
   auto timeout = pg->config_.timeout;
-  const char* phase = pg->phase_;
+  const char* phase = *pg->phase_;
   char* d = static_cast<char*>(data);
   const Device device = pointer_device(data);
   // A GPU buffer: the compute stream is marked now, on the caller's thread,
@@ -332,6 +332,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std:
   if (color < 0) throw InputError(fmt::format("split color {} must not be negative", color));
   if (impl_->comm == MPI_COMM_NULL) {
     auto g = build(config_, MPI_COMM_NULL, name);
+    g->phase_ = phase_;
     ledger_.adopt(&g->ledger_);
     return g;
   }
@@ -344,6 +345,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std:
     mpi_check(MPI_Comm_split(impl_->comm, color, key, &child), "split");
   }
   auto g = build(config_, child, name);
+  g->phase_ = phase_;
   ledger_.adopt(&g->ledger_);  // the run's report sums its subgroups
   return g;
 }

@@ -122,7 +122,10 @@ class ProcessGroup {
   // The phase of the step that collectives issued from now on belong to, in
   // the ledger ("forward", "backward", "optimizer", ...; a string literal).
   // Set by the training loop's thread, read when a collective is issued.
-  void set_phase(const char* phase) { phase_ = phase; }
+  // A group and every subgroup split from it share one phase: the step is
+  // in one phase at a time, so a data-parallel group under a mesh counts
+  // its reductions where the loop is (not where it was last told).
+  void set_phase(const char* phase) { *phase_ = phase; }
 
  private:
   ProcessGroup() = default;
@@ -136,7 +139,7 @@ class ProcessGroup {
   std::vector<std::string> hosts_;
   Config config_;
   Ledger ledger_;
-  const char* phase_ = "other";
+  std::shared_ptr<const char*> phase_ = std::make_shared<const char*>("other");
 };
 
 // True when this process was started by a launcher (mpirun, srun) that

@@ -112,11 +112,12 @@ class PlanCommand {
   ModelFlags model_;
   TrainOptions opts_;  // batch, micro-batches, optimizer: as train fills them
   int ranks_ = 1, ranks_per_host_ = 0, threads_ = 0;
+  int64_t micro_batches_ = 0;
   std::string memory_, gemm_, zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter", reduce_dtype_ = "fp32";
   std::vector<std::string> strategies_;
   double gemm_gflops_ = 0, copy_gbs_ = 0, disk_gbs_ = 0, offload_chunk_mb_ = 4.0;
   std::string offload_dir_ = "/var/tmp";
-  bool json_ = false;
+  bool json_ = false, meshes_ = false;
 };
 
 // `dpt bench`, created by the first of its subcommands to ask for it.

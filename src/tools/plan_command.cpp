@@ -45,11 +45,28 @@ std::string mib(uint64_t bytes) { return fmt::format("{:.1f}", static_cast<doubl
 void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, const std::string& model_name,
                 bool measured, bool disk_measured) {
   const MachineRates& m = r.machine;
-  std::printf("dpt plan: %s, %zu parameters, %s, global batch %lld (%lld per rank%s), %d rank%s, %d on this host\n",
+  // A replica's share of the batch: a rank's without a mesh; with --meshes
+  // it differs from mesh to mesh.
+  const bool mesh = r.run.tp > 1 || r.run.pp > 1;
+  const std::string share =
+      r.all_meshes ? ""
+                   : fmt::format(" ({} per {}{})", r.batch / (r.world / (r.run.tp * r.run.pp)), mesh ? "replica" : "rank",
+                                 r.grad_accum > 1 ? fmt::format(" in {} micro-batches", r.grad_accum) : "");
+  std::printf("dpt plan: %s, %zu parameters, %s, global batch %lld%s, %d rank%s, %d on this host\n",
               model_name.c_str(), model.param_count(), r.base.optimizer.name.c_str(),
-              static_cast<long long>(r.batch), static_cast<long long>(r.batch / r.world),
-              r.grad_accum > 1 ? fmt::format(" in {} micro-batches", r.grad_accum).c_str() : "", r.world,
-              r.world == 1 ? "" : "s", r.ranks_here);
+              static_cast<long long>(r.batch), share.c_str(), r.world, r.world == 1 ? "" : "s", r.ranks_here);
+  if (r.all_meshes)
+    std::printf("meshes: every tp x pp of %d ranks that dpt train runs for this model (rows tpN ppN; dp = ranks / "
+                "(tp x pp)); pipelines %s over %lld micro-batches; a pipeline's figures are its largest stage's\n",
+                r.world, r.run.pp_schedule.c_str(), static_cast<long long>(r.grad_accum));
+  else if (r.run.tp > 1 || r.run.pp > 1)
+    std::printf("mesh: pp %d x dp %d x tp %d%s; a pipeline's figures are its largest stage's (--json: every "
+                "stage's)\n",
+                r.run.pp, r.world / (r.run.tp * r.run.pp), r.run.tp,
+                r.run.pp > 1 ? fmt::format(", {} over {} micro-batches, bubble {:.1f}%", r.run.pp_schedule,
+                                           r.grad_accum, 100.0 * pipe_bubble(r.run.pp, static_cast<int>(r.grad_accum)))
+                                   .c_str()
+                             : "");
   std::printf("memory: %s for the %d rank%s on this host; rates %s: GEMM %.1f GFLOP/s per rank (%s, %d thread%s), "
               "bf16 %.1f, memcpy %.2f GB/s per rank; runtime %.1f MiB per rank\n",
               human_bytes(r.available).c_str(), r.ranks_here, r.ranks_here == 1 ? "" : "s",
@@ -88,6 +105,19 @@ PlanCommand::PlanCommand(CLI::App& app) {
                    "bytes the ranks on this host may use together, e.g. 24G (default: MemAvailable)");
   cmd_->add_option("--batch", opts_.batch, "global samples per step (default 256 mlp, 16 gpt)")->check(positive());
   cmd_->add_option("--grad-accum", opts_.grad_accum, "micro-batches per step")->check(positive());
+  cmd_->add_option("--micro-batches", micro_batches_, "micro-batches per step (--grad-accum under another name)")
+      ->check(positive());
+  cmd_->add_option("--tp", opts_.tp, "tensor-parallel degree of the mesh (gpt; default 1)")->check(positive());
+  cmd_->add_option("--tp-embedding", opts_.tp_embedding,
+                   "--tp: replicated (default) or vocab (wte's rows split over the TP ranks)")
+      ->check(CLI::IsMember({"replicated", "vocab"}));
+  cmd_->add_option("--pp", opts_.pp, "pipeline stages of the mesh (gpt; default 1); dp = ranks / (tp x pp)")
+      ->check(positive());
+  cmd_->add_option("--pp-schedule", opts_.pp_schedule, "--pp: gpipe or 1f1b (default)")
+      ->check(CLI::IsMember({"gpipe", "1f1b"}));
+  cmd_->add_option("--pp-split", opts_.pp_split, "--pp: blocks per stage, e.g. 2,1,1 (default: balanced)");
+  cmd_->add_flag("--meshes", meshes_,
+                 "rows for every tp x pp mesh of the ranks that dpt train runs for the model (instead of --tp, --pp)");
   cmd_->add_option("--optimizer", opts_.optimizer.name, "sgd or adamw (default sgd mlp, adamw gpt)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
   cmd_->add_option("--momentum", opts_.optimizer.momentum, "sgd momentum (0: no state)")->check(fraction(0.0, 1.0));
@@ -126,13 +156,23 @@ int PlanCommand::run() {
   opts_.hparams.erase("dpt.model");
   opts_.model = model_.kind();
   if (opts_.model.empty()) throw InputError("--model is required (mlp, gpt or a GPT-2 preset)");
+  if (micro_batches_ > 0) {
+    if (cmd_->count("--grad-accum") > 0 && opts_.grad_accum != micro_batches_)
+      throw InputError(fmt::format("--micro-batches {} and --grad-accum {} are one setting under two names; give one",
+                                   micro_batches_, opts_.grad_accum));
+    opts_.grad_accum = micro_batches_;
+  }
+  if (meshes_ && (cmd_->count("--tp") > 0 || cmd_->count("--pp") > 0))
+    throw InputError("--meshes plans every tp x pp of the ranks; give it or --tp/--pp, not both");
   opts_.zero_scatter = zero_reduce_ == "scatter";
   opts_.zero_accumulate_locally = zero_accumulate_ == "local";
   opts_.ddp.reduce_dtype = parse_precision(reduce_dtype_, "--reduce-dtype");
   apply_defaults(opts_);
   PlanRequest r;
+  r.run = opts_;
   r.base = strategy_options(opts_);
   r.strategies = strategies_;
+  r.all_meshes = meshes_;
   r.batch = opts_.batch;
   r.grad_accum = opts_.grad_accum;
   r.world = ranks_;

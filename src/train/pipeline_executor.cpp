@@ -91,6 +91,15 @@ PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& mo
   };
 }
 
+size_t pipeline_buffer_bytes(const Gpt& stage, int pp, int s) {
+  if (pp == 1) return 0;
+  const size_t wte = static_cast<size_t>(stage.wte_rows() * stage.config().width);
+  const size_t copy = dtype_size(stage.precision()) * wte;
+  if (s == 0)
+    return sizeof(float) * (wte + stage.layout().units()[0].numel) + (stage.precision() == DType::F32 ? 0 : copy);
+  return s + 1 == pp ? sizeof(float) * wte + copy : 0;
+}
+
 size_t PipelineExecutor::wte_numel() const {
   return static_cast<size_t>(model_.wte_rows() * model_.config().width);  // this TP rank's rows
 }

@@ -49,6 +49,13 @@ std::vector<GptStage> gpt_stages(const GptConfig& config, int pp, const std::str
 // --strategy dp and --device cuda.
 void check_pipeline(const TrainOptions& o, const Mesh& mesh);
 
+// What stage s's executor holds besides its strategy's bytes and its
+// arenas: on the first stage wte's gradient from the head, the gathered
+// embedding unit and, under bf16, the rounded copy of wte it sends; on the
+// last the head's copy of wte (in the compute type) and its gradient. This
+// TP rank's rows of wte. Training's memory check and `dpt plan` count them.
+size_t pipeline_buffer_bytes(const Gpt& stage, int pp, int s);
+
 class PipelineExecutor : public Executor {
  public:
   // model: this stage's Gpt; strategy: over groups.dp(). Collective over

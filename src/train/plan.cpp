@@ -19,18 +19,22 @@
 
 namespace dpt {
 
-namespace {
+uint64_t RingSends::rs(size_t m, size_t es) const { return es * (m - comm::chunk_range(m, world, rank).size); }
+uint64_t RingSends::ag(size_t m, size_t es) const {
+  return es * (m - comm::chunk_range(m, world, (rank + 1) % world).size);
+}
 
-// Bytes the ring sends from `rank` for an m-element collective of `es`-byte
-// elements: a reduce-scatter sends every chunk but the rank's own, an
-// all-gather every chunk but its next neighbour's (comm/ring.cpp), an
-// all-reduce both.
-struct Ring {
-  int world, rank;
-  uint64_t rs(size_t m, size_t es) const { return es * (m - comm::chunk_range(m, world, rank).size); }
-  uint64_t ag(size_t m, size_t es) const { return es * (m - comm::chunk_range(m, world, (rank + 1) % world).size); }
-  uint64_t ar(size_t m, size_t es) const { return rs(m, es) + ag(m, es); }
-};
+CommPlan& CommPlan::operator+=(const CommPlan& o) {
+  forward += o.forward;
+  backward += o.backward;
+  optimizer += o.optimizer;
+  first_step += o.first_step;
+  logged_other += o.logged_other;
+  logged_optimizer += o.logged_optimizer;
+  return *this;
+}
+
+namespace {
 
 // zero3's all-gathers of one micro-step (units of `es` bytes an element),
 // from the order the model opens its units. Resharding, every opening
@@ -38,7 +42,7 @@ struct Ring {
 // the order is recorded: c.first_step). Without it, a unit gathered in
 // forward stays until backward, and only a unit opened again in backward
 // (after its first backward use freed it) is gathered there.
-void zero3_gathers(const StrategyOptions& o, const Model& model, const Ring& ring, size_t es, uint64_t micro,
+void zero3_gathers(const StrategyOptions& o, const Model& model, const RingSends& ring, size_t es, uint64_t micro,
                    CommPlan& c) {
   const auto& units = model.layout().units();
   const std::vector<int> fwd = model.unit_order();
@@ -67,7 +71,7 @@ void zero3_gathers(const StrategyOptions& o, const Model& model, const Ring& rin
 CommPlan planned_comm(const StrategyOptions& o, const Model& model, int world, int rank, int64_t grad_accum) {
   CommPlan c;
   if (world < 2) return c;
-  const Ring ring{world, rank};
+  const RingSends ring{world, rank};
   const Layout& layout = model.layout();
   // Reductions move --reduce-dtype (bf16: half the bytes); parameter
   // all-gathers move the compute copies (bf16 under mixed precision).

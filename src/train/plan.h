@@ -20,7 +20,10 @@
 #include <nlohmann/json.hpp>
 
 #include "models/model.h"
+#include "parallel/mesh.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/strategy.h"
+#include "train/train.h"
 
 namespace dpt {
 
@@ -35,6 +38,18 @@ struct CommPlan {
   // gradients are sharded, the gradient norm's all-gather ("optimizer").
   uint64_t logged_other = 0, logged_optimizer = 0;
   uint64_t per_step() const { return forward + backward + optimizer; }
+  CommPlan& operator+=(const CommPlan& o);
+};
+
+// Bytes the ring sends from `rank` of `world` for an m-element collective of
+// `es`-byte elements: a reduce-scatter sends every chunk but the rank's own,
+// an all-gather every chunk but its next neighbour's (comm/ring.cpp), an
+// all-reduce both.
+struct RingSends {
+  int world, rank;
+  uint64_t rs(size_t m, size_t es) const;
+  uint64_t ag(size_t m, size_t es) const;
+  uint64_t ar(size_t m, size_t es) const { return rs(m, es) + ag(m, es); }
 };
 
 // The bytes rank `rank` of `world` sends per step under `options`
@@ -71,6 +86,7 @@ struct PlanPoint {
   std::string precision = "fp32";
   bool checkpoint = false;  // activation checkpointing
   std::string offload = "none";
+  int tp = 1, pp = 1;  // the mesh (dp = ranks / (tp x pp))
 };
 
 // The machine, measured (or given): what the time estimates divide by.
@@ -91,13 +107,34 @@ struct MachineRates {
 // copying at once (about half a second).
 MachineRates measure_machine(int threads, int ranks_here);
 
+// One pipeline stage's rank (its TP rank 0 of replica 0) under a mesh; the
+// whole model's rank 0 without --pp.
+struct StagePlan {
+  MemoryBytes bytes;         // as its strategy accounts them, over the DP group
+  int arenas = 1;            // micro-batches' activations held at once (pipe_slots)
+  size_t arena = 0;          // one micro-batch's activation arena
+  size_t activations = 0;    // arenas x arena
+  // The pipeline's own buffers besides the strategy's: the first stage's
+  // gathered embedding unit and the head's gradient for wte it receives;
+  // the last stage's copy of wte and the head's gradient for it.
+  size_t pipeline = 0;
+  size_t need = 0;           // bytes + activations + pipeline
+  CommPlan comm;             // the DP strategy's, the TP all-reduces and the stage's sends
+  double compute_s = 0, comm_s = 0, optimizer_s = 0;
+};
+
 struct PlanRow {
   PlanPoint point;
-  MemoryBytes bytes;         // rank 0's, as its strategy accounts them
-  size_t activations = 0;    // the arena of one micro-batch
-  size_t need = 0;           // bytes + activations: what the memory check counts
+  // The stage that needs the most memory (rank 0 without --pp): what
+  // decides whether the row fits.
+  MemoryBytes bytes;
+  size_t activations = 0;    // that stage's arenas held at once
+  size_t pipeline = 0;       // that stage's pipeline buffers
+  size_t need = 0;           // bytes + activations + pipeline: what the memory check counts
   size_t peak_rss = 0;       // need + the runtime: the predicted high-water mark
-  CommPlan comm;             // rank 0's
+  CommPlan comm;             // of the stage that sends the most (rank 0 without --pp)
+  std::vector<StagePlan> stages;  // every stage, in order (one without --pp)
+  double bubble = 0;              // the pipeline's idle fraction, (pp - 1) / (M + pp - 1)
   // disk_s: the offloaded state read and written once per step by the
   // host's ranks; the tier overlaps it with the update (optimizer_s), so
   // the step counts the larger of the two.
@@ -106,10 +143,18 @@ struct PlanRow {
 };
 
 struct PlanRequest {
+  // The run as `dpt train` would take it: the mesh (tp, pp, pp_schedule,
+  // pp_split), the model and the options that training's checks read, so
+  // the plan refuses what training refuses and leaves out the rows
+  // training does not run on a mesh (check_pipeline, check_tensor_parallel).
+  TrainOptions run;
   StrategyOptions base;          // everything but the strategy's name
   std::vector<std::string> strategies;  // the rows' strategies; empty: all that make sense
+  // Every tp x pp mesh of the world that training runs (--meshes) instead
+  // of run.tp x run.pp alone; run.pp_schedule and grad_accum apply to each.
+  bool all_meshes = false;
   int64_t batch = 0;             // global samples per step
-  int64_t grad_accum = 1;
+  int64_t grad_accum = 1;        // micro-batches per step (M under --pp)
   int world = 1, ranks_here = 1;
   size_t available = 0;          // bytes for the ranks_here ranks together
   // Offload rows: where the state would go (--offload-dir) and its free
@@ -132,12 +177,25 @@ struct Plan {
   std::string reason;  // why, in words, with the numbers
 };
 
-// "zero3 bf16 +ckpt +offload params": a row's name in the table and reasons.
+// "zero3 bf16 +ckpt +offload params", "tp2 pp2 local": a row's name in the
+// table and reasons.
 std::string row_name(const PlanPoint& point);
 
 // Every row, the recommendation and its reason. Switches the model's
-// activation checkpointing per row (restored before returning).
+// activation checkpointing per row (restored before returning). Under a
+// mesh (request.run.tp or pp above 1) each row is planned per stage from the
+// stage's sliced model, as training builds it; an impossible mesh throws
+// training's own sentence (Mesh::layout, check_pipeline,
+// check_tensor_parallel, micro_batch).
 Plan make_plan(const PlanRequest& request, Model& model);
+
+// One stage's rank under `options` on the request's mesh: what it holds
+// and sends per step (rank_bytes and planned_comm over the DP group, plus
+// the TP all-reduces and the pipeline's transfers: train/plan_mesh.cpp).
+// `stage_model` is the stage's sliced model with the row's precision and
+// checkpointing.
+StagePlan plan_stage(const PlanRequest& request, const StrategyOptions& options, const Model& stage_model,
+                     const Mesh& mesh, int stage, int64_t micro);
 
 // The plan as JSON (`dpt plan --json`).
 nlohmann::json plan_json(const PlanRequest& request, const Model& model, const Plan& plan);

@@ -6,7 +6,10 @@
 
 #include "comm/types.h"
 #include "core/error.h"
+#include "models/gpt.h"
 #include "parallel/rank_bytes.h"
+#include "parallel/tensor_parallel.h"
+#include "train/pipeline_executor.h"
 #include "train/plan.h"
 
 namespace dpt {
@@ -59,41 +62,75 @@ size_t stepped_elements(const StrategyOptions& so, const Layout& layout, int wor
   return n;
 }
 
-// One row: bytes from rank_bytes and the model's arena, traffic from
-// planned_comm, time from the machine's rates. On a CPU the collectives'
-// copies and the optimizer's sweep run on the same cores and memory as the
-// compute, so the three add up (docs/zero.md: overlap hides waiting for a
-// peer, not the copying). The disk is another device: the file tier
-// overlaps its reads and writes with the sweep, so the larger counts.
-PlanRow make_row(const PlanRequest& r, const Model& model, const PlanPoint& p, int64_t micro) {
+// One row: every stage's bytes and traffic (plan_stage), time from the
+// machine's rates. On a CPU the collectives' copies and the optimizer's
+// sweep run on the same cores and memory as the compute, so the three add
+// up (docs/zero.md: overlap hides waiting for a peer, not the copying). A
+// pipeline's step is its slowest stage's, stretched by the bubble: M + pp - 1
+// micro-batch slots of which M compute. The disk is another device: the
+// file tier overlaps its reads and writes with the sweep, so the larger
+// counts. `stages`: each stage's model (the whole model without --pp).
+PlanRow make_row(const PlanRequest& r, const std::vector<const Model*>& stages, const Mesh& mesh, const PlanPoint& p,
+                 int64_t micro) {
   const StrategyOptions so = options_for(r, p);
   const MachineRates& m = r.machine;
   PlanRow row;
   row.point = p;
-  row.bytes = rank_bytes(so, model, r.world);
-  row.activations = model.activation_bytes_for(micro);
-  row.need = row.bytes.total() + row.activations;
+  row.bubble = mesh.pp > 1 ? pipe_bubble(mesh.pp, static_cast<int>(r.grad_accum)) : 0.0;
+  const int64_t per_replica = micro * r.grad_accum;
+  const bool mixed = stages[0]->precision() == DType::BF16;
+  const double rate = mixed && m.gemm_bf16_gflops > 0 ? m.gemm_bf16_gflops : m.gemm_gflops;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const Model& model = *stages[s];
+    StagePlan st = plan_stage(r, so, model, mesh, static_cast<int>(s), micro);
+    const double flops = model.train_flops(per_replica) + model.recompute_flops(per_replica);
+    st.compute_s = rate > 0 ? flops / (rate * 1e9) : 0.0;
+    // A shared-memory ring copies each byte sent into a segment and the
+    // receiver copies it out: two copies per byte.
+    st.comm_s = m.copy_gbs > 0 ? 2.0 * static_cast<double>(st.comm.per_step()) / (m.copy_gbs * 1e9) : 0.0;
+    // A copy of B bytes moves 2B of memory traffic.
+    const double traffic = optimizer_traffic_bytes(so.optimizer, stepped_elements(so, model.layout(), mesh.dp), mixed);
+    st.optimizer_s = m.copy_gbs > 0 ? traffic / (2.0 * m.copy_gbs * 1e9) : 0.0;
+    if (s == 0 || st.need > row.need) {
+      row.bytes = st.bytes;
+      row.activations = st.activations;
+      row.pipeline = st.pipeline;
+      row.need = st.need;
+    }
+    if (s == 0 || st.comm.per_step() > row.comm.per_step()) row.comm = st.comm;
+    row.compute_s = std::max(row.compute_s, st.compute_s / (1.0 - row.bubble));
+    row.comm_s = std::max(row.comm_s, st.comm_s);
+    row.optimizer_s = std::max(row.optimizer_s, st.optimizer_s);
+    row.stages.push_back(st);
+  }
   row.peak_rss = row.need + m.runtime_bytes + (r.world > 1 ? kMpiRuntimeBytes : 0);
-  row.comm = planned_comm(so, model, r.world, 0, r.grad_accum);
   const uint64_t here = static_cast<uint64_t>(std::max(1, r.ranks_here));
   const uint64_t streamed = here * row.bytes.offloaded;  // the host's ranks share its disk
   row.fits = fits_on_host(row.need, r.ranks_here, r.available) && streamed <= r.disk_free;
-  const int64_t per_rank = r.batch / r.world;
-  const double flops = model.train_flops(per_rank) + model.recompute_flops(per_rank);
-  const bool mixed = model.precision() == DType::BF16;
-  const double rate = mixed && m.gemm_bf16_gflops > 0 ? m.gemm_bf16_gflops : m.gemm_gflops;
-  row.compute_s = rate > 0 ? flops / (rate * 1e9) : 0.0;
-  // A shared-memory ring copies each byte sent into a segment and the
-  // receiver copies it out: two copies per byte.
-  row.comm_s = m.copy_gbs > 0 ? 2.0 * static_cast<double>(row.comm.per_step()) / (m.copy_gbs * 1e9) : 0.0;
-  // A copy of B bytes moves 2B of memory traffic.
-  const double traffic = optimizer_traffic_bytes(so.optimizer, stepped_elements(so, model.layout(), r.world), mixed);
-  row.optimizer_s = m.copy_gbs > 0 ? traffic / (2.0 * m.copy_gbs * 1e9) : 0.0;
   if (streamed > 0 && m.disk_write_gbs > 0 && m.disk_read_gbs > 0)
     row.disk_s = static_cast<double>(streamed) / (m.disk_read_gbs * 1e9) +
                  static_cast<double>(streamed) / (m.disk_write_gbs * 1e9);
   row.step_s = row.compute_s + row.comm_s + std::max(row.optimizer_s, row.disk_s);
   return row;
+}
+
+// Whether `dpt train` runs this row on the request's mesh: training's own
+// checks (check_pipeline, check_tensor_parallel) on the run with the row's
+// settings. Nothing to check without a mesh.
+bool mesh_runs(const PlanRequest& r, const Mesh& mesh, const PlanPoint& p) {
+  if (mesh.tp == 1 && mesh.pp == 1) return true;
+  TrainOptions o = r.run;
+  o.strategy = p.strategy;
+  o.precision = parse_precision(p.precision);
+  o.checkpoint_activations = p.checkpoint;
+  o.offload = p.offload == "none" ? "" : p.offload;
+  try {
+    check_pipeline(o, mesh);
+    check_tensor_parallel(o, mesh);
+  } catch (const InputError&) {
+    return false;
+  }
+  return true;
 }
 
 // Seed 000's "when to use what", computed: its row is decided by the least
@@ -104,7 +141,8 @@ PlanRow make_row(const PlanRequest& r, const Model& model, const PlanPoint& p, i
 std::string seed_verdict(const Plan& plan) {
   for (const PlanRow& row : plan.rows) {
     if (!row.fits) continue;
-    const char* why = "one rank holds everything";
+    const bool mesh = row.point.tp > 1 || row.point.pp > 1;
+    const char* why = mesh ? "one replica's ranks (its tp x pp mesh) hold everything" : "one rank holds everything";
     switch (zero_stage(row.point.strategy)) {
       case 0:
         if (row.point.strategy == "ddp") why = "the model, its gradients and optimizer state fit on every rank: DDP";
@@ -175,58 +213,126 @@ std::string reason_for(const PlanRequest& r, const Plan& plan) {
 }
 
 // The strategies asked for (fsdp is zero3), or every one that makes sense on
-// this many ranks.
-std::vector<std::string> plan_strategies(const PlanRequest& r) {
-  if (r.strategies.empty())
-    return r.world == 1 ? std::vector<std::string>{"local"} : std::vector<std::string>{"ddp", "zero1", "zero2", "zero3"};
+// this many data-parallel replicas. With --meshes a mesh of one replica has
+// the local row, and the others the data-parallel strategies asked for.
+std::vector<std::string> plan_strategies(const PlanRequest& r, int dp) {
   std::vector<std::string> out;
   for (std::string s : r.strategies) {
     if (s == "fsdp") s = "zero3";
     if (s != "local" && s != "ddp" && zero_stage(s) == 0)
       throw InputError(fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3 or fsdp)", s));
-    if (s == "local" && r.world > 1)
-      throw InputError(fmt::format("--strategy local trains one process, not {} ranks", r.world));
+    if (s == "local" && dp > 1) {
+      if (r.all_meshes) continue;
+      throw InputError(dp == r.world
+                           ? fmt::format("--strategy local trains one process, not {} ranks", r.world)
+                           : fmt::format("--strategy local trains one replica, not {} data-parallel replicas", dp));
+    }
     if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
   }
+  if (r.strategies.empty() || (r.all_meshes && dp == 1))
+    return dp == 1 ? std::vector<std::string>{"local"} : std::vector<std::string>{"ddp", "zero1", "zero2", "zero3"};
   return out;
 }
 
 }  // namespace
 
 std::string row_name(const PlanPoint& p) {
-  std::string s = p.strategy;
+  std::string s = (p.tp > 1 ? fmt::format("tp{} ", p.tp) : "") + (p.pp > 1 ? fmt::format("pp{} ", p.pp) : "") + p.strategy;
   if (p.precision != "fp32") s += " " + p.precision;
   if (p.checkpoint) s += " +ckpt";
   if (p.offload != "none") s += " +offload " + p.offload;
   return s;
 }
 
+namespace {
+
+// One mesh and its stages: each stage's model as training builds it (its
+// blocks, rank 0's slices of them), or the model itself without a mesh.
+struct MeshStages {
+  Mesh mesh;
+  int64_t micro = 0;
+  std::vector<std::unique_ptr<Model>> built;
+  std::vector<Model*> stages;
+};
+
+// tp x pp as training lays the mesh out and refuses it (rank 0's
+// coordinates): InputError, training's sentence, when it cannot run.
+MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
+  TrainOptions run = r.run;
+  run.batch = r.batch;
+  run.grad_accum = r.grad_accum;
+  if (r.all_meshes && tp == 1) run.tp_embedding = "replicated";  // --tp-embedding vocab is for the tp > 1 meshes
+  MeshStages m;
+  m.mesh = Mesh::layout(r.world, 0, tp, pp);
+  check_pipeline(run, m.mesh);
+  check_tensor_parallel(run, m.mesh);
+  m.micro = micro_batch(run, m.mesh.dp, tp == 1 && pp == 1 ? "ranks" : "data-parallel replicas");
+  if (tp == 1 && pp == 1) {
+    m.stages.push_back(&model);
+    return m;
+  }
+  const GptConfig config = GptConfig::from(model_hparams(run));
+  const std::vector<GptStage> split = pp > 1 ? gpt_stages(config, pp, run.pp_split) : std::vector<GptStage>{GptStage{}};
+  for (const GptStage& st : split) {
+    m.built.push_back(std::make_unique<Gpt>(config, st, GptTp{tp, 0, run.tp_embedding == "vocab"}));
+    m.stages.push_back(m.built.back().get());
+  }
+  return m;
+}
+
+// The meshes a plan covers: the one asked for (refused in training's
+// sentence when it cannot run), or with --meshes every tp x pp whose
+// product divides the world and that training runs, data parallelism alone
+// first.
+std::vector<MeshStages> plan_meshes(const PlanRequest& r, Model& model) {
+  std::vector<MeshStages> out;
+  if (!r.all_meshes) {
+    out.push_back(mesh_stages(r, r.run.tp, r.run.pp, model));
+    return out;
+  }
+  for (int tp = 1; tp <= r.world; ++tp)
+    for (int pp = 1; tp * pp <= r.world; ++pp) {
+      if (r.world % (tp * pp) != 0) continue;
+      try {
+        out.push_back(mesh_stages(r, tp, pp, model));
+      } catch (const InputError&) {
+        // Not a layout training runs for this model: no rows.
+      }
+    }
+  return out;
+}
+
+}  // namespace
+
 Plan make_plan(const PlanRequest& r, Model& model) {
   if (r.world < 1) throw InputError(fmt::format("--ranks must be at least 1 (got {})", r.world));
-  if (r.batch % (static_cast<int64_t>(r.world) * r.grad_accum) != 0)
-    throw InputError(fmt::format("global batch {} does not split into {} ranks x {} equal micro-batches", r.batch,
-                                 r.world, r.grad_accum));
-  const int64_t micro = r.batch / r.world / r.grad_accum;
+  std::vector<MeshStages> meshes = plan_meshes(r, model);
   const bool was = model.checkpoint_activations();
   const DType was_precision = model.precision();
   // Checkpointing makes sense only where it drops something (not the MLP).
   model.set_checkpoint_activations(false);
-  const size_t plain = model.activation_bytes_for(micro);
+  const size_t plain = model.activation_bytes_for(1);
   model.set_checkpoint_activations(true);
-  const bool ckpt_helps = model.activation_bytes_for(micro) < plain;
-  const std::vector<std::string> strategies = plan_strategies(r);
+  const bool ckpt_helps = model.activation_bytes_for(1) < plain;
   // Offload outermost: the rows that keep everything in RAM come first, so
   // among estimates too close to tell apart the plan never picks a disk.
   Plan plan;
   for (const std::string& offload : kOffloads)
-    for (const std::string& s : strategies)
-      for (const std::string& precision : kPrecisions)
-        for (bool ckpt : {false, true}) {
-          if ((ckpt && !ckpt_helps) || !offload_makes_sense(offload, s, precision)) continue;
-          model.set_checkpoint_activations(ckpt);
-          model.set_precision(parse_precision(precision));
-          plan.rows.push_back(make_row(r, model, {s, precision, ckpt, offload}, micro));
-        }
+    for (MeshStages& m : meshes) {
+      const std::vector<const Model*> views(m.stages.begin(), m.stages.end());
+      for (const std::string& s : plan_strategies(r, m.mesh.dp))
+        for (const std::string& precision : kPrecisions)
+          for (bool ckpt : {false, true}) {
+            const PlanPoint point{s, precision, ckpt, offload, m.mesh.tp, m.mesh.pp};
+            if ((ckpt && !ckpt_helps) || !offload_makes_sense(offload, s, precision) || !mesh_runs(r, m.mesh, point))
+              continue;
+            for (Model* stage : m.stages) {
+              stage->set_checkpoint_activations(ckpt);
+              stage->set_precision(parse_precision(precision));
+            }
+            plan.rows.push_back(make_row(r, views, m.mesh, point, m.micro));
+          }
+    }
   model.set_checkpoint_activations(was);
   model.set_precision(was_precision);
   // The fastest that fits, or the first in the grid's order (no offload,
@@ -240,23 +346,46 @@ Plan make_plan(const PlanRequest& r, Model& model) {
   return plan;
 }
 
+namespace {
+
+nlohmann::json comm_json(const CommPlan& c) {
+  return {{"per_step", c.per_step()}, {"forward", c.forward}, {"backward", c.backward}, {"optimizer", c.optimizer},
+          {"first_step", c.first_step}, {"logged_other", c.logged_other}, {"logged_optimizer", c.logged_optimizer}};
+}
+
+// Every stage's rank (one without --pp): what it holds and sends.
+nlohmann::json stages_json(const PlanRow& row) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const StagePlan& st : row.stages) {
+    const MemoryBytes& b = st.bytes;
+    out.push_back({{"bytes", {{"parameters", b.parameters}, {"gradients", b.gradients}, {"optimizer", b.optimizer},
+                              {"gathered", b.gathered}, {"scratch", b.scratch}, {"activations", st.activations},
+                              {"offloaded", b.offloaded}, {"pipeline", st.pipeline}, {"total", st.need}}},
+                   {"arenas", st.arenas}, {"arena_bytes", st.arena}, {"comm", comm_json(st.comm)},
+                   {"time", {{"compute_s", st.compute_s}, {"comm_s", st.comm_s}, {"optimizer_s", st.optimizer_s}}}});
+  }
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& plan) {
   using nlohmann::json;
   json rows = json::array();
   for (const PlanRow& row : plan.rows) {
     const MemoryBytes& b = row.bytes;
     rows.push_back(
-        {{"strategy", row.point.strategy}, {"precision", row.point.precision},
+        {{"strategy", row.point.strategy}, {"tp", row.point.tp}, {"pp", row.point.pp},
+         {"dp", r.world / (row.point.tp * row.point.pp)}, {"precision", row.point.precision},
          {"checkpoint_activations", row.point.checkpoint}, {"offload", row.point.offload},
          {"bytes", {{"parameters", b.parameters}, {"gradients", b.gradients}, {"optimizer", b.optimizer},
                     {"gathered", b.gathered}, {"scratch", b.scratch}, {"activations", row.activations},
-                    {"offloaded", b.offloaded}, {"total", row.need}, {"peak_rss", row.peak_rss}}},
-         {"comm", {{"per_step", row.comm.per_step()}, {"forward", row.comm.forward}, {"backward", row.comm.backward},
-                   {"optimizer", row.comm.optimizer}, {"first_step", row.comm.first_step},
-                   {"logged_other", row.comm.logged_other}, {"logged_optimizer", row.comm.logged_optimizer}}},
+                    {"offloaded", b.offloaded}, {"pipeline", row.pipeline}, {"total", row.need},
+                    {"peak_rss", row.peak_rss}}},
+         {"comm", comm_json(row.comm)},
          {"time", {{"compute_s", row.compute_s}, {"comm_s", row.comm_s}, {"optimizer_s", row.optimizer_s},
                    {"disk_s", row.disk_s}, {"step_s", row.step_s}}},
-         {"fits", row.fits}});
+         {"fits", row.fits}, {"bubble", row.bubble}, {"stages", stages_json(row)}});
   }
   json j = {{"model", model.kind()}, {"params", model.param_count()}, {"world", r.world},
             {"ranks_here", r.ranks_here}, {"batch", r.batch}, {"grad_accum", r.grad_accum},
@@ -266,6 +395,9 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
                          {"copy_gbs", r.machine.copy_gbs}, {"disk_write_gbs", r.machine.disk_write_gbs},
                          {"disk_read_gbs", r.machine.disk_read_gbs},
                          {"threads", r.machine.threads}, {"runtime_bytes", r.machine.runtime_bytes}}},
+            {"mesh", {{"tp", r.run.tp}, {"pp", r.run.pp}, {"dp", r.world / (r.run.tp * r.run.pp)},
+                      {"pp_schedule", r.run.pp > 1 || r.all_meshes ? r.run.pp_schedule : ""},
+                      {"all", r.all_meshes}}},
             {"rows", rows}, {"reason", plan.reason}, {"tie_margin", kTieMargin}};
   j["recommended"] = plan.best < 0 ? json(nullptr) : json(plan.best);
   return j;

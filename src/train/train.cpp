@@ -314,10 +314,10 @@ double log_step_out(comm::ProcessGroup& pg, Progress& progress, MetricsFile* met
 }  // namespace
 
 void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
-                  comm::ProcessGroup& pg, int arenas, int world) {
+                  comm::ProcessGroup& pg, int arenas, int world, size_t pipeline_bytes) {
   const size_t available = o.memory_budget > 0 ? o.memory_budget : host_available_bytes();
   if (available == 0) return;
-  check_fits(so, model, static_cast<size_t>(arenas) * model.activation_bytes_for(micro), pg.size(),
+  check_fits(so, model, static_cast<size_t>(arenas) * model.activation_bytes_for(micro) + pipeline_bytes, pg.size(),
              ranks_on_host(world > 0 ? world : pg.size()), available);
 }
 
@@ -651,7 +651,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     try {
       check_memory(o, so, *model, micro, dpg,
                    pipe_slots(parse_pipe_schedule(o.pp_schedule), mesh.pp, mesh.pp_rank, static_cast<int>(o.grad_accum)),
-                   world);
+                   world, pipeline_buffer_bytes(dynamic_cast<const Gpt&>(*model), mesh.pp, mesh.pp_rank));
     } catch (const InputError& e) {
       too_big = e.what();
     }

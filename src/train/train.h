@@ -159,9 +159,10 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
 // one sentence with the estimate per rank, what is available, and the
 // strategy that would fit (seed 000's "when to use what").
 // Under --pp, pg is the data-parallel group, `arenas` the micro-batches
-// the stage holds at once and `world` every rank of the job.
+// the stage holds at once, `world` every rank of the job and
+// `pipeline_bytes` the stage's executor buffers (pipeline_buffer_bytes).
 void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
-                  comm::ProcessGroup& pg, int arenas = 1, int world = 0);
+                  comm::ProcessGroup& pg, int arenas = 1, int world = 0, size_t pipeline_bytes = 0);
 
 // Refuses, in one sentence on every rank, an --offload the run cannot have:
 // an unsupported value, a strategy without an optimizer state to offload,
