@@ -7,13 +7,17 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <sstream>
 #include <string>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace dpt::test {
 
@@ -75,6 +79,30 @@ inline void expect_one_refusal(const RunResult& r, const std::string& says) {
   }
   EXPECT_GE(lines, 1) << r.err;
   EXPECT_EQ(r.out, "");
+}
+
+// Logged losses by step from a run's metrics file, STEM.jsonl (a resumed
+// run logs from its checkpoint's step on).
+inline std::map<int64_t, double> logged_losses(const std::filesystem::path& stem) {
+  std::map<int64_t, double> out;
+  std::istringstream in(read_file(stem.string() + ".jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+// Every loss run a logs within r x |b's| of run b's at the same step, and
+// both logs ending at the same step.
+inline void expect_losses_within(const std::filesystem::path& a, const std::filesystem::path& b, double r) {
+  const std::map<int64_t, double> la = logged_losses(a), lb = logged_losses(b);
+  ASSERT_FALSE(la.empty()) << a;
+  EXPECT_EQ(la.rbegin()->first, lb.rbegin()->first);
+  for (const auto& [step, loss] : la) {
+    ASSERT_TRUE(lb.count(step)) << "step " << step;
+    EXPECT_LE(std::fabs(loss - lb.at(step)), r * std::fabs(lb.at(step))) << "step " << step;
+  }
 }
 
 }  // namespace dpt::test

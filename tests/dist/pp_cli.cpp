@@ -108,16 +108,7 @@ class PpCliTest : public ::testing::Test {
     return nlohmann::json::parse(read_file(stem.string() + ".json"))["val_loss"].get<double>();
   }
 
-  // Logged losses by step (a resumed run logs from its checkpoint's step on).
-  static std::map<int64_t, double> losses(const fs::path& stem) {
-    std::map<int64_t, double> out;
-    std::istringstream in(read_file(stem.string() + ".jsonl"));
-    for (std::string line; std::getline(in, line);) {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-    }
-    return out;
-  }
+  static std::map<int64_t, double> losses(const fs::path& stem) { return test::logged_losses(stem); }
 
   // Per tensor and per loss a logs: max|a - b| <= r x max|b|.
   static void expect_within(const fs::path& a, const fs::path& b, double r) {
@@ -137,13 +128,7 @@ class PpCliTest : public ::testing::Test {
       EXPECT_LE(diff, r * peak) << tb.name << " of " << a << " against " << b;
       worst = std::max(worst, peak > 0 ? diff / peak : diff);
     }
-    const std::map<int64_t, double> la = losses(a), lb = losses(b);
-    ASSERT_FALSE(la.empty());
-    EXPECT_EQ(la.rbegin()->first, lb.rbegin()->first);
-    for (const auto& [step, loss] : la) {
-      ASSERT_TRUE(lb.count(step)) << "step " << step;
-      EXPECT_LE(std::fabs(loss - lb.at(step)), r * std::fabs(lb.at(step))) << "step " << step;
-    }
+    test::expect_losses_within(a, b, r);
     EXPECT_LE(std::fabs(val_loss(a) - val_loss(b)), r * std::fabs(val_loss(b)));
     std::printf("[ measure  ] %s vs %s: worst tensor max|a-b|/max|b| %.3e\n", a.filename().c_str(),
                 b.filename().c_str(), worst);

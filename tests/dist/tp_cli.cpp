@@ -145,16 +145,7 @@ class TpCliTest : public ::testing::Test {
 
   static nlohmann::json summary(const fs::path& stem) { return nlohmann::json::parse(read_file(stem.string() + ".json")); }
 
-  // Logged losses by step (a resumed run logs from its checkpoint's step on).
-  static std::map<int64_t, double> losses(const fs::path& stem) {
-    std::map<int64_t, double> out;
-    std::istringstream in(read_file(stem.string() + ".jsonl"));
-    for (std::string line; std::getline(in, line);) {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      out[j["step"].get<int64_t>()] = j["loss"].get<double>();
-    }
-    return out;
-  }
+  static std::map<int64_t, double> losses(const fs::path& stem) { return test::logged_losses(stem); }
 
   // Per tensor and per loss a logs: max|a - b| <= r x max|b|; with
   // skip_key_biases, c_attn.bias's key third is left out (see the top);
@@ -187,13 +178,7 @@ class TpCliTest : public ::testing::Test {
                     diff_qk / peak);
       worst = std::max(worst, peak > 0 ? diff / peak : diff);
     }
-    const std::map<int64_t, double> la = losses(a), lb = losses(b);
-    ASSERT_FALSE(la.empty());
-    EXPECT_EQ(la.rbegin()->first, lb.rbegin()->first);
-    for (const auto& [step, loss] : la) {
-      ASSERT_TRUE(lb.count(step)) << "step " << step;
-      EXPECT_LE(std::fabs(loss - lb.at(step)), r * std::fabs(lb.at(step))) << "step " << step;
-    }
+    test::expect_losses_within(a, b, r);
     // The final evaluation.
     const nlohmann::json sa = summary(a), sb = summary(b);
     if (sa.contains("val_loss")) {
