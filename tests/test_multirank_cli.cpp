@@ -20,6 +20,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -178,6 +179,23 @@ TEST_F(MultirankCliTest, DryRunOversubscribesPastTheCores) {
   EXPECT_TRUE(has(line, " --oversubscribe ")) << line;
   // 64 ranks share the cores: one thread each.
   EXPECT_TRUE(has(dry_run("-n 64 -- /bin/echo hi", "-u OMP_NUM_THREADS"), " -x OMP_NUM_THREADS=1 "));
+}
+
+// Thread teams that oversubscribe the cores sleep while they wait (OpenMP's
+// spinning workers would fight over the cores); a policy the user set is
+// passed on as it is; teams that fit keep OpenMP's default.
+TEST_F(MultirankCliTest, DryRunLetsOversubscribedTeamsSleep) {
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  const std::string crowded = dry_run(fmt::format("-n 2 -- /bin/echo train --threads {}", cpus),
+                                      "-u OMP_WAIT_POLICY OMP_NUM_THREADS=1");
+  EXPECT_TRUE(has(crowded, " -x OMP_WAIT_POLICY=PASSIVE ")) << crowded;
+  const std::string by_env = dry_run("-n 2 -- /bin/echo hi", fmt::format("-u OMP_WAIT_POLICY OMP_NUM_THREADS={}", cpus));
+  EXPECT_TRUE(has(by_env, " -x OMP_WAIT_POLICY=PASSIVE ")) << by_env;
+  const std::string fits = dry_run("-n 1 -- /bin/echo hi", "-u OMP_WAIT_POLICY OMP_NUM_THREADS=1");
+  EXPECT_FALSE(has(fits, "OMP_WAIT_POLICY")) << fits;
+  const std::string chosen = dry_run("-n 2 -- /bin/echo train --threads 64", "OMP_WAIT_POLICY=ACTIVE");
+  EXPECT_TRUE(has(chosen, " -x OMP_WAIT_POLICY ")) << chosen;
+  EXPECT_FALSE(has(chosen, "PASSIVE")) << chosen;
 }
 
 TEST_F(MultirankCliTest, DryRunBindCore) {

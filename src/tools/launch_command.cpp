@@ -110,6 +110,15 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+// The value of `flag` in a command ("--flag v" or "--flag=v"), or "".
+std::string flag_value(const std::vector<std::string>& cmd, const std::string& flag) {
+  for (size_t i = 0; i < cmd.size(); ++i) {
+    if (cmd[i] == flag && i + 1 < cmd.size()) return cmd[i + 1];
+    if (cmd[i].rfind(flag + "=", 0) == 0) return cmd[i].substr(flag.size() + 1);
+  }
+  return "";
+}
+
 }  // namespace
 
 LaunchCommand::LaunchCommand(CLI::App& app) {
@@ -161,6 +170,19 @@ std::vector<std::string> LaunchCommand::mpirun_args() const {
   else
     args.insert(args.end(),
                 {"-x", fmt::format("OMP_NUM_THREADS={}", std::max(1, logical_cpus() / per_host))});
+  // OpenMP's idle workers spin, so ranks whose thread teams share cores
+  // spin against each other (W-GPT, 2 ranks x 2 threads on 2 cores: 313 ms
+  // a step, 115 with sleeping workers). Unless the user chose a policy,
+  // teams that oversubscribe the host's cores sleep while they wait.
+  const std::string flag = flag_value(command_, "--threads");
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const int threads = !flag.empty() ? std::atoi(flag.c_str())
+                      : omp         ? std::atoi(omp)
+                                    : std::max(1, logical_cpus() / per_host);
+  if (std::getenv("OMP_WAIT_POLICY"))
+    args.insert(args.end(), {"-x", "OMP_WAIT_POLICY"});
+  else if (per_host * std::max(1, threads) > logical_cpus())
+    args.insert(args.end(), {"-x", "OMP_WAIT_POLICY=PASSIVE"});
   // The engine's settings (DPT_COMM_*, ...) reach every rank, remote ones too.
   std::vector<std::string> dpt_vars;
   for (char** e = environ; e && *e; ++e) {
@@ -176,15 +198,6 @@ std::vector<std::string> LaunchCommand::mpirun_args() const {
 }
 
 namespace {
-
-// The value of `flag` in a command ("--flag v" or "--flag=v"), or "".
-std::string flag_value(const std::vector<std::string>& cmd, const std::string& flag) {
-  for (size_t i = 0; i < cmd.size(); ++i) {
-    if (cmd[i] == flag && i + 1 < cmd.size()) return cmd[i + 1];
-    if (cmd[i].rfind(flag + "=", 0) == 0) return cmd[i].substr(flag.size() + 1);
-  }
-  return "";
-}
 
 // The command with "--resume dir" in place of any --resume it had.
 std::vector<std::string> with_resume(const std::vector<std::string>& cmd, const std::string& dir) {
