@@ -326,8 +326,6 @@ namespace {
 // Where the run's state lives: what --device cuda runs today (docs/gpu.md)
 // and hsdp's shard groups. The rest is refused before anything starts.
 void check_placement(const TrainOptions& o) {
-  if (o.strategy == "hsdp" && (!o.checkpoint_dir.empty() || !o.resume.empty()))
-    throw InputError("--strategy hsdp: --checkpoint-dir and --resume are not built for hybrid sharding yet");
   if (o.shard_group > 0 && o.strategy != "hsdp")
     throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", o.strategy));
   if (o.device == Device::CPU) return;
