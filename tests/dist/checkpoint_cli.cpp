@@ -195,12 +195,12 @@ TEST_P(HsdpResume, OneReplicaWritesAndTheResumeEqualsTheUninterruptedRunBitForBi
   for (const auto& [step, loss] : resumed) EXPECT_EQ(loss, full.at(step)) << "step " << step;
 }
 
-INSTANTIATE_TEST_SUITE_P(, HsdpResume, ::testing::Values("--shard-group 2", "--pp 2 --shard-group 1",
-                                                         "--tp 2 --shard-group 1"),
-                         [](const auto& info) {
-                           return std::string(info.param).substr(0, 4) == "--sh" ? std::string("groups_of_2")
-                                                                                   : std::string(info.param).substr(2, 2);
-                         });
+constexpr const char* kHsdpLayouts[] = {"--shard-group 2", "--shard-group 2 --precision bf16 --grad-accum 2",
+                                        "--pp 2 --shard-group 1", "--tp 2 --shard-group 1"};
+constexpr const char* kHsdpLayoutNames[] = {"groups_of_2", "bf16_accum2", "pp", "tp"};
+
+INSTANTIATE_TEST_SUITE_P(, HsdpResume, ::testing::ValuesIn(kHsdpLayouts),
+                         [](const auto& info) { return std::string(kHsdpLayoutNames[info.index]); });
 
 // An hsdp checkpoint is read by every layout that reads ZeRO-3's, and hsdp
 // reads theirs: all within DDP-against-one-process tolerance of the
@@ -220,6 +220,16 @@ TEST_F(CheckpointCli, HsdpCheckpointsResumeUnderOtherLayoutsAndTheirsUnderHsdp) 
   }
   r = train(2, fmt::format("{} --strategy zero3 --checkpoint-dir {} --checkpoint-every 5", common, q(path("zero3"))));
   ASSERT_EQ(r.code, 0) << r.all();
+  // The same files as ZeRO-3 over one shard group's 2 ranks writes: the same tensors in each.
+  for (const char* f : {"rank-00000-of-00002.safetensors", "rank-00001-of-00002.safetensors"}) {
+    const SafetensorsFile a = load_safetensors(path("hsdp/step-00000005").string() + "/" + f),
+                          b = load_safetensors(path("zero3/step-00000005").string() + "/" + f);
+    ASSERT_EQ(a.tensors.size(), b.tensors.size()) << f;
+    for (size_t i = 0; i < a.tensors.size(); ++i) {
+      EXPECT_EQ(a.tensors[i].name, b.tensors[i].name) << f;
+      EXPECT_EQ(a.tensors[i].data.size(), b.tensors[i].data.size()) << a.tensors[i].name;
+    }
+  }
   r = train(1, fmt::format("{} --checkpoint-dir {} --checkpoint-every 5", common, q(path("local"))));
   ASSERT_EQ(r.code, 0) << r.all();
   for (const char* ck : {"zero3/step-00000005", "local/step-00000005"}) {
