@@ -259,14 +259,15 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
   const int files_n = static_cast<int>(writers.size());
   const auto mine = std::find(writers.begin(), writers.end(), rank);
   const bool writer = mine != writers.end();
-  const std::string name = writer ? file_name(static_cast<int>(mine - writers.begin()), files_n) : "";
+  const int index = static_cast<int>(mine - writers.begin());  // among the writers
+  const std::string name = writer ? file_name(index, files_n) : "";
   const std::vector<std::string> state = state_names_of(strategy);
   FileCrcs crcs;
   if (writer) try {
       const auto pieces = pieces_of(strategy.state_spans(), model.layout(), state.size(), replicated);
       crcs = write_rank_file((tmp / name).string(), pieces, model.layout(), state,
                             {{"dpt.checkpoint.step", std::to_string(info.step)},
-                             {"dpt.checkpoint.rank", std::to_string(mine - writers.begin())},
+                             {"dpt.checkpoint.rank", std::to_string(index)},
                              {"dpt.checkpoint.world", std::to_string(files_n)}});
     } catch (const Error& e) {
       problem = e.what();
@@ -312,7 +313,7 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
     }
   agree_on_error(pg, problem);
   uint64_t bytes = 0;
-  for (int r = 0; r < world; ++r) bytes += static_cast<uint64_t>(sizes[2 * static_cast<size_t>(r)]);  // 0 if none
+  for (int r = 0; r < world; ++r) bytes += static_cast<uint64_t>(sizes[2 * static_cast<size_t>(r)]);  // 0: wrote none
   return {final_dir.string(), bytes};
 }
 

@@ -486,8 +486,8 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   return out;
 }
 
-CheckpointInfo checkpoint_info(const TrainOptions& o, const Model& model, const DataSource& data, int64_t step,
-                               int world) {
+// (Its world, the ranks that write files, is write_checkpoint's to count.)
+CheckpointInfo checkpoint_info(const TrainOptions& o, const Model& model, const DataSource& data, int64_t step) {
   CheckpointInfo info;
   info.step = step;
   info.model = model.metadata();
@@ -496,7 +496,6 @@ CheckpointInfo checkpoint_info(const TrainOptions& o, const Model& model, const 
   info.data = data.position();
   info.data["samples"] = step * o.batch;
   info.strategy = o.strategy;
-  info.world = world;
   return info;
 }
 
@@ -540,7 +539,7 @@ std::string checkpoint_now(const TrainOptions& o, const Model& model, Strategy& 
   std::optional<Gpt> whole;
   if (o.pp > 1) whole.emplace(dynamic_cast<const Gpt&>(model).config());
   const WrittenCheckpoint written =
-      write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done, pg.size()), strategy, model, pg, o.keep,
+      write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done), strategy, model, pg, o.keep,
                        o.tp == 1 || pg.rank() % o.tp == 0,  // TP rank 0 writes the replicated tensors
                        whole ? &*whole : nullptr);
   ++r.checkpoints;

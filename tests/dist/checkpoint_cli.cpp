@@ -212,8 +212,9 @@ TEST_F(CheckpointCli, HsdpCheckpointsResumeUnderOtherLayoutsAndTheirsUnderHsdp) 
                                      q(path("hsdp.safetensors"))));
   ASSERT_EQ(r.code, 0) << r.all();
   const std::string from_hsdp = q(path("hsdp/step-00000005"));
-  for (const auto& [n, layout] : std::vector<std::pair<int, std::string>>{{2, "--strategy zero3"}, {2, "--strategy ddp"},
-                                                                           {4, "--strategy zero3"}, {1, ""}}) {
+  const std::vector<std::pair<int, std::string>> layouts = {
+      {2, "--strategy zero3"}, {2, "--strategy ddp"}, {4, "--strategy zero3"}, {1, ""}};
+  for (const auto& [n, layout] : layouts) {
     r = train(n, fmt::format("{} {} --resume {} --save {}", common, layout, from_hsdp, q(path("out.safetensors"))));
     ASSERT_EQ(r.code, 0) << r.all();
     expect_same_weights(path("out.safetensors"), path("hsdp.safetensors"), 5e-5);
