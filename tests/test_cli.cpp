@@ -163,14 +163,11 @@ TEST_F(CliTest, DeviceAndHsdpAreChecked) {
                       "without CUDA");
   expect_user_error("train --model mlp --strategy dp --steps 1 --device cuda", "dp");
   // hsdp's shard groups: only hsdp has them, and they must divide the ranks
-  // (one rank here: a group of 2 cannot); no checkpoints yet.
+  // (one rank here: a group of 2 cannot).
   expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --strategy zero3 --shard-group 1", kSmallGpt),
                     "--shard-group");
   expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --strategy hsdp --shard-group 2", kSmallGpt),
                     "does not divide");
-  expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --strategy hsdp --checkpoint-dir {}",
-                                kSmallGpt, q(dir_ / "ck")),
-                    "hsdp");
 }
 
 TEST_F(CliTest, PrecisionIsCheckedAndReported) {

@@ -127,11 +127,14 @@ class Strategy {
   virtual void verify(int64_t /*step*/) {}
 
   // Checkpoints (train/checkpoint.h): the spans this rank writes, and on
-  // resume reads. Over all ranks they cover every element exactly once, so
-  // a checkpoint is written and read in parallel with nothing read twice (a
-  // replicated strategy cuts the model into chunks as ZeRO does). Called
-  // between steps.
+  // resume reads. Over the ranks that write (writes_state) they cover every
+  // element exactly once, so a checkpoint is written and read in parallel
+  // with nothing read twice (a replicated strategy cuts the model into
+  // chunks as ZeRO does). Called between steps.
   virtual std::vector<StateSpan> state_spans() = 0;
+  // Whether this rank writes its spans: hsdp's replica groups hold the same
+  // shards, so only the first shard group writes them (every group reads).
+  virtual bool writes_state() const { return true; }
   // Collective, once every rank has read its spans: the optimizer's step
   // count set, and state this rank holds but did not read (the other chunks
   // of a replica) gathered from the ranks that did.

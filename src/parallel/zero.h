@@ -84,6 +84,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   void gather_unit(int unit, float* out) override;
   void verify(int64_t step) override;
   std::vector<StateSpan> state_spans() override;
+  bool writes_state() const override { return !replica_group_ || replica_group_->rank() == 0; }
   void restored(int64_t optimizer_steps) override;
   MemoryBytes bytes() const override;
   nlohmann::json offload_detail() const override { return tier_->detail(); }

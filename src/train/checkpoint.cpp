@@ -247,37 +247,54 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
     }
   agree_on_error(pg, problem);
 
-  // Every rank its own file, in parallel.
+  // Every writing rank its own file, in parallel. Files are numbered among
+  // the writers, so an hsdp checkpoint (its first shard group writes) is the
+  // checkpoint ZeRO-3 over one group's ranks writes.
+  std::vector<float> writes(static_cast<size_t>(world), 0.0f);
+  writes[static_cast<size_t>(rank)] = strategy.writes_state() ? 1.0f : 0.0f;
+  if (world > 1) pg.all_gather(writes.data(), writes.size(), DType::F32);
+  std::vector<int> writers;  // the pg ranks that write, in order
+  for (int r = 0; r < world; ++r)
+    if (writes[static_cast<size_t>(r)] > 0.0f) writers.push_back(r);
+  const int files_n = static_cast<int>(writers.size());
+  const auto mine = std::find(writers.begin(), writers.end(), rank);
+  const bool writer = mine != writers.end();
+  const int index = static_cast<int>(mine - writers.begin());  // among the writers
+  const std::string name = writer ? file_name(index, files_n) : "";
   const std::vector<std::string> state = state_names_of(strategy);
-  const std::string name = file_name(rank, world);
   FileCrcs crcs;
-  try {
-    const auto pieces = pieces_of(strategy.state_spans(), model.layout(), state.size(), replicated);
-    crcs = write_rank_file((tmp / name).string(), pieces, model.layout(), state,
-                          {{"dpt.checkpoint.step", std::to_string(info.step)},
-                           {"dpt.checkpoint.rank", std::to_string(rank)},
-                           {"dpt.checkpoint.world", std::to_string(world)}});
-  } catch (const Error& e) {
-    problem = e.what();
-  }
+  if (writer) try {
+      const auto pieces = pieces_of(strategy.state_spans(), model.layout(), state.size(), replicated);
+      crcs = write_rank_file((tmp / name).string(), pieces, model.layout(), state,
+                            {{"dpt.checkpoint.step", std::to_string(info.step)},
+                             {"dpt.checkpoint.rank", std::to_string(index)},
+                             {"dpt.checkpoint.world", std::to_string(files_n)}});
+    } catch (const Error& e) {
+      problem = e.what();
+    }
   fault_point("checkpoint", info.step, rank);
   agree_on_error(pg, problem);
   std::vector<double> sizes(2 * static_cast<size_t>(world), 0.0);
-  sizes[2 * static_cast<size_t>(rank)] = static_cast<double>(fs::file_size(tmp / name));
-  sizes[2 * static_cast<size_t>(rank) + 1] = static_cast<double>(crcs.file);
+  if (writer) {
+    sizes[2 * static_cast<size_t>(rank)] = static_cast<double>(fs::file_size(tmp / name));
+    sizes[2 * static_cast<size_t>(rank) + 1] = static_cast<double>(crcs.file);
+  }
   pg.all_gather(sizes.data(), sizes.size() * 2, DType::F32);  // doubles, moved as bytes
   const auto piece_crcs = gather_piece_crcs(pg, crcs.pieces);
 
   // Rank 0 makes it exist: manifest, rename, latest, prune.
   if (rank == 0) try {
       json files = json::array();
-      for (int r = 0; r < world; ++r)
-        files.push_back({{"name", file_name(r, world)},
-                         {"bytes", static_cast<uint64_t>(sizes[2 * static_cast<size_t>(r)])},
-                         {"crc32", static_cast<uint32_t>(sizes[2 * static_cast<size_t>(r) + 1])},
-                         {"piece_crc32", piece_crcs[static_cast<size_t>(r)]}});
+      for (int f = 0; f < files_n; ++f) {
+        const auto r = static_cast<size_t>(writers[static_cast<size_t>(f)]);
+        files.push_back({{"name", file_name(f, files_n)},
+                         {"bytes", static_cast<uint64_t>(sizes[2 * r])},
+                         {"crc32", static_cast<uint32_t>(sizes[2 * r + 1])},
+                         {"piece_crc32", piece_crcs[r]}});
+      }
       CheckpointInfo complete = info;
       complete.state = state;
+      complete.world = files_n;  // the ranks that wrote it
       AtomicFile manifest((tmp / "manifest.json").string());
       manifest.write(manifest_json(complete, (whole ? *whole : model).layout(), files).dump(1) + "\n");
       manifest.commit();  // fsyncs tmp, the directory holding the rank files
@@ -296,7 +313,7 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
     }
   agree_on_error(pg, problem);
   uint64_t bytes = 0;
-  for (int r = 0; r < world; ++r) bytes += static_cast<uint64_t>(sizes[2 * static_cast<size_t>(r)]);
+  for (int r = 0; r < world; ++r) bytes += static_cast<uint64_t>(sizes[2 * static_cast<size_t>(r)]);  // 0: wrote none
   return {final_dir.string(), bytes};
 }
 

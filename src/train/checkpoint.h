@@ -42,15 +42,18 @@ struct CheckpointInfo {
   nlohmann::json settings;                   // the run's settings that decide its numbers
   nlohmann::json data;                       // where the data stream stands
   std::string strategy;                      // that wrote it
-  int world = 1;
+  int world = 1;                             // the ranks that wrote files (hsdp: one shard group's)
 };
 
 // Collective. Writes DIR/step-N for info.step (replacing one of that step
 // if there is one), points DIR/latest at it, and removes all but the
 // `keep` newest (keep 0: none removed). Throws IoError naming the file on
 // every rank if any rank fails; the previous checkpoint is then untouched.
-// replicated = false: this rank leaves out the tensors it holds whole (a
-// tensor-parallel rank other than TP rank 0; they are its copies). whole:
+// Only the ranks whose strategy writes_state() write a file (hsdp: the first
+// shard group), numbered among themselves (info.world is set to their
+// count); the others take part in every agreement. replicated = false: this
+// rank leaves out the tensors it holds whole (a tensor-parallel rank other
+// than TP rank 0; they are its copies). whole:
 // the model the manifest lists, when `model` is one pipeline stage of it
 // (each stage's ranks write their stage's pieces; null: `model` itself).
 struct WrittenCheckpoint {

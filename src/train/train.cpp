@@ -326,8 +326,6 @@ namespace {
 // Where the run's state lives: what --device cuda runs today (docs/gpu.md)
 // and hsdp's shard groups. The rest is refused before anything starts.
 void check_placement(const TrainOptions& o) {
-  if (o.strategy == "hsdp" && (!o.checkpoint_dir.empty() || !o.resume.empty()))
-    throw InputError("--strategy hsdp: --checkpoint-dir and --resume are not built for hybrid sharding yet");
   if (o.shard_group > 0 && o.strategy != "hsdp")
     throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", o.strategy));
   if (o.device == Device::CPU) return;
@@ -488,8 +486,8 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   return out;
 }
 
-CheckpointInfo checkpoint_info(const TrainOptions& o, const Model& model, const DataSource& data, int64_t step,
-                               int world) {
+// (Its world, the ranks that write files, is write_checkpoint's to count.)
+CheckpointInfo checkpoint_info(const TrainOptions& o, const Model& model, const DataSource& data, int64_t step) {
   CheckpointInfo info;
   info.step = step;
   info.model = model.metadata();
@@ -498,7 +496,6 @@ CheckpointInfo checkpoint_info(const TrainOptions& o, const Model& model, const 
   info.data = data.position();
   info.data["samples"] = step * o.batch;
   info.strategy = o.strategy;
-  info.world = world;
   return info;
 }
 
@@ -542,7 +539,7 @@ std::string checkpoint_now(const TrainOptions& o, const Model& model, Strategy& 
   std::optional<Gpt> whole;
   if (o.pp > 1) whole.emplace(dynamic_cast<const Gpt&>(model).config());
   const WrittenCheckpoint written =
-      write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done, pg.size()), strategy, model, pg, o.keep,
+      write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done), strategy, model, pg, o.keep,
                        o.tp == 1 || pg.rank() % o.tp == 0,  // TP rank 0 writes the replicated tensors
                        whole ? &*whole : nullptr);
   ++r.checkpoints;

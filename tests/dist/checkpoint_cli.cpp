@@ -160,6 +160,110 @@ TEST_F(CheckpointCli, Zero3OnFourRanksResumesAsDdpOnTwoAndAsOneProcess) {
   expect_same_weights(path("local_resumed.safetensors"), path("ddp.safetensors"), 5e-5);
 }
 
+// ------------------------------------------------------------ hsdp
+
+// 4 ranks: hsdp in 2 shard groups of 2, or of 1 under --pp 2 / --tp 2 (the
+// data-parallel group is then 2 ranks).
+class HsdpResume : public CheckpointCli, public ::testing::WithParamInterface<const char*> {};
+
+// The first shard group writes a ZeRO-3-of-S checkpoint (S files, numbered
+// among the writers); every group reads it back, and the run continues as
+// if it had never stopped: weights and every logged loss bit for bit.
+TEST_P(HsdpResume, OneReplicaWritesAndTheResumeEqualsTheUninterruptedRunBitForBit) {
+  const std::string common =
+      fmt::format("{} --seed 5 --quiet --log-every 1 --strategy hsdp {} --steps 9", kGpt, GetParam());
+  RunResult r = train(4, fmt::format("{} --checkpoint-dir {} --checkpoint-every 4 --metrics-out {} --save {}", common,
+                                     q(path("ck")), q(path("full.jsonl")), q(path("full.safetensors"))));
+  ASSERT_EQ(r.code, 0) << r.all();
+  const nlohmann::json manifest = nlohmann::json::parse(std::ifstream(path("ck/step-00000004/manifest.json")));
+  EXPECT_EQ(manifest["strategy"], "hsdp");
+  // 2 files: the first group's 2 ranks, or under --pp / --tp the first
+  // group (of 1) of each stage or TP rank.
+  EXPECT_EQ(manifest["world"], 2);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(path("ck/step-00000004"))) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"manifest.json", "rank-00000-of-00002.safetensors",
+                                             "rank-00001-of-00002.safetensors"}));
+
+  r = train(4, fmt::format("{} --resume {} --metrics-out {} --save {}", common, q(path("ck/step-00000004")),
+                           q(path("resumed.jsonl")), q(path("resumed.safetensors"))));
+  ASSERT_EQ(r.code, 0) << r.all();
+  expect_same_weights(path("resumed.safetensors"), path("full.safetensors"), 0);
+  const auto full = test::logged_losses(path("full")), resumed = test::logged_losses(path("resumed"));
+  ASSERT_EQ(resumed.size(), 5u);  // steps 5 to 9
+  for (const auto& [step, loss] : resumed) EXPECT_EQ(loss, full.at(step)) << "step " << step;
+}
+
+constexpr const char* kHsdpLayouts[] = {"--shard-group 2", "--shard-group 2 --precision bf16 --grad-accum 2",
+                                        "--pp 2 --shard-group 1", "--tp 2 --shard-group 1"};
+constexpr const char* kHsdpLayoutNames[] = {"groups_of_2", "bf16_accum2", "pp", "tp"};
+
+INSTANTIATE_TEST_SUITE_P(, HsdpResume, ::testing::ValuesIn(kHsdpLayouts),
+                         [](const auto& info) { return std::string(kHsdpLayoutNames[info.index]); });
+
+// An hsdp checkpoint is read by every layout that reads ZeRO-3's, and hsdp
+// reads theirs: all within DDP-against-one-process tolerance of the
+// uninterrupted hsdp run.
+TEST_F(CheckpointCli, HsdpCheckpointsResumeUnderOtherLayoutsAndTheirsUnderHsdp) {
+  const std::string common = fmt::format("{} {} --steps 10", kGpt, kQuiet);
+  const std::string hsdp = common + " --strategy hsdp --shard-group 2";
+  RunResult r = train(4, fmt::format("{} --checkpoint-dir {} --checkpoint-every 5 --save {}", hsdp, q(path("hsdp")),
+                                     q(path("hsdp.safetensors"))));
+  ASSERT_EQ(r.code, 0) << r.all();
+  const std::string from_hsdp = q(path("hsdp/step-00000005"));
+  const std::vector<std::pair<int, std::string>> layouts = {
+      {2, "--strategy zero3"}, {2, "--strategy ddp"}, {4, "--strategy zero3"}, {1, ""}};
+  for (const auto& [n, layout] : layouts) {
+    r = train(n, fmt::format("{} {} --resume {} --save {}", common, layout, from_hsdp, q(path("out.safetensors"))));
+    ASSERT_EQ(r.code, 0) << r.all();
+    expect_same_weights(path("out.safetensors"), path("hsdp.safetensors"), 5e-5);
+  }
+  r = train(2, fmt::format("{} --strategy zero3 --checkpoint-dir {} --checkpoint-every 5", common, q(path("zero3"))));
+  ASSERT_EQ(r.code, 0) << r.all();
+  // The same files as ZeRO-3 over one shard group's 2 ranks writes: the same tensors in each.
+  for (const char* f : {"rank-00000-of-00002.safetensors", "rank-00001-of-00002.safetensors"}) {
+    const SafetensorsFile a = load_safetensors(path("hsdp/step-00000005").string() + "/" + f),
+                          b = load_safetensors(path("zero3/step-00000005").string() + "/" + f);
+    ASSERT_EQ(a.tensors.size(), b.tensors.size()) << f;
+    for (size_t i = 0; i < a.tensors.size(); ++i) {
+      EXPECT_EQ(a.tensors[i].name, b.tensors[i].name) << f;
+      EXPECT_EQ(a.tensors[i].data.size(), b.tensors[i].data.size()) << a.tensors[i].name;
+    }
+  }
+  r = train(1, fmt::format("{} --checkpoint-dir {} --checkpoint-every 5", common, q(path("local"))));
+  ASSERT_EQ(r.code, 0) << r.all();
+  for (const char* ck : {"zero3/step-00000005", "local/step-00000005"}) {
+    r = train(4, fmt::format("{} --resume {} --save {}", hsdp, q(path(ck)), q(path("out.safetensors"))));
+    ASSERT_EQ(r.code, 0) << r.all();
+    expect_same_weights(path("out.safetensors"), path("hsdp.safetensors"), 5e-5);
+  }
+}
+
+// A rank killed in the middle of the checkpoint of step 6, a writer (1) or
+// not (3): the job ends and step 3's checkpoint is the latest, intact.
+class HsdpFault : public CheckpointCli, public ::testing::WithParamInterface<int> {};
+
+TEST_P(HsdpFault, AKilledRankLeavesThePreviousCheckpoint) {
+  const int rank = GetParam();
+  const std::string common = fmt::format("{} {} --strategy hsdp --shard-group 2 --steps 8", kGpt, kQuiet);
+  RunResult r = train(4, fmt::format("{} --checkpoint-dir {} --checkpoint-every 3", common, q(path("ck"))),
+                      fmt::format("DPT_FAULT=checkpoint:6:{}", rank));
+  EXPECT_NE(r.code, 0) << r.all();
+  EXPECT_LT(r.seconds, 10.0) << r.all();
+  EXPECT_NE(r.all().find(fmt::format("rank {} killed at checkpoint of step 6", rank)), std::string::npos) << r.all();
+  EXPECT_EQ(test::read_file(path("ck/latest")), "step-00000003\n");
+  EXPECT_FALSE(fs::exists(path("ck/step-00000006")));
+  r = train(4, fmt::format("{} --resume {} --save {}", common, q(path("ck")), q(path("resumed.safetensors"))));
+  ASSERT_EQ(r.code, 0) << r.all();
+  r = train(4, fmt::format("{} --save {}", common, q(path("full.safetensors"))));
+  ASSERT_EQ(r.code, 0) << r.all();
+  expect_same_weights(path("resumed.safetensors"), path("full.safetensors"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(, HsdpFault, ::testing::Values(1, 3),
+                         [](const auto& info) { return fmt::format("rank{}", info.param); });
+
 TEST_F(CheckpointCli, KeepsTheNewestAndPointsLatestAtTheLast) {
   RunResult r = train(2, fmt::format("{} {} --steps 9 --checkpoint-dir {} --checkpoint-every 2 --keep 2", kMlp, kQuiet,
                                      q(path("ck"))));
