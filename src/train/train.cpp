@@ -580,6 +580,45 @@ void check_dp_options(const TrainOptions& o, int world) {
     throw InputError("--strategy dp sums its replicas' gradients in fp32 only; use ddp or zero1/2/3 for --reduce-dtype bf16");
 }
 
+// This rank's model: its stage under --pp, its slice of every block under
+// --tp, else the whole model; set up as the flags ask.
+std::unique_ptr<Model> rank_model(const TrainOptions& o, const Mesh& mesh,
+                                  const std::map<std::string, std::string>& hparams,
+                                  const std::vector<GptStage>& stages) {
+  std::unique_ptr<Model> model;
+  const GptTp tp{mesh.tp, mesh.tp_rank, o.tp_embedding == "vocab"};
+  if (mesh.pp > 1)
+    model = std::make_unique<Gpt>(GptConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)], tp);
+  else if (mesh.tp > 1)
+    model = std::make_unique<Gpt>(GptConfig::from(hparams), GptStage{}, tp);
+  else
+    model = make_model(hparams);
+  model->set_checkpoint_activations(o.checkpoint_activations);
+  model->set_precision(o.precision);
+  model->set_device(o.device);
+  return model;
+}
+
+// check_memory for this rank. Under --pp the stages hold different parts of
+// the model, their arenas and the pipeline's buffers: one that does not fit
+// ends the run on every rank, with its sentence.
+void check_rank_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
+                       const Mesh& mesh, comm::ProcessGroup& dpg, comm::ProcessGroup& pg) {
+  if (mesh.pp == 1) {
+    check_memory(o, so, model, micro, dpg, 1, pg.size());
+    return;
+  }
+  std::string too_big;
+  try {
+    check_memory(o, so, model, micro, dpg,
+                 pipe_slots(parse_pipe_schedule(o.pp_schedule), mesh.pp, mesh.pp_rank, static_cast<int>(o.grad_accum)),
+                 pg.size(), pipeline_buffer_bytes(dynamic_cast<const Gpt&>(model), mesh.pp, mesh.pp_rank));
+  } catch (const InputError& e) {
+    too_big = e.what();
+  }
+  agree_on_error(pg, too_big);
+}
+
 }  // namespace
 
 TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
@@ -617,19 +656,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const std::map<std::string, std::string> hparams = saved ? resumed_hparams(o, *saved) : model_hparams(o);
   std::vector<GptStage> stages;
   if (mesh.pp > 1) stages = gpt_stages(GptConfig::from(hparams), mesh.pp, o.pp_split);
-  // Under --tp it is this rank's slice of every block.
-  std::unique_ptr<Model> model;
-  const GptTp tp{mesh.tp, mesh.tp_rank, o.tp_embedding == "vocab"};
-  if (saved && tp.vocab) check_vocab_rows(GptConfig::from(hparams), mesh.tp);
-  if (mesh.pp > 1)
-    model = std::make_unique<Gpt>(GptConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)], tp);
-  else if (mesh.tp > 1)
-    model = std::make_unique<Gpt>(GptConfig::from(hparams), GptStage{}, tp);
-  else
-    model = make_model(hparams);
-  model->set_checkpoint_activations(o.checkpoint_activations);
-  model->set_precision(o.precision);
-  model->set_device(o.device);
+  if (saved && o.tp_embedding == "vocab") check_vocab_rows(GptConfig::from(hparams), mesh.tp);
+  std::unique_ptr<Model> model = rank_model(o, mesh, hparams, stages);
   MeshGroups groups(mesh, pg);
   comm::ProcessGroup& dpg = groups.dp();
   if (comm::ProcessGroup* tpg = groups.tp())
@@ -639,21 +667,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   StrategyOptions so = strategy_options(o);
   if (so.name == "hsdp") so.shard_group = shard_group_size(so, dpg);
   check_offload(o, so, *model, dpg, pg);
-  if (mesh.pp == 1) {
-    check_memory(o, so, *model, micro, dpg, 1, world);
-  } else {
-    // Stages hold different parts of the model: one that does not fit ends
-    // the run on every rank, with its sentence.
-    std::string too_big;
-    try {
-      check_memory(o, so, *model, micro, dpg,
-                   pipe_slots(parse_pipe_schedule(o.pp_schedule), mesh.pp, mesh.pp_rank, static_cast<int>(o.grad_accum)),
-                   world, pipeline_buffer_bytes(dynamic_cast<const Gpt&>(*model), mesh.pp, mesh.pp_rank));
-    } catch (const InputError& e) {
-      too_big = e.what();
-    }
-    agree_on_error(pg, too_big);
-  }
+  check_rank_memory(o, so, *model, micro, mesh, dpg, pg);
   auto strategy = make_strategy(so, *model, dpg, {o.seed, o.load, parse_weight_format(o.load_format)});
 
   // All stages of a replica read the same sequences.
