@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -79,6 +80,29 @@ inline void expect_one_refusal(const RunResult& r, const std::string& says) {
   }
   EXPECT_GE(lines, 1) << r.err;
   EXPECT_EQ(r.out, "");
+}
+
+// A text of `count` words drawn from `words` by a fixed generator, so every
+// run of a test reads the same corpus.
+inline void write_word_corpus(const std::filesystem::path& path, const std::vector<std::string>& words,
+                              int count = 20000) {
+  std::ofstream text(path);
+  uint64_t x = 1;
+  for (int i = 0; i < count; ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    text << words[(x >> 33) % words.size()] << ' ';
+  }
+}
+
+// `dpt train --data DATA <args>` on n ranks (`dpt launch` for n > 1), one
+// thread each, the engine's settings from the environment removed.
+inline RunResult train_ranks(const std::filesystem::path& dpt, int n, const std::filesystem::path& data,
+                             const std::string& args, const std::filesystem::path& scratch, int limit_s) {
+  const std::string env = "env -u DPT_COMM_ALGO -u DPT_COMM_TRANSPORT -u DPT_COMM_CHECK OMP_NUM_THREADS=1 "
+                          "DPT_COMM_TIMEOUT=60";
+  const std::string launcher = n == 1 ? "" : fmt::format("{} launch -n {} -- ", q(dpt), n);
+  return run_shell(fmt::format("{} {}{} train --data {} {}", env, launcher, q(dpt), q(data), args), scratch,
+                   limit_s);
 }
 
 // Logged losses by step from a run's metrics file, STEM.jsonl (a resumed

@@ -26,6 +26,11 @@ const char* prefetch_name(Prefetch p) {
 
 std::string default_strategy(int world) { return world > 1 ? "ddp" : "local"; }
 
+const std::vector<std::string>& data_parallel_strategies() {
+  static const std::vector<std::string> names{"ddp", "zero1", "zero2", "zero3"};
+  return names;
+}
+
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init) {
   if (options.name == "local") {

@@ -174,6 +174,10 @@ int shard_group_size(const StrategyOptions& options, const comm::ProcessGroup& p
 
 // The strategy a run gets when none is named: ddp on several ranks, local
 // on one.
+// The strategies that train more than one replica in lock-step, from the
+// one that holds the most per rank to the one that holds the least: the
+// rows a plan compares and the alternatives a memory refusal suggests.
+const std::vector<std::string>& data_parallel_strategies();
 std::string default_strategy(int world);
 
 }  // namespace dpt

@@ -186,6 +186,46 @@ double median(std::vector<float> v) {
   return v.size() % 2 ? v[m] : 0.5 * (static_cast<double>(v[m - 1]) + v[m]);
 }
 
+// The --ops list, each name checked.
+std::vector<OpSpec> parse_ops(const std::string& list) {
+  std::vector<OpSpec> ops;
+  for (const auto& name : split_list(list, "--ops")) {
+    auto it = std::find_if(std::begin(kOps), std::end(kOps), [&](const OpSpec& o) { return name == o.name; });
+    if (it == std::end(kOps))
+      throw InputError(fmt::format(
+          "--ops: unknown operation '{}' (all_reduce, reduce_scatter, all_gather, broadcast)", name));
+    ops.push_back(*it);
+  }
+  return ops;
+}
+
+// The --algo list, each name checked.
+std::vector<comm::Algo> parse_algos(const std::string& list) {
+  std::vector<comm::Algo> algos;
+  for (const auto& name : split_list(list, "--algo")) {
+    if (name != "ring" && name != "mpi")
+      throw InputError(fmt::format("--algo: unknown algorithm '{}' (ring, mpi)", name));
+    algos.push_back(comm::parse_algo(name));
+  }
+  return algos;
+}
+
+// Microseconds one collective of `count` floats takes: the median over
+// `iters` timed runs (after `warmup`) of the slowest rank's time.
+double time_op(ProcessGroup& pg, Op op, float* buf, size_t count, int warmup, int iters) {
+  std::fill_n(buf, count, 0.0f);  // sums of zeros stay zero, never inf
+  for (int w = 0; w < warmup; ++w) issue(pg, op, buf, count);
+  std::vector<float> us(static_cast<size_t>(iters));
+  for (auto& t : us) {
+    pg.barrier();
+    const auto t0 = Clock::now();
+    issue(pg, op, buf, count);
+    t = static_cast<float>(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  pg.all_reduce(us.data(), us.size(), DType::F32, comm::ReduceOp::Max);
+  return median(us);
+}
+
 }  // namespace
 
 BenchCommCommand::BenchCommCommand(CLI::App& app) {
@@ -214,20 +254,8 @@ BenchCommCommand::BenchCommCommand(CLI::App& app) {
 
 int BenchCommCommand::run() {
   // Everything the user can get wrong is checked before MPI starts.
-  std::vector<OpSpec> ops;
-  for (const auto& name : split_list(ops_, "--ops")) {
-    auto it = std::find_if(std::begin(kOps), std::end(kOps), [&](const OpSpec& o) { return name == o.name; });
-    if (it == std::end(kOps))
-      throw InputError(fmt::format(
-          "--ops: unknown operation '{}' (all_reduce, reduce_scatter, all_gather, broadcast)", name));
-    ops.push_back(*it);
-  }
-  std::vector<comm::Algo> algos;
-  for (const auto& name : split_list(algos_, "--algo")) {
-    if (name != "ring" && name != "mpi")
-      throw InputError(fmt::format("--algo: unknown algorithm '{}' (ring, mpi)", name));
-    algos.push_back(comm::parse_algo(name));
-  }
+  const std::vector<OpSpec> ops = parse_ops(ops_);
+  const std::vector<comm::Algo> algos = parse_algos(algos_);
   std::vector<size_t> sizes;
   for (const auto& s : split_list(sizes_, "--sizes")) sizes.push_back(parse_size(s));
   comm::Config base = comm::Config::from_env();
@@ -286,17 +314,7 @@ int BenchCommCommand::run() {
     for (const OpSpec& op : ops) {
       for (size_t bytes : sizes) {
         const size_t count = bytes / 4;
-        std::fill_n(buf.data(), count, 0.0f);  // sums of zeros stay zero, never inf
-        for (int w = 0; w < warmup_; ++w) issue(*pg, op.op, buf.data(), count);
-        std::vector<float> us(static_cast<size_t>(iters_));
-        for (auto& t : us) {
-          pg->barrier();
-          const auto t0 = Clock::now();
-          issue(*pg, op.op, buf.data(), count);
-          t = static_cast<float>(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
-        }
-        pg->all_reduce(us.data(), us.size(), DType::F32, comm::ReduceOp::Max);
-        const double time_us = median(us);
+        const double time_us = time_op(*pg, op.op, buf.data(), count, warmup_, iters_);
         const double algbw = static_cast<double>(bytes) / (time_us * 1e-6) / 1e9;
         const double busbw = algbw * bus_factor(op.op, n);
 

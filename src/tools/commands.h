@@ -39,6 +39,11 @@ class TrainCommand {
   int run();
 
  private:
+  // The flags, by topic (the constructor adds them all).
+  void add_data_flags();
+  void add_optimizer_flags();
+  void add_output_flags();
+  void add_parallel_flags();
   CLI::App* cmd_;
   ModelFlags model_;
   TrainOptions opts_;

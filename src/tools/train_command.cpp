@@ -11,6 +11,22 @@ namespace dpt {
 TrainCommand::TrainCommand(CLI::App& app) {
   cmd_ = app.add_subcommand("train", "train a model: one process, or one rank of a job under a launcher (dpt launch)");
   model_.add(cmd_);
+  add_data_flags();
+  add_optimizer_flags();
+  cmd_->add_option("--threads", threads_, "threads for GEMM and kernels (default: all cores)")
+      ->check(non_negative());
+  add_gemm_flag(cmd_, gemm_);
+  add_precision_flag(cmd_, precision_);
+  add_device_flag(cmd_, device_);
+  cmd_->add_option("--reduce-dtype", reduce_dtype_,
+                   "gradient reductions in fp32 (default) or bf16 (half the bytes; each rank's gradients are "
+                   "converted for the wire and the sums widened back; docs/precision.md)");
+  add_output_flags();
+  add_parallel_flags();
+}
+
+// What it reads, and how much of it per step.
+void TrainCommand::add_data_flags() {
   auto& o = opts_;
   cmd_->add_option("--data", o.data,
                    "mlp: Fashion-MNIST IDX directory; gpt: text (file or directory) or token shards (file, "
@@ -32,6 +48,11 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--grad-accum", o.grad_accum, "micro-batches per step")->check(positive());
   cmd_->add_option("--micro-batches", micro_batches_, "micro-batches per step (--grad-accum under another name)")
       ->check(positive());
+}
+
+// The optimizer, its schedule and the initialisation seed.
+void TrainCommand::add_optimizer_flags() {
+  auto& o = opts_;
   cmd_->add_option("--optimizer", o.optimizer.name, "sgd or adamw (default sgd mlp, adamw gpt)")
       ->check(CLI::IsMember({"sgd", "adamw"}));
   cmd_->add_option("--lr", o.schedule.lr, "learning rate (default 0.05 sgd, 3e-4 adamw)")
@@ -50,14 +71,11 @@ TrainCommand::TrainCommand(CLI::App& app) {
   cmd_->add_option("--clip", o.clip, "clip the global gradient norm to this (0: off)")
       ->check(non_negative());
   cmd_->add_option("--seed", o.seed, "seed of initialisation and sampling");
-  cmd_->add_option("--threads", threads_, "threads for GEMM and kernels (default: all cores)")
-      ->check(non_negative());
-  add_gemm_flag(cmd_, gemm_);
-  add_precision_flag(cmd_, precision_);
-  add_device_flag(cmd_, device_);
-  cmd_->add_option("--reduce-dtype", reduce_dtype_,
-                   "gradient reductions in fp32 (default) or bf16 (half the bytes; each rank's gradients are "
-                   "converted for the wire and the sums widened back; docs/precision.md)");
+}
+
+// Evaluation, weights in and out, checkpoints, and the files a run writes.
+void TrainCommand::add_output_flags() {
+  auto& o = opts_;
   cmd_->add_option("--val-fraction", o.val_fraction, "gpt: held-out tail of the data (windows of token shards)")
       ->check(fraction(0.0, 0.99));
   cmd_->add_option("--eval-every", o.eval_every, "steps between evaluations (0: at the end only)")
@@ -89,7 +107,11 @@ TrainCommand::TrainCommand(CLI::App& app) {
       ->check(positive());
   cmd_->add_option("--baseline", o.baseline, "a 1-rank run's --summary-out: report scaling efficiency against it");
   cmd_->add_flag("--quiet", o.quiet, "print nothing but errors");
-  // Strategy and communication.
+}
+
+// Strategy, mesh and communication.
+void TrainCommand::add_parallel_flags() {
+  auto& o = opts_;
   cmd_->add_option("--strategy", o.strategy,
                    "local, ddp (default with several ranks), zero1, zero2, zero3 (= fsdp), hsdp (zero3 inside "
                    "--shard-group ranks, replicated across groups), or dp (threads)")

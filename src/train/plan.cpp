@@ -149,7 +149,7 @@ void check_fits(const StrategyOptions& options, const Model& model, size_t activ
   const size_t mine = need(options.name);
   if (fits_on_host(mine, ranks_here, available)) return;
   std::string advice = "no strategy fits: add ranks on other hosts, or shrink the model or batch";
-  for (const char* name : {"ddp", "zero1", "zero2", "zero3"})
+  for (const std::string& name : data_parallel_strategies())
     if (fits_on_host(need(name), ranks_here, available)) {
       advice = fmt::format("--strategy {} would fit (about {} per rank)", name, human_bytes(need(name)));
       break;

@@ -230,7 +230,7 @@ std::vector<std::string> plan_strategies(const PlanRequest& r, int dp) {
     if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
   }
   if (r.strategies.empty() || (r.all_meshes && dp == 1))
-    return dp == 1 ? std::vector<std::string>{"local"} : std::vector<std::string>{"ddp", "zero1", "zero2", "zero3"};
+    return dp == 1 ? std::vector<std::string>{"local"} : data_parallel_strategies();
   return out;
 }
 

@@ -70,27 +70,13 @@ class PpCliTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() / fmt::format("dpt_pp_cli_{}", ::getpid());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    // A text of words drawn by a fixed generator: every run reads the same.
-    std::ofstream text(dir_ / "corpus.txt");
-    const char* words[] = {"the", "pipe", "stage", "micro", "batch", "bubble", "send", "recv", "grad", "loss"};
-    uint64_t x = 1;
-    for (int i = 0; i < 20000; ++i) {
-      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-      text << words[(x >> 33) % 10] << ' ';
-    }
+    test::write_word_corpus(dir_ / "corpus.txt",
+                            {"the", "pipe", "stage", "micro", "batch", "bubble", "send", "recv", "grad", "loss"});
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
-  // `dpt train <args>` on n ranks (mpirun for n > 1), one thread each, the
-  // engine's settings from the environment removed.
   static RunResult train(int n, const std::string& args) {
-    const std::string env = "env -u DPT_COMM_ALGO -u DPT_COMM_TRANSPORT -u DPT_COMM_CHECK OMP_NUM_THREADS=1 "
-                            "DPT_COMM_TIMEOUT=60";
-    const std::string launcher =
-        n == 1 ? "" : fmt::format("{} launch -n {} -- ", q(dpt_bin()), n);
-    return test::run_shell(fmt::format("{} {}{} train --data {} {}", env, launcher, q(dpt_bin()),
-                                       q(dir_ / "corpus.txt"), args),
-                           dir_, 120);
+    return test::train_ranks(dpt_bin(), n, dir_ / "corpus.txt", args, dir_, 120);
   }
 
   // Trains and returns the saved weights' and metrics' paths' stem.
