@@ -681,13 +681,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (world > 1) r.topology = topology_json(pg);
   const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps, r) : 0;
   // After the resume: a pipeline's last stage copies wte from the first.
-  std::unique_ptr<Executor> executor;
-  if (mesh.pp > 1)
-    executor = std::make_unique<PipelineExecutor>(
-        mesh, groups, dynamic_cast<Gpt&>(*model), *strategy, data, loss_scale,
-        PipelineOptions{parse_pipe_schedule(o.pp_schedule), static_cast<int>(o.grad_accum), stages});
-  else
-    executor = std::make_unique<SequentialExecutor>(o, pg, *model, *strategy, data, loss_scale, mesh, groups.tp());
+  const std::unique_ptr<Executor> executor =
+      mesh.pp > 1 ? std::unique_ptr<Executor>(std::make_unique<PipelineExecutor>(
+                        mesh, groups, dynamic_cast<Gpt&>(*model), *strategy, data, loss_scale,
+                        PipelineOptions{parse_pipe_schedule(o.pp_schedule), static_cast<int>(o.grad_accum), stages}))
+                  : std::make_unique<SequentialExecutor>(o, pg, *model, *strategy, data, loss_scale, mesh, groups.tp());
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
     if (!data.evaluable()) return std::nullopt;
@@ -712,11 +710,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // forward and backward per micro-batch, the wait, the optimizer and the
   // strategy's collectives.
   std::optional<Timeline> timeline;
-  std::unique_ptr<AtomicFile> trace_file;
-  if (lead && !o.trace_out.empty()) trace_file = std::make_unique<AtomicFile>(o.trace_out);
   if (!o.trace_out.empty())
     timeline.emplace(static_cast<size_t>(std::min(o.trace_steps, steps)) *
                      (executor->trace_spans() + 2 + strategy->trace_spans()));
+  // Created now: an unwritable --trace-out fails before training, not after it.
+  const auto trace_file = lead && timeline ? std::make_unique<AtomicFile>(o.trace_out) : nullptr;
   // With checkpoints on, a signal stops the run after its step (with a
   // checkpoint); without, it ends the process as it always has.
   const bool checkpointing = !o.checkpoint_dir.empty();
@@ -742,17 +740,15 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     r.final_loss = loss;
     if (!checkpointing) continue;
     r.stopped_by = agreed_signal(pg);
-    if (r.stopped_by || ((step + 1) % std::max<int64_t>(o.checkpoint_every, 1) == 0 && o.checkpoint_every > 0 &&
-                         step + 1 < steps)) {
-      const std::string path = checkpoint_now(o, *model, *strategy, data, pg, step + 1, r);
-      if (r.stopped_by) {
-        progress.finish();
-        if (!quiet) std::printf("stopped by signal %d after step %lld; checkpoint %s\n", r.stopped_by,
-                                static_cast<long long>(step + 1), path.c_str());
-        r.steps = step + 1;
-        return r;
-      }
-    }
+    const bool due = o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0 && step + 1 < steps;
+    if (!r.stopped_by && !due) continue;
+    const std::string path = checkpoint_now(o, *model, *strategy, data, pg, step + 1, r);
+    if (!r.stopped_by) continue;
+    progress.finish();
+    if (!quiet) std::printf("stopped by signal %d after step %lld; checkpoint %s\n", r.stopped_by,
+                            static_cast<long long>(step + 1), path.c_str());
+    r.steps = step + 1;
+    return r;
   }
   progress.finish();
   if (timeline) timeline->write(trace_file.get(), pg);
