@@ -239,7 +239,7 @@ TEST_F(MultirankCliTest, BenchCommOnTwoRanks) {
   ASSERT_TRUE(j["results"].is_array());
   ASSERT_FALSE(j["results"].empty());
   std::set<std::string> ops, algos;
-  std::set<std::tuple<std::string, std::string, int64_t>> seen;
+  std::set<std::tuple<std::string, std::string, std::string, int64_t>> seen;
   for (const auto& res : j["results"]) {
     SCOPED_TRACE(res.dump());
     EXPECT_EQ(res["wrong"], 0);
@@ -248,13 +248,20 @@ TEST_F(MultirankCliTest, BenchCommOnTwoRanks) {
     EXPECT_TRUE(bytes == 4096 || bytes == 65536);
     ops.insert(res["op"].get<std::string>());
     algos.insert(res["algo"].get<std::string>());
-    seen.emplace(res["op"].get<std::string>(), res["algo"].get<std::string>(), bytes);
+    seen.emplace(res["op"].get<std::string>(), res["algo"].get<std::string>(), res["memory"].get<std::string>(),
+                 bytes);
   }
   EXPECT_EQ(ops, (std::set<std::string>{"all_reduce", "reduce_scatter", "all_gather", "broadcast"}));
   EXPECT_EQ(algos, (std::set<std::string>{"ring", "mpi"}));
-  // Every operation, algorithm and size, once each.
-  EXPECT_EQ(seen.size(), 4u * 2u * 2u);
-  EXPECT_EQ(j["results"].size(), 4u * 2u * 2u);
+  // Every operation, algorithm and size in private memory, once each, and
+  // the ring's all_reduce in a shared window (checked exactly like the
+  // others); MPI's algorithms have no shared window.
+  for (int64_t bytes : {4096, 65536}) {
+    EXPECT_TRUE(seen.count({"all_reduce", "ring", "shared", bytes}));
+    EXPECT_FALSE(seen.count({"all_reduce", "mpi", "shared", bytes}));
+  }
+  EXPECT_EQ(seen.size(), 4u * 2u * 2u + 2u);
+  EXPECT_EQ(j["results"].size(), 4u * 2u * 2u + 2u);
 }
 
 TEST_F(MultirankCliTest, DdpTrainOnTwoRanks) {

@@ -41,6 +41,11 @@ void combine_bytes(void* dst, const void* src, size_t n, Combine c) {
   }
 }
 
+Combine combine_of(ReduceOp op, size_t esize) {
+  if (esize == sizeof(bf16)) return Combine::SumBf16;
+  return op == ReduceOp::Max ? Combine::Max : Combine::Sum;
+}
+
 std::string peer_name(const OpContext& ctx, int rank) {
   if (!ctx.hosts || rank < 0 || static_cast<size_t>(rank) >= ctx.hosts->size()) return fmt::format("rank {}", rank);
   return fmt::format("rank {} (host {})", rank, (*ctx.hosts)[static_cast<size_t>(rank)]);
@@ -51,13 +56,7 @@ void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size
   bool sent = to == nullptr, received = from == nullptr;
   if (!sent) to->start_send(src, send_bytes);
   if (!received) from->start_recv(dst, recv_bytes, c);
-  // Spin briefly (a partner that is ready is microseconds away), yield a
-  // little, then sleep in short naps: a peer that is still computing must
-  // not find this rank's communication thread burning a core its own compute
-  // thread (or, with ranks sharing cores, its neighbour) needs. Check the
-  // clock and the peers' health every so often.
-  uint64_t idle = 0;
-  auto last_health = std::chrono::steady_clock::now();
+  Backoff backoff(ctx);
   while (!(sent && received)) {
     bool moved = false;
     // A transport's own failure (MPI's, when a connection breaks) names
@@ -77,37 +76,42 @@ void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size
     progress(sent, to_rank, [&] { return to->progress_send(); });
     progress(received, from_rank, [&] { return from->progress_recv(); });
     if (moved) {
-      idle = 0;
+      backoff.reset();
       continue;
     }
-    ++idle;
-    if (idle < 512) {
-      DPT_CPU_RELAX();
-    } else if (idle < 640) {
-      sched_yield();
-    } else {
-      timespec ts{0, 20000};
-      nanosleep(&ts, nullptr);
-    }
-    if (idle % 128 == 0) {
-      auto now = std::chrono::steady_clock::now();
-      Peer* waiting_on = !received ? from : to;
-      int peer_rank = !received ? from_rank : to_rank;
-      if (now - last_health > std::chrono::milliseconds(100)) {
-        last_health = now;
-        // (Only shared-memory peers can tell: the peer is on this host.)
-        if (!waiting_on->alive())
-          throw CommError(fmt::format("{} #{} of {} bytes failed: rank {} has exited", ctx.op,
-                                      ctx.seq, ctx.bytes, peer_rank));
-      }
-      if (now > ctx.deadline)
-        throw CommError(fmt::format(
-            "{} #{} of {} bytes timed out after {:.1f} s waiting for {} (dead, unreachable, or not "
-            "issuing the same collective)",
-            ctx.op, ctx.seq, ctx.bytes, static_cast<double>(ctx.timeout.count()) / 1000.0,
-            peer_name(ctx, peer_rank)));
-    }
+    if (!received)
+      backoff.idle(from, from_rank);
+    else
+      backoff.idle(to, to_rank);
   }
+}
+
+Backoff::Backoff(const OpContext& ctx) : ctx_(ctx), last_health_(std::chrono::steady_clock::now()) {}
+
+void Backoff::idle(Peer* peer, int peer_rank) {
+  ++idle_;
+  if (idle_ < 512) {
+    DPT_CPU_RELAX();
+  } else if (idle_ < 640) {
+    sched_yield();
+  } else {
+    timespec ts{0, 20000};
+    nanosleep(&ts, nullptr);
+  }
+  if (idle_ % 128 != 0) return;
+  auto now = std::chrono::steady_clock::now();
+  if (now - last_health_ > std::chrono::milliseconds(100)) {
+    last_health_ = now;
+    if (!peer->alive())
+      throw CommError(fmt::format("{} #{} of {} bytes failed: rank {} has exited", ctx_.op, ctx_.seq, ctx_.bytes,
+                                  peer_rank));
+  }
+  if (now > ctx_.deadline)
+    throw CommError(fmt::format(
+        "{} #{} of {} bytes timed out after {:.1f} s waiting for {} (dead, unreachable, or not "
+        "issuing the same collective)",
+        ctx_.op, ctx_.seq, ctx_.bytes, static_cast<double>(ctx_.timeout.count()) / 1000.0,
+        peer_name(ctx_, peer_rank)));
 }
 
 }  // namespace dpt::comm

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/types.h"
+
 namespace dpt::comm {
 
 // What a receive does with the incoming bytes: copy them, or combine them
@@ -23,6 +25,9 @@ enum class Combine { Copy, Sum, Max, SumBf16 };
 
 // Applies a Combine to n bytes.
 void combine_bytes(void* dst, const void* src, size_t n, Combine c);
+// How a reduction combines elements of esize bytes: bf16 (esize 2)
+// reductions are sums only (ProcessGroup checks).
+Combine combine_of(ReduceOp op, size_t esize);
 
 // What one progress call achieved for a transfer. Idle tells the caller's wait loop to back
 // off; Moved (some bytes went, not all) must not, or a long message would
@@ -57,6 +62,27 @@ struct OpContext {
 
 // "rank 2 (host b)", or "rank 2" where ctx knows no hosts.
 std::string peer_name(const OpContext& ctx, int rank);
+
+// How a rank waits on its peers: spin briefly (a partner that is ready is
+// microseconds away), yield a little, then nap in short sleeps, so a peer
+// that is still computing does not find this rank's communication thread
+// burning a core its own compute thread (or, with ranks sharing cores, its
+// neighbour) needs. Every so often it checks the deadline and whether the
+// peer waited on is still alive (only shared-memory peers can tell).
+class Backoff {
+ public:
+  explicit Backoff(const OpContext& ctx);
+  // Something moved: the next wait starts with spinning again.
+  void reset() { idle_ = 0; }
+  // One idle round waiting on `peer` (rank peer_rank). Throws CommError when
+  // the peer has exited or the deadline has passed.
+  void idle(Peer* peer, int peer_rank);
+
+ private:
+  const OpContext& ctx_;
+  uint64_t idle_ = 0;
+  std::chrono::steady_clock::time_point last_health_;
+};
 
 // Sends [src, src + send_bytes) to `to` while receiving recv_bytes from
 // `from` into dst, progressing both together (so a ring of ranks all sending

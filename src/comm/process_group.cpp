@@ -19,6 +19,7 @@
 #include "comm/ring.h"
 #include "comm/setup_deadline.h"
 #include "comm/shm_transport.h"
+#include "comm/shm_window.h"
 #include "nn/kernels.h"
 #include "cuda/backend.h"
 
@@ -73,6 +74,10 @@ struct ProcessGroup::Impl {
   MPI_Comm comm = MPI_COMM_NULL;
   std::unique_ptr<ShmSegment> shm;
   std::vector<std::unique_ptr<Peer>> peers;  // by rank; null for self
+  std::vector<Peer*> raw_peers;              // the same, as the algorithms take them
+  // Shared windows handed out by shared_memory (caller's thread only).
+  std::vector<std::weak_ptr<ShmWindow>> windows;
+  std::shared_ptr<ShmWindow> window_holding(const void* data, size_t bytes);
   std::unique_ptr<Ring> ring;
   std::vector<int> ring_order;  // the rank at each ring position
 
@@ -461,6 +466,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
     raw[static_cast<size_t>(r)] = im.peers[static_cast<size_t>(r)].get();
   }
   im.ring_order = rank_at;
+  im.raw_peers = raw;
   im.ring = std::make_unique<Ring>(rank, rank_at, raw, &pg->ledger_);
   im.thread = std::thread([&im] { im.run(); });
   if (config.algo == Algo::Mpi && n > 1) im.watchdog = std::thread([&im] { im.watch(); });
@@ -511,6 +517,61 @@ std::vector<ProcessGroup::Link> ProcessGroup::ring_links() {
   return links;
 }
 
+std::shared_ptr<ShmWindow> ProcessGroup::Impl::window_holding(const void* data, size_t bytes) {
+  for (const std::weak_ptr<ShmWindow>& weak : windows)
+    if (auto w = weak.lock(); w && w->holds(data, bytes)) return w;
+  return nullptr;
+}
+
+std::shared_ptr<void> ProcessGroup::shared_memory(size_t bytes) {
+  if (size_ == 1 || config_.algo != Algo::Ring || !config_.in_place) return nullptr;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && std::strcmp(impl_->peers[static_cast<size_t>(r)]->kind(), "shm") != 0) return nullptr;
+  // Every rank decided alike (one host, shared-memory links). The names:
+  // rank 0's pid, a random tag and its count of windows, then the rank.
+  SetupDeadline deadline(config_.timeout, name_);
+  static std::atomic<uint64_t> count{0};
+  uint64_t tag[3] = {static_cast<uint64_t>(::getpid()), std::random_device{}(), count++};
+  auto agree = [&](const char* call, const std::function<int()>& fn) {
+    deadline.at(call);
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    mpi_check(fn(), call);
+  };
+  agree("shared window setup (MPI_Bcast)", [&] { return MPI_Bcast(tag, 3, MPI_UINT64_T, 0, impl_->comm); });
+  auto name_of = [&](int r) { return fmt::format("/dpt-w-{}-{:x}-{}-{}", tag[0], tag[1] & 0xffffff, tag[2], r); };
+  std::unique_ptr<ShmWindow> window;
+  std::string error;
+  try {
+    window = ShmWindow::create(name_of(rank_), bytes, size_, rank_);
+  } catch (const CommError& e) {
+    error = e.what();
+  }
+  // Every rank learns whether every block exists before mapping the others'.
+  int failed = error.empty() ? 0 : 1;
+  auto any_failed = [&](const char* call) {
+    agree(call, [&] { return MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, impl_->comm); });
+  };
+  any_failed("shared window setup (MPI_Allreduce)");
+  if (!failed) {
+    try {
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_) window->map_peer(r, name_of(r));
+    } catch (const CommError& e) {
+      error = e.what();
+      failed = 1;
+    }
+  }
+  any_failed("shared window setup (MPI_Allreduce)");  // and: everyone has mapped every block
+  if (window) window->unlink();
+  if (!error.empty())
+    std::fprintf(stderr, "dpt[rank %d]: %s group: no shared window (%s); all-reduces take the ring\n", rank_,
+                 name_.c_str(), error.c_str());
+  if (failed) return nullptr;
+  std::shared_ptr<ShmWindow> shared(std::move(window));
+  impl_->windows.push_back(shared);
+  return std::shared_ptr<void>(shared, shared->data());
+}
+
 namespace {
 // fp32 reductions take every ReduceOp; bf16 ones (gradients reduced in
 // bf16, --reduce-dtype bf16) sum only: each hop adds in fp32 and rounds.
@@ -547,9 +608,15 @@ void check_rank(int r, int size, const char* what) {
 std::shared_ptr<Work> ProcessGroup::all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op) {
   check_reduction(dtype, op, "all_reduce");
   const int n = size_;
-  return impl_->submit(OpCode::AllReduce, count, dtype, -1, data, [this, count, op, n, dtype](OpContext& ctx, char* d) {
+  std::shared_ptr<ShmWindow> window = impl_->window_holding(data, count * dtype_size(dtype));
+  return impl_->submit(OpCode::AllReduce, count, dtype, -1, data,
+                       [this, count, op, n, dtype, window](OpContext& ctx, char* d) {
     if (n == 1) return;
-    if (config_.algo == Algo::Ring) return impl_->ring->all_reduce(ctx, d, count, dtype_size(dtype), op);
+    const size_t es = dtype_size(dtype);
+    if (window)
+      return window->all_reduce(ctx, static_cast<size_t>(d - window->data()) / es, count, es, op, impl_->ring_order,
+                                impl_->raw_peers, &ledger_);
+    if (config_.algo == Algo::Ring) return impl_->ring->all_reduce(ctx, d, count, es, op);
     impl_->mpi_blocking(ctx, "MPI_Allreduce", [&] {
       return MPI_Allreduce(MPI_IN_PLACE, d, static_cast<int>(count), mpi_type(dtype), mpi_reduce_op(dtype, op),
                            impl_->comm);

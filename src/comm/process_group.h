@@ -88,6 +88,19 @@ class ProcessGroup {
   // Algo::Mpi, by send and recv only: MPI's collectives pick their own paths).
   std::vector<Link> ring_links();
 
+  // Collective: `bytes` of memory that every other rank of this group can
+  // read and write in place (a shared window, comm/shm_window.h), or null
+  // when the group cannot have one: a group of one, ranks on several hosts
+  // or without shared-memory links, --comm-algo mpi, DPT_COMM_IN_PLACE=0,
+  // or /dev/shm without the space (then every rank says why on stderr and
+  // nothing changes). An all_reduce whose buffer lies inside such memory
+  // runs in place: every rank reduces its chunk straight from its peers'
+  // buffers and writes the result into all of them (same result, same
+  // bytes between ranks as the ring, without the copies through the
+  // transport). The memory lives as long as the returned pointer and its
+  // copies. Call it with nothing in flight on this group.
+  std::shared_ptr<void> shared_memory(size_t bytes);
+
   std::shared_ptr<Work> all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op);
   std::shared_ptr<Work> reduce_scatter_async(void* data, size_t count, DType dtype, ReduceOp op);
   std::shared_ptr<Work> all_gather_async(void* data, size_t count, DType dtype);

@@ -21,12 +21,6 @@ void Ring::step(const OpContext& ctx, int to, const char* src, size_t sbytes, in
 }
 
 namespace {
-// bf16 (esize 2) reductions are sums only (ProcessGroup checks).
-Combine combine_of(ReduceOp op, size_t esize) {
-  if (esize == sizeof(bf16)) return Combine::SumBf16;
-  return op == ReduceOp::Max ? Combine::Max : Combine::Sum;
-}
-
 void scale(char* data, size_t count, float factor) {
   float* f = reinterpret_cast<float*>(data);
   for (size_t i = 0; i < count; ++i) f[i] *= factor;

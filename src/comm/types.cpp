@@ -50,6 +50,11 @@ Config Config::from_env() {
     c.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000.0));
   }
   if (const char* v = std::getenv("DPT_COMM_CHECK")) c.check_order = std::string(v) == "1";
+  if (const char* v = std::getenv("DPT_COMM_IN_PLACE")) {
+    const std::string s = v;
+    if (s != "0" && s != "1") throw InputError(fmt::format("DPT_COMM_IN_PLACE='{}' is not 0 or 1", s));
+    c.in_place = s == "1";
+  }
   if (const char* v = std::getenv("DPT_DEVICE_COMM")) c.device_comm = parse_device_comm(v);
   return c;
 }

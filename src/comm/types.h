@@ -35,9 +35,14 @@ struct Config {
   // (operation, element count, dtype, root); stop at the first difference.
   bool check_order = false;
   DeviceComm device_comm = DeviceComm::Auto;
+  // Shared windows (comm/shm_window.h): when every rank of a group is on one
+  // host, ProcessGroup::shared_memory hands out memory the peers map, and an
+  // all-reduce on it runs in place, without the transport's copies. false:
+  // shared_memory returns nothing and every all-reduce takes the ring.
+  bool in_place = true;
 
   // Defaults overridden by the environment: DPT_DEVICE_COMM=auto|nccl|staged,
-  // DPT_COMM_ALGO=ring|mpi,
+  // DPT_COMM_ALGO=ring|mpi, DPT_COMM_IN_PLACE=1|0,
   // DPT_COMM_TRANSPORT=auto|shm|mpi, DPT_COMM_TIMEOUT=<seconds>,
   // DPT_COMM_CHECK=1. Throws InputError on an unknown value.
   static Config from_env();

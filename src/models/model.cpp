@@ -1,5 +1,7 @@
 #include "models/model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "models/gpt.h"
 #include "models/mlp.h"
@@ -14,6 +16,14 @@ float* Model::own_params() const {
 float* Model::own_grads() const {
   if (grads_.numel() != layout_.numel()) grads_.reserve(layout_.numel());
   return grads_.f32();
+}
+
+void Model::place_grads(FlatBuffer buffer) {
+  DPT_CHECK(device_ == Device::CPU && buffer.dtype() == DType::F32 && buffer.numel() == layout_.numel(),
+            "gradients placed in {} {} elements on {} (want {} fp32 on the CPU)", buffer.numel(),
+            dtype_name(buffer.dtype()), device_name(device_), layout_.numel());
+  if (grads_.numel() == layout_.numel()) std::copy(grads_.f32(), grads_.f32() + layout_.numel(), buffer.f32());
+  grads_ = std::move(buffer);
 }
 
 void Model::init_params(uint64_t seed) {

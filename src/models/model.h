@@ -123,6 +123,10 @@ class Model {
   float* grads() { return own_grads(); }
   const float* grads() const { return own_grads(); }
   void zero_grads() { own_grads(); grads_.zero(); }
+  // Moves the gradients, values and all, into `buffer` (CPU, fp32, exactly
+  // param_count elements): DDP puts them in a shared window so its
+  // all-reduce runs in place (parallel/reducer.h).
+  void place_grads(FlatBuffer buffer);
   size_t param_count() const { return layout_.numel(); }
   size_t activation_bytes() const { return acts_.bytes(); }
 

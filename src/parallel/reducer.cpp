@@ -45,7 +45,20 @@ std::vector<Bucket> Reducer::assign(const Layout& layout, const ReducerOptions& 
 Reducer::Reducer(Model& model, comm::ProcessGroup& pg, ReducerOptions options)
     : model_(model), pg_(pg), options_(options) {
   buckets_ = assign(model.layout(), options_);
-  if (options_.reduce_dtype == DType::BF16) wire_.reserve(model.param_count());
+  // On one host the buffer the buckets are reduced in (the gradients, or
+  // their bf16 copy) goes into a shared window: the all-reduce then reads
+  // the peers' gradients where they lie instead of copying them through the
+  // transport (comm/shm_window.h). Elsewhere nothing changes.
+  const size_t n = model.param_count();
+  const bool cpu = model.device() == Device::CPU;
+  if (options_.reduce_dtype == DType::BF16) {
+    if (auto shared = cpu ? pg_.shared_memory(n * sizeof(bf16)) : nullptr)
+      wire_ = FlatBuffer(std::move(shared), n, DType::BF16);
+    else
+      wire_.reserve(n);
+  } else if (auto shared = cpu ? pg_.shared_memory(n * sizeof(float)) : nullptr) {
+    model_.place_grads(FlatBuffer(std::move(shared), n));
+  }
   model_.on_grads_ready = [this](size_t offset, size_t numel) { on_grads_ready(offset, numel); };
 }
 

@@ -6,11 +6,16 @@
 
 namespace dpt {
 
-void FlatBuffer::Free::operator()(void* p) const { kernels(device).free(p); }
+void FlatBuffer::Free::operator()(void* p) const {
+  if (!owner) kernels(device).free(p);
+}
 
 FlatBuffer::FlatBuffer(size_t numel, DType dtype, Device device) : dtype_(dtype), device_(device) {
   reserve(numel);
 }
+
+FlatBuffer::FlatBuffer(std::shared_ptr<void> memory, size_t numel, DType dtype)
+    : data_(memory.get(), Free{memory}), numel_(numel), dtype_(dtype), device_(Device::CPU) {}
 
 void FlatBuffer::place(Device device) {
   if (device == device_) return;

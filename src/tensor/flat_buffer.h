@@ -15,6 +15,10 @@ class FlatBuffer {
  public:
   FlatBuffer() = default;
   explicit FlatBuffer(size_t numel, DType dtype = DType::F32, Device device = Device::CPU);
+  // numel elements in CPU memory someone else allocated (a shared window,
+  // comm::ProcessGroup::shared_memory), kept alive by the buffer. Growing
+  // such a buffer past numel moves it to memory of its own.
+  FlatBuffer(std::shared_ptr<void> memory, size_t numel, DType dtype = DType::F32);
 
   // Where the elements live; moves them there if any are allocated (between
   // the CPU and a GPU). Pointers from f32()/b16() are that device's.
@@ -36,8 +40,10 @@ class FlatBuffer {
   struct Free {
     Free() : device(Device::CPU) {}
     explicit Free(Device d) : device(d) {}
+    explicit Free(std::shared_ptr<void> o) : device(Device::CPU), owner(std::move(o)) {}
     void operator()(void* p) const;
     Device device;
+    std::shared_ptr<void> owner;  // set: the memory is its, not ours to free
   };
   std::unique_ptr<void, Free> data_;
   size_t numel_ = 0;

@@ -235,6 +235,10 @@ BenchCommCommand::BenchCommCommand(CLI::App& app) {
       ->capture_default_str();
   cmd_->add_option("--algo", algos_, "comma-separated: ring (the engine's), mpi (MPI's own)")
       ->capture_default_str();
+  cmd_->add_option("--memory", memory_,
+                   "comma-separated: private (each rank's own buffer), shared (a shared window: the ring's "
+                   "all_reduce runs in place; ranks on one host)")
+      ->capture_default_str();
   cmd_->add_option("--sizes", sizes_, "comma-separated buffer sizes in bytes, K/M/G suffixes (binary)")
       ->capture_default_str();
   cmd_->add_option("--iters", iters_, "timed runs per size")
@@ -258,6 +262,10 @@ int BenchCommCommand::run() {
   const std::vector<comm::Algo> algos = parse_algos(algos_);
   std::vector<size_t> sizes;
   for (const auto& s : split_list(sizes_, "--sizes")) sizes.push_back(parse_size(s));
+  const std::vector<std::string> memories = split_list(memory_, "--memory");
+  for (const auto& m : memories)
+    if (m != "private" && m != "shared")
+      throw InputError(fmt::format("--memory: unknown memory '{}' (private, shared)", m));
   comm::Config base = comm::Config::from_env();
   if (!transport_.empty()) base.transport = comm::parse_transport(transport_);
   if (timeout_s_ > 0)
@@ -305,39 +313,57 @@ int BenchCommCommand::run() {
       if (measure)
         std::printf("# memcpy bandwidth (%zu MiB, best of 5): 1 thread %.1f GB/s, 2 threads %.1f GB/s\n",
                     membw.bytes >> 20, membw.one_thread, membw.two_threads);
-      std::printf("#\n# %14s  %4s  %11s  %10s  %10s  %11s  %11s  %6s\n", "op", "algo", "size(B)", "count",
-                  "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+      std::printf("#\n# %14s  %4s  %7s  %11s  %10s  %10s  %11s  %11s  %6s\n", "op", "algo", "memory", "size(B)",
+                  "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     }
     if (is_root) std::printf("# algo %s, transport %s\n", comm::algo_name(config.algo), transport.c_str());
     std::fflush(stdout);
 
-    for (const OpSpec& op : ops) {
-      for (size_t bytes : sizes) {
-        const size_t count = bytes / 4;
-        const double time_us = time_op(*pg, op.op, buf.data(), count, warmup_, iters_);
-        const double algbw = static_cast<double>(bytes) / (time_us * 1e-6) / 1e9;
-        const double busbw = algbw * bus_factor(op.op, n);
-
-        const int64_t local_wrong = checked_run(*pg, op.op, buf.data(), count);
-        const int64_t wrong = sum_over_ranks(*pg, local_wrong);
-        wrong_total += wrong;
-        if (wrong > 0 || local_wrong > 0) failed = true;
-
-        if (is_root) {
-          std::printf("  %14s  %4s  %11zu  %10zu  %10.2f  %11.3f  %11.3f  %6lld\n", op.name,
-                      comm::algo_name(config.algo), bytes, count, time_us, algbw, busbw,
-                      static_cast<long long>(wrong));
-          std::fflush(stdout);
+    for (const std::string& memory : memories) {
+      // Shared: a window every rank maps (collective); only all_reduce
+      // runs differently there. Not every group can have one (MPI's
+      // algorithms, ranks on several hosts): say so and go on.
+      float* data = buf.data();
+      std::shared_ptr<void> window;
+      if (memory == "shared") {
+        window = pg->shared_memory(max_count * sizeof(float));
+        if (!window) {
+          if (is_root) std::printf("# algo %s: no shared window here, memory shared skipped\n",
+                                   comm::algo_name(config.algo));
+          continue;
         }
-        results.push_back({{"op", op.name},
-                           {"algo", comm::algo_name(config.algo)},
-                           {"transport", transport},
-                           {"bytes", bytes},
-                           {"count", count},
-                           {"time_us", time_us},
-                           {"algbw_gbs", algbw},
-                           {"busbw_gbs", busbw},
-                           {"wrong", wrong}});
+        data = static_cast<float*>(window.get());
+      }
+      for (const OpSpec& op : ops) {
+        if (memory == "shared" && op.op != Op::AllReduce) continue;
+        for (size_t bytes : sizes) {
+          const size_t count = bytes / 4;
+          const double time_us = time_op(*pg, op.op, data, count, warmup_, iters_);
+          const double algbw = static_cast<double>(bytes) / (time_us * 1e-6) / 1e9;
+          const double busbw = algbw * bus_factor(op.op, n);
+
+          const int64_t local_wrong = checked_run(*pg, op.op, data, count);
+          const int64_t wrong = sum_over_ranks(*pg, local_wrong);
+          wrong_total += wrong;
+          if (wrong > 0 || local_wrong > 0) failed = true;
+
+          if (is_root) {
+            std::printf("  %14s  %4s  %7s  %11zu  %10zu  %10.2f  %11.3f  %11.3f  %6lld\n", op.name,
+                        comm::algo_name(config.algo), memory.c_str(), bytes, count, time_us, algbw, busbw,
+                        static_cast<long long>(wrong));
+            std::fflush(stdout);
+          }
+          results.push_back({{"op", op.name},
+                             {"algo", comm::algo_name(config.algo)},
+                             {"memory", memory},
+                             {"transport", transport},
+                             {"bytes", bytes},
+                             {"count", count},
+                             {"time_us", time_us},
+                             {"algbw_gbs", algbw},
+                             {"busbw_gbs", busbw},
+                             {"wrong", wrong}});
+        }
       }
     }
     pg.reset();  // one process group at a time

@@ -139,6 +139,7 @@ class BenchCommCommand {
   CLI::App* cmd_;
   std::string ops_ = "all_reduce,reduce_scatter,all_gather,broadcast", algos_ = "ring,mpi";
   std::string sizes_ = "4K,64K,1M,16M,64M,256M", transport_, json_;
+  std::string memory_ = "private,shared";
   int iters_ = 20, warmup_ = 5;
   double timeout_s_ = 0;
 };
