@@ -18,6 +18,7 @@
 #include "dist_main.h"
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +28,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -605,6 +607,117 @@ TEST(BadArguments, ReductionOfBF16) {
   auto ok = contribution(8);
   EXPECT_NO_THROW(pg().all_reduce(ok.data(), 8, DType::F32, ReduceOp::Max));
   EXPECT_TRUE(matches(ok.data(), 0, 8, max_over_ranks));
+}
+
+// ------------------------------------------------ shared windows, in place
+
+// A window exists exactly where the in-place all-reduce can work: a ring
+// group of several ranks on one host linked by shared memory (and no
+// DPT_COMM_IN_PLACE=0).
+bool window_expected() {
+  if (world() < 2 || !ring() || !pg().config().in_place) return false;
+  for (int p = 0; p < world(); ++p)
+    if (p != me() && pg().transport_to(p) != "shm") return false;
+  return true;
+}
+
+TEST(InPlace, WindowOnlyWhereItCanWork) {
+  auto w = pg().shared_memory(4096);
+  EXPECT_EQ(w != nullptr, window_expected());
+  if (w) {
+    // Zero-filled, and ours to write.
+    const float* f = static_cast<const float*>(w.get());
+    EXPECT_TRUE(std::all_of(f, f + 1024, [](float x) { return x == 0.0f; }));
+  }
+}
+
+// Values whose sums round differently in different orders (for n > 2), so
+// "bitwise the ring's result" says the in-place sum adds in the ring's order.
+float inexact(int r, size_t i) { return std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(r)) * 1e3f; }
+
+struct InPlaceCase {
+  const char* name;
+  size_t count, offset;  // elements, and where in the window they start
+};
+const InPlaceCase kInPlaceCases[] = {
+    {"one", 1, 0}, {"seven_at_3", 7, 3}, {"thousand_at_17", 1000, 17}, {"mib_plus_3_at_5", kBig, 5}};
+
+class InPlaceTest : public ::testing::TestWithParam<InPlaceCase> {
+ protected:
+  // The same reduction on a private buffer (the ring) and in a window (in
+  // place, between guard elements): bitwise equal results, equal ledger
+  // bytes. T is float or bf16.
+  template <class T>
+  void compare(DType dtype, ReduceOp op) {
+    const auto [name, count, offset] = GetParam();
+    const size_t es = sizeof(T);
+    auto window = pg().shared_memory((offset + count + 1) * es);
+    if (!window) GTEST_SKIP() << "no shared window in this group (every rank skips alike)";
+    T* in_window = static_cast<T*>(window.get());
+    std::vector<T> ring_result(count);
+    for (size_t i = 0; i < count; ++i) {
+      const float x = dtype == DType::BF16 ? std::round(inexact(me(), i)) : inexact(me(), i);
+      if constexpr (std::is_same_v<T, float>) {
+        ring_result[i] = in_window[offset + i] = x;
+      } else {
+        ring_result[i] = in_window[offset + i] = dpt::to_bf16(x);
+      }
+    }
+    const T guard = in_window[offset + count];  // zero: the window starts zeroed
+    for (size_t i = 0; i < offset; ++i) in_window[i] = guard;
+    const auto before = pg().ledger().snapshot();
+    pg().all_reduce(ring_result.data(), count, dtype, op);
+    const auto middle = pg().ledger().snapshot();
+    pg().all_reduce(in_window + offset, count, dtype, op);
+    const auto after = pg().ledger().snapshot();
+    EXPECT_EQ(std::memcmp(ring_result.data(), in_window + offset, count * es), 0)
+        << "rank " << me() << ": the in-place result differs from the ring's";
+    for (size_t i = 0; i < offset; ++i) EXPECT_EQ(std::memcmp(&in_window[i], &guard, es), 0) << "wrote before";
+    EXPECT_EQ(std::memcmp(&in_window[offset + count], &guard, es), 0) << "wrote past count";
+    const OpStats by_ring = entry(dpt::comm::difference(middle, before), "all_reduce");
+    const OpStats in_place = entry(dpt::comm::difference(after, middle), "all_reduce");
+    EXPECT_EQ(in_place.count, 1);
+    if (count % static_cast<size_t>(world()) == 0) {
+      EXPECT_EQ(in_place.bytes_sent, by_ring.bytes_sent);
+      EXPECT_EQ(in_place.bytes_recv, by_ring.bytes_recv);
+    }
+    // Over all ranks the totals agree whatever the count.
+    const auto ring_all = gather_bytes(by_ring), window_all = gather_bytes(in_place);
+    uint64_t ring_total = 0, window_total = 0;
+    for (size_t k = 0; k < ring_all.size(); ++k) ring_total += ring_all[k], window_total += window_all[k];
+    EXPECT_EQ(window_total, ring_total);
+  }
+};
+
+TEST_P(InPlaceTest, SumIsTheRingsBitwise) { compare<float>(DType::F32, ReduceOp::Sum); }
+TEST_P(InPlaceTest, AvgIsTheRingsBitwise) { compare<float>(DType::F32, ReduceOp::Avg); }
+TEST_P(InPlaceTest, MaxIsTheRingsBitwise) { compare<float>(DType::F32, ReduceOp::Max); }
+TEST_P(InPlaceTest, SumBF16IsTheRingsBitwise) { compare<dpt::bf16>(DType::BF16, ReduceOp::Sum); }
+
+INSTANTIATE_TEST_SUITE_P(Counts, InPlaceTest, ::testing::ValuesIn(kInPlaceCases),
+                         [](const ::testing::TestParamInfo<InPlaceCase>& info) { return std::string(info.param.name); });
+
+// Two windows and private buffers in flight together, waited in reverse:
+// the windows' own counts of collectives keep them apart.
+TEST(InPlace, TwoWindowsAndTheRingInterleaved) {
+  const size_t count = 100003;
+  auto a = pg().shared_memory(count * sizeof(float));
+  auto b = pg().shared_memory(count * sizeof(float));
+  if (!a || !b) GTEST_SKIP() << "no shared window in this group";
+  float* fa = static_cast<float*>(a.get());
+  float* fb = static_cast<float*>(b.get());
+  auto p = contribution(count);
+  for (size_t i = 0; i < count; ++i) fa[i] = fb[i] = contrib(me(), i);
+  std::vector<std::shared_ptr<Work>> works;
+  for (int round = 0; round < 3; ++round) {
+    works.push_back(pg().all_reduce_async(fa, count, DType::F32, ReduceOp::Max));
+    works.push_back(pg().all_reduce_async(p.data(), count, DType::F32, ReduceOp::Max));
+    works.push_back(pg().all_reduce_async(fb, count, DType::F32, ReduceOp::Max));
+  }
+  for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+  EXPECT_TRUE(matches(fa, 0, count, max_over_ranks));
+  EXPECT_TRUE(matches(fb, 0, count, max_over_ranks));
+  EXPECT_TRUE(matches(p.data(), 0, count, max_over_ranks));
 }
 
 // ---------------------------------------------------------- subgroups

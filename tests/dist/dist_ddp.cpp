@@ -106,15 +106,15 @@ struct TrainRun {
   double seconds = 0;
 };
 
-// DDP on every rank of the group.
-TrainRun run_ddp(TrainOptions o, const std::string& tag) {
+// DDP on every rank of the group (the job's world unless told).
+TrainRun run_ddp(TrainOptions o, const std::string& tag, comm::ProcessGroup* group = nullptr) {
   o.strategy = "ddp";
   o.quiet = true;
   o.save = temp_path(tag);
   TrainRun run;
   auto t0 = std::chrono::steady_clock::now();
   try {
-    run.result = run_training(o, pg());
+    run.result = run_training(o, group ? *group : pg());
     run.ok = true;
     if (me() == 0) run.weights = read_weights(o.save);
   } catch (const std::exception& e) {
@@ -377,6 +377,25 @@ TEST(Ddp, SmallBucketsMatchDefaultBuckets) {
   }
 }
 
+// On one host DDP's gradients live in a shared window and its all-reduce
+// runs in place (comm/shm_window.h); a group made with in_place off takes
+// the ring through the transport's slots. The in-place sum adds in the
+// ring's order, so the weights are bitwise equal at every N.
+TEST(Ddp, InPlaceAllReduceMatchesTheRingBitwise) {
+  comm::Config config = pg().config();
+  config.in_place = !config.in_place;
+  auto other = comm::ProcessGroup::create(config);
+  comm::ProcessGroup& in_place = config.in_place ? *other : pg();
+  const bool windows = in_place.shared_memory(64) != nullptr;
+  if (me() == 0) measure("this group {} shared windows", windows ? "has" : "has no");
+  const TrainRun run = run_ddp(mlp_options(), "mlp_other_in_place", other.get());
+  EXPECT_TRUE(run.ok);
+  const bool bitwise = expect_close(run, mlp_ddp(), kMlpTol, "mlp ddp in place vs through the ring's slots");
+  if (me() == 0 && run.ok) {
+    EXPECT_TRUE(bitwise) << "the in-place all-reduce adds in the ring's order: expected bitwise equality";
+  }
+}
+
 TEST(Ddp, NaiveDpMatchesDdp) {
   // Strategy dp on rank 0 alone: N replica threads, replica 0 sums the
   // others' gradients in replica order, steps and copies the weights back.
@@ -395,7 +414,9 @@ TEST(Ddp, NaiveDpMatchesDdp) {
 // The bytes a rank sends per step for an all-reduce of the given bucket
 // sizes, as a range: the ring sends every chunk but one in the
 // reduce-scatter and every chunk but one in the all-gather, 2m - c1 - c2
-// elements with chunks of floor(m/N) or ceil(m/N) elements.
+// elements with chunks of floor(m/N) or ceil(m/N) elements; in place (a
+// shared window) the peers pull every chunk but this rank's own, c, and it
+// pushes c to N - 1 peers: m + (N - 2)c. The same total over the ranks.
 struct Bounds {
   uint64_t lo = 0, hi = 0;
 };
@@ -405,8 +426,8 @@ Bounds ring_bytes(const std::vector<Bucket>& buckets, int n) {
   for (const Bucket& k : buckets) {
     const uint64_t m = k.numel, ranks = static_cast<uint64_t>(n);
     const uint64_t fl = m / ranks, cl = (m + ranks - 1) / ranks;
-    b.lo += 4 * (2 * m - 2 * cl);
-    b.hi += 4 * (2 * m - 2 * fl);
+    b.lo += 4 * std::min(2 * m - 2 * cl, m + (ranks - 2) * fl);
+    b.hi += 4 * std::max(2 * m - 2 * fl, m + (ranks - 2) * cl);
   }
   return b;
 }

@@ -1,6 +1,6 @@
 // A job that goes wrong on purpose, for tests/dist/test_dist_failure.cpp.
 //
-//   mpirun -n 3 dist_failure --mode die|skip|mismatch|late|none [--timeout-ms 3000]
+//   mpirun -n 3 dist_failure --mode die|skip|mismatch|late|none [--timeout-ms 3000] [--shared]
 //
 // Every rank runs five all_reduces; the third is where rank 1 misbehaves:
 //   die       rank 1 exits (_exit(0)) before it
@@ -8,6 +8,8 @@
 //   mismatch  rank 1 issues an all_gather of the same count instead, with
 //             the order check on (config.check_order)
 //   none      nobody misbehaves
+// --shared: the data lives in a shared window (ProcessGroup::shared_memory),
+// so the all_reduces run in place (exit 2 where the group has no window).
 // A rank that catches an error prints "rank R: <what()>" on stderr and
 // leaves with _exit(1) (MPI finalisation could hang with a dead peer); a rank
 // that saw none prints "rank R: no error" and exits 0.
@@ -29,7 +31,7 @@
 namespace {
 
 [[noreturn]] void usage(const char* msg) {
-  std::fprintf(stderr, "dist_failure: %s\nusage: dist_failure --mode die|skip|mismatch|late|none [--timeout-ms N]\n", msg);
+  std::fprintf(stderr, "dist_failure: %s\nusage: dist_failure --mode die|skip|mismatch|late|none [--timeout-ms N] [--shared]\n", msg);
   std::exit(2);
 }
 
@@ -38,6 +40,7 @@ namespace {
 int main(int argc, char** argv) {
   std::string mode;
   long timeout_ms = 3000;
+  bool shared = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mode" && i + 1 < argc) {
@@ -46,6 +49,8 @@ int main(int argc, char** argv) {
       char* end = nullptr;
       timeout_ms = std::strtol(argv[++i], &end, 10);
       if (*end != '\0' || timeout_ms <= 0) usage("--timeout-ms needs a positive integer");
+    } else if (a == "--shared") {
+      shared = true;
     } else {
       usage(("unknown argument '" + a + "'").c_str());
     }
@@ -72,7 +77,14 @@ int main(int argc, char** argv) {
     }
 
     constexpr size_t kCount = 1000;
-    std::vector<float> data(kCount);
+    std::vector<float> own(kCount);
+    std::shared_ptr<void> window = shared ? pg->shared_memory(kCount * sizeof(float)) : nullptr;
+    if (shared && !window) {
+      std::fprintf(stderr, "rank %d: --shared, but this group has no shared window\n", rank);
+      std::fflush(nullptr);
+      _exit(2);
+    }
+    float* data = window ? static_cast<float*>(window.get()) : own.data();
     for (int op = 1; op <= 5; ++op) {
       for (size_t i = 0; i < kCount; ++i) data[i] = static_cast<float>(rank + op);
       if (op == 3 && rank == 1) {
@@ -82,11 +94,11 @@ int main(int argc, char** argv) {
           std::this_thread::sleep_for(std::chrono::seconds(20));
           _exit(0);
         } else if (mode == "mismatch") {
-          pg->all_gather(data.data(), kCount, dpt::DType::F32);
+          pg->all_gather(data, kCount, dpt::DType::F32);
           continue;
         }
       }
-      pg->all_reduce(data.data(), kCount, dpt::DType::F32, dpt::comm::ReduceOp::Sum);
+      pg->all_reduce(data, kCount, dpt::DType::F32, dpt::comm::ReduceOp::Sum);
     }
     std::fprintf(stderr, "rank %d: no error\n", rank);
     std::fflush(nullptr);

@@ -109,6 +109,29 @@ TEST_P(Failure, NoneWhenNobodyMisbehaves) {
 INSTANTIATE_TEST_SUITE_P(Algo, Failure, ::testing::Values("ring", "mpi"),
                          [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
 
+// The in-place all-reduce (data in a shared window) waits on its peers in
+// its own loop: a dead or missing rank ends it just the same.
+TEST(InPlaceFailure, RankDiesBeforeThirdCollective) {
+  const JobResult r = run_job(mpirun(3, algo_env("ring"), "--mode die --timeout-ms 3000 --shared"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_LT(r.seconds, 30.0) << r.output;
+  EXPECT_TRUE(has(r.output, ": all_reduce #2 of 4000 bytes failed: rank 1 has exited")) << r.output;
+}
+
+TEST(InPlaceFailure, RankSkipsThirdCollective) {
+  const JobResult r = run_job(mpirun(3, algo_env("ring"), "--mode skip --timeout-ms 3000 --shared"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_LT(r.seconds, 30.0) << r.output;
+  EXPECT_TRUE(has(r.output, ": all_reduce #2 of 4000 bytes timed out after 3.0 s waiting for rank 1")) << r.output;
+}
+
+TEST(InPlaceFailure, NoneWhenNobodyMisbehaves) {
+  const JobResult r = run_job(mpirun(3, algo_env("ring"), "--mode none --timeout-ms 3000 --shared"));
+  EXPECT_EQ(r.status, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_TRUE(has(r.output, "rank " + std::to_string(rank) + ": no error")) << r.output;
+}
+
 TEST(FailureConfig, UnknownAlgorithmIsAClearError) {
   const JobResult r = run_job(mpirun(1, "-x DPT_COMM_ALGO=foo", "--mode none --timeout-ms 3000"));
   EXPECT_NE(r.status, 0) << r.output;
