@@ -8,9 +8,12 @@ Usage: /usr/bin/python3 bench/ddp_bench.py [--dpt build/dpt] [--workload mlp|gpt
 For each workload it runs, one after the other (each configuration once):
 
   engine DDP, 2 ranks x 1 thread   dpt launch -n 2 -- dpt train --threads 1 ...
-    default (overlapped, 25 MiB buckets), --no-overlap, --per-param,
-    and --bucket-mb 0.25, 1, 4, 25
+    default (overlapped, 25 MiB buckets; on one host the all-reduce runs
+    in place in a shared window), DPT_COMM_IN_PLACE=0 (through the ring's
+    slots), --no-overlap, --per-param, and --bucket-mb 0.25, 1, 4, 25
   engine DP, 2 replica threads     dpt train --strategy dp --dp-replicas 2 --threads 1
+  2 independent processes          dpt train --threads 1 --batch B/2, both at
+                                   once: the ceiling for 2 ranks, no comm
   engine, 1 process                dpt train --threads 1, and --threads 2
   PyTorch DDP (gloo), 2 ranks      bench/torch_ddp.py
   PyTorch, 1 process               bench/torch_workloads.py --threads 1, and
@@ -26,6 +29,7 @@ Prints a table (throughput, median step ms, exposed communication as a share
 of the step, bytes sent per step per rank) and the ratios
   engine DDP / PyTorch DDP, engine DDP / PyTorch's best single process,
   scaling efficiency = throughput(2 ranks) / (2 * throughput(1 process, 1 thread)),
+  the ceiling = throughput(2 independent processes) / (2 * throughput(1 process)),
 With --repeat K every configuration runs K times, in K interleaved rounds
 (so slow phases of a shared machine hit every configuration alike); a row is
 the run with the median throughput, every round's metrics are kept under
@@ -37,8 +41,10 @@ with --workload all and no --out, one file per workload).
 """
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -51,6 +57,7 @@ TORCH_SINGLE = os.path.join(HERE, "torch_workloads.py")
 TORCH_DDP = os.path.join(HERE, "torch_ddp.py")
 UNIT = {"mlp": "samples_per_s", "gpt": "tokens_per_s"}
 ENGINE_STEPS = {"mlp": 80, "gpt": 40}
+GLOBAL_BATCH = {"mlp": 256, "gpt": 16}
 TORCH_STEPS = {"mlp": (60, 20), "gpt": (30, 10)}
 BUCKETS_MB = [0.25, 1, 4, 25]
 RANKS = 2
@@ -80,6 +87,10 @@ def configurations(args, workload, tmp):
         out.append((key, label, "engine", cmd, path(key), None))
 
     ddp("ddp", "engine DDP (overlap, 25 MiB buckets)")
+    env = dict(os.environ, DPT_COMM_IN_PLACE="0")
+    out.append(("ddp_slots", "engine DDP, all-reduce through the ring's slots", "engine",
+                [dpt, "launch", "-n", str(RANKS), "--"] + train("ddp_slots", "--threads", "1"),
+                path("ddp_slots"), env))
     ddp("ddp_no_overlap", "engine DDP --no-overlap", "--no-overlap")
     ddp("ddp_per_param", "engine DDP --per-param", "--per-param")
     for mb in BUCKETS_MB:
@@ -87,6 +98,12 @@ def configurations(args, workload, tmp):
     out.append(("dp", "engine DP (2 replica threads)", "dp",
                 train("dp", "--strategy", "dp", "--dp-replicas", str(RANKS), "--threads", "1"),
                 path("dp"), None))
+    # The ceiling: RANKS independent processes at 1/RANKS of the batch each,
+    # side by side, no communication at all (what the cores give together).
+    pair = [train(f"pair_{i}", "--threads", "1", "--batch", str(GLOBAL_BATCH[workload] // RANKS))
+            for i in range(RANKS)]
+    out.append(("pair", f"{RANKS} independent processes, 1/{RANKS} batch each (no comm)", "pair", pair,
+                [path(f"pair_{i}") for i in range(RANKS)], None))
     for t in (1, 2):
         out.append((f"single_t{t}", f"engine 1 process, {t} thread{'s' if t > 1 else ''}", "engine",
                     train(f"single_t{t}", "--threads", str(t)), path(f"single_t{t}"), None))
@@ -167,7 +184,10 @@ def run_one(workload, unit, key, label, kind, cmd, path, env, tag):
     row = {"key": key, "label": label, "kind": kind, "cmd": cmd,
            "env": {"OMP_WAIT_POLICY": env.get("OMP_WAIT_POLICY")} if env else None}
     try:
-        row["summary"] = run_and_load(label, cmd, path, env, TIMEOUT_S)
+        if kind == "pair":
+            row["summary"] = run_side_by_side(label, cmd, path, unit)
+        else:
+            row["summary"] = run_and_load(label, cmd, path, env, TIMEOUT_S)
         row["metrics"] = row_metrics(kind, row["summary"], unit)
         if row["metrics"]["throughput"] is None:
             raise RunError(f"summary lacks {unit}")
@@ -175,6 +195,32 @@ def run_one(workload, unit, key, label, kind, cmd, path, env, tag):
         print(f"ddp_bench.py: {label}: {e}", file=sys.stderr)
         row["error"] = str(e)
     return row
+
+
+def run_side_by_side(label, cmds, paths, unit):
+    """Starts every command at once, waits for all; one summary for them:
+    the summed throughput, the slowest median step, each process's own."""
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for c in cmds]
+    errors = []
+    for c, p in zip(cmds, procs):
+        try:
+            _, err = p.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            err = "timed out"
+        if p.returncode != 0:
+            errors.append(f"{' '.join(c)}: exit {p.returncode}: {err.strip()}")
+    if errors:
+        raise RunError(f"{label}: " + "; ".join(errors))
+    parts = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                parts.append(json.load(f))
+        except (OSError, ValueError) as e:
+            raise RunError(f"{label}: no valid JSON summary at {path}: {e}") from e
+    return {unit: sum(p[unit] for p in parts), "step_ms_median": max(p["step_ms_median"] for p in parts),
+            "processes": parts}
 
 
 def median_row(runs):
@@ -205,6 +251,11 @@ def ratios_of(by):
         "scaling_efficiency_torch_ddp": ratio(by.get("torch_ddp"), RANKS * by["torch_t1"])
         if "torch_t1" in by else None,
         "engine_ddp_over_engine_single_t2": ratio(by.get("ddp"), by.get("single_t2")),
+        # What the cores give with no communication, and DDP's share of it.
+        "scaling_ceiling_independent_processes": ratio(by.get("pair"), RANKS * by["single_t1"])
+        if "single_t1" in by else None,
+        "engine_ddp_over_ceiling": ratio(by.get("ddp"), by.get("pair")),
+        "engine_ddp_in_place_over_slots": ratio(by.get("ddp"), by.get("ddp_slots")),
     }
 
 
@@ -253,6 +304,10 @@ def bench_workload(args, workload):
     show("engine DDP / engine 1 process 2 threads", ratios["engine_ddp_over_engine_single_t2"])
     show("scaling efficiency, engine DDP = tput(2 ranks) / (2 * tput(1 process, 1 thread))",
          ratios["scaling_efficiency_engine_ddp"], "")
+    show("scaling ceiling = tput(independent processes, half batch each, side by side) / (2 * tput(1 process))",
+         ratios["scaling_ceiling_independent_processes"], "")
+    show("engine DDP / that ceiling", ratios["engine_ddp_over_ceiling"], "")
+    show("engine DDP in place / through the ring's slots", ratios["engine_ddp_in_place_over_slots"])
     show("scaling efficiency, engine DP", ratios["scaling_efficiency_engine_dp"], "")
     show("scaling efficiency, PyTorch DDP (against PyTorch 1 thread)",
          ratios["scaling_efficiency_torch_ddp"], "")
@@ -278,8 +333,8 @@ def main():
                     "also PyTorch's, with a quarter warm-up")
     ap.add_argument("--skip-torch", action="store_true", help="run only the engine configurations")
     ap.add_argument("--only", metavar="KEY,...",
-                    help="run only these configurations (keys: ddp, ddp_no_overlap, ddp_per_param, "
-                         "ddp_bucket_<mb>mb, dp, single_t1, single_t2, torch_ddp, torch_t1, torch_t2)")
+                    help="run only these configurations (keys: ddp, ddp_slots, ddp_no_overlap, ddp_per_param, "
+                         "ddp_bucket_<mb>mb, dp, pair, single_t1, single_t2, torch_ddp, torch_t1, torch_t2)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds of every configuration, interleaved; medians reported (default 1)")
     ap.add_argument("--out", metavar="FILE.json",
