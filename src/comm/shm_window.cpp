@@ -113,11 +113,14 @@ void ShmWindow::all_reduce(const OpContext& ctx, size_t offset, size_t count, si
   }
 
   agree(ctx, &ShmWindow::left, tag, peers);
-  // As the ring counts it: the n-1 peers pull this rank's share of every
-  // other chunk and it pulls theirs of its own; it pushes its result to
-  // n-1 peers and they push theirs to it.
-  const uint64_t moved = (count - mine.size) * esize + static_cast<uint64_t>(n - 1) * total;
-  ledger->add_transfer(ctx.op, ctx.phase, moved, moved);
+  // The ledger gets what the ring sends and receives for the same
+  // collective (as for NCCL): between ranks the same bytes cross, each
+  // rank's chunk pulled by the n-1 others and pushed back to them reduced;
+  // with uneven chunks the ring's split between ranks is the convention.
+  auto size_at = [&](int p) { return chunk_range(count, n, at(p)).size; };
+  const uint64_t sent = (2 * count - mine.size - size_at(pos + 1)) * esize;
+  const uint64_t recv = (2 * count - mine.size - size_at(pos - 1)) * esize;
+  ledger->add_transfer(ctx.op, ctx.phase, sent, recv);
 }
 
 }  // namespace dpt::comm

@@ -21,10 +21,10 @@
 //      returns (and lets its compute thread touch the buffer) while a peer
 //      may still read or write it.
 // No two ranks write the same bytes (chunks are disjoint), and nobody reads
-// a chunk another rank writes. Each byte crosses between ranks exactly as
-// often as in the ring (the ledger's figures are the ring's: every rank's
-// share is pulled by n-1 peers, and each rank pushes its result to n-1
-// peers); what goes away are the two copies through the slots per step.
+// a chunk another rank writes. Between ranks the ring's bytes cross (each
+// rank's chunk is pulled by the n-1 others and pushed back to them reduced)
+// and the ledger records the ring's per-rank figures; what goes away are
+// the two copies through the slots at every step.
 #pragma once
 
 #include <atomic>

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "comm/types.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "nn/gemm.h"
@@ -177,6 +178,10 @@ int PlanCommand::run() {
   r.grad_accum = opts_.grad_accum;
   r.world = ranks_;
   r.ranks_here = ranks_per_host_ > 0 ? std::min(ranks_per_host_, ranks_) : ranks_;
+  {
+    const comm::Config config = comm::Config::from_env();  // what `dpt train` would start with
+    r.in_place = config.algo == comm::Algo::Ring && config.in_place;
+  }
   r.available = memory_.empty() ? host_available_bytes() : parse_bytes(memory_);
   r.base.offload.chunk_bytes = static_cast<size_t>(offload_chunk_mb_ * (1 << 20));
   r.offload_dir = offload_dir_;

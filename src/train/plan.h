@@ -119,6 +119,10 @@ struct StagePlan {
   // the last stage's copy of wte and the head's gradient for it.
   size_t pipeline = 0;
   size_t need = 0;           // bytes + activations + pipeline
+  // Peers' shared-window pages this rank touches (DDP in place): its chunk
+  // of every peer's reduced buffer. Counted in its RSS, not in `need`: the
+  // host holds each page once.
+  size_t window_peer = 0;
   CommPlan comm;             // the DP strategy's, the TP all-reduces and the stage's sends
   double compute_s = 0, comm_s = 0, optimizer_s = 0;
 };
@@ -131,7 +135,8 @@ struct PlanRow {
   size_t activations = 0;    // that stage's arenas held at once
   size_t pipeline = 0;       // that stage's pipeline buffers
   size_t need = 0;           // bytes + activations + pipeline: what the memory check counts
-  size_t peak_rss = 0;       // need + the runtime: the predicted high-water mark
+  size_t window_peer = 0;    // that stage's peers' shared-window pages (StagePlan)
+  size_t peak_rss = 0;       // need + window_peer + the runtime: the predicted high-water mark
   CommPlan comm;             // of the stage that sends the most (rank 0 without --pp)
   std::vector<StagePlan> stages;  // every stage, in order (one without --pp)
   double bubble = 0;              // the pipeline's idle fraction, (pp - 1) / (M + pp - 1)
@@ -156,6 +161,10 @@ struct PlanRequest {
   int64_t batch = 0;             // global samples per step
   int64_t grad_accum = 1;        // micro-batches per step (M under --pp)
   int world = 1, ranks_here = 1;
+  // The ring with shared windows allowed (not --comm-algo mpi, not
+  // DPT_COMM_IN_PLACE=0): with every rank on one host, DDP's all-reduce
+  // runs in place (comm/shm_window.h).
+  bool in_place = true;
   size_t available = 0;          // bytes for the ranks_here ranks together
   // Offload rows: where the state would go (--offload-dir) and its free
   // bytes, which the ranks_here ranks' offloaded state must fit in.

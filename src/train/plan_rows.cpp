@@ -86,8 +86,15 @@ PlanRow make_row(const PlanRequest& r, const std::vector<const Model*>& stages, 
     const double flops = model.train_flops(per_replica) + model.recompute_flops(per_replica);
     st.compute_s = rate > 0 ? flops / (rate * 1e9) : 0.0;
     // A shared-memory ring copies each byte sent into a segment and the
-    // receiver copies it out: two copies per byte.
-    st.comm_s = m.copy_gbs > 0 ? 2.0 * static_cast<double>(st.comm.per_step()) / (m.copy_gbs * 1e9) : 0.0;
+    // receiver copies it out: two copies per byte. DDP in place (every
+    // rank on one host) reads and writes the peers' buffers directly: one.
+    const bool in_place = p.strategy == "ddp" && mesh.dp > 1 && r.in_place && r.ranks_here >= r.world &&
+                          model.device() == Device::CPU;
+    const size_t reduced = model.param_count() * dtype_size(so.ddp.reduce_dtype);
+    if (in_place) st.window_peer = reduced / static_cast<size_t>(mesh.dp) * static_cast<size_t>(mesh.dp - 1);
+    st.comm_s = m.copy_gbs > 0
+                    ? (in_place ? 1.0 : 2.0) * static_cast<double>(st.comm.per_step()) / (m.copy_gbs * 1e9)
+                    : 0.0;
     // A copy of B bytes moves 2B of memory traffic.
     const double traffic = optimizer_traffic_bytes(so.optimizer, stepped_elements(so, model.layout(), mesh.dp), mixed);
     st.optimizer_s = m.copy_gbs > 0 ? traffic / (2.0 * m.copy_gbs * 1e9) : 0.0;
@@ -96,6 +103,7 @@ PlanRow make_row(const PlanRequest& r, const std::vector<const Model*>& stages, 
       row.activations = st.activations;
       row.pipeline = st.pipeline;
       row.need = st.need;
+      row.window_peer = st.window_peer;
     }
     if (s == 0 || st.comm.per_step() > row.comm.per_step()) row.comm = st.comm;
     row.compute_s = std::max(row.compute_s, st.compute_s / (1.0 - row.bubble));
@@ -103,7 +111,7 @@ PlanRow make_row(const PlanRequest& r, const std::vector<const Model*>& stages, 
     row.optimizer_s = std::max(row.optimizer_s, st.optimizer_s);
     row.stages.push_back(st);
   }
-  row.peak_rss = row.need + m.runtime_bytes + (r.world > 1 ? kMpiRuntimeBytes : 0);
+  row.peak_rss = row.need + row.window_peer + m.runtime_bytes + (r.world > 1 ? kMpiRuntimeBytes : 0);
   const uint64_t here = static_cast<uint64_t>(std::max(1, r.ranks_here));
   const uint64_t streamed = here * row.bytes.offloaded;  // the host's ranks share its disk
   row.fits = fits_on_host(row.need, r.ranks_here, r.available) && streamed <= r.disk_free;

@@ -414,9 +414,8 @@ TEST(Ddp, NaiveDpMatchesDdp) {
 // The bytes a rank sends per step for an all-reduce of the given bucket
 // sizes, as a range: the ring sends every chunk but one in the
 // reduce-scatter and every chunk but one in the all-gather, 2m - c1 - c2
-// elements with chunks of floor(m/N) or ceil(m/N) elements; in place (a
-// shared window) the peers pull every chunk but this rank's own, c, and it
-// pushes c to N - 1 peers: m + (N - 2)c. The same total over the ranks.
+// elements with chunks of floor(m/N) or ceil(m/N) elements (in place, in a
+// shared window, the ledger records the same figures).
 struct Bounds {
   uint64_t lo = 0, hi = 0;
 };
@@ -426,8 +425,8 @@ Bounds ring_bytes(const std::vector<Bucket>& buckets, int n) {
   for (const Bucket& k : buckets) {
     const uint64_t m = k.numel, ranks = static_cast<uint64_t>(n);
     const uint64_t fl = m / ranks, cl = (m + ranks - 1) / ranks;
-    b.lo += 4 * std::min(2 * m - 2 * cl, m + (ranks - 2) * fl);
-    b.hi += 4 * std::max(2 * m - 2 * fl, m + (ranks - 2) * cl);
+    b.lo += 4 * (2 * m - 2 * cl);
+    b.hi += 4 * (2 * m - 2 * fl);
   }
   return b;
 }
