@@ -98,7 +98,10 @@ void Backoff::idle(Peer* peer, int peer_rank) {
     timespec ts{0, 20000};
     nanosleep(&ts, nullptr);
   }
-  if (idle_ % 128 != 0) return;
+  if (idle_ % 128 == 0) check(peer, peer_rank);
+}
+
+void Backoff::check(Peer* peer, int peer_rank) {
   auto now = std::chrono::steady_clock::now();
   if (now - last_health_ > std::chrono::milliseconds(100)) {
     last_health_ = now;

@@ -77,6 +77,9 @@ class Backoff {
   // One idle round waiting on `peer` (rank peer_rank). Throws CommError when
   // the peer has exited or the deadline has passed.
   void idle(Peer* peer, int peer_rank);
+  // The checks alone (the peer's health at most every 100 ms), for a
+  // caller that waits its own way.
+  void check(Peer* peer, int peer_rank);
 
  private:
   const OpContext& ctx_;

@@ -1,7 +1,9 @@
 #include "comm/shm_window.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +18,17 @@ namespace {
 // A reduced piece small enough to stay in L1 between its reduction and the
 // writes that hand it to every rank.
 constexpr size_t kPieceBytes = 16 * 1024;
+
+// The word is in memory other processes map: shared futexes (no
+// FUTEX_PRIVATE_FLAG).
+void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, long timeout_ns) {
+  timespec ts{timeout_ns / 1000000000L, timeout_ns % 1000000000L};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+void futex_wake_all(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+bool reached(uint32_t value, uint32_t tag) { return static_cast<int32_t>(value - tag) >= 0; }
 
 size_t block_bytes_for(size_t bytes) { return (ShmWindow::kHeaderBytes + bytes + 4095) / 4096 * 4096; }
 }  // namespace
@@ -73,13 +86,23 @@ bool ShmWindow::holds(const void* p, size_t n) const {
   return c >= data() && c + n <= data() + bytes_;
 }
 
-void ShmWindow::agree(const OpContext& ctx, Counter& (ShmWindow::*which)(int) const, uint64_t tag,
+void ShmWindow::agree(const OpContext& ctx, Counter& (ShmWindow::*which)(int) const, uint32_t tag,
                       const std::vector<Peer*>& peers) {
-  (this->*which)(rank_).value.store(tag, std::memory_order_release);
+  std::atomic<uint32_t>& mine = (this->*which)(rank_).value;
+  mine.store(tag, std::memory_order_release);
+  futex_wake_all(&mine);
   for (int r = 0; r < ranks_; ++r) {
     if (r == rank_) continue;
+    std::atomic<uint32_t>& theirs = (this->*which)(r).value;
+    Peer* peer = peers[static_cast<size_t>(r)];
     Backoff backoff(ctx);
-    while ((this->*which)(r).value.load(std::memory_order_acquire) < tag) backoff.idle(peers[static_cast<size_t>(r)], r);
+    // A peer that is nearly there is a few microseconds away: spin first.
+    for (int spin = 0; spin < 512 && !reached(theirs.load(std::memory_order_acquire), tag); ++spin)
+      backoff.idle(peer, r);
+    for (uint32_t seen; !reached(seen = theirs.load(std::memory_order_acquire), tag);) {
+      futex_wait(&theirs, seen, 100'000'000L);
+      backoff.check(peer, r);
+    }
   }
 }
 
@@ -88,7 +111,7 @@ void ShmWindow::all_reduce(const OpContext& ctx, size_t offset, size_t count, si
   const int n = ranks_;
   // Every rank runs the same collectives on a window, so its own count of
   // them is the same everywhere: the tag of this one.
-  const uint64_t tag = ++ops_;
+  const uint32_t tag = ++ops_;
   agree(ctx, &ShmWindow::arrived, tag, peers);
 
   const int pos = static_cast<int>(std::find(rank_at.begin(), rank_at.end(), rank_) - rank_at.begin());

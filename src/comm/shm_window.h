@@ -20,6 +20,8 @@
 //   3. leave: publish "done with #k", wait until every rank has: nobody
 //      returns (and lets its compute thread touch the buffer) while a peer
 //      may still read or write it.
+// Waiting in steps 1 and 3 sleeps on the peer's counter (a futex in the
+// shared block) rather than polling it.
 // No two ranks write the same bytes (chunks are disjoint), and nobody reads
 // a chunk another rank writes. Between ranks the ring's bytes cross (each
 // rank's chunk is pulled by the n-1 others and pushed back to them reduced)
@@ -73,20 +75,27 @@ class ShmWindow {
 
  private:
   ShmWindow() = default;
+  // 32 bits: a futex word (the waits sleep on it). Tags wrap after 2^32
+  // collectives; comparisons are by signed difference.
   struct alignas(64) Counter {
-    std::atomic<uint64_t> value;
-    char pad[56];
+    std::atomic<uint32_t> value;
+    char pad[60];
   };
   Counter& arrived(int r) const { return reinterpret_cast<Counter*>(blocks_[static_cast<size_t>(r)])[0]; }
   Counter& left(int r) const { return reinterpret_cast<Counter*>(blocks_[static_cast<size_t>(r)])[1]; }
-  // Sets my counter to tag, then waits until every rank's is at least tag.
-  void agree(const OpContext& ctx, Counter& (ShmWindow::*which)(int) const, uint64_t tag,
+  // Sets my counter to tag (waking whoever sleeps on it), then waits until
+  // every rank's has reached tag: a short spin, then sleeps on the peer's
+  // counter (futex), waking every 100 ms for the deadline and its health.
+  // Sleeping, not napping in a loop: the wait often overlaps this rank's
+  // own backward, and a waiter that woke every few microseconds would
+  // keep taking the core from it.
+  void agree(const OpContext& ctx, Counter& (ShmWindow::*which)(int) const, uint32_t tag,
              const std::vector<Peer*>& peers);
 
   std::string name_;
   size_t bytes_ = 0, block_bytes_ = 0;
   int ranks_ = 0, rank_ = 0;
-  uint64_t ops_ = 0;           // collectives run on this window
+  uint32_t ops_ = 0;           // collectives run on this window
   std::vector<char*> blocks_;  // by rank; null until mapped
   std::vector<char> scratch_;  // one reduced piece
 };
