@@ -78,6 +78,11 @@ struct ProcessGroup::Impl {
   // Shared windows handed out by shared_memory (caller's thread only).
   std::vector<std::weak_ptr<ShmWindow>> windows;
   std::shared_ptr<ShmWindow> window_holding(const void* data, size_t bytes);
+  // Runs a collective in place on a buffer inside window w.
+  void in_window(ShmWindow& w, ShmWindow::Collective kind, const OpContext& ctx, const char* d, size_t count,
+                 size_t es, ReduceOp op) {
+    w.run(ctx, kind, static_cast<size_t>(d - w.data()) / es, count, es, op, ring_order, raw_peers, &pg->ledger_);
+  }
   std::unique_ptr<Ring> ring;
   std::vector<int> ring_order;  // the rank at each ring position
 
@@ -613,9 +618,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_async(void* data, size_t count, D
                        [this, count, op, n, dtype, window](OpContext& ctx, char* d) {
     if (n == 1) return;
     const size_t es = dtype_size(dtype);
-    if (window)
-      return window->all_reduce(ctx, static_cast<size_t>(d - window->data()) / es, count, es, op, impl_->ring_order,
-                                impl_->raw_peers, &ledger_);
+    if (window) return impl_->in_window(*window, ShmWindow::Collective::AllReduce, ctx, d, count, es, op);
     if (config_.algo == Algo::Ring) return impl_->ring->all_reduce(ctx, d, count, es, op);
     impl_->mpi_blocking(ctx, "MPI_Allreduce", [&] {
       return MPI_Allreduce(MPI_IN_PLACE, d, static_cast<int>(count), mpi_type(dtype), mpi_reduce_op(dtype, op),
@@ -631,10 +634,12 @@ std::shared_ptr<Work> ProcessGroup::all_reduce_async(void* data, size_t count, D
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(void* data, size_t count, DType dtype, ReduceOp op) {
   check_reduction(dtype, op, "reduce_scatter");
   const int n = size_, rank = rank_;
+  std::shared_ptr<ShmWindow> window = impl_->window_holding(data, count * dtype_size(dtype));
   return impl_->submit(OpCode::ReduceScatter, count, dtype, -1, data,
-                       [this, count, op, n, rank, dtype](OpContext& ctx, char* d) {
+                       [this, count, op, n, rank, dtype, window](OpContext& ctx, char* d) {
     if (n == 1) return;
     const size_t es = dtype_size(dtype);
+    if (window) return impl_->in_window(*window, ShmWindow::Collective::ReduceScatter, ctx, d, count, es, op);
     if (config_.algo == Algo::Ring) return impl_->ring->reduce_scatter(ctx, d, count, es, op);
     // MPI puts this rank's result at the start of the buffer; move it to
     // its chunk, where the engine's contract has it.
@@ -655,8 +660,11 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_async(void* data, size_t coun
 std::shared_ptr<Work> ProcessGroup::all_gather_async(void* data, size_t count, DType dtype) {
   const size_t es = dtype_size(dtype);
   const int n = size_;
-  return impl_->submit(OpCode::AllGather, count, dtype, -1, data, [this, count, es, n](OpContext& ctx, char* d) {
+  std::shared_ptr<ShmWindow> window = impl_->window_holding(data, count * es);
+  return impl_->submit(OpCode::AllGather, count, dtype, -1, data, [this, count, es, n, window](OpContext& ctx, char* d) {
     if (n == 1) return;
+    if (window)
+      return impl_->in_window(*window, ShmWindow::Collective::AllGather, ctx, d, count, es, ReduceOp::Sum);
     if (config_.algo == Algo::Ring) return impl_->ring->all_gather(ctx, d, count, es);
     std::vector<int> counts(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {

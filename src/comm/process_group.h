@@ -93,12 +93,17 @@ class ProcessGroup {
   // when the group cannot have one: a group of one, ranks on several hosts
   // or without shared-memory links, --comm-algo mpi, DPT_COMM_IN_PLACE=0,
   // or /dev/shm without the space (then every rank says why on stderr and
-  // nothing changes). An all_reduce whose buffer lies inside such memory
-  // runs in place: every rank reduces its chunk straight from its peers'
-  // buffers and writes the result into all of them (same result, same
-  // bytes between ranks as the ring, without the copies through the
-  // transport). The memory lives as long as the returned pointer and its
-  // copies. Call it with nothing in flight on this group.
+  // nothing changes). An all_reduce, reduce_scatter or all_gather whose
+  // buffer lies inside such memory runs in place: every rank reduces its
+  // chunk straight from its peers' buffers and writes the result where the
+  // collective puts it (all-reduce: into every rank's buffer), or copies
+  // its peers' chunks from theirs (all-gather). Same results, bitwise, and
+  // the same ledger bytes as the ring, without the copies through the
+  // transport. Every rank must pass memory at the same place in its
+  // window (the same buffer, the same offsets): a buffer pool whose
+  // assignment depends on timing must not live there. The memory lives as
+  // long as the returned pointer and its copies. Call it with nothing in
+  // flight on this group.
   std::shared_ptr<void> shared_memory(size_t bytes);
 
   std::shared_ptr<Work> all_reduce_async(void* data, size_t count, DType dtype, ReduceOp op);

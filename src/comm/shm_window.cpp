@@ -106,8 +106,8 @@ void ShmWindow::agree(const OpContext& ctx, Counter& (ShmWindow::*which)(int) co
   }
 }
 
-void ShmWindow::all_reduce(const OpContext& ctx, size_t offset, size_t count, size_t esize, ReduceOp op,
-                           const std::vector<int>& rank_at, const std::vector<Peer*>& peers, Ledger* ledger) {
+void ShmWindow::run(const OpContext& ctx, Collective kind, size_t offset, size_t count, size_t esize, ReduceOp op,
+                    const std::vector<int>& rank_at, const std::vector<Peer*>& peers, Ledger* ledger) {
   const int n = ranks_;
   // Every rank runs the same collectives on a window, so its own count of
   // them is the same everywhere: the tag of this one.
@@ -117,33 +117,57 @@ void ShmWindow::all_reduce(const OpContext& ctx, size_t offset, size_t count, si
   const int pos = static_cast<int>(std::find(rank_at.begin(), rank_at.end(), rank_) - rank_at.begin());
   auto at = [&](int p) { return rank_at[static_cast<size_t>(((p % n) + n) % n)]; };
   const Range mine = chunk_range(count, n, rank_);
-  const Combine c = combine_of(op, esize);
-  const size_t begin = (offset + mine.begin) * esize, total = mine.size * esize;
-  scratch_.resize(kPieceBytes);
-  char* acc = scratch_.data();
-  for (size_t off = 0; off < total; off += kPieceBytes) {
-    const size_t m = std::min(kPieceBytes, total - off);
-    // The ring's order: the sum starts at the next position and travels
-    // round to this one, each rank adding its own elements.
-    std::memcpy(acc, data(at(pos + 1)) + begin + off, m);
-    for (int k = 2; k <= n; ++k) combine_bytes(acc, data(at(pos + k)) + begin + off, m, c);
-    if (op == ReduceOp::Avg) {
-      float* f = reinterpret_cast<float*>(acc);
-      const float factor = 1.0f / static_cast<float>(n);
-      for (size_t i = 0; i < m / sizeof(float); ++i) f[i] *= factor;
+  if (kind == Collective::AllGather) {
+    // Every peer's chunk, from its block into the same place in ours.
+    for (int r = 0; r < n; ++r) {
+      if (r == rank_) continue;
+      const Range theirs = chunk_range(count, n, r);
+      const size_t at_bytes = (offset + theirs.begin) * esize;
+      std::memcpy(data() + at_bytes, data(r) + at_bytes, theirs.size * esize);
     }
-    for (int r = 0; r < n; ++r) std::memcpy(data(r) + begin + off, acc, m);
+  } else {
+    const Combine c = combine_of(op, esize);
+    const size_t begin = (offset + mine.begin) * esize, total = mine.size * esize;
+    scratch_.resize(kPieceBytes);
+    char* acc = scratch_.data();
+    for (size_t off = 0; off < total; off += kPieceBytes) {
+      const size_t m = std::min(kPieceBytes, total - off);
+      // The ring's order: the sum starts at the next position and travels
+      // round to this one, each rank adding its own elements.
+      std::memcpy(acc, data(at(pos + 1)) + begin + off, m);
+      for (int k = 2; k <= n; ++k) combine_bytes(acc, data(at(pos + k)) + begin + off, m, c);
+      if (op == ReduceOp::Avg) {
+        float* f = reinterpret_cast<float*>(acc);
+        const float factor = 1.0f / static_cast<float>(n);
+        for (size_t i = 0; i < m / sizeof(float); ++i) f[i] *= factor;
+      }
+      if (kind == Collective::AllReduce) {
+        for (int r = 0; r < n; ++r) std::memcpy(data(r) + begin + off, acc, m);
+      } else {
+        std::memcpy(data() + begin + off, acc, m);
+      }
+    }
   }
 
   agree(ctx, &ShmWindow::left, tag, peers);
   // The ledger gets what the ring sends and receives for the same
-  // collective (as for NCCL): between ranks the same bytes cross, each
-  // rank's chunk pulled by the n-1 others and pushed back to them reduced;
-  // with uneven chunks the ring's split between ranks is the convention.
-  auto size_at = [&](int p) { return chunk_range(count, n, at(p)).size; };
-  const uint64_t sent = (2 * count - mine.size - size_at(pos + 1)) * esize;
-  const uint64_t recv = (2 * count - mine.size - size_at(pos - 1)) * esize;
-  ledger->add_transfer(ctx.op, ctx.phase, sent, recv);
+  // collective (as for NCCL): between ranks the same bytes cross (each
+  // rank's chunk pulled by the n-1 others for a reduction, each reduced or
+  // gathered chunk pushed or pulled once per peer); with uneven chunks the
+  // ring's split between ranks is the convention. Its reduce-scatter sends
+  // every chunk but its own and receives every chunk but the previous
+  // position's; its all-gather sends every chunk but the next position's
+  // and receives every chunk but its own; its all-reduce is both.
+  auto size_at = [&](int p) { return static_cast<uint64_t>(chunk_range(count, n, at(p)).size); };
+  const uint64_t rs_sent = count - mine.size, rs_recv = count - size_at(pos - 1);
+  const uint64_t ag_sent = count - size_at(pos + 1), ag_recv = count - mine.size;
+  uint64_t sent = 0, recv = 0;
+  switch (kind) {
+    case Collective::AllReduce: sent = rs_sent + ag_sent, recv = rs_recv + ag_recv; break;
+    case Collective::ReduceScatter: sent = rs_sent, recv = rs_recv; break;
+    case Collective::AllGather: sent = ag_sent, recv = ag_recv; break;
+  }
+  ledger->add_transfer(ctx.op, ctx.phase, sent * esize, recv * esize);
 }
 
 }  // namespace dpt::comm

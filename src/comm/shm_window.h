@@ -9,7 +9,7 @@
 // the data. Every rank maps every block of the group.
 //
 // The in-place all-reduce (for n ranks, over elements [offset, offset +
-// count) of the data):
+// count) of the data; reduce-scatter and all-gather are its halves):
 //   1. arrive: publish "my data for collective #k is final", wait until
 //      every rank has;
 //   2. reduce: the rank at ring position p owns chunk p of the range (the
@@ -17,6 +17,8 @@
 //      pieces that stay in L1, in the order the ring's reduce-scatter adds
 //      them (results are bitwise the ring's), scales for Avg, and writes
 //      each reduced piece into every rank's block, its own included;
+//   (reduce-scatter writes the reduced chunk into its own block only;
+//   all-gather copies each peer's chunk from the peer's block into its own)
 //   3. leave: publish "done with #k", wait until every rank has: nobody
 //      returns (and lets its compute thread touch the buffer) while a peer
 //      may still read or write it.
@@ -67,11 +69,15 @@ class ShmWindow {
   // True when [p, p + n) lies inside this rank's data.
   bool holds(const void* p, size_t n) const;
 
-  // The in-place all-reduce above, on elements [offset, offset + count) of
-  // the data (offset in elements). rank_at is the group's ring order;
-  // peers[r] reaches rank r (for its liveness).
-  void all_reduce(const OpContext& ctx, size_t offset, size_t count, size_t esize, ReduceOp op,
-                  const std::vector<int>& rank_at, const std::vector<Peer*>& peers, Ledger* ledger);
+  // The in-place collectives above, on elements [offset, offset + count)
+  // of the data (offset in elements), with the process group's meaning of
+  // each (process_group.h): all-reduce; reduce-scatter (this rank's chunk
+  // reduced in its own block, the rest of it left as it was); all-gather
+  // (every peer's chunk copied from its block into ours). rank_at is the
+  // group's ring order; peers[r] reaches rank r (for its liveness).
+  enum class Collective { AllReduce, ReduceScatter, AllGather };
+  void run(const OpContext& ctx, Collective kind, size_t offset, size_t count, size_t esize, ReduceOp op,
+           const std::vector<int>& rank_at, const std::vector<Peer*>& peers, Ledger* ledger);
 
  private:
   ShmWindow() = default;

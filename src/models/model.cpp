@@ -18,12 +18,22 @@ float* Model::own_grads() const {
   return grads_.f32();
 }
 
-void Model::place_grads(FlatBuffer buffer) {
-  DPT_CHECK(device_ == Device::CPU && buffer.dtype() == DType::F32 && buffer.numel() == layout_.numel(),
-            "gradients placed in {} {} elements on {} (want {} fp32 on the CPU)", buffer.numel(),
-            dtype_name(buffer.dtype()), device_name(device_), layout_.numel());
-  if (grads_.numel() == layout_.numel()) std::copy(grads_.f32(), grads_.f32() + layout_.numel(), buffer.f32());
-  grads_ = std::move(buffer);
+namespace {
+// Moves what `from` holds (if it is allocated) into `to`, which replaces it.
+void move_into(FlatBuffer& from, FlatBuffer to, size_t numel, Device device, const char* what) {
+  DPT_CHECK(device == Device::CPU && to.dtype() == DType::F32 && to.numel() == numel,
+            "{} placed in {} {} elements on {} (want {} fp32 on the CPU)", what, to.numel(), dtype_name(to.dtype()),
+            device_name(device), numel);
+  if (from.numel() == numel) std::copy(from.f32(), from.f32() + numel, to.f32());
+  from = std::move(to);
+}
+}  // namespace
+
+void Model::place_grads(FlatBuffer buffer) { move_into(grads_, std::move(buffer), layout_.numel(), device_, "gradients"); }
+
+void Model::place_params(FlatBuffer buffer) {
+  move_into(params_, std::move(buffer), layout_.numel(), device_, "parameters");
+  ++params_version_;  // the bf16 copies are of the old memory's values: same values, but say so
 }
 
 void Model::init_params(uint64_t seed) {

@@ -123,10 +123,12 @@ class Model {
   float* grads() { return own_grads(); }
   const float* grads() const { return own_grads(); }
   void zero_grads() { own_grads(); grads_.zero(); }
-  // Moves the gradients, values and all, into `buffer` (CPU, fp32, exactly
-  // param_count elements): DDP puts them in a shared window so its
-  // all-reduce runs in place (parallel/reducer.h).
+  // Move the gradients or the parameters, values and all, into `buffer`
+  // (CPU, fp32, exactly param_count elements): DDP and ZeRO-1/2 put them in
+  // a shared window so their collectives run in place (parallel/reducer.h,
+  // parallel/zero.h).
   void place_grads(FlatBuffer buffer);
+  void place_params(FlatBuffer buffer);
   size_t param_count() const { return layout_.numel(); }
   size_t activation_bytes() const { return acts_.bytes(); }
 

@@ -15,6 +15,24 @@
 
 namespace dpt {
 
+void ZeroStrategy::place_in_windows() {
+  if (model_.device() != Device::CPU) return;
+  const size_t n = layout_.numel();
+  // The model's whole gradients, reduce-scattered unit by unit (unless
+  // ZeRO-1's all-reduce reducer has put them in its own group's window, or
+  // their bf16 copies in the wire pool are what is reduced).
+  if (full_grads() && !reducer_ && !wire_bf16())
+    if (auto shared = spg_.shared_memory(n * sizeof(float))) model_.place_grads(FlatBuffer(std::move(shared), n));
+  if (stage_ == 3) return;  // its gathers go into pool buffers
+  // The updated parameters, all-gathered unit by unit after each step: the
+  // fp32 ones, or a mixed run's bf16 compute copy.
+  if (!mixed_) {
+    if (auto shared = spg_.shared_memory(n * sizeof(float))) model_.place_params(FlatBuffer(std::move(shared), n));
+  } else if (auto shared = spg_.shared_memory(n * sizeof(bf16))) {
+    params16_ = FlatBuffer(std::move(shared), n, DType::BF16);
+  }
+}
+
 void BufferPool::reserve(const std::vector<size_t>& sizes) {
   for (size_t n : sizes) {
     bufs_.emplace_back(n, DType::F32, device_);
@@ -117,6 +135,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
   wire_pool_.reserve(pools.wire);
   if (full_grads()) model_.zero_grads();
   if (stage_ == 1 && !options_.zero_scatter) reducer_ = std::make_unique<Reducer>(model_, pg_, options_.ddp);
+  place_in_windows();
   model_.set_store(this);
   if (mixed_) {
     params16_.reserve(stage_ == 3 ? shard_numel_ : layout_.numel());

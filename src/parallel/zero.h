@@ -109,6 +109,13 @@ class ZeroStrategy : public Strategy, private UnitStore {
 
   const Unit& unit(int u) const { return layout_.units()[static_cast<size_t>(u)]; }
   bool full_grads() const { return stage_ == 1 || options_.accumulate_locally; }
+  // On one host, the buffers reduced or gathered at offsets the layout
+  // fixes go into shared windows so those collectives run in place
+  // (comm/shm_window.h): the model's whole gradients (full_grads()) and,
+  // under stages 1 and 2, the parameters (or a mixed run's bf16 copy).
+  // Never the pools: which buffer a unit gets depends on when earlier
+  // reductions completed, which differs between ranks.
+  void place_in_windows();
   // The fp32 parameters live only as shards (stage 3, or mixed precision).
   bool sharded_params() const { return stage_ == 3 || mixed_; }
   // --offload params: the fp32 master shards live in the optimizers' tier

@@ -648,15 +648,19 @@ class InPlaceTest : public ::testing::TestWithParam<InPlaceCase> {
   // place, between guard elements): bitwise equal results, the same ledger
   // bytes on every rank. T is float or bf16.
   template <class T>
-  void compare(DType dtype, ReduceOp op) {
-    const auto [name, count, offset] = GetParam();
+  void compare(DType dtype, ReduceOp op, const char* name = "all_reduce") {
+    const auto [label, count, offset] = GetParam();
+    const std::string what = name;
     const size_t es = sizeof(T);
     auto window = pg().shared_memory((offset + count + 1) * es);
     if (!window) GTEST_SKIP() << "no shared window in this group (every rank skips alike)";
     T* in_window = static_cast<T*>(window.get());
     std::vector<T> ring_result(count);
+    const Range mine = chunk_range(count, world(), me());
     for (size_t i = 0; i < count; ++i) {
-      const float x = dtype == DType::BF16 ? std::round(inexact(me(), i)) : inexact(me(), i);
+      float x = dtype == DType::BF16 ? std::round(inexact(me(), i)) : inexact(me(), i);
+      // An all-gather starts from each rank's own chunk only.
+      if (what == "all_gather" && (i < mine.begin || i >= mine.begin + mine.size)) x = -1.0f;
       if constexpr (std::is_same_v<T, float>) {
         ring_result[i] = in_window[offset + i] = x;
       } else {
@@ -665,23 +669,38 @@ class InPlaceTest : public ::testing::TestWithParam<InPlaceCase> {
     }
     const T guard = in_window[offset + count];  // zero: the window starts zeroed
     for (size_t i = 0; i < offset; ++i) in_window[i] = guard;
+    auto issue = [&](T* data) {
+      if (what == "all_reduce") pg().all_reduce(data, count, dtype, op);
+      if (what == "reduce_scatter") pg().reduce_scatter(data, count, dtype, op);
+      if (what == "all_gather") pg().all_gather(data, count, dtype);
+    };
     const auto before = pg().ledger().snapshot();
-    pg().all_reduce(ring_result.data(), count, dtype, op);
+    issue(ring_result.data());
     const auto middle = pg().ledger().snapshot();
-    pg().all_reduce(in_window + offset, count, dtype, op);
+    issue(in_window + offset);
     const auto after = pg().ledger().snapshot();
-    EXPECT_EQ(std::memcmp(ring_result.data(), in_window + offset, count * es), 0)
-        << "rank " << me() << ": the in-place result differs from the ring's";
+    // A reduce-scatter's result is this rank's chunk (the rest is scratch).
+    const size_t from = what == "reduce_scatter" ? mine.begin : 0;
+    const size_t to = what == "reduce_scatter" ? mine.begin + mine.size : count;
+    EXPECT_EQ(std::memcmp(ring_result.data() + from, in_window + offset + from, (to - from) * es), 0)
+        << "rank " << me() << ": the in-place " << what << " differs from the ring's";
     for (size_t i = 0; i < offset; ++i) EXPECT_EQ(std::memcmp(&in_window[i], &guard, es), 0) << "wrote before";
     EXPECT_EQ(std::memcmp(&in_window[offset + count], &guard, es), 0) << "wrote past count";
-    const OpStats by_ring = entry(dpt::comm::difference(middle, before), "all_reduce");
-    const OpStats in_place = entry(dpt::comm::difference(after, middle), "all_reduce");
+    const OpStats by_ring = entry(dpt::comm::difference(middle, before), what);
+    const OpStats in_place = entry(dpt::comm::difference(after, middle), what);
     EXPECT_EQ(in_place.count, 1);
-    EXPECT_EQ(in_place.bytes_sent, by_ring.bytes_sent);
-    EXPECT_EQ(in_place.bytes_recv, by_ring.bytes_recv);
+    EXPECT_EQ(in_place.bytes_sent, by_ring.bytes_sent) << what;
+    EXPECT_EQ(in_place.bytes_recv, by_ring.bytes_recv) << what;
   }
 };
 
+TEST_P(InPlaceTest, ReduceScatterSumIsTheRingsBitwise) { compare<float>(DType::F32, ReduceOp::Sum, "reduce_scatter"); }
+TEST_P(InPlaceTest, ReduceScatterAvgIsTheRingsBitwise) { compare<float>(DType::F32, ReduceOp::Avg, "reduce_scatter"); }
+TEST_P(InPlaceTest, ReduceScatterBF16IsTheRingsBitwise) {
+  compare<dpt::bf16>(DType::BF16, ReduceOp::Sum, "reduce_scatter");
+}
+TEST_P(InPlaceTest, AllGatherIsTheRings) { compare<float>(DType::F32, ReduceOp::Sum, "all_gather"); }
+TEST_P(InPlaceTest, AllGatherBF16IsTheRings) { compare<dpt::bf16>(DType::BF16, ReduceOp::Sum, "all_gather"); }
 TEST_P(InPlaceTest, SumIsTheRingsBitwise) { compare<float>(DType::F32, ReduceOp::Sum); }
 TEST_P(InPlaceTest, AvgIsTheRingsBitwise) { compare<float>(DType::F32, ReduceOp::Avg); }
 TEST_P(InPlaceTest, MaxIsTheRingsBitwise) { compare<float>(DType::F32, ReduceOp::Max); }
