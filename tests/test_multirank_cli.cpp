@@ -274,9 +274,26 @@ TEST_F(MultirankCliTest, DdpTrainOnTwoRanks) {
   const json j = json::parse(read_file(f));
   EXPECT_EQ(j["steps"], 4);
   EXPECT_EQ(j["ddp"]["per_param"], false);
+  // Both ranks on this host: the gradients live in a shared window.
+  EXPECT_EQ(j["ddp"]["in_place"], true);
+  EXPECT_NE(j["strategy_detail"].get<std::string>().find("all-reduced in place"), std::string::npos);
   const auto numels = check_ddp_summary(j);
   // 200 KB of gradients: fewer buckets than tensors.
   EXPECT_LT(numels.size(), kTensorNumels.size());
+}
+
+// DPT_COMM_IN_PLACE=0: the same run through the ring's slots, and it says so.
+TEST_F(MultirankCliTest, DdpTrainThroughTheSlotsWhenInPlaceIsOff) {
+  const fs::path f = dir_ / "ddp_slots.json";
+  RunResult r = dpt(fmt::format("launch -n 2 -- {} train --model mlp --synthetic --steps 4 --sizes {} --comm-algo ring "
+                                "--threads 1 --quiet --summary-out {}",
+                                q(dpt_bin()), kSizes, q(f)),
+                    std::string(kOneThread) + " DPT_COMM_IN_PLACE=0");
+  ASSERT_EQ(r.code, 0) << r.all();
+  const json j = json::parse(read_file(f));
+  EXPECT_EQ(j["ddp"]["in_place"], false);
+  EXPECT_EQ(j["strategy_detail"].get<std::string>().find("in place"), std::string::npos);
+  check_ddp_summary(j);
 }
 
 TEST_F(MultirankCliTest, DdpTrainPerParamOnTwoRanks) {

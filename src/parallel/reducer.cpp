@@ -52,12 +52,15 @@ Reducer::Reducer(Model& model, comm::ProcessGroup& pg, ReducerOptions options)
   const size_t n = model.param_count();
   const bool cpu = model.device() == Device::CPU;
   if (options_.reduce_dtype == DType::BF16) {
-    if (auto shared = cpu ? pg_.shared_memory(n * sizeof(bf16)) : nullptr)
+    auto shared = cpu ? pg_.shared_memory(n * sizeof(bf16)) : nullptr;
+    in_place_ = shared != nullptr;
+    if (shared)
       wire_ = FlatBuffer(std::move(shared), n, DType::BF16);
     else
       wire_.reserve(n);
   } else if (auto shared = cpu ? pg_.shared_memory(n * sizeof(float)) : nullptr) {
     model_.place_grads(FlatBuffer(std::move(shared), n));
+    in_place_ = true;
   }
   model_.on_grads_ready = [this](size_t offset, size_t numel) { on_grads_ready(offset, numel); };
 }

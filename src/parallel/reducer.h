@@ -57,6 +57,9 @@ class Reducer {
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // Bytes of the bf16 copy the reductions run on (0 when they run in fp32).
   size_t wire_bytes() const { return wire_.bytes(); }
+  // Whether the buffer the buckets are reduced in is a shared window, so
+  // the all-reduces run in place (comm/shm_window.h).
+  bool in_place() const { return in_place_; }
   // Bucket assignment alone, for tests and docs: the buckets a layout gets.
   // Caps are rounded down to whole 64-byte lines (16 floats), at least one,
   // and bucket 0 gives up the few floats (< 16) that put its start on a line
@@ -76,6 +79,7 @@ class Reducer {
   FlatBuffer wire_{0, DType::BF16};  // reduce_dtype bf16: the whole gradient buffer's bf16 copy
   size_t next_launch_ = 0;
   bool sync_ = true;
+  bool in_place_ = false;
 };
 
 }  // namespace dpt

@@ -71,16 +71,20 @@ DdpStrategy::DdpStrategy(const StrategyOptions& options, Model& model, comm::Pro
 
 std::string DdpStrategy::describe() const {
   const auto& b = reducer_->buckets();
-  return fmt::format("ddp: {} buckets (first {:.2f} MiB, cap {:.1f} MiB){}", b.size(),
+  return fmt::format("ddp: {} buckets (first {:.2f} MiB, cap {:.1f} MiB){}{}", b.size(),
                      b.front().numel * 4.0 / (1 << 20), options_.ddp.bucket_bytes / double(1 << 20),
                      options_.ddp.per_param ? ", one per parameter"
-                                            : (options_.ddp.overlap ? ", overlapped with backward" : ", after backward"));
+                                            : (options_.ddp.overlap ? ", overlapped with backward" : ", after backward"),
+                     reducer_->in_place() ? ", all-reduced in place (shared window)" : "");
 }
 
 nlohmann::json DdpStrategy::detail() const {
   nlohmann::json buckets = nlohmann::json::array();
   for (const Bucket& b : reducer_->buckets()) buckets.push_back({{"offset", b.offset}, {"numel", b.numel}});
-  return {{"buckets", buckets}, {"overlap", options_.ddp.overlap}, {"per_param", options_.ddp.per_param}};
+  return {{"buckets", buckets},
+          {"overlap", options_.ddp.overlap},
+          {"per_param", options_.ddp.per_param},
+          {"in_place", reducer_->in_place()}};
 }
 
 float DdpStrategy::loss_scale() const { return 1.0f / static_cast<float>(pg_.size()); }
