@@ -41,6 +41,7 @@ std::unique_ptr<ShmWindow> ShmWindow::create(const std::string& name, size_t byt
   w->ranks_ = ranks;
   w->rank_ = rank;
   w->blocks_.assign(static_cast<size_t>(ranks), nullptr);
+  w->scratch_.resize(kPieceBytes);
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) throw CommError(fmt::format("cannot create shared memory {}: {}", name, std::strerror(errno)));
   // posix_fallocate returns its error (it does not set errno). Reserving the
@@ -128,7 +129,6 @@ void ShmWindow::run(const OpContext& ctx, Collective kind, size_t offset, size_t
   } else {
     const Combine c = combine_of(op, esize);
     const size_t begin = (offset + mine.begin) * esize, total = mine.size * esize;
-    scratch_.resize(kPieceBytes);
     char* acc = scratch_.data();
     for (size_t off = 0; off < total; off += kPieceBytes) {
       const size_t m = std::min(kPieceBytes, total - off);

@@ -147,4 +147,21 @@ MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int w
   return b;
 }
 
+SharedWindows shared_windows(const StrategyOptions& options, const Model& model) {
+  if (options.name == "local") return {};
+  const size_t n = model.param_count();
+  const bool wire = options.ddp.reduce_dtype == DType::BF16;
+  const size_t reduced = n * (wire ? sizeof(bf16) : sizeof(float));  // what DDP's reducer all-reduces
+  const size_t params = n * (model.precision() == DType::BF16 ? sizeof(bf16) : sizeof(float));
+  // ZeRO's whole gradient buffer, reduce-scattered in place unless its bf16
+  // copies (pooled) are what is reduced.
+  const size_t grads = wire ? 0 : n * sizeof(float);
+  switch (zero_stage(options.name)) {
+    case 0: return {reduced, true};
+    case 1: return options.zero_scatter ? SharedWindows{grads + params, !wire} : SharedWindows{reduced + params, true};
+    case 2: return {params + (options.accumulate_locally ? grads : 0), options.accumulate_locally && !wire};
+    default: return {options.accumulate_locally ? grads : 0, false};
+  }
+}
+
 }  // namespace dpt

@@ -40,4 +40,15 @@ size_t optimizer_state_bytes(const OptimizerConfig& config, size_t n);
 // tier's chunk buffers take its place in the optimizer figure.
 MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int world, int rank = 0);
 
+// What a rank keeps in shared windows when every rank of its group is on
+// one host (comm/shm_window.h), as DDP's reducer and
+// ZeroStrategy::place_in_windows place it: the bytes (its RSS counts
+// (N-1)/N of them again, its chunk of each peer's) and whether every
+// collective of a step runs in place (else some go through the ring's slots).
+struct SharedWindows {
+  size_t bytes = 0;
+  bool every_collective = false;
+};
+SharedWindows shared_windows(const StrategyOptions& options, const Model& model);
+
 }  // namespace dpt

@@ -50,18 +50,13 @@ Reducer::Reducer(Model& model, comm::ProcessGroup& pg, ReducerOptions options)
   // the peers' gradients where they lie instead of copying them through the
   // transport (comm/shm_window.h). Elsewhere nothing changes.
   const size_t n = model.param_count();
-  const bool cpu = model.device() == Device::CPU;
-  if (options_.reduce_dtype == DType::BF16) {
-    auto shared = cpu ? pg_.shared_memory(n * sizeof(bf16)) : nullptr;
-    in_place_ = shared != nullptr;
-    if (shared)
-      wire_ = FlatBuffer(std::move(shared), n, DType::BF16);
-    else
-      wire_.reserve(n);
-  } else if (auto shared = cpu ? pg_.shared_memory(n * sizeof(float)) : nullptr) {
+  const bool wire = options_.reduce_dtype == DType::BF16;
+  auto shared = model.device() == Device::CPU ? pg_.shared_memory(n * dtype_size(options_.reduce_dtype)) : nullptr;
+  in_place_ = shared != nullptr;
+  if (wire)
+    wire_ = shared ? FlatBuffer(std::move(shared), n, DType::BF16) : FlatBuffer(n, DType::BF16);
+  else if (shared)
     model_.place_grads(FlatBuffer(std::move(shared), n));
-    in_place_ = true;
-  }
   model_.on_grads_ready = [this](size_t offset, size_t numel) { on_grads_ready(offset, numel); };
 }
 

@@ -114,7 +114,8 @@ class ZeroStrategy : public Strategy, private UnitStore {
   // (comm/shm_window.h): the model's whole gradients (full_grads()) and,
   // under stages 1 and 2, the parameters (or a mixed run's bf16 copy).
   // Never the pools: which buffer a unit gets depends on when earlier
-  // reductions completed, which differs between ranks.
+  // reductions completed, which differs between ranks. (rank_bytes.h's
+  // shared_windows states the same for the plan: change both together.)
   void place_in_windows();
   // The fp32 parameters live only as shards (stage 3, or mixed precision).
   bool sharded_params() const { return stage_ == 3 || mixed_; }

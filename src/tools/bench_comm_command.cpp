@@ -226,6 +226,53 @@ double time_op(ProcessGroup& pg, Op op, float* buf, size_t count, int warmup, in
   return median(us);
 }
 
+// What the rows add up to: every row's JSON, the wrong elements over all
+// rows, and whether any rank saw one.
+struct Tally {
+  nlohmann::json results = nlohmann::json::array();
+  int64_t wrong = 0;
+  bool failed = false;
+};
+
+// One row per operation and size on `data` (the group's buffer in `memory`,
+// private or shared): timed, then checked; printed by rank 0 and tallied.
+// In shared memory only all_reduce runs differently, so only it is timed.
+void time_and_check(ProcessGroup& pg, const std::vector<OpSpec>& ops, const std::vector<size_t>& sizes, float* data,
+                    const std::string& memory, const std::string& transport, int warmup, int iters, Tally& tally) {
+  const int n = pg.size();
+  const char* algo = comm::algo_name(pg.config().algo);
+  for (const OpSpec& op : ops) {
+    if (memory == "shared" && op.op != Op::AllReduce) continue;
+    for (size_t bytes : sizes) {
+      const size_t count = bytes / 4;
+      const double time_us = time_op(pg, op.op, data, count, warmup, iters);
+      const double algbw = static_cast<double>(bytes) / (time_us * 1e-6) / 1e9;
+      const double busbw = algbw * bus_factor(op.op, n);
+
+      const int64_t local_wrong = checked_run(pg, op.op, data, count);
+      const int64_t wrong = sum_over_ranks(pg, local_wrong);
+      tally.wrong += wrong;
+      if (wrong > 0 || local_wrong > 0) tally.failed = true;
+
+      if (pg.rank() == 0) {
+        std::printf("  %14s  %4s  %7s  %11zu  %10zu  %10.2f  %11.3f  %11.3f  %6lld\n", op.name, algo, memory.c_str(),
+                    bytes, count, time_us, algbw, busbw, static_cast<long long>(wrong));
+        std::fflush(stdout);
+      }
+      tally.results.push_back({{"op", op.name},
+                               {"algo", algo},
+                               {"memory", memory},
+                               {"transport", transport},
+                               {"bytes", bytes},
+                               {"count", count},
+                               {"time_us", time_us},
+                               {"algbw_gbs", algbw},
+                               {"busbw_gbs", busbw},
+                               {"wrong", wrong}});
+    }
+  }
+}
+
 }  // namespace
 
 BenchCommCommand::BenchCommCommand(CLI::App& app) {
@@ -280,11 +327,10 @@ int BenchCommCommand::run() {
   const size_t max_count = *std::max_element(sizes.begin(), sizes.end()) / 4;
   std::vector<float> buf;  // allocated once, for the largest size, after MPI start-up
 
-  nlohmann::json results = nlohmann::json::array();
+  Tally tally;
   nlohmann::json hosts;
   int world = 1;
-  bool is_root = true, failed = false;
-  int64_t wrong_total = 0;
+  bool is_root = true;
 
   for (size_t a = 0; a < algos.size(); ++a) {
     comm::Config config = base;
@@ -334,37 +380,7 @@ int BenchCommCommand::run() {
         }
         data = static_cast<float*>(window.get());
       }
-      for (const OpSpec& op : ops) {
-        if (memory == "shared" && op.op != Op::AllReduce) continue;
-        for (size_t bytes : sizes) {
-          const size_t count = bytes / 4;
-          const double time_us = time_op(*pg, op.op, data, count, warmup_, iters_);
-          const double algbw = static_cast<double>(bytes) / (time_us * 1e-6) / 1e9;
-          const double busbw = algbw * bus_factor(op.op, n);
-
-          const int64_t local_wrong = checked_run(*pg, op.op, data, count);
-          const int64_t wrong = sum_over_ranks(*pg, local_wrong);
-          wrong_total += wrong;
-          if (wrong > 0 || local_wrong > 0) failed = true;
-
-          if (is_root) {
-            std::printf("  %14s  %4s  %7s  %11zu  %10zu  %10.2f  %11.3f  %11.3f  %6lld\n", op.name,
-                        comm::algo_name(config.algo), memory.c_str(), bytes, count, time_us, algbw, busbw,
-                        static_cast<long long>(wrong));
-            std::fflush(stdout);
-          }
-          results.push_back({{"op", op.name},
-                             {"algo", comm::algo_name(config.algo)},
-                             {"memory", memory},
-                             {"transport", transport},
-                             {"bytes", bytes},
-                             {"count", count},
-                             {"time_us", time_us},
-                             {"algbw_gbs", algbw},
-                             {"busbw_gbs", busbw},
-                             {"wrong", wrong}});
-        }
-      }
+      time_and_check(*pg, ops, sizes, data, memory, transport, warmup_, iters_, tally);
     }
     pg.reset();  // one process group at a time
   }
@@ -377,15 +393,15 @@ int BenchCommCommand::run() {
         {"warmup", warmup_},
         {"membw_gbs",
          {{"bytes", membw.bytes}, {"threads_1", membw.one_thread}, {"threads_2", membw.two_threads}}},
-        {"results", results}};
+        {"results", tally.results}};
     AtomicFile f(json_);
     f.write(doc.dump(2) + "\n");
     f.commit();
   }
-  if (failed) {
+  if (tally.failed) {
     if (is_root)
       std::fprintf(stderr, "dpt: error: %lld wrong element%s in the checked runs\n",
-                   static_cast<long long>(wrong_total), wrong_total == 1 ? "" : "s");
+                   static_cast<long long>(tally.wrong), tally.wrong == 1 ? "" : "s");
     return 1;
   }
   return 0;

@@ -62,22 +62,6 @@ size_t stepped_elements(const StrategyOptions& so, const Layout& layout, int wor
   return n;
 }
 
-// Bytes of the buffers a strategy keeps in shared windows on one host
-// (comm/shm_window.h; DdpStrategy's reducer, ZeroStrategy::place_in_windows):
-// a rank's RSS counts (N-1)/N of them again, its chunk of each peer's.
-size_t window_peer_bytes(const StrategyOptions& so, const PlanPoint& p, const Model& model) {
-  const size_t n = model.param_count();
-  const bool mixed = p.precision == "bf16", wire = so.ddp.reduce_dtype == DType::BF16;
-  const size_t grads = wire ? n * sizeof(bf16) : n * sizeof(float);  // what the all-reduce sums
-  const size_t params = mixed ? n * sizeof(bf16) : n * sizeof(float);
-  const bool scatter = so.zero_scatter, local = so.accumulate_locally;
-  if (p.strategy == "ddp") return grads;
-  if (p.strategy == "zero1") return (scatter ? (wire ? 0 : n * sizeof(float)) : grads) + params;
-  if (p.strategy == "zero2") return params + (local && !wire ? n * sizeof(float) : 0);
-  if (p.strategy == "zero3") return local && !wire ? n * sizeof(float) : 0;
-  return 0;
-}
-
 // One row: every stage's bytes and traffic (plan_stage), time from the
 // machine's rates. On a CPU the collectives' copies and the optimizer's
 // sweep run on the same cores and memory as the compute, so the three add
@@ -102,16 +86,15 @@ PlanRow make_row(const PlanRequest& r, const std::vector<const Model*>& stages, 
     const double flops = model.train_flops(per_replica) + model.recompute_flops(per_replica);
     st.compute_s = rate > 0 ? flops / (rate * 1e9) : 0.0;
     // A shared-memory ring copies each byte sent into a segment and the
-    // receiver copies it out: two copies per byte. DDP in place (every
-    // rank on one host) reads and writes the peers' buffers directly: one.
+    // receiver copies it out: two copies per byte. In place (every rank on
+    // one host, comm/shm_window.h) a rank reads and writes its peers'
+    // buffers directly: one.
     const bool one_host = mesh.dp > 1 && r.in_place && r.ranks_here >= r.world && model.device() == Device::CPU;
-    st.window_peer = one_host ? window_peer_bytes(so, p, model) / static_cast<size_t>(mesh.dp) *
-                                    static_cast<size_t>(mesh.dp - 1)
-                              : 0;
-    const bool in_place = one_host && p.strategy == "ddp";
-    st.comm_s = m.copy_gbs > 0
-                    ? (in_place ? 1.0 : 2.0) * static_cast<double>(st.comm.per_step()) / (m.copy_gbs * 1e9)
-                    : 0.0;
+    const SharedWindows windows = one_host ? shared_windows(so, model) : SharedWindows{};
+    st.window_peer = windows.bytes / static_cast<size_t>(mesh.dp) * static_cast<size_t>(mesh.dp - 1);
+    st.comm_s = m.copy_gbs > 0 ? (windows.every_collective ? 1.0 : 2.0) * static_cast<double>(st.comm.per_step()) /
+                                     (m.copy_gbs * 1e9)
+                               : 0.0;
     // A copy of B bytes moves 2B of memory traffic.
     const double traffic = optimizer_traffic_bytes(so.optimizer, stepped_elements(so, model.layout(), mesh.dp), mixed);
     st.optimizer_s = m.copy_gbs > 0 ? traffic / (2.0 * m.copy_gbs * 1e9) : 0.0;
