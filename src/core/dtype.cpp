@@ -1,5 +1,6 @@
 #include "core/dtype.h"
 
+#include "core/cpu_level.h"
 #include "core/error.h"
 
 namespace dpt {
@@ -20,13 +21,13 @@ DType dtype_from_name(const std::string& name) {
   throw InputError(fmt::format("unsupported dtype '{}' (supported: F32, BF16)", name));
 }
 
-void convert(bf16* out, const float* in, size_t n) {
+DPT_CPU_CLONES void convert(bf16* out, const float* in, size_t n) {
   const auto m = static_cast<int64_t>(n);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < m; ++i) out[i] = to_bf16(in[i]);
 }
 
-void convert(float* out, const bf16* in, size_t n) {
+DPT_CPU_CLONES void convert(float* out, const bf16* in, size_t n) {
   const auto m = static_cast<int64_t>(n);
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < m; ++i) out[i] = to_f32(in[i]);

@@ -2,14 +2,16 @@
 
 #include <cmath>
 
+#include "core/cpu_level.h"
+
 namespace dpt {
 
-void relu_forward(float* out, const float* inp, int64_t n) {
+DPT_CPU_CLONES void relu_forward(float* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
 }
 
-void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) {
+DPT_CPU_CLONES void relu_backward(float* dinp, const float* dout, const float* out, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
 }
@@ -29,7 +31,7 @@ inline float fast_tanh(float u) {
 }  // namespace
 
 template <typename T>
-void gelu_forward(T* out, const float* inp, int64_t n) {
+DPT_CPU_CLONES void gelu_forward(T* out, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float x = inp[i];
@@ -38,7 +40,7 @@ void gelu_forward(T* out, const float* inp, int64_t n) {
   }
 }
 
-void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
+DPT_CPU_CLONES void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float x = inp[i];

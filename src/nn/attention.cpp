@@ -3,11 +3,12 @@
 #include <cmath>
 #include <vector>
 
+#include "core/cpu_level.h"
 #include "nn/gemm.h"
 
 namespace dpt {
 
-void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+DPT_CPU_CLONES void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH) {
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -40,7 +41,7 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
     }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+DPT_CPU_CLONES void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                         int64_t B, int64_t T, int64_t C, int64_t NH) {
   const int64_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));

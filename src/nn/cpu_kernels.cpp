@@ -140,24 +140,11 @@ class CpuKernels final : public Kernels {
 
   void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float decay,
                   bool first) const override {
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; ++i) {
-      float gi = g[i] + decay * p[i];
-      if (buf) {
-        buf[i] = first ? gi : momentum * buf[i] + gi;
-        gi = buf[i];
-      }
-      p[i] -= lr * gi;
-    }
+    dpt::sgd_update(p, g, buf, n, lr, momentum, decay, first);
   }
   void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float b1, float b2, float eps,
                     float keep, float step_size, float rc2) const override {
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; ++i) {
-      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-      p[i] = p[i] * keep - step_size * m[i] / (std::sqrt(v[i]) * rc2 + eps);
-    }
+    dpt::adamw_update(p, g, m, v, n, b1, b2, eps, keep, step_size, rc2);
   }
   double sum_of_squares(const float* x, size_t n) const override { return dpt::sum_of_squares(x, n); }
   void scale(float* x, size_t n, float factor) const override { dpt::scale(x, n, factor); }

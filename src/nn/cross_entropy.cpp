@@ -2,9 +2,11 @@
 
 #include <cmath>
 
+#include "core/cpu_level.h"
+
 namespace dpt {
 
-float cross_entropy_forward(float* probs, const float* logits, const int32_t* targets, int64_t N,
+DPT_CPU_CLONES float cross_entropy_forward(float* probs, const float* logits, const int32_t* targets, int64_t N,
                             int64_t V, int64_t* correct) {
   double loss = 0.0;
   int64_t hits = 0;
@@ -33,7 +35,7 @@ float cross_entropy_forward(float* probs, const float* logits, const int32_t* ta
   return N > 0 ? static_cast<float>(loss / static_cast<double>(N)) : 0.0f;
 }
 
-void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int64_t N,
+DPT_CPU_CLONES void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int64_t N,
                             int64_t V, float scale) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {

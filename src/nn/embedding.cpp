@@ -3,10 +3,12 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/cpu_level.h"
+
 namespace dpt {
 
 template <typename T>
-void embedding_forward(float* out, const int32_t* ids, const T* table, int64_t N, int64_t C) {
+DPT_CPU_CLONES void embedding_forward(float* out, const int32_t* ids, const T* table, int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const T* row = table + static_cast<int64_t>(ids[n]) * C;
@@ -20,7 +22,7 @@ void embedding_forward(float* out, const int32_t* ids, const T* table, int64_t N
 template void embedding_forward(float*, const int32_t*, const float*, int64_t, int64_t);
 template void embedding_forward(float*, const int32_t*, const bf16*, int64_t, int64_t);
 
-void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C) {
+DPT_CPU_CLONES void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C) {
   // Rows may repeat an id, so threads split the channels, not the rows: no
   // two threads ever write the same element.
 #pragma omp parallel for schedule(static)
@@ -35,7 +37,7 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* ids, in
 }
 
 template <typename P>
-void position_embedding_forward(float* out, const P* pos, int64_t B, int64_t T, int64_t C) {
+DPT_CPU_CLONES void position_embedding_forward(float* out, const P* pos, int64_t B, int64_t T, int64_t C) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
@@ -47,7 +49,7 @@ void position_embedding_forward(float* out, const P* pos, int64_t B, int64_t T, 
 template void position_embedding_forward(float*, const float*, int64_t, int64_t, int64_t);
 template void position_embedding_forward(float*, const bf16*, int64_t, int64_t, int64_t);
 
-void position_embedding_backward(float* dpos, const float* dout, int64_t B, int64_t T, int64_t C) {
+DPT_CPU_CLONES void position_embedding_backward(float* dpos, const float* dout, int64_t B, int64_t T, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t)
     for (int64_t b = 0; b < B; ++b) {

@@ -5,10 +5,12 @@
 #include <cmath>
 #include <vector>
 
+#include "core/cpu_level.h"
+
 namespace dpt {
 
 template <typename T>
-void layernorm_forward(T* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+DPT_CPU_CLONES void layernorm_forward(T* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -37,7 +39,7 @@ template void layernorm_forward(float*, float*, float*, const float*, const floa
 template void layernorm_forward(bf16*, float*, float*, const float*, const float*, const float*, int64_t,
                                 int64_t);
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+DPT_CPU_CLONES void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int64_t C) {
   // Each thread sums its rows' dweight/dbias privately, then the partial

@@ -2,6 +2,7 @@
 
 #include <type_traits>
 
+#include "core/cpu_level.h"
 #include "core/error.h"
 
 #include "nn/gemm.h"
@@ -29,7 +30,7 @@ void linear_backward_weight(float* dweight, const T* dout, const T* inp, int64_t
   gemm(Op::T, Op::N, o1 - o0, C, N, 1.0f, dout + o0, OC, inp, C, 1.0f, dweight + o0 * C, C);
 }
 
-void linear_backward_bias(float* dbias, const float* dout, int64_t N, int64_t OC) {
+DPT_CPU_CLONES void linear_backward_bias(float* dbias, const float* dout, int64_t N, int64_t OC) {
   // Column sums; threads split the columns so no two write the same bias.
 #pragma omp parallel
   {

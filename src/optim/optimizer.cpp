@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/cpu_level.h"
 #include "core/error.h"
 #include "nn/kernels.h"
 
@@ -118,7 +119,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const L
   throw InputError(fmt::format("unknown optimizer '{}' (expected sgd or adamw)", config.name));
 }
 
-double sum_of_squares(const float* grads, size_t n) {
+DPT_CPU_CLONES double sum_of_squares(const float* grads, size_t n) {
   // fp32 partial sums over blocks of 1024 (vectorised), added up in double:
   // as exact as an all-double sum for any realistic n, several times faster.
   constexpr size_t kBlock = 1024;
@@ -141,9 +142,32 @@ float clip_factor(double norm, float max_norm) {
   return f < 1.0 ? static_cast<float>(f) : 1.0f;
 }
 
-void scale(float* x, size_t n, float factor) {
+DPT_CPU_CLONES void scale(float* x, size_t n, float factor) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+DPT_CPU_CLONES void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float decay,
+                               bool first) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    float gi = g[i] + decay * p[i];
+    if (buf) {
+      buf[i] = first ? gi : momentum * buf[i] + gi;
+      gi = buf[i];
+    }
+    p[i] -= lr * gi;
+  }
+}
+
+DPT_CPU_CLONES void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float b1, float b2,
+                                 float eps, float keep, float step_size, float rc2) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) {
+    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+    p[i] = p[i] * keep - step_size * m[i] / (std::sqrt(v[i]) * rc2 + eps);
+  }
 }
 
 }  // namespace dpt

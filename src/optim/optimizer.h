@@ -161,5 +161,10 @@ double sum_of_squares(const float* grads, size_t n);
 // (PyTorch's clip_grad_norm_: max_norm / (norm + 1e-6), capped at 1).
 float clip_factor(double norm, float max_norm);
 void scale(float* x, size_t n, float factor);
+// The CPU's optimizer updates over n elements (Kernels::sgd_update and
+// Kernels::adamw_update in nn/kernels.h say what they compute).
+void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float decay, bool first);
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float b1, float b2, float eps, float keep,
+                  float step_size, float rc2);
 
 }  // namespace dpt

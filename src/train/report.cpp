@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/cpu_level.h"
 #include "core/threads.h"
 #include "nn/gemm.h"
 
@@ -30,10 +31,10 @@ void Report::print() const {
     std::printf(", no evaluation (--val-fraction 0 holds no text out)");
   }
   std::printf("\nthroughput: %.0f %s (median step %.2f ms after step %zu), %.1f GFLOP/s = %.0f%% of "
-              "measured %s GEMM peak %.1f GFLOP/s (%d rank%s, %s)\n",
+              "measured %s GEMM peak %.1f GFLOP/s (%d rank%s, %s; elementwise kernels %s)\n",
               mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s", r.step_ms_median,
               skipped_steps, r.gflops, 100.0 * r.mfu, gemm_backend_name(gemm_backend()), r.gemm_gflops, world,
-              world == 1 ? "" : "s", gemm_backend_detail().c_str());
+              world == 1 ? "" : "s", gemm_backend_detail().c_str(), cpu_kernel_level());
   const MemoryBytes& m = r.memory;
   std::printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, ", m.parameters * kMiB,
               m.gradients * kMiB, m.optimizer * kMiB);

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cpu_level.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/stats.h"
@@ -168,6 +169,7 @@ void write_summary(const std::string& path, nlohmann::json j, const TrainResult&
                         {"resume_s", r.resume_s}, {"resume_bytes", r.resume_bytes}};
   j["blas_core"] = blas_core();
   j["gemm_detail"] = gemm_backend_detail();
+  j["cpu_kernels"] = cpu_kernel_level();
   if (evaluated) {
     j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;
     if (mlp) j["test_accuracy"] = r.eval_accuracy;
