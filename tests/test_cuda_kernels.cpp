@@ -211,6 +211,21 @@ TEST_F(CudaKernels, Activations) {
   float* gdx = up(std::vector<float>(n));
   gk().gelu_backward(gdx, up(dy), up(x), n);
   expect_within(down(gdx, n), dx, kF32, "gelu backward");
+  {  // fused with the bias gradient and the bf16 copy, against the CPU's
+    const int64_t N = 50, OC = n / N;
+    std::vector<float> fdx(n), fdb(OC, 0.5f);
+    std::vector<bf16> fdx16(n);
+    cpu().gelu_backward(fdx.data(), fdx16.data(), fdb.data(), dy.data(), x.data(), N, OC);
+    float *g = up(std::vector<float>(n)), *gdb = up(std::vector<float>(OC, 0.5f));
+    bf16* g16 = up(std::vector<bf16>(n));
+    gk().gelu_backward(g, g16, gdb, up(dy), up(x), N, OC);
+    expect_within(down(g, n), fdx, kF32, "fused gelu backward");
+    expect_within(down(gdb, OC), fdb, kF32, "fused gelu backward's bias");
+    std::vector<float> a(n), c(n);
+    dpt::convert(a.data(), down(g16, n).data(), n);
+    dpt::convert(c.data(), fdx16.data(), n);
+    expect_within(a, c, kBf16, "fused gelu backward's bf16 copy");
+  }
   std::vector<bf16> y16(n);
   cpu().gelu_forward(y16.data(), x.data(), n);
   bf16* gy16 = up(std::vector<bf16>(n));

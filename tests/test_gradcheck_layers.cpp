@@ -120,6 +120,38 @@ TEST_P(LayerGrad, Gelu) {
   expect_gradient("gelu", x, dx, loss, 1e-3);
 }
 
+// The fused GELU backward (with the bias gradient and the bf16 copy) is its
+// three parts: the gradient as gelu_backward's, to within 3e-5 of gelu'
+// (the two loops split vector bodies and tails differently, and under
+// -ffast-math GCC divides by a refined reciprocal in vector code and exactly
+// in scalar code; where 1 + tanh cancels, that shows), and from that gradient
+// exactly the
+// bias sums linear_backward_bias makes, in its order, and convert's bf16;
+// at a width that is not a multiple of the 64-column blocks, in place.
+TEST_P(LayerGrad, GeluBackwardFusedIsItsParts) {
+  const int64_t N = 37, OC = 150;
+  const auto x = random_vector(N * OC, rng, 3.0f), dy = random_vector(N * OC, rng);
+  const auto bias0 = random_vector(OC, rng);
+  std::vector<float> dx(N * OC);
+  gelu_backward(dx.data(), dy.data(), x.data(), N * OC);
+  std::vector<float> fused = dy, fused_db = bias0;
+  std::vector<bf16> fused16(N * OC);
+  gelu_backward(fused.data(), fused16.data(), fused_db.data(), fused.data(), x.data(), N, OC);
+  std::vector<float> db = bias0;
+  std::vector<bf16> want16(N * OC);
+  linear_backward_bias(db.data(), fused.data(), N, OC);
+  convert(want16.data(), fused.data(), static_cast<size_t>(N * OC));
+  for (int64_t i = 0; i < N * OC; ++i) {
+    ASSERT_NEAR(fused[i], dx[i], 3e-5 * std::fabs(dy[i])) << i << ": x " << x[i] << ", dy " << dy[i];
+    ASSERT_EQ(fused16[i].bits, want16[i].bits) << i;
+  }
+  for (int64_t o = 0; o < OC; ++o) ASSERT_EQ(fused_db[o], db[o]) << o;
+  // Without the optional outputs: the same gradient.
+  std::vector<float> plain(N * OC);
+  gelu_backward(plain.data(), nullptr, nullptr, dy.data(), x.data(), N, OC);
+  for (int64_t i = 0; i < N * OC; ++i) ASSERT_NEAR(plain[i], dx[i], 3e-5 * std::fabs(dy[i])) << i;
+}
+
 TEST_P(LayerGrad, GeluMatchesTanhFormula) {
   const float xs[] = {-6.0f, -1.5f, -0.1f, 0.0f, 0.3f, 2.0f, 9.0f};
   for (float x : xs) {

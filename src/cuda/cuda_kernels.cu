@@ -615,6 +615,14 @@ class CudaKernels final : public Kernels {
     gelu_backward_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(dinp, dout, inp, n);
     LAUNCHED();
   }
+  // The three steps the CPU fuses, one kernel each: on a GPU they are
+  // launches on one stream, and the bias's column sums are column_sum's.
+  void gelu_backward(float* dinp, bf16* dinp16, float* dbias, const float* dout, const float* inp, int64_t N,
+                     int64_t OC) const override {
+    gelu_backward(dinp, dout, inp, N * OC);
+    if (dbias) column_sum(dbias, N, OC, BiasTerm{dinp, OC});
+    if (dinp16) convert(dinp16, dinp, static_cast<size_t>(N * OC));
+  }
 
   void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                          int64_t NH) const override {

@@ -20,5 +20,13 @@ template <typename T>
 void gelu_forward(T* out, const float* inp, int64_t n);
 // dinp = dout * gelu'(inp), written. dinp may alias dout.
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n);
+// The same over N rows of OC, with what follows it in a GPT MLP's backward
+// done in the same pass over memory: dbias += the column sums of dinp (the
+// c_fc bias gradient, summed in linear_backward's order, so the same sums)
+// when dbias is given, and dinp16 = dinp rounded to bf16 (the c_fc GEMMs'
+// operand in a bf16 run) when dinp16 is given. dout and inp are read once
+// instead of three times. dinp may alias dout.
+void gelu_backward(float* dinp, bf16* dinp16, float* dbias, const float* dout, const float* inp, int64_t N,
+                   int64_t OC);
 
 }  // namespace dpt

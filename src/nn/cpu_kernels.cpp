@@ -87,6 +87,10 @@ class CpuKernels final : public Kernels {
   void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) const override {
     dpt::gelu_backward(dinp, dout, inp, n);
   }
+  void gelu_backward(float* dinp, bf16* dinp16, float* dbias, const float* dout, const float* inp, int64_t N,
+                     int64_t OC) const override {
+    dpt::gelu_backward(dinp, dinp16, dbias, dout, inp, N, OC);
+  }
   void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                          int64_t NH) const override {
     dpt::attention_forward(out, att, qkv, B, T, C, NH);

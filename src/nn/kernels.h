@@ -75,6 +75,8 @@ class Kernels {
   virtual void gelu_forward(float* out, const float* inp, int64_t n) const = 0;
   virtual void gelu_forward(bf16* out, const float* inp, int64_t n) const = 0;
   virtual void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) const = 0;
+  virtual void gelu_backward(float* dinp, bf16* dinp16, float* dbias, const float* dout, const float* inp, int64_t N,
+                             int64_t OC) const = 0;
   // nn/attention.h
   virtual void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                                  int64_t NH) const = 0;
