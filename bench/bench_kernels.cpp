@@ -231,6 +231,34 @@ void BM_gelu_backward(benchmark::State& state) {
 }
 BENCHMARK(BM_gelu_backward)->Apply(thread_counts);
 
+// GPT's MLP backward after c_proj, in a bf16 run: the GELU gradient, c_fc's
+// bias gradient and the bf16 operand of c_fc's GEMMs. Unfused: three
+// kernels, three passes; fused: the one pass of Kernels::gelu_backward.
+void gelu_backward_bf16_case(benchmark::State& state, bool fused) {
+  start(state);
+  const int64_t N = kN, OC = 4 * kC, n = N * OC;
+  auto inp = random_buffer(n, 32, -4.0f, 4.0f), dout = random_buffer(n, 33);
+  auto dinp = zero_buffer(n), dbias = zero_buffer(OC);
+  std::vector<dpt::bf16> dinp16(static_cast<size_t>(n));
+  for (auto _ : state) {
+    if (fused) {
+      dpt::gelu_backward(dinp.f32(), dinp16.data(), dbias.f32(), dout.f32(), inp.f32(), N, OC);
+    } else {
+      dpt::gelu_backward(dinp.f32(), dout.f32(), inp.f32(), n);
+      dpt::linear_backward_bias(dbias.f32(), dinp.f32(), N, OC);
+      dpt::convert(dinp16.data(), dinp.f32(), static_cast<size_t>(n));
+    }
+    benchmark::DoNotOptimize(dinp16.data());
+    benchmark::ClobberMemory();
+  }
+  // at least: read dout and inp, write dinp and its bf16 copy
+  report_bytes(state, 3 * n * kF32 + n * 2);
+}
+void BM_gelu_backward_bias_bf16_unfused(benchmark::State& state) { gelu_backward_bf16_case(state, false); }
+void BM_gelu_backward_bias_bf16_fused(benchmark::State& state) { gelu_backward_bf16_case(state, true); }
+BENCHMARK(BM_gelu_backward_bias_bf16_unfused)->Apply(thread_counts);
+BENCHMARK(BM_gelu_backward_bias_bf16_fused)->Apply(thread_counts);
+
 // ---------------------------------------------------------------- LayerNorm
 // [N, C] = [2048, 256].
 

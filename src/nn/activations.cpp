@@ -1,6 +1,10 @@
 #include "nn/activations.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/cpu_level.h"
 
@@ -56,38 +60,42 @@ DPT_CPU_CLONES void gelu_backward(float* dinp, const float* dout, const float* i
 
 DPT_CPU_CLONES void gelu_backward(float* dinp, bf16* dinp16, float* dbias, const float* dout, const float* inp,
                                   int64_t N, int64_t OC) {
-  // Threads split the columns in blocks of 64 and each sums its columns over
-  // all rows in row order, as linear_backward_bias does, so the bias
-  // gradient does not depend on the thread count. A block's rows (2048 x
-  // 64 floats in W-GPT, read and written) stay in L2.
-#pragma omp parallel for schedule(static)
-  for (int64_t o0 = 0; o0 < OC; o0 += 64) {
-    const int64_t o1 = o0 + 64 < OC ? o0 + 64 : OC;
-    float acc[64] = {0};
-    for (int64_t n = 0; n < N; ++n) {
+  // Each thread takes a contiguous range of columns (whole rows with one
+  // thread, so memory is read in order) and sums each of its columns over
+  // all rows in row order, from zero, before adding the sum to dbias: the
+  // sums linear_backward_bias makes, whatever the thread count.
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t per = ((OC + nt - 1) / nt + 15) / 16 * 16;  // whole 64-byte lines
+    const int64_t c0 = std::min(OC, t * per), c1 = std::min(OC, c0 + per);
+    static thread_local std::vector<float> sums;
+    sums.assign(static_cast<size_t>(c1 - c0), 0.0f);
+    float* acc = sums.data() - c0;
+    for (int64_t n = 0; n < N && c0 < c1; ++n) {
       const float* dy = dout + n * OC;
       const float* x = inp + n * OC;
       float* dx = dinp + n * OC;
       if (dinp16) {
         bf16* dx16 = dinp16 + n * OC;
 #pragma omp simd
-        for (int64_t o = o0; o < o1; ++o) {
-          const float d = gelu_grad(dy[o], x[o]);
-          dx[o] = d;
-          dx16[o] = to_bf16(d);
-          acc[o - o0] += d;
+        for (int64_t c = c0; c < c1; ++c) {
+          const float d = gelu_grad(dy[c], x[c]);
+          dx[c] = d;
+          dx16[c] = to_bf16(d);
+          acc[c] += d;
         }
       } else {
 #pragma omp simd
-        for (int64_t o = o0; o < o1; ++o) {
-          const float d = gelu_grad(dy[o], x[o]);
-          dx[o] = d;
-          acc[o - o0] += d;
+        for (int64_t c = c0; c < c1; ++c) {
+          const float d = gelu_grad(dy[c], x[c]);
+          dx[c] = d;
+          acc[c] += d;
         }
       }
     }
     if (dbias)
-      for (int64_t o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
+      for (int64_t c = c0; c < c1; ++c) dbias[c] += acc[c];
   }
 }
 
