@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config
+  binutils  # objdump: tests/test_cpu_level.cpp reads the binary's instructions
   libopenblas-openmp-dev libdnnl-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev

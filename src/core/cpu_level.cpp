@@ -2,7 +2,7 @@
 
 namespace dpt {
 
-#if defined(DPT_KERNEL_CLONES) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef DPT_CPU_CLONES_ON
 namespace {
 // Two versions of one function (GCC's function multi-versioning): the
 // loader picks between them by the rule that picks the kernels' clones.

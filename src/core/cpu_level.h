@@ -8,8 +8,8 @@
 // their kernels at run time (oneDNN), but GELU, LayerNorm, softmax, the bf16
 // conversions and the optimizers' updates are compiled code; on an AVX-512
 // CPU they were a quarter of a bf16 step, and the AVX-512 copies (twice the
-// vector width, masked loop tails, glibc's 16-wide expf) take that down
-// while the same binary still runs where there is no AVX-512.
+// vector width, glibc's 16-wide expf) take that down while the same binary
+// still runs where there is no AVX-512.
 //
 // The two copies may round differently where a loop's sum is reordered
 // (the vector width sets the order): every rank of a run on one host takes
@@ -20,6 +20,7 @@
 #pragma once
 
 #if defined(DPT_KERNEL_CLONES) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DPT_CPU_CLONES_ON 1
 #define DPT_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
 #else
 #define DPT_CPU_CLONES

@@ -76,22 +76,12 @@ DPT_CPU_CLONES void gelu_backward(float* dinp, bf16* dinp16, float* dbias, const
       const float* dy = dout + n * OC;
       const float* x = inp + n * OC;
       float* dx = dinp + n * OC;
-      if (dinp16) {
-        bf16* dx16 = dinp16 + n * OC;
 #pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) {
-          const float d = gelu_grad(dy[c], x[c]);
-          dx[c] = d;
-          dx16[c] = to_bf16(d);
-          acc[c] += d;
-        }
-      } else {
-#pragma omp simd
-        for (int64_t c = c0; c < c1; ++c) {
-          const float d = gelu_grad(dy[c], x[c]);
-          dx[c] = d;
-          acc[c] += d;
-        }
+      for (int64_t c = c0; c < c1; ++c) {
+        const float d = gelu_grad(dy[c], x[c]);
+        dx[c] = d;
+        if (dinp16) dinp16[n * OC + c] = to_bf16(d);
+        acc[c] += d;
       }
     }
     if (dbias)
