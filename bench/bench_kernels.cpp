@@ -57,6 +57,7 @@ constexpr int64_t kN = kB * kT;
 constexpr int64_t kGptParams = 3'257'856;
 // W-MLP
 constexpr int64_t kMlpBatch = 256, kMlpIn = 784, kMlpHidden = 1024;
+constexpr int64_t kMlpParams = 1'863'680;  // 784-1024-1024-10 with biases, rounded down to whole rows of 1024
 
 constexpr int64_t kF32 = sizeof(float), kI32 = sizeof(int32_t);
 
@@ -399,5 +400,37 @@ void BM_adamw_step(benchmark::State& state) {
   report_bytes(state, 7 * n * kF32);
 }
 BENCHMARK(BM_adamw_step)->Apply(thread_counts);
+
+// One SGD-with-momentum step over W-MLP's parameter count, as one 2-D slot
+// with weight decay (W-MLP's optimizer), and what the next step needs of the
+// gradients: zeros. Arg zeroed 0: the update keeps them and a memset clears
+// them (the replicated strategies before GradsAfter::Zeroed); 1: the update
+// clears them as it reads them.
+void BM_sgd_step(benchmark::State& state) {
+  start(state);
+  const bool zeroed = state.range(1) != 0;
+  constexpr int64_t rows = kMlpParams / kMlpHidden;
+  dpt::Layout layout;
+  layout.begin_unit("all");
+  layout.add("weight", {rows, kMlpHidden}, true);
+  dpt::OptimizerConfig config;
+  config.weight_decay = 1e-4f;
+  auto opt = dpt::make_optimizer(config, layout, 0, layout.numel());
+  const auto n = static_cast<int64_t>(layout.numel());
+  auto params = random_buffer(n, 73, -0.1f, 0.1f), grads = random_buffer(n, 74, -0.01f, 0.01f);
+  for (auto _ : state) {
+    if (zeroed) {
+      opt->step(params.f32(), grads.f32(), 0.01f, dpt::GradsAfter::Zeroed);
+    } else {
+      opt->step(params.f32(), grads.f32(), 0.01f);
+      std::memset(grads.f32(), 0, static_cast<size_t>(n) * kF32);
+    }
+    benchmark::DoNotOptimize(params.f32());
+    benchmark::ClobberMemory();
+  }
+  // read grads; read and write params and the momentum; write the zeros
+  report_bytes(state, 6 * n * kF32);
+}
+BENCHMARK(BM_sgd_step)->ArgNames({"threads", "zeroed"})->ArgsProduct({{1, 2}, {0, 1}})->UseRealTime();
 
 }  // namespace

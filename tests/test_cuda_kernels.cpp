@@ -326,21 +326,26 @@ TEST_F(CudaKernels, CrossEntropyAndPaddedRows) {
 TEST_F(CudaKernels, OptimizersAndNorms) {
   const size_t n = 100003;
   const auto p0 = random(n), g = random(n), m0 = random(n, -0.1f, 0.1f), v0 = random(n, 0.0f, 0.01f);
-  std::vector<float> p = p0, m = m0, v = v0;
-  cpu().adamw_update(p.data(), g.data(), m.data(), v.data(), n, 0.9f, 0.95f, 1e-8f, 1.0f - 3e-4f * 0.1f, 3e-3f,
-                     1.7f);
-  float *gp = up(p0), *gm = up(m0), *gv = up(v0);
-  gk().adamw_update(gp, up(g), gm, gv, n, 0.9f, 0.95f, 1e-8f, 1.0f - 3e-4f * 0.1f, 3e-3f, 1.7f);
+  const std::vector<float> zeros(n, 0.0f);
+  std::vector<float> p = p0, m = m0, v = v0, gc = g;
+  cpu().adamw_update(p.data(), gc.data(), m.data(), v.data(), n, 0.9f, 0.95f, 1e-8f, 1.0f - 3e-4f * 0.1f, 3e-3f,
+                     1.7f, true);
+  float *gp = up(p0), *gm = up(m0), *gv = up(v0), *gg = up(g);
+  gk().adamw_update(gp, gg, gm, gv, n, 0.9f, 0.95f, 1e-8f, 1.0f - 3e-4f * 0.1f, 3e-3f, 1.7f, true);
   expect_within(down(gp, n), p, kOptim, "adamw params");
   expect_within(down(gm, n), m, kOptim, "adamw exp_avg");
   expect_within(down(gv, n), v, kOptim, "adamw exp_avg_sq");
+  EXPECT_EQ(down(gg, n), zeros) << "adamw consumed its gradients";
   for (bool first : {true, false}) {
-    std::vector<float> ps = p0, buf = m0;
-    cpu().sgd_update(ps.data(), g.data(), buf.data(), n, 0.05f, 0.9f, 1e-4f, first);
-    float *gps = up(p0), *gbuf = up(m0);
-    gk().sgd_update(gps, up(g), gbuf, n, 0.05f, 0.9f, 1e-4f, first);
-    expect_within(down(gps, n), ps, kOptim, first ? "sgd first step" : "sgd");
-    expect_within(down(gbuf, n), buf, kOptim, "sgd momentum");
+    for (bool consume : {false, true}) {
+      std::vector<float> ps = p0, buf = m0, gs = g;
+      cpu().sgd_update(ps.data(), gs.data(), buf.data(), n, 0.05f, 0.9f, 1e-4f, first, consume);
+      float *gps = up(p0), *gbuf = up(m0), *ggs = up(g);
+      gk().sgd_update(gps, ggs, gbuf, n, 0.05f, 0.9f, 1e-4f, first, consume);
+      expect_within(down(gps, n), ps, kOptim, first ? "sgd first step" : "sgd");
+      expect_within(down(gbuf, n), buf, kOptim, "sgd momentum");
+      EXPECT_EQ(down(ggs, n), consume ? zeros : g) << "sgd gradients after the update";
+    }
   }
   const double cs = cpu().sum_of_squares(g.data(), n), gs = gk().sum_of_squares(up(g), n);
   EXPECT_LE(std::fabs(gs - cs), 1e-6 * cs) << "sum of squares: gpu " << gs << ", cpu " << cs;

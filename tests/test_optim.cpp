@@ -200,6 +200,42 @@ void expect_shard_matches_full(const std::string& name) {
 TEST(Sharding, SgdShardIsBitwiseEqualToFullSpan) { expect_shard_matches_full("sgd"); }
 TEST(Sharding, AdamWShardIsBitwiseEqualToFullSpan) { expect_shard_matches_full("adamw"); }
 
+// GradsAfter::Zeroed clears exactly the span's gradients as the update reads
+// them and changes nothing else: parameters and state bitwise those of a
+// Kept update, on every step (the next step's gradients then accumulate
+// from zero, as after a memset).
+void expect_zeroed_matches_kept(const std::string& name) {
+  Layout l = mixed_layout();
+  const size_t N = l.numel(), begin = 7, n = 900;
+  OptimizerConfig c;
+  c.name = name;
+  c.weight_decay = 0.2f;
+  auto kept = make_optimizer(c, l, begin, n), zeroed = make_optimizer(c, l, begin, n);
+  std::vector<float> p_kept = random_vector(n, 5), p_zeroed = p_kept;
+  for (int t = 0; t < 4; ++t) {
+    SCOPED_TRACE(fmt::format("{} step {}", name, t + 1));
+    const std::vector<float> g = random_vector(N, 300 + t);
+    std::vector<float> g_kept = g, g_zeroed = g;
+    kept->step(p_kept.data(), g_kept.data() + begin, 0.01f, GradsAfter::Kept);
+    zeroed->step(p_zeroed.data(), g_zeroed.data() + begin, 0.01f, GradsAfter::Zeroed);
+    ASSERT_TRUE(test::bitwise_equal(p_zeroed.data(), p_kept.data(), n)) << "parameters";
+    std::vector<float> a(n), b(n);
+    for (size_t i = 0; i < kept->state_names().size(); ++i) {
+      kept->read_state(i, 0, n, a.data());
+      zeroed->read_state(i, 0, n, b.data());
+      ASSERT_TRUE(test::bitwise_equal(b.data(), a.data(), n)) << "state " << kept->state_names()[i];
+    }
+    EXPECT_EQ(g_kept, g) << "a Kept update wrote its gradients";
+    for (size_t i = 0; i < N; ++i) {
+      const bool in_span = i >= begin && i < begin + n;
+      ASSERT_EQ(g_zeroed[i], in_span ? 0.0f : g[i]) << "gradient " << i;
+    }
+  }
+}
+
+TEST(GradsAfter, SgdZeroedClearsTheSpanAndUpdatesAsKept) { expect_zeroed_matches_kept("sgd"); }
+TEST(GradsAfter, AdamWZeroedClearsTheSpanAndUpdatesAsKept) { expect_zeroed_matches_kept("adamw"); }
+
 TEST(Sharding, SpanPastTheLayoutIsAnInternalError) {
   Layout l = tiny_layout();
   OptimizerConfig c;

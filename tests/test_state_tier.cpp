@@ -202,12 +202,14 @@ TEST_F(StateTierTest, OptimizersThroughAFileGiveTheRamResultBitwise) {
     off.push_back(make_optimizer(c, l, cut, N - cut, &file));
     std::vector<float> p_ram = random_vector(N, 1), p_off = p_ram;
     for (int t = 0; t < 4; ++t) {
-      const auto g = random_vector(N, 100 + t);
+      auto g = random_vector(N, 100 + t), g_off = g;
       ram[0]->step(p_ram.data(), g.data(), 1e-2f);
       ram[1]->step(p_ram.data() + cut, g.data() + cut, 1e-2f);
-      off[0]->prepare(p_off.data(), g.data(), 1e-2f);
-      off[1]->prepare(p_off.data() + cut, g.data() + cut, 1e-2f);
+      // The offloaded pass also zeroes the gradients, chunk by chunk.
+      off[0]->prepare(p_off.data(), g_off.data(), 1e-2f, nullptr, GradsAfter::Zeroed);
+      off[1]->prepare(p_off.data() + cut, g_off.data() + cut, 1e-2f, nullptr, GradsAfter::Zeroed);
       step_prepared(off);
+      EXPECT_EQ(g_off, std::vector<float>(N, 0.0f)) << name << ": gradients after a Zeroed pass, step " << t;
     }
     EXPECT_TRUE(test::bitwise_equal(p_off.data(), p_ram.data(), N)) << name;
     for (size_t o = 0; o < 2; ++o)

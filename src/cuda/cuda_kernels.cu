@@ -130,10 +130,11 @@ __global__ void gelu_backward_kernel(float* dinp, const float* dout, const float
   }
 }
 
-__global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, float lr, float mu, float decay,
-                           bool first) {
+__global__ void sgd_kernel(float* p, float* g, float* buf, int64_t n, float lr, float mu, float decay, bool first,
+                           bool consume) {
   GRID_LOOP(i, n) {
     float gi = g[i] + decay * p[i];
+    if (consume) g[i] = 0.0f;
     if (buf) {
       buf[i] = first ? gi : mu * buf[i] + gi;
       gi = buf[i];
@@ -141,10 +142,11 @@ __global__ void sgd_kernel(float* p, const float* g, float* buf, int64_t n, floa
     p[i] -= lr * gi;
   }
 }
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, float b1, float b2, float eps,
-                             float keep, float step_size, float rc2) {
+__global__ void adamw_kernel(float* p, float* g, float* m, float* v, int64_t n, float b1, float b2, float eps,
+                             float keep, float step_size, float rc2, bool consume) {
   GRID_LOOP(i, n) {
     const float gi = g[i];
+    if (consume) g[i] = 0.0f;
     const float mi = b1 * m[i] + (1.0f - b1) * gi;
     const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
     m[i] = mi;
@@ -729,18 +731,18 @@ class CudaKernels final : public Kernels {
     move_rows(x, N, width, width, padded);
   }
 
-  void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float decay,
-                  bool first) const override {
+  void sgd_update(float* p, float* g, float* buf, size_t n, float lr, float momentum, float decay, bool first,
+                  bool consume) const override {
     if (!n) return;
     sgd_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(p, g, buf, static_cast<int64_t>(n), lr, momentum, decay,
-                                                        first);
+                                                        first, consume);
     LAUNCHED();
   }
-  void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float b1, float b2, float eps, float keep,
-                    float step_size, float rc2) const override {
+  void adamw_update(float* p, float* g, float* m, float* v, size_t n, float b1, float b2, float eps, float keep,
+                    float step_size, float rc2, bool consume) const override {
     if (!n) return;
     adamw_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(p, g, m, v, static_cast<int64_t>(n), b1, b2, eps, keep,
-                                                          step_size, rc2);
+                                                          step_size, rc2, consume);
     LAUNCHED();
   }
   double sum_of_squares(const float* x, size_t n) const override {

@@ -110,16 +110,19 @@ class Kernels {
   virtual void unpack_rows(float* x, int64_t N, int64_t width, int64_t padded) const = 0;
 
   // Optimizers (optim/optimizer.h), over n elements of one segment.
+  // With `consume` each also sets g to zero once it has read it: the next
+  // step's backward then accumulates from zero without a pass of its own
+  // (the update already streams g; a separate memset streams it again).
   // SGD: g' = g + decay * p; with momentum (buf != nullptr)
   // buf = first ? g' : momentum * buf + g', g' = buf; then p -= lr * g'.
-  virtual void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float decay,
-                          bool first) const = 0;
+  virtual void sgd_update(float* p, float* g, float* buf, size_t n, float lr, float momentum, float decay,
+                          bool first, bool consume) const = 0;
   // AdamW in PyTorch's arithmetic order: m = b1 m + (1 - b1) g,
   // v = b2 v + (1 - b2) g^2, p = p * keep - step_size * m / (sqrt(v) * rc2 + eps)
   // with keep = 1 - lr * weight_decay, step_size = lr / (1 - b1^t),
   // rc2 = 1 / sqrt(1 - b2^t).
-  virtual void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float b1, float b2, float eps,
-                            float keep, float step_size, float rc2) const = 0;
+  virtual void adamw_update(float* p, float* g, float* m, float* v, size_t n, float b1, float b2, float eps,
+                            float keep, float step_size, float rc2, bool consume) const = 0;
   // Sum of x^2 in double (returned to the host); x *= factor.
   virtual double sum_of_squares(const float* x, size_t n) const = 0;
   virtual void scale(float* x, size_t n, float factor) const = 0;

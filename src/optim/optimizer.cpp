@@ -24,13 +24,14 @@ Optimizer::Optimizer(OptimizerConfig config, const Layout& layout, size_t begin,
   region_ = tier_->add_region(tensors_, n_);
 }
 
-void Optimizer::prepare(float* params, const float* grads, float lr, bf16* publish) {
+void Optimizer::prepare(float* params, float* grads, float lr, bf16* publish, GradsAfter after) {
   DPT_CHECK(masters_ == (params == nullptr) && masters_ == (publish != nullptr),
             "an optimizer {} master weights is prepared {} parameters", masters_ ? "keeping" : "without",
             params ? "with" : "without");
   params_ = params;
   publish_ = publish;
   grads_ = grads;
+  consume_ = after == GradsAfter::Zeroed;
   lr_ = lr;
   begin_update();
 }
@@ -40,8 +41,8 @@ size_t state_floats(const OptimizerConfig& config) {
   return config.momentum != 0.0f ? 1 : 0;
 }
 
-void Optimizer::step(float* params, const float* grads, float lr) {
-  prepare(params, grads, lr);
+void Optimizer::step(float* params, float* grads, float lr, GradsAfter after) {
+  prepare(params, grads, lr, nullptr, after);
   const StateTier::Job j = job();
   tier_->stream(&j, 1);
 }
@@ -79,7 +80,8 @@ void Sgd::update(size_t lo, size_t k, float* const* state) {
   for_segments(lo, k, [&](size_t a, size_t b, const Segment& seg) {
     float* buf = momentum ? state[0] + (a - lo) : nullptr;
     float* p = params_at(a, lo, state);
-    kern.sgd_update(p, grads_ + a, buf, b - a, lr_, config_.momentum, seg.decay ? config_.weight_decay : 0.0f, first_);
+    kern.sgd_update(p, grads_ + a, buf, b - a, lr_, config_.momentum, seg.decay ? config_.weight_decay : 0.0f, first_,
+                    consume_);
     publish(a, b, p);
   });
 }
@@ -103,7 +105,7 @@ void AdamW::update(size_t lo, size_t k, float* const* state) {
     const float keep = 1.0f - lr_ * (seg.decay ? config_.weight_decay : 0.0f);
     float* p = params_at(a, lo, state);
     kern.adamw_update(p, grads_ + a, state[0] + (a - lo), state[1] + (a - lo), b - a, config_.beta1, config_.beta2,
-                      config_.eps, keep, step_size_, rc2_);
+                      config_.eps, keep, step_size_, rc2_, consume_);
     publish(a, b, p);
   });
 }
@@ -147,11 +149,12 @@ DPT_CPU_CLONES void scale(float* x, size_t n, float factor) {
   for (size_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
-DPT_CPU_CLONES void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float decay,
-                               bool first) {
+DPT_CPU_CLONES void sgd_update(float* p, float* g, float* buf, size_t n, float lr, float momentum, float decay,
+                               bool first, bool consume) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
     float gi = g[i] + decay * p[i];
+    if (consume) g[i] = 0.0f;
     if (buf) {
       buf[i] = first ? gi : momentum * buf[i] + gi;
       gi = buf[i];
@@ -160,12 +163,14 @@ DPT_CPU_CLONES void sgd_update(float* p, const float* g, float* buf, size_t n, f
   }
 }
 
-DPT_CPU_CLONES void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float b1, float b2,
-                                 float eps, float keep, float step_size, float rc2) {
+DPT_CPU_CLONES void adamw_update(float* p, float* g, float* m, float* v, size_t n, float b1, float b2, float eps,
+                                 float keep, float step_size, float rc2, bool consume) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
-    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+    const float gi = g[i];
+    if (consume) g[i] = 0.0f;
+    m[i] = b1 * m[i] + (1.0f - b1) * gi;
+    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
     p[i] = p[i] * keep - step_size * m[i] / (std::sqrt(v[i]) * rc2 + eps);
   }
 }

@@ -33,6 +33,11 @@ struct OptimizerConfig {
 // do the memory estimates (parallel/rank_bytes.h).
 size_t state_floats(const OptimizerConfig& config);
 
+// What an update leaves in the gradients it read: them (Kept), or zeros
+// (Zeroed: the update clears each gradient as it reads it, so the next
+// step's backward can accumulate into them with no memset of its own).
+enum class GradsAfter { Kept, Zeroed };
+
 class Optimizer : private ChunkKernel {
  public:
   // Covers elements [begin, begin + n) of buffers laid out by `layout`. Its
@@ -49,10 +54,10 @@ class Optimizer : private ChunkKernel {
 
   // One update of params[begin, begin + n) from grads over the same range
   // (both pointers are to the start of the span, not of the buffer).
-  void step(float* params, const float* grads, float lr);
+  void step(float* params, float* grads, float lr, GradsAfter after = GradsAfter::Kept);
   // The same for several optimizers as one pass of their shared tier
   // (step_prepared): each is prepared with its span's pointers first.
-  void prepare(float* params, const float* grads, float lr, bf16* publish = nullptr);
+  void prepare(float* params, float* grads, float lr, bf16* publish = nullptr, GradsAfter after = GradsAfter::Kept);
   // The master weights' tensor (optimizers made with masters).
   size_t master_tensor() const { return tensors_ - 1; }
   bool masters() const { return masters_; }
@@ -107,7 +112,8 @@ class Optimizer : private ChunkKernel {
   }
   void publish(size_t a, size_t b, const float* p) const;
   float* params_ = nullptr;
-  const float* grads_ = nullptr;
+  float* grads_ = nullptr;
+  bool consume_ = false;  // GradsAfter::Zeroed
   bf16* publish_ = nullptr;
   float lr_ = 0.0f;
   bool masters_ = false;
@@ -163,8 +169,9 @@ float clip_factor(double norm, float max_norm);
 void scale(float* x, size_t n, float factor);
 // The CPU's optimizer updates over n elements (Kernels::sgd_update and
 // Kernels::adamw_update in nn/kernels.h say what they compute).
-void sgd_update(float* p, const float* g, float* buf, size_t n, float lr, float momentum, float decay, bool first);
-void adamw_update(float* p, const float* g, float* m, float* v, size_t n, float b1, float b2, float eps, float keep,
-                  float step_size, float rc2);
+void sgd_update(float* p, float* g, float* buf, size_t n, float lr, float momentum, float decay, bool first,
+                bool consume);
+void adamw_update(float* p, float* g, float* m, float* v, size_t n, float b1, float b2, float eps, float keep,
+                  float step_size, float rc2, bool consume);
 
 }  // namespace dpt

@@ -30,13 +30,22 @@ LocalStrategy::LocalStrategy(const StrategyOptions& options, Model& model, comm:
 
 std::string LocalStrategy::describe() const { return "local: one process holds everything"; }
 
-void LocalStrategy::begin_step() { model_.zero_grads(); }
+// The optimizer zeroes every gradient it reads (GradsAfter::Zeroed), so after
+// a step the buffer is already zero: one pass over it instead of two. Zeroed
+// here only before the first step, or when the last one did not update.
+void LocalStrategy::begin_step() {
+  if (!grads_zero_) model_.zero_grads();
+  grads_zero_ = false;
+}
 
 double LocalStrategy::grad_norm_squared() { return model_.grad_squares(model_.grads(), 0, model_.param_count()); }
 
 void LocalStrategy::scale_grads(float factor) { model_.k().scale(model_.grads(), model_.param_count(), factor); }
 
-void LocalStrategy::step(float lr) { opt_->step(model_.params(), model_.grads(), lr); }
+void LocalStrategy::step(float lr) {
+  opt_->step(model_.params(), model_.grads(), lr, GradsAfter::Zeroed);
+  grads_zero_ = true;
+}
 
 void LocalStrategy::gather_unit(int unit, float* out) {
   const Unit& u = model_.layout().units()[static_cast<size_t>(unit)];

@@ -36,6 +36,7 @@ class LocalStrategy : public Strategy {
   comm::ProcessGroup& pg_;
   std::unique_ptr<StateTier> tier_;  // the optimizer's state: RAM or a file (before opt_: outlives it)
   std::unique_ptr<Optimizer> opt_;
+  bool grads_zero_ = false;  // the last step left the gradients zero (begin_step)
 };
 
 class DdpStrategy : public LocalStrategy {

@@ -117,6 +117,8 @@ class Strategy {
   virtual void scale_grads(float factor) = 0;
   // The optimizer step on what this rank owns; sharded strategies then start
   // the all-gather of the updated parameters (finished before their next use).
+  // The gradients are the strategy's again afterwards: only begin_step's
+  // zeros are promised (the replicated ones clear them in the update).
   virtual void step(float lr) = 0;
 
   // Collective: the full parameters of unit u into out (rank 0 needs them;
