@@ -73,6 +73,15 @@ int ranks_per_host(const std::vector<std::string>& hosts) {
 }
 }  // namespace
 
+StrategyOptions resolve_options(StrategyOptions options, const comm::ProcessGroup& pg) {
+  if (options.name == "hsdp") {
+    options.shard_group = shard_group_size(options, pg);
+  } else if (options.shard_group > 0) {
+    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", options.name));
+  }
+  return options;
+}
+
 int shard_group_size(const StrategyOptions& options, const comm::ProcessGroup& pg) {
   const int s = options.shard_group > 0 ? options.shard_group : ranks_per_host(pg.hosts());
   if (pg.size() % s != 0)

@@ -174,6 +174,12 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& m
 // not divide the ranks.
 int shard_group_size(const StrategyOptions& options, const comm::ProcessGroup& pg);
 
+// The options as the named strategy runs them on `pg`, for the memory and
+// offload checks made before it exists: hsdp's shard group resolved
+// (shard_group_size). Throws InputError for a shard group given to a
+// strategy that has none.
+StrategyOptions resolve_options(StrategyOptions options, const comm::ProcessGroup& pg);
+
 // The strategy a run gets when none is named: ddp on several ranks, local
 // on one.
 // The strategies that train more than one replica in lock-step, from the

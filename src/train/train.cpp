@@ -325,11 +325,9 @@ void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model&
 
 namespace {
 
-// Where the run's state lives: what --device cuda runs today (docs/gpu.md)
-// and hsdp's shard groups. The rest is refused before anything starts.
+// What --device cuda runs today (docs/gpu.md). The rest is refused before
+// anything starts.
 void check_placement(const TrainOptions& o) {
-  if (o.shard_group > 0 && o.strategy != "hsdp")
-    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", o.strategy));
   if (o.device == Device::CPU) return;
   if (o.strategy == "dp")
     throw InputError("--device cuda: --strategy dp (threads over one process) runs on the CPU only");
@@ -337,6 +335,16 @@ void check_placement(const TrainOptions& o) {
     throw InputError("--device cuda: --reduce-dtype bf16 is not built for GPU runs yet");
   if (!o.checkpoint_dir.empty() || !o.resume.empty())
     throw InputError("--device cuda: --checkpoint-dir and --resume are not built for GPU runs yet (--save is)");
+}
+
+// The flags that can be checked before anything is built.
+void check_run(const TrainOptions& o, const Mesh& mesh, comm::ProcessGroup& pg) {
+  check_pipeline(o, mesh);
+  check_tensor_parallel(o, mesh);
+  check_outputs(o, pg);
+  check_placement(o);
+  if (!o.load.empty() && !o.resume.empty())
+    throw InputError("--load and --resume both give the starting weights; give one");
 }
 
 }  // namespace
@@ -550,6 +558,32 @@ std::string checkpoint_now(const TrainOptions& o, const Model& model, Strategy& 
   return written.path;
 }
 
+// With checkpoints on, after `done` steps: every rank learns of a signal
+// any rank got, and a checkpoint is written when one is due or a signal
+// came. Returns the checkpoint's path when a signal stops the run here.
+std::optional<std::string> checkpoint_or_stop(const TrainOptions& o, const Model& model, Strategy& strategy,
+                                              const DataSource& data, comm::ProcessGroup& pg, int64_t done,
+                                              int64_t steps, TrainResult& r) {
+  r.stopped_by = agreed_signal(pg);
+  const bool due = o.checkpoint_every > 0 && done % o.checkpoint_every == 0 && done < steps;
+  if (!r.stopped_by && !due) return std::nullopt;
+  std::string path = checkpoint_now(o, model, strategy, data, pg, done, r);
+  if (!r.stopped_by) return std::nullopt;
+  return path;
+}
+
+// The timeline of a run with --trace-out: it records only the last
+// trace_steps steps (per step data, forward and backward per micro-batch,
+// the wait, the optimizer and the strategy's collectives).
+std::optional<Timeline> make_timeline(const TrainOptions& o, int64_t steps, const Executor& executor,
+                                      const Strategy& strategy) {
+  std::optional<Timeline> timeline;
+  if (!o.trace_out.empty())
+    timeline.emplace(static_cast<size_t>(std::min(o.trace_steps, steps)) *
+                     (executor.trace_spans() + 2 + strategy.trace_spans()));
+  return timeline;
+}
+
 // A finished run's report: every rank's medians and memory gathered, the
 // summary printed (unless quiet) and written (rank 0, --summary-out).
 void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& model, const Strategy& strategy,
@@ -572,6 +606,7 @@ void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& mode
 // the strategies' checkpoints and traces: anything else is refused.
 void check_dp_options(const TrainOptions& o, int world) {
   if (world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
+  if (o.shard_group > 0) throw InputError("--shard-group is hsdp's; --strategy dp has no shard groups");
   if (!o.trace_out.empty()) throw InputError("--trace-out records training across ranks, not --strategy dp");
   if (!o.checkpoint_dir.empty() || !o.resume.empty())
     throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
@@ -582,11 +617,15 @@ void check_dp_options(const TrainOptions& o, int world) {
     throw InputError("--strategy dp sums its replicas' gradients in fp32 only; use ddp or zero1/2/3 for --reduce-dtype bf16");
 }
 
-// This rank's model: its stage under --pp, its slice of every block under
-// --tp, else the whole model; set up as the flags ask.
-std::unique_ptr<Model> rank_model(const TrainOptions& o, const Mesh& mesh,
-                                  const std::map<std::string, std::string>& hparams,
-                                  const std::vector<GptStage>& stages) {
+// This rank's model: its stage under --pp (the stages, cut as the flags
+// ask, into `stages`), its slice of every block under --tp, else the whole
+// model; its shape that of the checkpoint it resumes (saved), set up as the
+// flags ask. Its parameters are the strategy's to fill.
+std::unique_ptr<Model> rank_model(const TrainOptions& o, const Mesh& mesh, const std::optional<CheckpointInfo>& saved,
+                                  std::vector<GptStage>& stages) {
+  const std::map<std::string, std::string> hparams = saved ? resumed_hparams(o, *saved) : model_hparams(o);
+  if (mesh.pp > 1) stages = gpt_stages(GptConfig::from(hparams), mesh.pp, o.pp_split);
+  if (saved && o.tp_embedding == "vocab") check_vocab_rows(GptConfig::from(hparams), mesh.tp);
   std::unique_ptr<Model> model;
   const GptTp tp{mesh.tp, mesh.tp_rank, o.tp_embedding == "vocab"};
   if (mesh.pp > 1)
@@ -599,6 +638,26 @@ std::unique_ptr<Model> rank_model(const TrainOptions& o, const Mesh& mesh,
   model->set_precision(o.precision);
   model->set_device(o.device);
   return model;
+}
+
+// Under --tp the GPT sums (or maxes) its partial results over its TP group.
+void connect_tensor_parallel(Model& model, comm::ProcessGroup* tpg) {
+  if (!tpg) return;
+  dynamic_cast<Gpt&>(model).set_tensor_reduce([tpg](float* x, size_t n, TpReduce op) {
+    tpg->all_reduce(x, n, DType::F32, op == TpReduce::Max ? comm::ReduceOp::Max : comm::ReduceOp::Sum);
+  });
+}
+
+// Who runs a step's micro-batches: a pipeline stage under --pp, else the
+// sequential executor over the whole (or TP-sliced) model.
+std::unique_ptr<Executor> make_executor(const TrainOptions& o, comm::ProcessGroup& pg, const Mesh& mesh,
+                                        MeshGroups& groups, Model& model, Strategy& strategy, DataSource& data,
+                                        float loss_scale, const std::vector<GptStage>& stages) {
+  if (mesh.pp > 1)
+    return std::make_unique<PipelineExecutor>(
+        mesh, groups, dynamic_cast<Gpt&>(model), strategy, data, loss_scale,
+        PipelineOptions{parse_pipe_schedule(o.pp_schedule), static_cast<int>(o.grad_accum), stages});
+  return std::make_unique<SequentialExecutor>(o, pg, model, strategy, data, loss_scale, mesh, groups.tp());
 }
 
 // check_memory for this rank. Under --pp the stages hold different parts of
@@ -630,44 +689,28 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // The mesh first: an impossible one is refused before anything else.
   const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp);
   if (o.strategy.empty()) o.strategy = default_strategy(mesh.dp);
-  check_pipeline(o, mesh);
-  check_tensor_parallel(o, mesh);
-  check_outputs(o, pg);
-  check_placement(o);
+  check_run(o, mesh, pg);
   if (o.strategy == "dp") {
     check_dp_options(o, world);
     return run_dp_training(o);
   }
-  if (!o.load.empty() && !o.resume.empty())
-    throw InputError("--load and --resume both give the starting weights; give one");
   const int64_t micro = micro_batch(o, mesh.dp, mesh.pp == 1 && mesh.tp == 1 ? "ranks" : "data-parallel replicas");
   // Read now: a bad baseline or checkpoint must fail before training, not after it.
   const double baseline = o.baseline.empty() ? 0.0 : read_baseline_throughput(o.baseline);
-  std::string resume_path;
+  const std::string resume_path = o.resume.empty() ? "" : find_checkpoint(o.resume);
   std::optional<CheckpointInfo> saved;
-  if (!o.resume.empty()) {
-    resume_path = find_checkpoint(o.resume);
-    saved = read_checkpoint_info(resume_path);
-  }
+  if (!resume_path.empty()) saved = read_checkpoint_info(resume_path);
   const bool mlp = o.model == "mlp";
 
   // The model's shape first; where its parameters live, and their initial
-  // values, are the strategy's (a zero3 rank never holds them all).
-  // Under --pp this rank's model is its stage, and a data-parallel
-  // strategy runs over the ranks that hold the same stage.
-  const std::map<std::string, std::string> hparams = saved ? resumed_hparams(o, *saved) : model_hparams(o);
+  // values, are the strategy's (a zero3 rank never holds them all). Under
+  // --pp a data-parallel strategy runs over the ranks of the same stage.
   std::vector<GptStage> stages;
-  if (mesh.pp > 1) stages = gpt_stages(GptConfig::from(hparams), mesh.pp, o.pp_split);
-  if (saved && o.tp_embedding == "vocab") check_vocab_rows(GptConfig::from(hparams), mesh.tp);
-  std::unique_ptr<Model> model = rank_model(o, mesh, hparams, stages);
+  std::unique_ptr<Model> model = rank_model(o, mesh, saved, stages);
   MeshGroups groups(mesh, pg);
   comm::ProcessGroup& dpg = groups.dp();
-  if (comm::ProcessGroup* tpg = groups.tp())
-    dynamic_cast<Gpt&>(*model).set_tensor_reduce([tpg](float* x, size_t n, TpReduce op) {
-      tpg->all_reduce(x, n, DType::F32, op == TpReduce::Max ? comm::ReduceOp::Max : comm::ReduceOp::Sum);
-    });
-  StrategyOptions so = strategy_options(o);
-  if (so.name == "hsdp") so.shard_group = shard_group_size(so, dpg);
+  connect_tensor_parallel(*model, groups.tp());
+  const StrategyOptions so = resolve_options(strategy_options(o), dpg);
   check_offload(o, so, *model, dpg, pg);
   check_rank_memory(o, so, *model, micro, mesh, dpg, pg);
   auto strategy = make_strategy(so, *model, dpg, {o.seed, o.load, parse_weight_format(o.load_format)});
@@ -684,10 +727,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const int64_t start = saved ? resume_from(resume_path, *saved, o, *model, *strategy, data, pg, steps, r) : 0;
   // After the resume: a pipeline's last stage copies wte from the first.
   const std::unique_ptr<Executor> executor =
-      mesh.pp > 1 ? std::unique_ptr<Executor>(std::make_unique<PipelineExecutor>(
-                        mesh, groups, dynamic_cast<Gpt&>(*model), *strategy, data, loss_scale,
-                        PipelineOptions{parse_pipe_schedule(o.pp_schedule), static_cast<int>(o.grad_accum), stages}))
-                  : std::make_unique<SequentialExecutor>(o, pg, *model, *strategy, data, loss_scale, mesh, groups.tp());
+      make_executor(o, pg, mesh, groups, *model, *strategy, data, loss_scale, stages);
 
   auto evaluate = [&]() -> std::optional<EvalResult> {
     if (!data.evaluable()) return std::nullopt;
@@ -708,13 +748,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   StepContext context{o, pg, *strategy, *executor};
   const uint64_t bytes_at_start = pg.ledger().total(comm::Scope::Family).bytes_sent;
   const auto phases_at_start = pg.ledger().phases(comm::Scope::Family);
-  // The timeline records only the last trace_steps steps: per step data,
-  // forward and backward per micro-batch, the wait, the optimizer and the
-  // strategy's collectives.
-  std::optional<Timeline> timeline;
-  if (!o.trace_out.empty())
-    timeline.emplace(static_cast<size_t>(std::min(o.trace_steps, steps)) *
-                     (executor->trace_spans() + 2 + strategy->trace_spans()));
+  std::optional<Timeline> timeline = make_timeline(o, steps, *executor, *strategy);
   // Created now: an unwritable --trace-out fails before training, not after it.
   const auto trace_file = lead && timeline ? std::make_unique<AtomicFile>(o.trace_out) : nullptr;
   // With checkpoints on, a signal stops the run after its step (with a
@@ -724,8 +758,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (checkpointing) signals.emplace();
   strategy->take_gather_wait();
   auto run_start = Clock::now();
-  int64_t step = start;
-  for (; step < steps; ++step) {
+  for (int64_t step = start; step < steps; ++step) {
     Timeline* tl = timeline && step >= steps - o.trace_steps ? &*timeline : nullptr;
     const bool log_step = (step + 1) % o.log_every == 0 || step + 1 == steps;
     const StepOutcome s = train_step(context, step, log_step, tl);
@@ -741,14 +774,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     if (step == start) r.first_loss = loss;
     r.final_loss = loss;
     if (!checkpointing) continue;
-    r.stopped_by = agreed_signal(pg);
-    const bool due = o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0 && step + 1 < steps;
-    if (!r.stopped_by && !due) continue;
-    const std::string path = checkpoint_now(o, *model, *strategy, data, pg, step + 1, r);
-    if (!r.stopped_by) continue;
+    const std::optional<std::string> stop = checkpoint_or_stop(o, *model, *strategy, data, pg, step + 1, steps, r);
+    if (!stop) continue;
     progress.finish();
     if (!quiet) std::printf("stopped by signal %d after step %lld; checkpoint %s\n", r.stopped_by,
-                            static_cast<long long>(step + 1), path.c_str());
+                            static_cast<long long>(step + 1), stop->c_str());
     r.steps = step + 1;
     return r;
   }
