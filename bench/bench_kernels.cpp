@@ -401,8 +401,9 @@ void BM_adamw_step(benchmark::State& state) {
 }
 BENCHMARK(BM_adamw_step)->Apply(thread_counts);
 
-// One SGD-with-momentum step over W-MLP's parameter count, as one 2-D slot
-// with weight decay (W-MLP's optimizer), and what the next step needs of the
+// One SGD-with-momentum step over W-MLP's parameter count (its optimizer),
+// as one 2-D slot, with weight decay (W-MLP's default has none; it moves no
+// more memory: p is read anyway), and what the next step needs of the
 // gradients: zeros. Arg zeroed 0: the update keeps them and a memset clears
 // them (the replicated strategies before GradsAfter::Zeroed); 1: the update
 // clears them as it reads them.

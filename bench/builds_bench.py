@@ -56,7 +56,8 @@ def one_run(dpt, model, precision, steps, ranks, tmp):
            "--precision", precision, "--quiet", "--summary-out", path, "--log-every", "1", "--metrics-out", metrics]
     if ranks > 1:
         cmd = [dpt, "launch", "-n", str(ranks), "--"] + cmd
-    s = run_and_load(f"{dpt} {model} {precision}", cmd, path, timeout=900)
+    label = f"{dpt} {model} {precision}" + (f" on {ranks} ranks" if ranks > 1 else "")
+    s = run_and_load(label, cmd, path, timeout=900)
     with open(metrics) as f:
         per_step = [json.loads(line)["step_ms"] for line in f if line.strip()][5:]
     fast = statistics.quantiles(per_step, n=10)[0]
@@ -89,7 +90,7 @@ def main():
             rounds.append(row)
     result = {"a": os.path.abspath(args.a), "b": os.path.abspath(args.b), "repeat": args.repeat,
               "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"), "rounds": rounds, "medians": {}}
-    print(f"{'workload':10} {'A':>10} {'B':>10} {'B/A':>6} {'B/A cpu':>8} {'B/A p10':>8}  kernels A / B")
+    print(f"{'workload':14} {'A':>10} {'B':>10} {'B/A':>6} {'B/A cpu':>8} {'B/A p10':>8}  kernels A / B")
     for model, precision, _, ranks in work:
         key = key_of(model, precision, ranks)
         runs = [r[key] for r in rounds]
@@ -100,7 +101,7 @@ def main():
         result["medians"][key] = {"a": med["a"], "b": med["b"], "b_over_a": ratio, "b_over_a_cpu": ratio_cpu,
                                   "b_over_a_fastest_tenth": ratio_fast,
                                   "unit": UNIT[model], "mfu_b": statistics.median(x["b"]["mfu"] for x in runs)}
-        print(f"{key:10} {med['a']:10.0f} {med['b']:10.0f} {ratio:6.3f} {ratio_cpu:8.3f} {ratio_fast:8.3f}  "
+        print(f"{key:14} {med['a']:10.0f} {med['b']:10.0f} {ratio:6.3f} {ratio_cpu:8.3f} {ratio_fast:8.3f}  "
               f"{runs[0]['a']['cpu_kernels']} / {runs[0]['b']['cpu_kernels']}")
     for model, precision, _, ranks in work:
         single = key_of(model, precision, 1)

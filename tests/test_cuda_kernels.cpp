@@ -327,15 +327,17 @@ TEST_F(CudaKernels, OptimizersAndNorms) {
   const size_t n = 100003;
   const auto p0 = random(n), g = random(n), m0 = random(n, -0.1f, 0.1f), v0 = random(n, 0.0f, 0.01f);
   const std::vector<float> zeros(n, 0.0f);
-  std::vector<float> p = p0, m = m0, v = v0, gc = g;
-  cpu().adamw_update(p.data(), gc.data(), m.data(), v.data(), n, 0.9f, 0.95f, 1e-8f, 1.0f - 3e-4f * 0.1f, 3e-3f,
-                     1.7f, true);
-  float *gp = up(p0), *gm = up(m0), *gv = up(v0), *gg = up(g);
-  gk().adamw_update(gp, gg, gm, gv, n, 0.9f, 0.95f, 1e-8f, 1.0f - 3e-4f * 0.1f, 3e-3f, 1.7f, true);
-  expect_within(down(gp, n), p, kOptim, "adamw params");
-  expect_within(down(gm, n), m, kOptim, "adamw exp_avg");
-  expect_within(down(gv, n), v, kOptim, "adamw exp_avg_sq");
-  EXPECT_EQ(down(gg, n), zeros) << "adamw consumed its gradients";
+  for (bool consume : {false, true}) {
+    std::vector<float> p = p0, m = m0, v = v0, gc = g;
+    cpu().adamw_update(p.data(), gc.data(), m.data(), v.data(), n, 0.9f, 0.95f, 1e-8f, 1.0f - 3e-4f * 0.1f, 3e-3f,
+                       1.7f, consume);
+    float *gp = up(p0), *gm = up(m0), *gv = up(v0), *gg = up(g);
+    gk().adamw_update(gp, gg, gm, gv, n, 0.9f, 0.95f, 1e-8f, 1.0f - 3e-4f * 0.1f, 3e-3f, 1.7f, consume);
+    expect_within(down(gp, n), p, kOptim, "adamw params");
+    expect_within(down(gm, n), m, kOptim, "adamw exp_avg");
+    expect_within(down(gv, n), v, kOptim, "adamw exp_avg_sq");
+    EXPECT_EQ(down(gg, n), consume ? zeros : g) << "adamw gradients after the update";
+  }
   for (bool first : {true, false}) {
     for (bool consume : {false, true}) {
       std::vector<float> ps = p0, buf = m0, gs = g;

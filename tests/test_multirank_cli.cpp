@@ -466,6 +466,18 @@ TEST_F(MultirankCliTest, DpUnderLauncherIsAnError) {
   EXPECT_TRUE(has(r.all(), "--strategy dp runs in one process")) << r.all();
 }
 
+// Only hsdp has shard groups; the flag elsewhere is refused before anything
+// is built, whether the strategy is named or the launcher's default.
+TEST_F(MultirankCliTest, ShardGroupOutsideHsdpIsRefused) {
+  const std::string train = "train --model mlp --synthetic --steps 2 --sizes 784,64,10 --threads 1 --quiet ";
+  RunResult r = launch2(train + "--shard-group 2");
+  EXPECT_NE(r.code, 0) << r.all();
+  EXPECT_TRUE(has(r.all(), "--shard-group is hsdp's; --strategy ddp has no shard groups")) << r.all();
+  r = dpt(train + "--strategy dp --dp-replicas 2 --shard-group 1");
+  EXPECT_NE(r.code, 0) << r.all();
+  EXPECT_TRUE(has(r.all(), "--shard-group is hsdp's; --strategy dp has no shard groups")) << r.all();
+}
+
 // ---------------------------------------------------------------- failure
 
 // Rank 1 is killed (SIGKILL, no chance to say goodbye) 6 s into a training

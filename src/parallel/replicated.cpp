@@ -32,7 +32,7 @@ std::string LocalStrategy::describe() const { return "local: one process holds e
 
 // The optimizer zeroes every gradient it reads (GradsAfter::Zeroed), so after
 // a step the buffer is already zero: one pass over it instead of two. Zeroed
-// here only before the first step, or when the last one did not update.
+// here only before the first step, or after a step that failed part-way.
 void LocalStrategy::begin_step() {
   if (!grads_zero_) model_.zero_grads();
   grads_zero_ = false;

@@ -31,8 +31,9 @@ const std::vector<std::string>& data_parallel_strategies() {
   return names;
 }
 
-std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
+std::unique_ptr<Strategy> make_strategy(const StrategyOptions& given, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init) {
+  const StrategyOptions options = resolve_options(given, pg);
   if (options.name == "local") {
     if (pg.size() > 1)
       throw InputError(fmt::format("--strategy local trains one process, but {} ranks were launched; use ddp",
@@ -40,11 +41,7 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& m
     return std::make_unique<LocalStrategy>(options, model, pg, init);
   }
   if (options.name == "ddp") return std::make_unique<DdpStrategy>(options, model, pg, init);
-  if (options.name == "hsdp") {
-    StrategyOptions o = options;
-    o.shard_group = shard_group_size(options, pg);
-    return std::make_unique<ZeroStrategy>(o, model, pg, init, 3);
-  }
+  if (options.name == "hsdp") return std::make_unique<ZeroStrategy>(options, model, pg, init, 3);
   if (const int stage = zero_stage(options.name)) return std::make_unique<ZeroStrategy>(options, model, pg, init, stage);
   throw InputError(
       fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3, fsdp or hsdp)", options.name));
@@ -73,12 +70,14 @@ int ranks_per_host(const std::vector<std::string>& hosts) {
 }
 }  // namespace
 
+void check_shard_group(const std::string& strategy, int shard_group) {
+  if (shard_group > 0 && strategy != "hsdp")
+    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", strategy));
+}
+
 StrategyOptions resolve_options(StrategyOptions options, const comm::ProcessGroup& pg) {
-  if (options.name == "hsdp") {
-    options.shard_group = shard_group_size(options, pg);
-  } else if (options.shard_group > 0) {
-    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", options.name));
-  }
+  check_shard_group(options.name, options.shard_group);
+  if (options.name == "hsdp") options.shard_group = shard_group_size(options, pg);
   return options;
 }
 

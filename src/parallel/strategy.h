@@ -160,6 +160,7 @@ class Strategy {
 // (Model::init_range), each rank filling only what it holds. DDP starts
 // ranks other than 0 from other seeds and broadcasts rank 0's weights, so
 // its replica check proves the broadcast; the others need no broadcast.
+// The options go through resolve_options first.
 struct StrategyInit {
   uint64_t seed = 0;
   std::string load;
@@ -174,10 +175,14 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& m
 // not divide the ranks.
 int shard_group_size(const StrategyOptions& options, const comm::ProcessGroup& pg);
 
-// The options as the named strategy runs them on `pg`, for the memory and
-// offload checks made before it exists: hsdp's shard group resolved
-// (shard_group_size). Throws InputError for a shard group given to a
-// strategy that has none.
+// Throws InputError for a shard group (--shard-group, > 0) given to a
+// strategy that has none: only hsdp has shard groups.
+void check_shard_group(const std::string& strategy, int shard_group);
+
+// The options as the named strategy runs them on `pg` (make_strategy runs
+// them so; the memory and offload checks made before it exists need them
+// too): checked by check_shard_group, hsdp's shard group resolved
+// (shard_group_size).
 StrategyOptions resolve_options(StrategyOptions options, const comm::ProcessGroup& pg);
 
 // The strategy a run gets when none is named: ddp on several ranks, local

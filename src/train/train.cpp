@@ -343,6 +343,7 @@ void check_run(const TrainOptions& o, const Mesh& mesh, comm::ProcessGroup& pg) 
   check_tensor_parallel(o, mesh);
   check_outputs(o, pg);
   check_placement(o);
+  check_shard_group(o.strategy, o.shard_group);
   if (!o.load.empty() && !o.resume.empty())
     throw InputError("--load and --resume both give the starting weights; give one");
 }
@@ -606,7 +607,6 @@ void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& mode
 // the strategies' checkpoints and traces: anything else is refused.
 void check_dp_options(const TrainOptions& o, int world) {
   if (world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
-  if (o.shard_group > 0) throw InputError("--shard-group is hsdp's; --strategy dp has no shard groups");
   if (!o.trace_out.empty()) throw InputError("--trace-out records training across ranks, not --strategy dp");
   if (!o.checkpoint_dir.empty() || !o.resume.empty())
     throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
@@ -617,13 +617,17 @@ void check_dp_options(const TrainOptions& o, int world) {
     throw InputError("--strategy dp sums its replicas' gradients in fp32 only; use ddp or zero1/2/3 for --reduce-dtype bf16");
 }
 
-// This rank's model: its stage under --pp (the stages, cut as the flags
-// ask, into `stages`), its slice of every block under --tp, else the whole
-// model; its shape that of the checkpoint it resumes (saved), set up as the
-// flags ask. Its parameters are the strategy's to fill.
-std::unique_ptr<Model> rank_model(const TrainOptions& o, const Mesh& mesh, const std::optional<CheckpointInfo>& saved,
-                                  std::vector<GptStage>& stages) {
+// This rank's model: its stage under --pp (with every stage, cut as the
+// flags ask), its slice of every block under --tp, else the whole model;
+// its shape that of the checkpoint it resumes (saved), set up as the flags
+// ask. Its parameters are the strategy's to fill.
+struct RankModel {
+  std::unique_ptr<Model> model;
+  std::vector<GptStage> stages;  // under --pp
+};
+RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optional<CheckpointInfo>& saved) {
   const std::map<std::string, std::string> hparams = saved ? resumed_hparams(o, *saved) : model_hparams(o);
+  std::vector<GptStage> stages;
   if (mesh.pp > 1) stages = gpt_stages(GptConfig::from(hparams), mesh.pp, o.pp_split);
   if (saved && o.tp_embedding == "vocab") check_vocab_rows(GptConfig::from(hparams), mesh.tp);
   std::unique_ptr<Model> model;
@@ -637,7 +641,7 @@ std::unique_ptr<Model> rank_model(const TrainOptions& o, const Mesh& mesh, const
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
   model->set_device(o.device);
-  return model;
+  return {std::move(model), std::move(stages)};
 }
 
 // Under --tp the GPT sums (or maxes) its partial results over its TP group.
@@ -705,8 +709,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // The model's shape first; where its parameters live, and their initial
   // values, are the strategy's (a zero3 rank never holds them all). Under
   // --pp a data-parallel strategy runs over the ranks of the same stage.
-  std::vector<GptStage> stages;
-  std::unique_ptr<Model> model = rank_model(o, mesh, saved, stages);
+  auto [model, stages] = rank_model(o, mesh, saved);
   MeshGroups groups(mesh, pg);
   comm::ProcessGroup& dpg = groups.dp();
   connect_tensor_parallel(*model, groups.tp());

@@ -470,9 +470,6 @@ TEST_F(TpCliTest, ImpossibleLayoutsAreRefused) {
       {2, "--model mlp --batch 4 --steps 2 --tp 2", "the mlp model has none"},
       {2, gpt + " --tp 2 --strategy dp", "--strategy dp keeps its replicas in threads of one process and does not run with --tp 2"},
       {1, gpt + " --tp-embedding vocab", "--tp-embedding vocab needs --tp 2 or more"},
-      {2, gpt + " --shard-group 2", "--shard-group is hsdp's; --strategy ddp has no shard groups"},
-      {1, "--model mlp --batch 4 --steps 2 --strategy dp --shard-group 1",
-       "--shard-group is hsdp's; --strategy dp has no shard groups"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
