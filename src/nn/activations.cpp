@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/cpu_level.h"
@@ -24,13 +26,34 @@ namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
-// tanh through exp keeps the loop vectorisable: this file is compiled with
-// -ffast-math (see CMakeLists.txt) so glibc's vector expf is used, and glibc
-// has no vector tanhf. |u| is clamped at 10, where tanh is +-1 in fp32, so
-// exp never overflows.
+// e^x for |x| <= 20, inline so the loops that use it stay one vector body
+// (a call to glibc's vector expf spills every register, each iteration):
+// x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact to
+// fp32), e^r from its Taylor series to r^7 (truncation below 2e-8
+// relative), times 2^n built in the exponent bits.
+inline float exp_small(float x) {
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(n, -0.693145751953125f, x);
+  r = std::fma(n, -1.428606765330187045e-06f, r);
+  float p = 1.0f / 5040.0f;
+  p = std::fma(p, r, 1.0f / 720.0f);
+  p = std::fma(p, r, 1.0f / 120.0f);
+  p = std::fma(p, r, 1.0f / 24.0f);
+  p = std::fma(p, r, 1.0f / 6.0f);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// tanh through exp keeps the loop vectorisable (glibc has no vector
+// tanhf). |u| is clamped at 10, where tanh is +-1 in fp32.
 inline float fast_tanh(float u) {
   u = u > 10.0f ? 10.0f : (u < -10.0f ? -10.0f : u);
-  return 1.0f - 2.0f / (std::exp(2.0f * u) + 1.0f);
+  return 1.0f - 2.0f / (exp_small(2.0f * u) + 1.0f);
 }
 
 // dout * gelu'(x).
