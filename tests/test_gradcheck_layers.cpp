@@ -160,6 +160,17 @@ TEST_P(LayerGrad, GeluMatchesTanhFormula) {
     double ref = 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
     EXPECT_NEAR(y, ref, 1e-6 + 1e-6 * std::fabs(ref)) << "x = " << x;
   }
+  // A dense grid over [-12, 12] through the vector loop (its own exp, not
+  // libm's), the tails where tanh saturates included.
+  const int64_t n = 24001;
+  std::vector<float> x(n), y(n);
+  for (int64_t i = 0; i < n; ++i) x[i] = -12.0f + 24.0f * static_cast<float>(i) / static_cast<float>(n - 1);
+  gelu_forward(y.data(), x.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = x[i];
+    const double ref = 0.5 * xi * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (xi + 0.044715 * xi * xi * xi)));
+    ASSERT_NEAR(y[i], ref, 1e-6 + 1e-6 * std::fabs(ref)) << "x = " << xi;
+  }
 }
 
 TEST_P(LayerGrad, LayerNorm) {
