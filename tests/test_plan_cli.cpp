@@ -421,7 +421,9 @@ TEST_F(PlanCliTest, ImpossibleMeshesAreRefused) {
            {"--ranks 4 --pp 4", "--pp 4 needs at least one block per stage, and the model has 3"},
            {"--ranks 4 --tp 2 --micro-batches 3", "global batch 4 does not split into 2 data-parallel replicas x 3"},
            {"--ranks 2 --pp 2 --micro-batches 2 --grad-accum 4", "one setting under two names"},
-           {"--ranks 4 --tp 2 --strategy local", "--strategy local trains one replica, not 2 data-parallel replicas"}}) {
+           {"--ranks 4 --tp 2 --strategy local", "--strategy local trains one replica, not 2 data-parallel replicas"},
+           {"--ranks 2 --strategy local", "--strategy local trains one process, not 2 ranks"},
+           {"--ranks 2 --strategy hsdp", "unknown strategy 'hsdp' (expected local, ddp, zero1, zero2, zero3 or fsdp)"}}) {
     SCOPED_TRACE(args);
     test::expect_one_refusal(dpt(plan + args), says);
   }

@@ -26,6 +26,30 @@ const char* prefetch_name(Prefetch p) {
 
 std::string default_strategy(int world) { return world > 1 ? "ddp" : "local"; }
 
+std::string plannable_strategy(const std::string& name) {
+  const std::string s = name == "fsdp" ? "zero3" : name;
+  const auto& dp = data_parallel_strategies();
+  if (!trains_one_replica(s) && std::find(dp.begin(), dp.end(), s) == dp.end())
+    throw InputError(fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3 or fsdp)", name));
+  return s;
+}
+
+bool trains_one_replica(const std::string& name) { return name == "local"; }
+
+const char* fits_because(const std::string& name, bool mesh) {
+  switch (zero_stage(name)) {
+    case 0:
+      if (name == "ddp") return "the model, its gradients and optimizer state fit on every rank: DDP";
+      return mesh ? "one replica's ranks (its tp x pp mesh) hold everything" : "one rank holds everything";
+    case 1:
+      return "the model and its gradients fit, the optimizer state does not: ZeRO-1";
+    case 2:
+      return "the model fits, its gradients and optimizer state do not: ZeRO-2 / FSDP SHARD_GRAD_OP";
+    default:
+      return "the model does not fit: ZeRO-3 / FSDP FULL_SHARD";
+  }
+}
+
 const std::vector<std::string>& data_parallel_strategies() {
   static const std::vector<std::string> names{"ddp", "zero1", "zero2", "zero3"};
   return names;

@@ -160,12 +160,12 @@ class Strategy {
 // (Model::init_range), each rank filling only what it holds. DDP starts
 // ranks other than 0 from other seeds and broadcasts rank 0's weights, so
 // its replica check proves the broadcast; the others need no broadcast.
-// The options go through resolve_options first.
 struct StrategyInit {
   uint64_t seed = 0;
   std::string load;
   WeightFormat load_format = WeightFormat::Auto;  // the file's layout (models/hf_gpt2.h)
 };
+// The options go through resolve_options first.
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init);
 
@@ -185,12 +185,23 @@ void check_shard_group(const std::string& strategy, int shard_group);
 // (shard_group_size).
 StrategyOptions resolve_options(StrategyOptions options, const comm::ProcessGroup& pg);
 
-// The strategy a run gets when none is named: ddp on several ranks, local
-// on one.
 // The strategies that train more than one replica in lock-step, from the
 // one that holds the most per rank to the one that holds the least: the
 // rows a plan compares and the alternatives a memory refusal suggests.
 const std::vector<std::string>& data_parallel_strategies();
+// The strategy a run gets when none is named: ddp on several ranks, local
+// on one.
 std::string default_strategy(int world);
+
+// A strategy a plan can compare, by its canonical name: local or one of
+// data_parallel_strategies() (fsdp is zero3). InputError for anything else.
+std::string plannable_strategy(const std::string& name);
+// Whether the strategy trains one replica only (local): it has no rows on
+// more than one data-parallel replica.
+bool trains_one_replica(const std::string& name);
+// Why a plan would pick the strategy, in the field's words: what fits on
+// every rank that the next more sharded strategy would no longer keep
+// whole. `mesh`: one replica is a tp x pp mesh of ranks, not one rank.
+const char* fits_because(const std::string& name, bool mesh);
 
 }  // namespace dpt

@@ -149,21 +149,7 @@ bool mesh_runs(const PlanRequest& r, const Mesh& mesh, const PlanPoint& p) {
 std::string seed_verdict(const Plan& plan) {
   for (const PlanRow& row : plan.rows) {
     if (!row.fits) continue;
-    const bool mesh = row.point.tp > 1 || row.point.pp > 1;
-    const char* why = mesh ? "one replica's ranks (its tp x pp mesh) hold everything" : "one rank holds everything";
-    switch (zero_stage(row.point.strategy)) {
-      case 0:
-        if (row.point.strategy == "ddp") why = "the model, its gradients and optimizer state fit on every rank: DDP";
-        break;
-      case 1:
-        why = "the model and its gradients fit, the optimizer state does not: ZeRO-1";
-        break;
-      case 2:
-        why = "the model fits, its gradients and optimizer state do not: ZeRO-2 / FSDP SHARD_GRAD_OP";
-        break;
-      default:
-        why = "the model does not fit: ZeRO-3 / FSDP FULL_SHARD";
-    }
+    const char* why = fits_because(row.point.strategy, row.point.tp > 1 || row.point.pp > 1);
     std::string verdict = fmt::format("{}{}", why, row.point.checkpoint ? ", with activation checkpointing" : "");
     if (row.point.offload != "none")
       verdict += row.point.offload == "params" ? ", with the optimizer state and fp32 masters offloaded to disk"
@@ -225,20 +211,18 @@ std::string reason_for(const PlanRequest& r, const Plan& plan) {
 // the local row, and the others the data-parallel strategies asked for.
 std::vector<std::string> plan_strategies(const PlanRequest& r, int dp) {
   std::vector<std::string> out;
-  for (std::string s : r.strategies) {
-    if (s == "fsdp") s = "zero3";
-    if (s != "local" && s != "ddp" && zero_stage(s) == 0)
-      throw InputError(fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3 or fsdp)", s));
-    if (s == "local" && dp > 1) {
+  for (const std::string& asked : r.strategies) {
+    const std::string s = plannable_strategy(asked);
+    if (trains_one_replica(s) && dp > 1) {
       if (r.all_meshes) continue;
       throw InputError(dp == r.world
-                           ? fmt::format("--strategy local trains one process, not {} ranks", r.world)
-                           : fmt::format("--strategy local trains one replica, not {} data-parallel replicas", dp));
+                           ? fmt::format("--strategy {} trains one process, not {} ranks", s, r.world)
+                           : fmt::format("--strategy {} trains one replica, not {} data-parallel replicas", s, dp));
     }
     if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
   }
   if (r.strategies.empty() || (r.all_meshes && dp == 1))
-    return dp == 1 ? std::vector<std::string>{"local"} : data_parallel_strategies();
+    return dp == 1 ? std::vector<std::string>{default_strategy(1)} : data_parallel_strategies();
   return out;
 }
 
