@@ -1,10 +1,12 @@
 #include "core/fault.h"
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace dpt {
 
@@ -27,6 +29,22 @@ Fault parse_fault() {
   f.point = point;
   return f;
 }
+
+struct Straggle {
+  int rank = -1;
+  double ms = 0.0;
+};
+
+Straggle parse_straggle() {
+  Straggle s;
+  const char* v = std::getenv("DPT_STRAGGLE");
+  if (!v) return s;
+  if (std::sscanf(v, "%d:%lf", &s.rank, &s.ms) != 2 || s.ms < 0) {
+    std::fprintf(stderr, "dpt: ignoring DPT_STRAGGLE='%s' (expected rank:ms)\n", v);
+    return {};
+  }
+  return s;
+}
 }  // namespace
 
 void fault_point(const char* point, int64_t step, int rank) {
@@ -37,6 +55,11 @@ void fault_point(const char* point, int64_t step, int rank) {
     std::fflush(stderr);
     std::raise(SIGKILL);
   }
+}
+
+void straggle_point(int rank) {
+  static const Straggle straggle = parse_straggle();
+  if (straggle.rank == rank) std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(straggle.ms));
 }
 
 }  // namespace dpt

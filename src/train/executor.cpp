@@ -30,6 +30,7 @@ double SequentialExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
     auto tf = Clock::now();
     for (auto* g : {&pg_, tp_}) if (g) g->set_phase("forward");
     fault_point("forward", step + 1, rank);
+    straggle_point(rank);
     loss += model_.forward(batch_).loss;
     auto tb = Clock::now();
     for (auto* g : {&pg_, tp_}) if (g) g->set_phase("backward");

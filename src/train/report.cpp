@@ -57,23 +57,33 @@ void Report::print() const {
                 100.0 * r.scaling_efficiency, world, r.samples_per_s / (world * r.scaling_efficiency),
                 o.baseline.c_str());
   if (world > 1) {
-    std::printf("step breakdown (median ms)   data  forward  backward  gather wait  comm wait  optimizer    step\n");
+    // Under a pipeline the stages' waits for each other are its bubble, not
+    // a split of the comm wait (train/lockstep.h).
+    const bool split = o.pp == 1;
+    std::printf("step breakdown (median ms)   data  forward  backward  gather wait  comm wait%s  optimizer    step\n",
+                split ? " (slower rank  comm)" : "");
     for (int q = 0; q < world; ++q) {
       const RankTimes& v = ranks[static_cast<size_t>(q)];
-      std::printf("  rank %-3d                 %6.2f %8.2f  %8.2f  %11.2f  %9.2f  %9.2f  %7.2f\n", q, v.data_ms,
-                  v.forward_ms, v.backward_ms, v.gather_ms, v.comm_wait_ms, v.optimizer_ms, v.step_ms);
+      std::printf("  rank %-3d                 %6.2f %8.2f  %8.2f  %11.2f  %9.2f", q, v.data_ms, v.forward_ms,
+                  v.backward_ms, v.gather_ms, v.comm_wait_ms);
+      if (split) std::printf("  (%11.2f %5.2f)", v.slowest_ms, v.comm_ms);
+      std::printf("  %9.2f  %7.2f\n", v.optimizer_ms, v.step_ms);
     }
     const double param_bytes = static_cast<double>(model.param_count() * sizeof(float));
     const RankTimes& r0 = ranks[0];
+    auto share = [&](double ms) { return r0.step_ms > 0 ? 100.0 * ms / r0.step_ms : 0.0; };
     // The gradients' all-reduce runs over the data-parallel group (the
     // ranks that hold the same stage and slice), not over the world.
     const int dp = world / (o.tp * o.pp);
     std::printf("communication: %.2f MiB sent per step per rank = %.3f x the %.2f MiB of parameters "
                 "(ring all-reduce over N = %d data-parallel rank%s: 2(N-1)/N = %.3f); exposed %.1f%% of the step "
-                "on rank 0\n",
+                "on rank 0",
                 r.comm_bytes_per_step * kMiB, static_cast<double>(r.comm_bytes_per_step) / param_bytes,
-                param_bytes * kMiB, dp, dp == 1 ? "" : "s", 2.0 * (dp - 1) / dp,
-                r0.step_ms > 0 ? 100.0 * (r0.comm_wait_ms + r0.gather_ms) / r0.step_ms : 0.0);
+                param_bytes * kMiB, dp, dp == 1 ? "" : "s", 2.0 * (dp - 1) / dp, share(r0.comm_wait_ms + r0.gather_ms));
+    if (split)
+      std::printf(" (its comm wait per step: %.1f%% for a slower rank's forward and backward, %.1f%% communicating)",
+                  share(r0.slowest_ms), share(r0.comm_ms));
+    std::printf("\n");
     std::printf("  by phase (MiB per step):");
     for (const char* phase : {"forward", "backward", "optimizer", "other"}) {
       const auto it = r.comm_bytes_per_phase.find(phase);
@@ -129,11 +139,16 @@ nlohmann::json Report::json() const {
   const TrainOptions& o = options;
   const TrainResult& r = result;
   json per_rank = json::array();
-  for (const RankTimes& v : ranks)
+  for (const RankTimes& v : ranks) {
     per_rank.push_back({{"data_ms", v.data_ms}, {"forward_ms", v.forward_ms}, {"backward_ms", v.backward_ms},
                         {"gather_wait_ms", v.gather_ms}, {"comm_wait_ms", v.comm_wait_ms},
                         {"optimizer_ms", v.optimizer_ms}, {"step_ms", v.step_ms},
                         {"peak_rss", static_cast<size_t>(v.peak_rss)}});
+    if (ranks.size() > 1 && o.pp == 1) {  // the lock-step split (train/lockstep.h)
+      per_rank.back()["comm_wait_slower_rank_ms"] = v.slowest_ms;
+      per_rank.back()["comm_wait_communicating_ms"] = v.comm_ms;
+    }
+  }
   const MemoryBytes& m = r.memory;
   json j = {{"model", o.model}, {"strategy", strategy.name()}, {"world", ranks.size()}, {"threads", threads()},
             {"steps", r.steps}, {"batch", o.batch}, {"grad_accum", o.grad_accum},

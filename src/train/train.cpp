@@ -34,6 +34,7 @@
 #include "train/data_source.h"
 #include "train/executor.h"
 #include "train/pipeline_executor.h"
+#include "train/lockstep.h"
 #include "train/metrics_file.h"
 #include "train/plan.h"
 #include "train/progress.h"
@@ -205,6 +206,15 @@ class StepTimes {
             steady_median(wait_), steady_median(opt_), steady_median(step_), steady_median(cpu_)};
   }
   size_t size() const { return step_.size(); }
+  // The last steady steps' busy times (data, forward and backward, less the
+  // waits for gathers) and comm waits, for the lock-step split
+  // (train/lockstep.h): at most kLockstepSteps of them.
+  std::pair<std::vector<double>, std::vector<double>> lockstep_steps() const {
+    const size_t n = size(), from = std::max(warmup_steps(n), n - std::min(n, kLockstepSteps));
+    std::vector<double> busy, waits(wait_.begin() + static_cast<long>(from), wait_.end());
+    for (size_t s = from; s < n; ++s) busy.push_back(data_[s] + fwd_[s] + bwd_[s] - gather_[s]);
+    return {busy, waits};
+  }
 
  private:
   std::array<std::vector<double>*, 8> all() {
@@ -247,16 +257,24 @@ void print_header(const TrainOptions& o, const Model& model, const Strategy& str
 // Every rank's step medians and peak RSS; the job's throughput from the
 // slowest rank (it sets the pace), into r.
 std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, const TrainOptions& o,
-                                    const Model& model, double baseline) {
+                                    const Model& model, const StepTimes& times, double baseline) {
   const StepBreakdown& b = r.breakdown;
-  const std::vector<double> all = gather(pg, {b.data_ms, b.forward_ms, b.backward_ms, b.gather_ms, b.comm_wait_ms,
-                                              b.optimizer_ms, b.step_ms, static_cast<double>(r.peak_rss)});
+  // A pipeline's stages wait for each other by design (its bubble): the
+  // split is for ranks that run the same passes.
+  LockstepSplit split;
+  if (pg.size() > 1 && o.pp == 1) {
+    const auto [busy, waits] = times.lockstep_steps();
+    split = lockstep_split(gather(pg, busy), pg.size(), pg.rank(), waits);
+  }
+  const std::vector<double> all =
+      gather(pg, {b.data_ms, b.forward_ms, b.backward_ms, b.gather_ms, b.comm_wait_ms, split.slowest_ms,
+                  split.comm_ms, b.optimizer_ms, b.step_ms, static_cast<double>(r.peak_rss)});
   std::vector<RankTimes> ranks;
   double slowest = 0.0;
   for (int q = 0; q < pg.size(); ++q) {
     const double* v = all.data() + static_cast<size_t>(q) * RankTimes::kFields;
-    ranks.push_back({v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]});
-    slowest = std::max(slowest, v[6]);
+    ranks.push_back({v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]});
+    slowest = std::max(slowest, v[8]);
   }
   r.step_ms_median = slowest;
   if (slowest > 0) {
@@ -588,14 +606,14 @@ std::optional<Timeline> make_timeline(const TrainOptions& o, int64_t steps, cons
 // A finished run's report: every rank's medians and memory gathered, the
 // summary printed (unless quiet) and written (rank 0, --summary-out).
 void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& model, const Strategy& strategy,
-                Executor& executor, bool evaluated, size_t steps_timed, double baseline, double total_s,
+                Executor& executor, bool evaluated, const StepTimes& times, double baseline, double total_s,
                 bool quiet, TrainResult& r) {
   r.peak_rss = peak_rss_bytes();
   r.memory = strategy.bytes();
   r.activation_bytes = executor.activation_bytes();
-  std::vector<RankTimes> ranks = gather_ranks(pg, r, o, model, baseline);
+  std::vector<RankTimes> ranks = gather_ranks(pg, r, o, model, times, baseline);
   const Report report{.options = o, .model = model, .strategy = strategy, .result = r,
-                      .ranks = std::move(ranks), .seconds = total_s, .skipped_steps = warmup_steps(steps_timed),
+                      .ranks = std::move(ranks), .seconds = total_s, .skipped_steps = warmup_steps(times.size()),
                       .evaluated = evaluated, .ledger = pg.ledger().to_json(comm::Scope::Family),
                       .pipeline = executor.detail()};
   if (!quiet) report.print();
@@ -802,7 +820,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
 
   r.breakdown = times.medians();
   r.step_cpu_ms_median = r.breakdown.cpu_ms;
-  report_run(o, pg, *model, *strategy, *executor, data.evaluable(), times.size(), baseline, total_s, quiet, r);
+  report_run(o, pg, *model, *strategy, *executor, data.evaluable(), times, baseline, total_s, quiet, r);
   return r;
 }
 
