@@ -137,7 +137,12 @@ def row_metrics(kind, s, unit):
         if isinstance(s.get("ddp"), dict):
             m["buckets"] = len(s["ddp"].get("buckets") or [])
         if ranks and s.get("world", 1) > 1:
-            m["comm_pct"] = max(r["comm_wait_ms"] / r["step_ms"] for r in ranks) * 100
+            worst = max(ranks, key=lambda r: r["comm_wait_ms"] / r["step_ms"])
+            m["comm_pct"] = worst["comm_wait_ms"] / worst["step_ms"] * 100
+            # Of that rank's wait, the part a slower rank's forward and
+            # backward explain (the lock-step split, src/train/lockstep.h).
+            if "comm_wait_slower_rank_ms" in worst:
+                m["comm_pct_slower_rank"] = worst["comm_wait_slower_rank_ms"] / worst["step_ms"] * 100
             m["bytes"] = s.get("comm_bytes_per_step")
     elif kind == "dp":
         # No collectives: replica 0's serial gather + broadcast of the weights.
@@ -160,7 +165,7 @@ def print_table(workload, rows, unit):
     label = unit.replace("_per_s", "/s")
     w = max(len("configuration"), *(len(r["label"]) for r in rows))
     print(f"\nworkload {workload}, {RANKS} ranks (1 thread each) unless the row says otherwise")
-    print(f"{'configuration':<{w}} {label:>12} {'step ms':>9} {'exp. comm %':>12} {'MiB sent/step':>14} {'buckets':>8}")
+    print(f"{'configuration':<{w}} {label:>12} {'step ms':>9} {'exp. comm %':>19} {'MiB sent/step':>14} {'buckets':>8}")
     for r in rows:
         if r.get("error"):
             print(f"{r['label']:<{w}} FAILED")
@@ -169,9 +174,11 @@ def print_table(workload, rows, unit):
         comm = fmt(m["comm_pct"], ".1f", "~" if m["comm_pct_note"] == "~" else "")
         if m["comm_pct_note"] == "g+b":
             comm += " (g+b)"
+        if m.get("comm_pct_slower_rank") is not None:
+            comm += f" ({m['comm_pct_slower_rank']:.1f})"
         mib = None if m["bytes"] is None else m["bytes"] / 2**20
         print(f"{r['label']:<{w}} {fmt(m['throughput'], '.1f'):>12} {fmt(m['step_ms'], '.2f'):>9} "
-              f"{comm:>12} {fmt(mib, '.2f', m['bytes_note']):>14} {fmt(m['buckets'], 'd'):>8}")
+              f"{comm:>19} {fmt(mib, '.2f', m['bytes_note']):>14} {fmt(m['buckets'], 'd'):>8}")
 
 
 def ratio(a, b):
@@ -291,7 +298,9 @@ def bench_workload(args, workload):
     print_table(workload, rows, unit)
     if args.repeat > 1:
         print(f"  rows: the median of {args.repeat} rounds; ratios: the median of the rounds' own ratios")
-    print("  exp. comm %: max over ranks of comm_wait_ms / step_ms; ~ PyTorch: backward minus "
+    print("  exp. comm %: max over ranks of comm_wait_ms / step_ms, in brackets the part of it that rank spent "
+          "waiting for a slower rank's\n  forward and backward (the summary's comm_wait_slower_rank_ms, "
+          "src/train/lockstep.h); ~ PyTorch: backward minus "
           "backward under no_sync() (an estimate);\n  (g+b) DP: replica 0's gather + broadcast. "
           "MiB sent/step: per rank, from the engine's ledger; ~ PyTorch: ring model 2(N-1)/N.\n  buckets: the engine's all-reduce buckets (--per-param: one per tensor).")
 

@@ -6,7 +6,8 @@ Usage: python3 bench/plot_step_budget.py SINGLE.json DDP.json OUT.svg [--title T
 SINGLE.json and DDP.json are `dpt train --summary-out` files of the same
 workload and global batch: one process, and a run on N ranks. One bar per
 row, in milliseconds, split by phase (the medians of data, forward,
-backward, exposed communication and optimizer, and "rest": the median step
+backward, the comm wait in its two parts (waiting for a slower rank, and
+communicating: src/train/lockstep.h), optimizer, and "rest": the median step
 less those medians. Per step, the phases leave only microseconds out (see a
 --metrics-out file with --log-every 1); the rest is the phases' spread, as
 the medians of the parts do not add up to the median of the whole):
@@ -27,14 +28,21 @@ import os
 import sys
 from xml.sax.saxutils import escape
 
+# The comm wait is drawn in its two parts (the lock-step split,
+# src/train/lockstep.h): waiting for a slower rank's forward and backward,
+# and communicating.
 PHASES = [("data_ms", "data", "#9e9e9e"), ("forward_ms", "forward", "#4c78a8"),
-          ("backward_ms", "backward", "#f58518"), ("comm_wait_ms", "comm wait", "#e45756"),
+          ("backward_ms", "backward", "#f58518"),
+          ("comm_wait_slower_rank_ms", "wait for a slower rank", "#b279a2"),
+          ("comm_wait_communicating_ms", "communicating", "#e45756"),
           ("optimizer_ms", "optimizer", "#54a24b"), (None, "rest", "#bab0ac")]
 ROW_H, ROW_GAP, LEFT, RIGHT, TOP, WIDTH = 26, 10, 170, 30, 70, 1000
 
 
 def segments(rank):
     """(label, colour, ms) of one rank's median step; rest = step - the phases."""
+    if "comm_wait_communicating_ms" not in rank:  # one process (or a summary from before the split)
+        rank = dict(rank, comm_wait_communicating_ms=rank.get("comm_wait_ms", 0.0))
     parts = [(label, colour, rank.get(key, 0.0)) for key, label, colour in PHASES if key]
     rest = rank["step_ms"] - sum(ms for _, _, ms in parts)
     return parts + [("rest", PHASES[-1][2], max(rest, 0.0))]

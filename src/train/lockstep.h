@@ -10,9 +10,10 @@
 //   communication   = w - for the slowest
 // Steps start together (the last one ended in a collective every rank left
 // together), so the busy times, each measured from its rank's own step
-// start, are comparable across ranks. The split's figures are medians over
-// the steps, like the step breakdown's (so they need not add up to the comm
-// wait's median).
+// start, are comparable across ranks. The summary splits the comm wait's
+// median in the proportion of the two parts' totals over the steps, so the
+// parts add up to the median the step breakdown shows (medians of the
+// parts would not).
 #pragma once
 
 #include <cstddef>
@@ -20,15 +21,11 @@
 
 namespace dpt {
 
-struct LockstepSplit {
-  double slowest_ms = 0.0;  // median of min(w, max_q b_q - b_r)
-  double comm_ms = 0.0;     // median of w minus that
-};
-
-// busy: every rank's per-step busy times, rank after rank (ranks x steps,
-// the same steps on every rank); waits: this rank's comm waits over the
-// same steps.
-LockstepSplit lockstep_split(const std::vector<double>& busy, int ranks, int rank, const std::vector<double>& waits);
+// The share of this rank's comm wait, in total over the steps, that was the
+// wait for a slower rank (0 when it never waited). busy: every rank's
+// per-step busy times, rank after rank (ranks x steps, the same steps on
+// every rank); waits: this rank's comm waits over the same steps.
+double slower_rank_share(const std::vector<double>& busy, int ranks, int rank, const std::vector<double>& waits);
 
 // The most steps whose busy times the ranks exchange at the end of a run:
 // the last ones (a long run's every step would be megabytes per rank).

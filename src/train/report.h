@@ -19,8 +19,8 @@ namespace dpt {
 // gathered from every rank (kFields doubles per rank).
 struct RankTimes {
   static constexpr size_t kFields = 10;
-  // comm_wait_ms split per step into the wait for a slower rank and the
-  // rest, communication (train/lockstep.h; 0 on one rank or a pipeline).
+  // comm_wait_ms split into the wait for a slower rank and the rest,
+  // communication (train/lockstep.h; 0 on one rank or a pipeline).
   double data_ms, forward_ms, backward_ms, gather_ms, comm_wait_ms, slowest_ms, comm_ms, optimizer_ms, step_ms,
       peak_rss;
 };

@@ -261,14 +261,14 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
   const StepBreakdown& b = r.breakdown;
   // A pipeline's stages wait for each other by design (its bubble): the
   // split is for ranks that run the same passes.
-  LockstepSplit split;
+  double slower = 0.0;
   if (pg.size() > 1 && o.pp == 1) {
     const auto [busy, waits] = times.lockstep_steps();
-    split = lockstep_split(gather(pg, busy), pg.size(), pg.rank(), waits);
+    slower = b.comm_wait_ms * slower_rank_share(gather(pg, busy), pg.size(), pg.rank(), waits);
   }
   const std::vector<double> all =
-      gather(pg, {b.data_ms, b.forward_ms, b.backward_ms, b.gather_ms, b.comm_wait_ms, split.slowest_ms,
-                  split.comm_ms, b.optimizer_ms, b.step_ms, static_cast<double>(r.peak_rss)});
+      gather(pg, {b.data_ms, b.forward_ms, b.backward_ms, b.gather_ms, b.comm_wait_ms, slower,
+                  b.comm_wait_ms - slower, b.optimizer_ms, b.step_ms, static_cast<double>(r.peak_rss)});
   std::vector<RankTimes> ranks;
   double slowest = 0.0;
   for (int q = 0; q < pg.size(); ++q) {
