@@ -41,9 +41,13 @@ ROW_H, ROW_GAP, LEFT, RIGHT, TOP, WIDTH = 26, 10, 170, 30, 70, 1000
 
 def segments(rank):
     """(label, colour, ms) of one rank's median step; rest = step - the phases."""
-    if "comm_wait_communicating_ms" not in rank:  # one process (or a summary from before the split)
-        rank = dict(rank, comm_wait_communicating_ms=rank.get("comm_wait_ms", 0.0))
-    parts = [(label, colour, rank.get(key, 0.0)) for key, label, colour in PHASES if key]
+    phases = PHASES
+    if "comm_wait_communicating_ms" not in rank:
+        # Not split: one process (no wait), a pipeline or tensor-parallel
+        # run (docs/ddp.md), or a summary from before the split.
+        phases = [p for p in PHASES if not p[0] or not p[0].startswith("comm_wait_")]
+        phases.insert(3, ("comm_wait_ms", "comm wait", "#e45756"))
+    parts = [(label, colour, rank.get(key, 0.0)) for key, label, colour in phases if key]
     rest = rank["step_ms"] - sum(ms for _, _, ms in parts)
     return parts + [("rest", PHASES[-1][2], max(rest, 0.0))]
 
@@ -70,7 +74,10 @@ def draw(single, ddp, title):
            f'<rect width="{WIDTH}" height="{height}" fill="white"/>',
            f'<text x="{LEFT}" y="22" font-size="15">{escape(title)}</text>']
     x = LEFT
-    for _, label, colour in PHASES:
+    used = {name: colour for _, segs in rows for name, colour, ms in segs if ms > 0 or name == "rest"}
+    order = [label for _, label, _ in PHASES]
+    order.insert(3, "comm wait")
+    for label, colour in sorted(used.items(), key=lambda item: order.index(item[0])):
         out.append(f'<rect x="{x}" y="34" width="12" height="12" fill="{colour}"/>')
         out.append(f'<text x="{x + 16}" y="45">{label}</text>')
         x += 30 + 7 * len(label)

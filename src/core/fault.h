@@ -6,9 +6,9 @@
 // written, the checkpoint not yet complete). Unset, it costs a branch.
 //
 // DPT_STRAGGLE="<rank>:<ms>" makes rank <rank> sleep <ms> milliseconds at
-// the start of every forward: a straggler on demand (what a slower or
-// busier core makes of a rank), for the tests of the lock-step split
-// (train/lockstep.h).
+// the start of every micro-batch's forward (the sequential executor's: not
+// under --pp): a straggler on demand (what a slower or busier core makes of
+// a rank), for the tests of the lock-step split (train/lockstep.h).
 #pragma once
 
 #include <cstdint>

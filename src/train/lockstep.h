@@ -2,18 +2,20 @@
 // the wait for a slower rank, and how much is communication.
 //
 // A data-parallel step ends in a collective that no rank can finish before
-// the slowest rank has arrived at it. A rank whose forward and backward took
-// b_r while the slowest rank's took max_q b_q idles about max_q b_q - b_r
-// there, however fast the network: load imbalance (a slower or busier core,
-// a longer batch), not communication. Per step, of this rank's comm wait w:
-//   for the slowest = min(w, max_q b_q - b_r)
-//   communication   = w - for the slowest
-// Steps start together (the last one ended in a collective every rank left
-// together), so the busy times, each measured from its rank's own step
-// start, are comparable across ranks. The summary splits the comm wait's
-// median in the proportion of the two parts' totals over the steps, so the
+// the slowest rank has arrived at it. Each rank is busy from leaving the
+// last step's reduction to arriving at this one's (the update, whatever ran
+// between the steps, data, forward and backward: StepBreakdown::busy_ms).
+// The ranks leave a reduction together, so a rank busy for b_r while the
+// slowest rank was busy for max_q b_q idles about max_q b_q - b_r at the
+// next one, however fast the network: load imbalance (a slower or busier
+// core, a longer batch), not communication. Per step, of this rank's comm
+// wait w:
+//   for the slower rank = min(w, max_q b_q - b_r)
+//   communication       = w - that
+// The summary splits the comm wait's median in the proportion of the two
+// parts' totals over the steps (the last kLockstepSteps of them), so the
 // parts add up to the median the step breakdown shows (medians of the
-// parts would not).
+// parts would not), and a few long waits weigh as much as they cost.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,13 @@ namespace dpt {
 // per-step busy times, rank after rank (ranks x steps, the same steps on
 // every rank); waits: this rank's comm waits over the same steps.
 double slower_rank_share(const std::vector<double>& busy, int ranks, int rank, const std::vector<double>& waits);
+
+// Whether a run's ranks get the split: more than one rank, and every rank
+// meeting the others only at the reductions of the same data-parallel
+// group. Not under --pp (a pipeline's stages wait for each other by design:
+// its bubble) nor --tp (a tensor-parallel group's ranks also meet inside
+// forward and backward, and belong to different reductions).
+inline bool lockstep_split_made(int world, int tp, int pp) { return world > 1 && tp == 1 && pp == 1; }
 
 // The most steps whose busy times the ranks exchange at the end of a run:
 // the last ones (a long run's every step would be megabytes per rank).

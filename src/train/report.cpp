@@ -8,6 +8,7 @@
 #include "core/cpu_level.h"
 #include "core/threads.h"
 #include "nn/gemm.h"
+#include "train/lockstep.h"
 
 namespace dpt {
 
@@ -57,16 +58,14 @@ void Report::print() const {
                 100.0 * r.scaling_efficiency, world, r.samples_per_s / (world * r.scaling_efficiency),
                 o.baseline.c_str());
   if (world > 1) {
-    // Under a pipeline the stages' waits for each other are its bubble, not
-    // a split of the comm wait (train/lockstep.h).
-    const bool split = o.pp == 1;
+    const bool split = lockstep_split_made(world, o.tp, o.pp);
     std::printf("step breakdown (median ms)   data  forward  backward  gather wait  comm wait%s  optimizer    step\n",
                 split ? " (slower rank  comm)" : "");
     for (int q = 0; q < world; ++q) {
       const RankTimes& v = ranks[static_cast<size_t>(q)];
       std::printf("  rank %-3d                 %6.2f %8.2f  %8.2f  %11.2f  %9.2f", q, v.data_ms, v.forward_ms,
                   v.backward_ms, v.gather_ms, v.comm_wait_ms);
-      if (split) std::printf("  (%11.2f %5.2f)", v.slowest_ms, v.comm_ms);
+      if (split) std::printf("  (%11.2f %5.2f)", v.slower_rank_ms, v.comm_wait_ms - v.slower_rank_ms);
       std::printf("  %9.2f  %7.2f\n", v.optimizer_ms, v.step_ms);
     }
     const double param_bytes = static_cast<double>(model.param_count() * sizeof(float));
@@ -81,8 +80,9 @@ void Report::print() const {
                 r.comm_bytes_per_step * kMiB, static_cast<double>(r.comm_bytes_per_step) / param_bytes,
                 param_bytes * kMiB, dp, dp == 1 ? "" : "s", 2.0 * (dp - 1) / dp, share(r0.comm_wait_ms + r0.gather_ms));
     if (split)
-      std::printf(" (its comm wait per step: %.1f%% for a slower rank's forward and backward, %.1f%% communicating)",
-                  share(r0.slowest_ms), share(r0.comm_ms));
+      std::printf(" (%s%.1f%% waiting for a slower rank, %.1f%% communicating)",
+                  r0.gather_ms > 0 ? fmt::format("gather waits {:.1f}%, comm wait ", share(r0.gather_ms)).c_str() : "",
+                  share(r0.slower_rank_ms), share(r0.comm_wait_ms - r0.slower_rank_ms));
     std::printf("\n");
     std::printf("  by phase (MiB per step):");
     for (const char* phase : {"forward", "backward", "optimizer", "other"}) {
@@ -144,9 +144,9 @@ nlohmann::json Report::json() const {
                         {"gather_wait_ms", v.gather_ms}, {"comm_wait_ms", v.comm_wait_ms},
                         {"optimizer_ms", v.optimizer_ms}, {"step_ms", v.step_ms},
                         {"peak_rss", static_cast<size_t>(v.peak_rss)}});
-    if (ranks.size() > 1 && o.pp == 1) {  // the lock-step split (train/lockstep.h)
-      per_rank.back()["comm_wait_slower_rank_ms"] = v.slowest_ms;
-      per_rank.back()["comm_wait_communicating_ms"] = v.comm_ms;
+    if (lockstep_split_made(static_cast<int>(ranks.size()), o.tp, o.pp)) {
+      per_rank.back()["comm_wait_slower_rank_ms"] = v.slower_rank_ms;
+      per_rank.back()["comm_wait_communicating_ms"] = v.comm_wait_ms - v.slower_rank_ms;
     }
   }
   const MemoryBytes& m = r.memory;

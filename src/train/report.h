@@ -18,11 +18,11 @@ namespace dpt {
 // Per rank, the medians of a step's phases and the rank's peak RSS, as
 // gathered from every rank (kFields doubles per rank).
 struct RankTimes {
-  static constexpr size_t kFields = 10;
-  // comm_wait_ms split into the wait for a slower rank and the rest,
-  // communication (train/lockstep.h; 0 on one rank or a pipeline).
-  double data_ms, forward_ms, backward_ms, gather_ms, comm_wait_ms, slowest_ms, comm_ms, optimizer_ms, step_ms,
-      peak_rss;
+  static constexpr size_t kFields = 9;
+  // slower_rank_ms: the part of comm_wait_ms spent waiting for a slower
+  // rank; the rest is communication (train/lockstep.h; 0 where the split
+  // is not made: lockstep_split_made).
+  double data_ms, forward_ms, backward_ms, gather_ms, comm_wait_ms, slower_rank_ms, optimizer_ms, step_ms, peak_rss;
 };
 
 struct Report {

@@ -33,9 +33,9 @@
 #include "train/checkpoint.h"
 #include "train/data_source.h"
 #include "train/executor.h"
-#include "train/pipeline_executor.h"
 #include "train/lockstep.h"
 #include "train/metrics_file.h"
+#include "train/pipeline_executor.h"
 #include "train/plan.h"
 #include "train/progress.h"
 #include "train/report.h"
@@ -196,31 +196,30 @@ class StepTimes {
     for (auto* v : all()) v->reserve(static_cast<size_t>(std::min<int64_t>(steps, 1 << 16)));
   }
   void add(const StepBreakdown& t) {
-    const double values[] = {t.data_ms, t.forward_ms,   t.backward_ms, t.gather_ms, t.comm_wait_ms,
-                             t.optimizer_ms, t.step_ms, t.cpu_ms};
+    const double values[] = {t.data_ms,      t.forward_ms, t.backward_ms, t.gather_ms, t.comm_wait_ms,
+                             t.optimizer_ms, t.step_ms,    t.cpu_ms,      t.busy_ms};
     size_t i = 0;
     for (auto* v : all()) v->push_back(values[i++]);
   }
   StepBreakdown medians() const {  // see core/stats.h
-    return {steady_median(data_), steady_median(fwd_), steady_median(bwd_), steady_median(gather_),
-            steady_median(wait_), steady_median(opt_), steady_median(step_), steady_median(cpu_)};
+    return {steady_median(data_), steady_median(fwd_), steady_median(bwd_),  steady_median(gather_),
+            steady_median(wait_), steady_median(opt_), steady_median(step_), steady_median(cpu_),
+            steady_median(busy_)};
   }
   size_t size() const { return step_.size(); }
-  // The last steady steps' busy times (data, forward and backward, less the
-  // waits for gathers) and comm waits, for the lock-step split
-  // (train/lockstep.h): at most kLockstepSteps of them.
+  // The last steady steps' busy times and comm waits, for the lock-step
+  // split (train/lockstep.h): at most kLockstepSteps of them.
   std::pair<std::vector<double>, std::vector<double>> lockstep_steps() const {
     const size_t n = size(), from = std::max(warmup_steps(n), n - std::min(n, kLockstepSteps));
-    std::vector<double> busy, waits(wait_.begin() + static_cast<long>(from), wait_.end());
-    for (size_t s = from; s < n; ++s) busy.push_back(data_[s] + fwd_[s] + bwd_[s] - gather_[s]);
-    return {busy, waits};
+    const auto at = [from](const std::vector<double>& v) { return v.begin() + static_cast<long>(from); };
+    return {{at(busy_), busy_.end()}, {at(wait_), wait_.end()}};
   }
 
  private:
-  std::array<std::vector<double>*, 8> all() {
-    return {&data_, &fwd_, &bwd_, &gather_, &wait_, &opt_, &step_, &cpu_};
+  std::array<std::vector<double>*, 9> all() {
+    return {&data_, &fwd_, &bwd_, &gather_, &wait_, &opt_, &step_, &cpu_, &busy_};
   }
-  std::vector<double> data_, fwd_, bwd_, gather_, wait_, opt_, step_, cpu_;
+  std::vector<double> data_, fwd_, bwd_, gather_, wait_, opt_, step_, cpu_, busy_;
 };
 
 // The pipeline's line: the mesh, the schedule, each stage's blocks and the
@@ -259,22 +258,19 @@ void print_header(const TrainOptions& o, const Model& model, const Strategy& str
 std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, const TrainOptions& o,
                                     const Model& model, const StepTimes& times, double baseline) {
   const StepBreakdown& b = r.breakdown;
-  // A pipeline's stages wait for each other by design (its bubble): the
-  // split is for ranks that run the same passes.
   double slower = 0.0;
-  if (pg.size() > 1 && o.pp == 1) {
+  if (lockstep_split_made(pg.size(), o.tp, o.pp)) {
     const auto [busy, waits] = times.lockstep_steps();
     slower = b.comm_wait_ms * slower_rank_share(gather(pg, busy), pg.size(), pg.rank(), waits);
   }
-  const std::vector<double> all =
-      gather(pg, {b.data_ms, b.forward_ms, b.backward_ms, b.gather_ms, b.comm_wait_ms, slower,
-                  b.comm_wait_ms - slower, b.optimizer_ms, b.step_ms, static_cast<double>(r.peak_rss)});
+  const std::vector<double> all = gather(pg, {b.data_ms, b.forward_ms, b.backward_ms, b.gather_ms, b.comm_wait_ms,
+                                              slower, b.optimizer_ms, b.step_ms, static_cast<double>(r.peak_rss)});
   std::vector<RankTimes> ranks;
   double slowest = 0.0;
   for (int q = 0; q < pg.size(); ++q) {
     const double* v = all.data() + static_cast<size_t>(q) * RankTimes::kFields;
-    ranks.push_back({v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]});
-    slowest = std::max(slowest, v[8]);
+    ranks.push_back({v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]});
+    slowest = std::max(slowest, v[7]);
   }
   r.step_ms_median = slowest;
   if (slowest > 0) {
@@ -467,6 +463,7 @@ struct StepContext {
   comm::ProcessGroup& pg;
   Strategy& strategy;
   Executor& executor;
+  Clock::time_point left_reduction{};  // when the last step's reduction ended (StepBreakdown::busy_ms)
 };
 struct StepOutcome {
   double loss = 0.0, grad_norm = 0.0;
@@ -491,6 +488,9 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   t.comm_wait_ms += c.strategy.finish_backward() * 1000.0;  // after a pipeline's waits for its neighbours
   t.gather_ms = c.strategy.take_gather_wait() * 1000.0;
   auto to = Clock::now();
+  if (c.left_reduction == Clock::time_point{}) c.left_reduction = t0;  // the first step
+  t.busy_ms = std::chrono::duration<double, std::milli>(tw - c.left_reduction).count() - t.gather_ms;
+  c.left_reduction = to;
   if (tl && c.pg.size() > 1) tl->add(Timeline::CommWait, step, tw, to);  // one process waits for nothing
   // The global gradient norm is needed to clip, and logged; it costs a pass
   // over the gradients (and a collective where they are sharded), so it is

@@ -111,6 +111,12 @@ struct StepBreakdown {
   // --threads 1 the step's work, which other programs taking turns on the
   // cores (a shared machine) do not inflate as they do step_ms.
   double cpu_ms = 0;
+  // From leaving the last step's gradient reduction to arriving at this
+  // one's, less the waits for gathers: the previous step's update, what ran
+  // between the steps, data, forward and backward. Lock-step ranks compare
+  // it (train/lockstep.h); ranks leave a reduction together, not start a
+  // step together.
+  double busy_ms = 0;
 };
 
 struct TrainResult {
