@@ -36,7 +36,7 @@ PHASES = [("data_ms", "data", "#9e9e9e"), ("forward_ms", "forward", "#4c78a8"),
           ("comm_wait_slower_rank_ms", "wait for a slower rank", "#b279a2"),
           ("comm_wait_communicating_ms", "communicating", "#e45756"),
           ("optimizer_ms", "optimizer", "#54a24b"), (None, "rest", "#bab0ac")]
-ROW_H, ROW_GAP, LEFT, RIGHT, TOP, WIDTH = 26, 10, 170, 30, 70, 1000
+ROW_H, ROW_GAP, LEFT, RIGHT, TOP, WIDTH = 26, 10, 170, 50, 70, 1000
 
 
 def segments(rank):
