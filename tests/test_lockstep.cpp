@@ -44,9 +44,24 @@ TEST(Lockstep, TheSlowestOfManyRanksSetsTheLead) {
 
 TEST(Lockstep, NoWaitHasNoShare) { EXPECT_EQ(slower_rank_share(kBusy, 2, 0, {0.0, 0.0, 0.0}), 0.0); }
 
+TEST(Lockstep, TheStragglerIsTheRankSlowestMostOften) {
+  // Rank 1 is the slowest on two of three steps; the spreads are 3, 3, 1.
+  const Straggler s = find_straggler(kBusy, 2);
+  EXPECT_EQ(s.rank, 1);
+  EXPECT_DOUBLE_EQ(s.share, 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(s.spread_ms, 3.0);
+  // Three ranks, two steps: rank 2 the slowest on both.
+  const Straggler t = find_straggler({1.0, 2.0, 3.0, 1.0, 5.0, 4.0}, 3);
+  EXPECT_EQ(t.rank, 2);
+  EXPECT_DOUBLE_EQ(t.share, 1.0);
+  EXPECT_DOUBLE_EQ(t.spread_ms, 4.0);  // the upper median of the spreads 4 and 3 (core/stats.h)
+  EXPECT_EQ(find_straggler({}, 2).rank, -1);
+}
+
 TEST(Lockstep, MismatchedSizesAreABug) {
   EXPECT_THROW(slower_rank_share(kBusy, 2, 0, {1.0, 1.0}), InternalError);
   EXPECT_THROW(slower_rank_share(kBusy, 2, 2, {1.0, 1.0, 1.0}), InternalError);
+  EXPECT_THROW(find_straggler(kBusy, 4), InternalError);
 }
 
 }  // namespace

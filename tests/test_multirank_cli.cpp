@@ -305,7 +305,13 @@ TEST_F(MultirankCliTest, StragglerShowsAsTheOtherRanksWait) {
                       fmt::format("{} DPT_STRAGGLE={}:30", kOneThread, straggler));
     ASSERT_EQ(r.code, 0) << r.all();
     EXPECT_TRUE(has(r.out, "waiting for a slower rank")) << r.out;
-    const json ranks = json::parse(read_file(f))["ranks"];
+    const json j = json::parse(read_file(f));
+    // The straggler, named.
+    EXPECT_TRUE(has(r.out, fmt::format("lock-step: rank {} was the slowest", straggler))) << r.out;
+    EXPECT_EQ(j["lockstep"]["slowest_rank"], straggler) << j["lockstep"];
+    EXPECT_GT(j["lockstep"]["slowest_share"].get<double>(), 0.8) << j["lockstep"];
+    EXPECT_GT(j["lockstep"]["spread_ms"].get<double>(), 20.0) << j["lockstep"];
+    const json& ranks = j["ranks"];
     ASSERT_EQ(ranks.size(), 2u);
     const json& slow = ranks[static_cast<size_t>(straggler)];
     const json& fast = ranks[static_cast<size_t>(1 - straggler)];

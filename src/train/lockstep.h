@@ -29,6 +29,19 @@ namespace dpt {
 // every rank); waits: this rank's comm waits over the same steps.
 double slower_rank_share(const std::vector<double>& busy, int ranks, int rank, const std::vector<double>& waits);
 
+// Who held the others up, over the same steps: the rank that was the
+// slowest (the longest busy time) on the most steps, on how many of them,
+// and the median over the steps of the spread between the slowest and the
+// fastest rank's busy time (what lock-step cost the fastest rank that step).
+// A rank that is the slowest on nearly every step is a straggler: a slower
+// or busier machine, or a core shared with something else.
+struct Straggler {
+  int rank = -1;             // -1: no steps
+  double share = 0.0;        // of the steps, this rank was the slowest
+  double spread_ms = 0.0;    // median of (slowest - fastest busy time)
+};
+Straggler find_straggler(const std::vector<double>& busy, int ranks);
+
 // Whether a run's ranks get the split: more than one rank, and every rank
 // meeting the others only at the reductions of the same data-parallel
 // group. Not under --pp (a pipeline's stages wait for each other by design:

@@ -68,6 +68,10 @@ void Report::print() const {
       if (split) std::printf("  (%11.2f %5.2f)", v.slower_rank_ms, v.comm_wait_ms - v.slower_rank_ms);
       std::printf("  %9.2f  %7.2f\n", v.optimizer_ms, v.step_ms);
     }
+    if (split && r.straggler.rank >= 0)
+      std::printf("lock-step: rank %d was the slowest on %.0f%% of the steps; slowest minus fastest rank's busy time "
+                  "%.2f ms at the median step (docs/ddp.md)\n",
+                  r.straggler.rank, 100.0 * r.straggler.share, r.straggler.spread_ms);
     const double param_bytes = static_cast<double>(model.param_count() * sizeof(float));
     const RankTimes& r0 = ranks[0];
     auto share = [&](double ms) { return r0.step_ms > 0 ? 100.0 * ms / r0.step_ms : 0.0; };
@@ -165,6 +169,9 @@ nlohmann::json Report::json() const {
                        {"offloaded", m.offloaded}, {"peak_rss", r.peak_rss}}},
             {"strategy_detail", strategy.describe()}};
   if (!r.topology.is_null()) j["topology"] = r.topology;
+  if (r.straggler.rank >= 0)
+    j["lockstep"] = {{"slowest_rank", r.straggler.rank}, {"slowest_share", r.straggler.share},
+                     {"spread_ms", r.straggler.spread_ms}};
   if (r.scaling_efficiency > 0) j["scaling_efficiency"] = r.scaling_efficiency;
   j["device"] = device_name(o.device);
   if (o.device != Device::CPU) {

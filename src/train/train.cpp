@@ -261,7 +261,9 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
   double slower = 0.0;
   if (lockstep_split_made(pg.size(), o.tp, o.pp)) {
     const auto [busy, waits] = times.lockstep_steps();
-    slower = b.comm_wait_ms * slower_rank_share(gather(pg, busy), pg.size(), pg.rank(), waits);
+    const std::vector<double> all_busy = gather(pg, busy);
+    slower = b.comm_wait_ms * slower_rank_share(all_busy, pg.size(), pg.rank(), waits);
+    r.straggler = find_straggler(all_busy, pg.size());
   }
   const std::vector<double> all = gather(pg, {b.data_ms, b.forward_ms, b.backward_ms, b.gather_ms, b.comm_wait_ms,
                                               slower, b.optimizer_ms, b.step_ms, static_cast<double>(r.peak_rss)});

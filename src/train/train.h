@@ -16,6 +16,7 @@
 #include "optim/schedule.h"
 #include "parallel/reducer.h"
 #include "parallel/strategy.h"
+#include "train/lockstep.h"
 
 namespace dpt {
 
@@ -145,6 +146,9 @@ struct TrainResult {
   size_t activation_bytes = 0; // this rank's activation arena
   // Where the ranks ran and how the ring joined them (topology_json).
   nlohmann::json topology;
+  // The rank that held the others up most often (train/lockstep.h); rank
+  // -1 where the lock-step split is not made.
+  Straggler straggler;
 };
 
 // Writes a run's summary JSON `j` (atomically) after adding the fields every
