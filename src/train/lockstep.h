@@ -42,12 +42,16 @@ struct Straggler {
 };
 Straggler find_straggler(const std::vector<double>& busy, int ranks);
 
-// Whether a run's ranks get the split: more than one rank, and every rank
+// Whether a run's ranks get the split: more than one rank, every rank
 // meeting the others only at the reductions of the same data-parallel
-// group. Not under --pp (a pipeline's stages wait for each other by design:
-// its bubble) nor --tp (a tensor-parallel group's ranks also meet inside
-// forward and backward, and belong to different reductions).
-inline bool lockstep_split_made(int world, int tp, int pp) { return world > 1 && tp == 1 && pp == 1; }
+// group, and phases timed as they run. Not under --pp (a pipeline's stages
+// wait for each other by design: its bubble), nor --tp (a tensor-parallel
+// group's ranks also meet inside forward and backward, and belong to
+// different reductions), nor on a GPU (the host's clock sees kernels
+// queued, not run: backward's work lands in the comm wait).
+inline bool lockstep_split_made(int world, int tp, int pp, bool on_cpu) {
+  return world > 1 && tp == 1 && pp == 1 && on_cpu;
+}
 
 // The most steps whose busy times the ranks exchange at the end of a run:
 // the last ones (a long run's every step would be megabytes per rank).

@@ -58,7 +58,7 @@ void Report::print() const {
                 100.0 * r.scaling_efficiency, world, r.samples_per_s / (world * r.scaling_efficiency),
                 o.baseline.c_str());
   if (world > 1) {
-    const bool split = lockstep_split_made(world, o.tp, o.pp);
+    const bool split = lockstep_split_made(world, o.tp, o.pp, o.device == Device::CPU);
     std::printf("step breakdown (median ms)   data  forward  backward  gather wait  comm wait%s  optimizer    step\n",
                 split ? " (slower rank  comm)" : "");
     for (int q = 0; q < world; ++q) {
@@ -148,7 +148,7 @@ nlohmann::json Report::json() const {
                         {"gather_wait_ms", v.gather_ms}, {"comm_wait_ms", v.comm_wait_ms},
                         {"optimizer_ms", v.optimizer_ms}, {"step_ms", v.step_ms},
                         {"peak_rss", static_cast<size_t>(v.peak_rss)}});
-    if (lockstep_split_made(static_cast<int>(ranks.size()), o.tp, o.pp)) {
+    if (lockstep_split_made(static_cast<int>(ranks.size()), o.tp, o.pp, o.device == Device::CPU)) {
       per_rank.back()["comm_wait_slower_rank_ms"] = v.slower_rank_ms;
       per_rank.back()["comm_wait_communicating_ms"] = v.comm_wait_ms - v.slower_rank_ms;
     }

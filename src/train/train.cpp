@@ -259,7 +259,7 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
                                     const Model& model, const StepTimes& times, double baseline) {
   const StepBreakdown& b = r.breakdown;
   double slower = 0.0;
-  if (lockstep_split_made(pg.size(), o.tp, o.pp)) {
+  if (lockstep_split_made(pg.size(), o.tp, o.pp, o.device == Device::CPU)) {
     const auto [busy, waits] = times.lockstep_steps();
     const std::vector<double> all_busy = gather(pg, busy);
     slower = b.comm_wait_ms * slower_rank_share(all_busy, pg.size(), pg.rank(), waits);
