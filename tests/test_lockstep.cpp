@@ -58,6 +58,15 @@ TEST(Lockstep, TheStragglerIsTheRankSlowestMostOften) {
   EXPECT_EQ(find_straggler({}, 2).rank, -1);
 }
 
+TEST(Lockstep, EqualRanksHaveNoStraggler) {
+  // A step where all were equal counts for nobody: rank 1 was slower on one
+  // step of three; on two, nobody was.
+  const Straggler s = find_straggler({2.0, 2.0, 2.0, 2.0, 2.0, 3.0}, 2);
+  EXPECT_EQ(s.rank, 1);
+  EXPECT_DOUBLE_EQ(s.share, 1.0 / 3.0);
+  EXPECT_EQ(find_straggler({2.0, 2.0, 2.0, 2.0}, 2).rank, -1);
+}
+
 TEST(Lockstep, MismatchedSizesAreABug) {
   EXPECT_THROW(slower_rank_share(kBusy, 2, 0, {1.0, 1.0}), InternalError);
   EXPECT_THROW(slower_rank_share(kBusy, 2, 2, {1.0, 1.0, 1.0}), InternalError);

@@ -322,6 +322,24 @@ TEST_F(MultirankCliTest, StragglerShowsAsTheOtherRanksWait) {
   }
 }
 
+// Under ZeRO-3 the ranks also meet at every unit's parameter gather: a
+// straggler's lead is waited out there (the fast rank's gather wait), and
+// the reduction after backward finds the ranks level, so the split does
+// not charge its wait to the slower rank.
+TEST_F(MultirankCliTest, StragglerUnderZero3IsWaitedForAtTheGathers) {
+  const fs::path f = dir_ / "zero3_straggler.json";
+  RunResult r = dpt(fmt::format("launch -n 2 -- {} train --model mlp --synthetic --steps 12 --sizes {} "
+                                "--threads 1 --strategy zero3 --summary-out {}",
+                                q(dpt_bin()), kSizes, q(f)),
+                    fmt::format("{} DPT_STRAGGLE=1:30", kOneThread));
+  ASSERT_EQ(r.code, 0) << r.all();
+  const json j = json::parse(read_file(f));
+  const json& fast = j["ranks"][0];
+  EXPECT_GT(fast["gather_wait_ms"].get<double>(), 20.0) << fast;
+  EXPECT_LT(fast["comm_wait_slower_rank_ms"].get<double>(), 5.0) << fast;
+  EXPECT_EQ(j["lockstep"]["slowest_rank"], 1) << j["lockstep"];
+}
+
 // DPT_COMM_IN_PLACE=0: the same run through the ring's slots, and it says so.
 TEST_F(MultirankCliTest, DdpTrainThroughTheSlotsWhenInPlaceIsOff) {
   const fs::path f = dir_ / "ddp_slots.json";

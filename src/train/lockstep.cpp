@@ -22,25 +22,26 @@ double slower_rank_share(const std::vector<double>& busy, int ranks, int rank, c
   return waited > 0.0 ? for_slower / waited : 0.0;
 }
 
-Straggler find_straggler(const std::vector<double>& busy, int ranks) {
-  DPT_CHECK(ranks > 0 && busy.size() % static_cast<size_t>(ranks) == 0, "{} busy times over {} ranks", busy.size(),
+Straggler find_straggler(const std::vector<double>& work, int ranks) {
+  DPT_CHECK(ranks > 0 && work.size() % static_cast<size_t>(ranks) == 0, "{} work times over {} ranks", work.size(),
             ranks);
-  const size_t steps = busy.size() / static_cast<size_t>(ranks);
+  const size_t steps = work.size() / static_cast<size_t>(ranks);
   if (steps == 0) return {};
   std::vector<size_t> slowest_on(static_cast<size_t>(ranks), 0);
   std::vector<double> spread(steps);
   for (size_t s = 0; s < steps; ++s) {
     int slowest = 0;
-    double lo = busy[s], hi = busy[s];
+    double lo = work[s], hi = work[s];
     for (int q = 1; q < ranks; ++q) {
-      const double b = busy[static_cast<size_t>(q) * steps + s];
+      const double b = work[static_cast<size_t>(q) * steps + s];
       if (b > hi) hi = b, slowest = q;
       lo = std::min(lo, b);
     }
-    ++slowest_on[static_cast<size_t>(slowest)];
+    if (hi > lo) ++slowest_on[static_cast<size_t>(slowest)];
     spread[s] = hi - lo;
   }
   const auto most = std::max_element(slowest_on.begin(), slowest_on.end());
+  if (*most == 0) return {.spread_ms = median(std::move(spread))};
   return {static_cast<int>(most - slowest_on.begin()), static_cast<double>(*most) / static_cast<double>(steps),
           median(std::move(spread))};
 }

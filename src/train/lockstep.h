@@ -5,10 +5,12 @@
 // the slowest rank has arrived at it. Each rank is busy from leaving the
 // last step's reduction to arriving at this one's (the update, whatever ran
 // between the steps, data, forward and backward: StepBreakdown::busy_ms).
-// The ranks leave a reduction together, so a rank busy for b_r while the
-// slowest rank was busy for max_q b_q idles about max_q b_q - b_r at the
-// next one, however fast the network: load imbalance (a slower or busier
-// core, a longer batch), not communication. Per step, of this rank's comm
+// The ranks leave every collective together, so a rank busy for b_r while
+// the slowest rank was busy for max_q b_q idles about max_q b_q - b_r at the
+// reduction, however fast the network: load imbalance (a slower or busier
+// core, a longer batch), not communication. (A lead already waited out at
+// a collective on the way, a ZeRO gather, is in both ranks' busy times and
+// no longer between them.) Per step, of this rank's comm
 // wait w:
 //   for the slower rank = min(w, max_q b_q - b_r)
 //   communication       = w - that
@@ -29,18 +31,21 @@ namespace dpt {
 // every rank); waits: this rank's comm waits over the same steps.
 double slower_rank_share(const std::vector<double>& busy, int ranks, int rank, const std::vector<double>& waits);
 
-// Who held the others up, over the same steps: the rank that was the
-// slowest (the longest busy time) on the most steps, on how many of them,
-// and the median over the steps of the spread between the slowest and the
-// fastest rank's busy time (what lock-step cost the fastest rank that step).
-// A rank that is the slowest on nearly every step is a straggler: a slower
-// or busier machine, or a core shared with something else.
+// Who held the others up, over the same steps, from every rank's work per
+// step (its busy time less its waits at gathers: under ZeRO the lead is
+// waited out there, so busy times end up level): the rank that worked
+// longest on the most steps (steps where all were equal count for nobody;
+// rank -1 when every step was such), on how many, and the median over the
+// steps of the spread between the longest and the shortest work (what lock
+// step cost the fastest rank that step). A rank that is the slowest on
+// nearly every step is a straggler: a slower or busier machine, or a core
+// shared with something else.
 struct Straggler {
-  int rank = -1;             // -1: no steps
+  int rank = -1;             // -1: none
   double share = 0.0;        // of the steps, this rank was the slowest
-  double spread_ms = 0.0;    // median of (slowest - fastest busy time)
+  double spread_ms = 0.0;    // median of (longest - shortest work)
 };
-Straggler find_straggler(const std::vector<double>& busy, int ranks);
+Straggler find_straggler(const std::vector<double>& work, int ranks);
 
 // Whether a run's ranks get the split: more than one rank, every rank
 // meeting the others only at the reductions of the same data-parallel

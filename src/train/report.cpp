@@ -69,8 +69,8 @@ void Report::print() const {
       std::printf("  %9.2f  %7.2f\n", v.optimizer_ms, v.step_ms);
     }
     if (split && r.straggler.rank >= 0)
-      std::printf("lock-step: rank %d was the slowest on %.0f%% of the steps; slowest minus fastest rank's busy time "
-                  "%.2f ms at the median step (docs/ddp.md)\n",
+      std::printf("lock-step: rank %d was the slowest on %.0f%% of the steps, working %.2f ms longer than the "
+                  "fastest rank at the median step (docs/ddp.md)\n",
                   r.straggler.rank, 100.0 * r.straggler.share, r.straggler.spread_ms);
     const double param_bytes = static_cast<double>(model.param_count() * sizeof(float));
     const RankTimes& r0 = ranks[0];

@@ -207,12 +207,18 @@ class StepTimes {
             steady_median(busy_)};
   }
   size_t size() const { return step_.size(); }
-  // The last steady steps' busy times and comm waits, for the lock-step
-  // split (train/lockstep.h): at most kLockstepSteps of them.
-  std::pair<std::vector<double>, std::vector<double>> lockstep_steps() const {
+  // The last steady steps (at most kLockstepSteps) as the lock-step split
+  // needs them (train/lockstep.h): busy times, comm waits, and the work in
+  // the busy times (less the waits at gathers: who was slower).
+  struct Lockstep {
+    std::vector<double> busy, waits, work;
+  };
+  Lockstep lockstep_steps() const {
     const size_t n = size(), from = std::max(warmup_steps(n), n - std::min(n, kLockstepSteps));
     const auto at = [from](const std::vector<double>& v) { return v.begin() + static_cast<long>(from); };
-    return {{at(busy_), busy_.end()}, {at(wait_), wait_.end()}};
+    Lockstep l{{at(busy_), busy_.end()}, {at(wait_), wait_.end()}, {}};
+    for (size_t s = from; s < n; ++s) l.work.push_back(busy_[s] - gather_[s]);
+    return l;
   }
 
  private:
@@ -260,10 +266,9 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
   const StepBreakdown& b = r.breakdown;
   double slower = 0.0;
   if (lockstep_split_made(pg.size(), o.tp, o.pp, o.device == Device::CPU)) {
-    const auto [busy, waits] = times.lockstep_steps();
-    const std::vector<double> all_busy = gather(pg, busy);
-    slower = b.comm_wait_ms * slower_rank_share(all_busy, pg.size(), pg.rank(), waits);
-    r.straggler = find_straggler(all_busy, pg.size());
+    const auto steps = times.lockstep_steps();
+    slower = b.comm_wait_ms * slower_rank_share(gather(pg, steps.busy), pg.size(), pg.rank(), steps.waits);
+    r.straggler = find_straggler(gather(pg, steps.work), pg.size());
   }
   const std::vector<double> all = gather(pg, {b.data_ms, b.forward_ms, b.backward_ms, b.gather_ms, b.comm_wait_ms,
                                               slower, b.optimizer_ms, b.step_ms, static_cast<double>(r.peak_rss)});
@@ -491,7 +496,7 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   t.gather_ms = c.strategy.take_gather_wait() * 1000.0;
   auto to = Clock::now();
   if (c.left_reduction == Clock::time_point{}) c.left_reduction = t0;  // the first step
-  t.busy_ms = std::chrono::duration<double, std::milli>(tw - c.left_reduction).count() - t.gather_ms;
+  t.busy_ms = std::chrono::duration<double, std::milli>(tw - c.left_reduction).count();
   c.left_reduction = to;
   if (tl && c.pg.size() > 1) tl->add(Timeline::CommWait, step, tw, to);  // one process waits for nothing
   // The global gradient norm is needed to clip, and logged; it costs a pass

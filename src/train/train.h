@@ -113,10 +113,11 @@ struct StepBreakdown {
   // cores (a shared machine) do not inflate as they do step_ms.
   double cpu_ms = 0;
   // From leaving the last step's gradient reduction to arriving at this
-  // one's, less the waits for gathers: the previous step's update, what ran
-  // between the steps, data, forward and backward. Lock-step ranks compare
-  // it (train/lockstep.h); ranks leave a reduction together, not start a
-  // step together.
+  // one's: the previous step's update, what ran between the steps, data,
+  // forward and backward, and any collective on the way (ZeRO's gathers),
+  // where a rank that waited for a slower one left together with it.
+  // Lock-step ranks compare it (train/lockstep.h): ranks leave a collective
+  // together, they need not start a step together.
   double busy_ms = 0;
 };
 

@@ -344,6 +344,7 @@ TEST_F(PpCliTest, ActivationsHeldPerStage) {
     ASSERT_EQ(p["stages"].size(), 3u) << p;
     // A pipeline's stages wait for each other by design: no lock-step
     // split of that wait (train/lockstep.h).
+    EXPECT_FALSE(j.contains("lockstep"));
     for (const auto& rank : j["ranks"]) EXPECT_FALSE(rank.contains("comm_wait_slower_rank_ms")) << rank;
     int64_t params = 0;
     for (int s = 0; s < 3; ++s) {
