@@ -10,8 +10,7 @@
 // reduction, however fast the network: load imbalance (a slower or busier
 // core, a longer batch), not communication. (A lead already waited out at
 // a collective on the way, a ZeRO gather, is in both ranks' busy times and
-// no longer between them.) Per step, of this rank's comm
-// wait w:
+// no longer between them.) Per step, of this rank's comm wait w:
 //   for the slower rank = min(w, max_q b_q - b_r)
 //   communication       = w - that
 // The summary splits the comm wait's median in the proportion of the two
