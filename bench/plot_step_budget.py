@@ -36,17 +36,20 @@ PHASES = [("data_ms", "data", "#9e9e9e"), ("forward_ms", "forward", "#4c78a8"),
           ("comm_wait_slower_rank_ms", "wait for a slower rank", "#b279a2"),
           ("comm_wait_communicating_ms", "communicating", "#e45756"),
           ("optimizer_ms", "optimizer", "#54a24b"), (None, "rest", "#bab0ac")]
+# A summary whose comm wait is not split (one process, which never waits; a
+# pipeline or tensor-parallel run, docs/ddp.md; a summary from before the
+# split) draws the whole wait where the two parts stand.
+UNSPLIT_PHASES = [("comm_wait_ms", "comm wait", "#e45756") if key == "comm_wait_slower_rank_ms" else (key, label, c)
+                  for key, label, c in PHASES if key != "comm_wait_communicating_ms"]
+# The legend's order: the phases', the unsplit wait just before its parts.
+LEGEND_ORDER = [label for _, label, _ in PHASES]
+LEGEND_ORDER.insert(LEGEND_ORDER.index("wait for a slower rank"), "comm wait")
 ROW_H, ROW_GAP, LEFT, RIGHT, TOP, WIDTH = 26, 10, 170, 50, 70, 1000
 
 
 def segments(rank):
     """(label, colour, ms) of one rank's median step; rest = step - the phases."""
-    phases = PHASES
-    if "comm_wait_communicating_ms" not in rank:
-        # Not split: one process (no wait), a pipeline or tensor-parallel
-        # run (docs/ddp.md), or a summary from before the split.
-        phases = [p for p in PHASES if not p[0] or not p[0].startswith("comm_wait_")]
-        phases.insert(3, ("comm_wait_ms", "comm wait", "#e45756"))
+    phases = PHASES if "comm_wait_communicating_ms" in rank else UNSPLIT_PHASES
     parts = [(label, colour, rank.get(key, 0.0)) for key, label, colour in phases if key]
     rest = rank["step_ms"] - sum(ms for _, _, ms in parts)
     return parts + [("rest", PHASES[-1][2], max(rest, 0.0))]
@@ -75,9 +78,7 @@ def draw(single, ddp, title):
            f'<text x="{LEFT}" y="22" font-size="15">{escape(title)}</text>']
     x = LEFT
     used = {name: colour for _, segs in rows for name, colour, ms in segs if ms > 0 or name == "rest"}
-    order = [label for _, label, _ in PHASES]
-    order.insert(3, "comm wait")
-    for label, colour in sorted(used.items(), key=lambda item: order.index(item[0])):
+    for label, colour in sorted(used.items(), key=lambda item: LEGEND_ORDER.index(item[0])):
         out.append(f'<rect x="{x}" y="34" width="12" height="12" fill="{colour}"/>')
         out.append(f'<text x="{x + 16}" y="45">{label}</text>')
         x += 30 + 7 * len(label)

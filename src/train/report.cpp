@@ -8,7 +8,6 @@
 #include "core/cpu_level.h"
 #include "core/threads.h"
 #include "nn/gemm.h"
-#include "train/lockstep.h"
 
 namespace dpt {
 
@@ -58,7 +57,7 @@ void Report::print() const {
                 100.0 * r.scaling_efficiency, world, r.samples_per_s / (world * r.scaling_efficiency),
                 o.baseline.c_str());
   if (world > 1) {
-    const bool split = lockstep_split_made(world, o.tp, o.pp, o.device == Device::CPU);
+    const bool split = r.lockstep_split;
     std::printf("step breakdown (median ms)   data  forward  backward  gather wait  comm wait%s  optimizer    step\n",
                 split ? " (slower rank  comm)" : "");
     for (int q = 0; q < world; ++q) {
@@ -68,7 +67,7 @@ void Report::print() const {
       if (split) std::printf("  (%11.2f %5.2f)", v.slower_rank_ms, v.comm_wait_ms - v.slower_rank_ms);
       std::printf("  %9.2f  %7.2f\n", v.optimizer_ms, v.step_ms);
     }
-    if (split && r.straggler.rank >= 0)
+    if (r.straggler.rank >= 0)  // only where the split is made
       std::printf("lock-step: rank %d was the slowest on %.0f%% of the steps, working %.2f ms longer than the "
                   "fastest rank at the median step (docs/ddp.md)\n",
                   r.straggler.rank, 100.0 * r.straggler.share, r.straggler.spread_ms);
@@ -148,7 +147,7 @@ nlohmann::json Report::json() const {
                         {"gather_wait_ms", v.gather_ms}, {"comm_wait_ms", v.comm_wait_ms},
                         {"optimizer_ms", v.optimizer_ms}, {"step_ms", v.step_ms},
                         {"peak_rss", static_cast<size_t>(v.peak_rss)}});
-    if (lockstep_split_made(static_cast<int>(ranks.size()), o.tp, o.pp, o.device == Device::CPU)) {
+    if (r.lockstep_split) {
       per_rank.back()["comm_wait_slower_rank_ms"] = v.slower_rank_ms;
       per_rank.back()["comm_wait_communicating_ms"] = v.comm_wait_ms - v.slower_rank_ms;
     }

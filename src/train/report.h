@@ -21,7 +21,7 @@ struct RankTimes {
   static constexpr size_t kFields = 9;
   // slower_rank_ms: the part of comm_wait_ms spent waiting for a slower
   // rank; the rest is communication (train/lockstep.h; 0 where the split
-  // is not made: lockstep_split_made).
+  // is not made: TrainResult::lockstep_split).
   double data_ms, forward_ms, backward_ms, gather_ms, comm_wait_ms, slower_rank_ms, optimizer_ms, step_ms, peak_rss;
 };
 

@@ -265,7 +265,8 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
                                     const Model& model, const StepTimes& times, double baseline) {
   const StepBreakdown& b = r.breakdown;
   double slower = 0.0;
-  if (lockstep_split_made(pg.size(), o.tp, o.pp, o.device == Device::CPU)) {
+  r.lockstep_split = lockstep_split_made(pg.size(), o.tp, o.pp, o.device == Device::CPU);
+  if (r.lockstep_split) {
     const auto steps = times.lockstep_steps();
     slower = b.comm_wait_ms * slower_rank_share(gather(pg, steps.busy), pg.size(), pg.rank(), steps.waits);
     r.straggler = find_straggler(gather(pg, steps.work), pg.size());

@@ -147,8 +147,10 @@ struct TrainResult {
   size_t activation_bytes = 0; // this rank's activation arena
   // Where the ranks ran and how the ring joined them (topology_json).
   nlohmann::json topology;
-  // The rank that held the others up most often (train/lockstep.h); rank
-  // -1 where the lock-step split is not made.
+  // Whether the ranks' comm waits were split (lockstep_split_made), and the
+  // rank that held the others up most often (train/lockstep.h; rank -1
+  // where the split is not made).
+  bool lockstep_split = false;
   Straggler straggler;
 };
 
