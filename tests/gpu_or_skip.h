@@ -9,7 +9,7 @@
 #include <exception>
 #include <string>
 
-#include "nn/kernels.h"
+#include "device/kernels.h"
 
 namespace dpt::test {
 

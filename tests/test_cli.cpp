@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "nn/kernels.h"
+#include "device/kernels.h"
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"

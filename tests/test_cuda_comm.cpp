@@ -9,7 +9,7 @@
 
 #include "comm/process_group.h"
 #include "gpu_or_skip.h"
-#include "nn/kernels.h"
+#include "device/kernels.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // Every CUDA op against the CPU op of the same name on the same inputs
-// (issue 17; nn/kernels.h). "Within r": max|gpu - cpu| <= r * max|cpu| per
+// (issue 17; device/kernels.h). "Within r": max|gpu - cpu| <= r * max|cpu| per
 // output tensor; fp32 r = 1e-5, bf16 r = 1.6e-2, optimizer updates 1e-6.
 // Where no GPU is (CI), every test is skipped with the reason.
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 
 #include "core/dtype.h"
 #include "gpu_or_skip.h"
-#include "nn/kernels.h"
+#include "device/kernels.h"
 
 namespace {
 

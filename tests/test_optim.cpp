@@ -1,6 +1,7 @@
 // Optimizers (SGD with momentum, AdamW), learning-rate schedules and
 // gradient clipping, checked against hand-computed values and plain
 // double-precision references of PyTorch's update rules.
+#include "nn/update.h"
 #include "optim/optimizer.h"
 
 #include <cmath>

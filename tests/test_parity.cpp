@@ -30,6 +30,7 @@
 #include "core/threads.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
+#include "nn/update.h"
 #include "optim/optimizer.h"
 
 namespace dpt {

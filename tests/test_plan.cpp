@@ -21,7 +21,7 @@ std::unique_ptr<Model> gpt() {
 
 StrategyOptions adamw(const std::string& name) {
   StrategyOptions so;
-  so.name = name;
+  so.strategy = name;
   so.optimizer.name = "adamw";
   return so;
 }
@@ -84,8 +84,8 @@ TEST(Plan, VerdictsAreThoseOfTheMemoryCheck) {
     for (const PlanRow& row : plan.rows) {
       model->set_checkpoint_activations(row.point.checkpoint);
       model->set_precision(parse_precision(row.point.precision));
-      StrategyOptions so = adamw(row.point.strategy);
-      if (row.point.offload != "none") so.offload.what = row.point.offload;
+      StrategyOptions so = adamw(row.point.strategy.name());
+      so.offload.what = parse_offload(row.point.offload);
       bool refused = false;
       try {
         check_fits(so, *model, model->activation_bytes_for(r.batch / r.world), r.world, r.ranks_here, available);

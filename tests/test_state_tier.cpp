@@ -27,6 +27,8 @@
 #include "parallel/strategy.h"
 #include "tensor/layout.h"
 #include "train/train.h"
+#include "train/rank_setup.h"
+#include "train/run_checks.h"
 
 namespace dpt {
 namespace {
@@ -233,7 +235,7 @@ TEST_F(StateTierTest, TheEstimateCountsTheBuffersAndARunAccountsThem) {
   o.synthetic = true;
   o.quiet = true;
   o.strategy = "local";
-  o.offload = "optimizer";
+  o.offload = Offload::Optimizer;
   o.offload_dir = dir_.string();
   o.offload_chunk_bytes = 8192;
   apply_defaults(o);
@@ -248,9 +250,9 @@ TEST_F(StateTierTest, TheEstimateCountsTheBuffersAndARunAccountsThem) {
   EXPECT_EQ(r.memory.offloaded, est.offloaded);
   EXPECT_TRUE(fs::is_empty(dir_));
   // ZeRO on 2 ranks: rank 0's shard, buffers of its longest unit chunk at most.
-  so.name = "zero3";
+  so.strategy = "zero3";
   const MemoryBytes z = rank_bytes(so, *model, 2);
-  so.offload.what.clear();
+  so.offload.what = Offload::None;
   EXPECT_EQ(z.offloaded, rank_bytes(so, *model, 2).optimizer);
   EXPECT_LE(z.optimizer, est.optimizer);
 }

@@ -20,8 +20,8 @@
 #include "comm/setup_deadline.h"
 #include "comm/shm_transport.h"
 #include "comm/shm_window.h"
-#include "nn/kernels.h"
-#include "cuda/backend.h"
+#include "device/kernels.h"
+#include "device/cuda_backend.h"
 
 namespace dpt::comm {
 
@@ -360,6 +360,93 @@ std::unique_ptr<ProcessGroup> ProcessGroup::split(int color, int key, const std:
   return g;
 }
 
+namespace {
+
+// Every member's rank in MPI_COMM_WORLD, by an all-gather.
+std::vector<int> exchange_world_ranks(MPI_Comm comm, int n, int world_rank, SetupDeadline& deadline) {
+  std::vector<int> ranks(static_cast<size_t>(n), world_rank);
+  if (n > 1) {
+    deadline.at("exchange of ranks (MPI_Allgather)");
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    mpi_check(MPI_Allgather(&world_rank, 1, MPI_INT, ranks.data(), 1, MPI_INT, comm), "rank exchange");
+  }
+  return ranks;
+}
+
+// Every member's host name, by an all-gather of fixed-size records.
+std::vector<std::string> exchange_hosts(MPI_Comm comm, int n, int rank, SetupDeadline& deadline) {
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  std::vector<char> names(static_cast<size_t>(n) * sizeof host);
+  std::copy(host, host + sizeof host, names.begin() + static_cast<long>(rank) * static_cast<long>(sizeof host));
+  if (n > 1) {
+    deadline.at("exchange of host names (MPI_Allgather)");
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, names.data(), sizeof host, MPI_BYTE, comm), "host exchange");
+  }
+  std::vector<std::string> hosts;
+  for (int r = 0; r < n; ++r) hosts.emplace_back(names.data() + static_cast<size_t>(r) * sizeof host);
+  return hosts;
+}
+
+// The ring: hosts in order of their lowest rank, ranks in order within.
+std::vector<int> ring_order(const std::vector<std::string>& hosts) {
+  std::vector<int> rank_at(hosts.size());
+  for (size_t r = 0; r < hosts.size(); ++r) rank_at[r] = static_cast<int>(r);
+  auto first_rank = [&](const std::string& h) {
+    return static_cast<int>(std::find(hosts.begin(), hosts.end(), h) - hosts.begin());
+  };
+  std::stable_sort(rank_at.begin(), rank_at.end(), [&](int a, int b) {
+    return first_rank(hosts[static_cast<size_t>(a)]) < first_rank(hosts[static_cast<size_t>(b)]);
+  });
+  return rank_at;
+}
+
+void barrier(MPI_Comm comm) {
+  std::lock_guard<std::mutex> lock(mpi_mutex());
+  MPI_Barrier(comm);
+}
+
+// The segment the ranks of this host share (`local`, ascending; mapped
+// only when `use_shm`). Collective over the whole group: a rank alone on its
+// host (hosts of 3 ranks and 1) maps nothing but still joins the broadcast
+// and the barriers, or the others wait for it forever.
+std::unique_ptr<ShmSegment> map_shared_memory(MPI_Comm comm, const std::vector<int>& local, int rank, bool use_shm,
+                                              SetupDeadline& deadline) {
+  // A name unique to this job and group: rank 0's pid and a random tag.
+  // The count is rank 0's: ranks create different numbers of groups that
+  // need shared memory (a group of one needs none), so only the broadcast
+  // name is the same on every member.
+  static std::atomic<uint64_t> groups{0};
+  uint64_t tag[3] = {static_cast<uint64_t>(::getpid()), std::random_device{}(), groups++};
+  deadline.at("shared-memory handshake (MPI_Bcast, MPI_Barrier)");
+  {
+    std::lock_guard<std::mutex> lock(mpi_mutex());
+    mpi_check(MPI_Bcast(tag, 3, MPI_UINT64_T, 0, comm), "shared memory setup");
+  }
+  const int local_index = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+  const std::string name = fmt::format("/dpt-{}-{:x}-{}-{}", tag[0], tag[1] & 0xffffff, tag[2], local.front());
+  const int lc = static_cast<int>(local.size());
+  std::unique_ptr<ShmSegment> shm;
+  std::string error;
+  if (use_shm && local_index == 0) {
+    try {
+      shm = ShmSegment::create(name, lc);
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+  }
+  barrier(comm);
+  if (use_shm && local_index != 0 && error.empty()) shm = ShmSegment::open(name, lc);
+  barrier(comm);  // everyone mapped: the name can go
+  if (local_index == 0 && shm) shm->unlink();
+  if (!error.empty()) throw CommError(error);
+  if (use_shm) shm->set_pid(local_index, ::getpid());
+  return shm;
+}
+
+}  // namespace
+
 std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* comm_ptr, const std::string& name) {
   const MPI_Comm comm = static_cast<MPI_Comm>(comm_ptr);
   auto pg = std::unique_ptr<ProcessGroup>(new ProcessGroup);
@@ -369,8 +456,6 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
   Impl& im = *pg->impl_;
   im.pg = pg.get();
   im.comm = comm;
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
   SetupDeadline deadline(config.timeout, name);
   int world_rank = 0;
   if (comm != MPI_COMM_NULL) {
@@ -380,99 +465,37 @@ std::unique_ptr<ProcessGroup> ProcessGroup::build(const Config& config, void* co
     MPI_Comm_size(im.comm, &pg->size_);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   }
-  pg->world_ranks_.assign(static_cast<size_t>(pg->size_), world_rank);
-  if (pg->size_ > 1) {
-    deadline.at("exchange of ranks (MPI_Allgather)");
-    std::lock_guard<std::mutex> lock(mpi_mutex());
-    mpi_check(MPI_Allgather(&world_rank, 1, MPI_INT, pg->world_ranks_.data(), 1, MPI_INT, im.comm), "rank exchange");
-  }
   const int n = pg->size_, rank = pg->rank_;
-
-  // Every rank's host name, by an all-gather of fixed-size records.
-  std::vector<char> names(static_cast<size_t>(n) * sizeof host);
-  std::copy(host, host + sizeof host, names.begin() + static_cast<long>(rank) * static_cast<long>(sizeof host));
-  if (n > 1) {
-    deadline.at("exchange of host names (MPI_Allgather)");
-    std::lock_guard<std::mutex> lock(mpi_mutex());
-    mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_BYTE, names.data(), sizeof host, MPI_BYTE, im.comm),
-              "host exchange");
-  }
-  for (int r = 0; r < n; ++r) pg->hosts_.emplace_back(names.data() + static_cast<size_t>(r) * sizeof host);
-
-  // The ring: hosts in order of their lowest rank, ranks in order within.
-  std::vector<int> rank_at(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) rank_at[static_cast<size_t>(r)] = r;
-  auto first_rank = [&](const std::string& h) {
-    return static_cast<int>(std::find(pg->hosts_.begin(), pg->hosts_.end(), h) - pg->hosts_.begin());
-  };
-  std::stable_sort(rank_at.begin(), rank_at.end(), [&](int a, int b) {
-    return first_rank(pg->hosts_[static_cast<size_t>(a)]) < first_rank(pg->hosts_[static_cast<size_t>(b)]);
-  });
+  pg->world_ranks_ = exchange_world_ranks(im.comm, n, world_rank, deadline);
+  pg->hosts_ = exchange_hosts(im.comm, n, rank, deadline);
+  const std::vector<std::string>& hosts = pg->hosts_;
 
   // Peers: shared memory on this host unless told otherwise, MPI elsewhere.
   std::vector<int> local;  // ranks on this host, ascending
   for (int r = 0; r < n; ++r)
-    if (pg->hosts_[static_cast<size_t>(r)] == pg->hosts_[static_cast<size_t>(rank)]) local.push_back(r);
+    if (hosts[static_cast<size_t>(r)] == hosts[static_cast<size_t>(rank)]) local.push_back(r);
   if (config.transport == Transport::Shm && static_cast<int>(local.size()) != n)
     throw InputError("--transport shm needs every rank on one host; use auto to add MPI between hosts");
   const bool use_shm = n > 1 && config.transport != Transport::Mpi && local.size() > 1;
-  // The setup is collective over the whole group: a rank alone on its host
-  // (hosts of 3 ranks and 1) maps nothing but still joins the broadcast and
-  // the barriers, or the others wait for it forever.
   bool any_shared = false;
-  for (const std::string& h : pg->hosts_) any_shared |= std::count(pg->hosts_.begin(), pg->hosts_.end(), h) > 1;
-  if (n > 1 && config.transport != Transport::Mpi && any_shared) {
-    // A name unique to this job and group: rank 0's pid and a random tag.
-    // The count is rank 0's: ranks create different numbers of groups that
-    // need shared memory (a group of one needs none), so only the
-    // broadcast name is the same on every member.
-    static std::atomic<uint64_t> groups{0};
-    uint64_t tag[3] = {static_cast<uint64_t>(::getpid()), std::random_device{}(), groups++};
-    deadline.at("shared-memory handshake (MPI_Bcast, MPI_Barrier)");
-    {
-      std::lock_guard<std::mutex> lock(mpi_mutex());
-      mpi_check(MPI_Bcast(tag, 3, MPI_UINT64_T, 0, im.comm), "shared memory setup");
-    }
-    const int local_index = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
-    const std::string name = fmt::format("/dpt-{}-{:x}-{}-{}", tag[0], tag[1] & 0xffffff, tag[2], local.front());
-    const int lc = static_cast<int>(local.size());
-    std::string error;
-    if (use_shm && local_index == 0) {
-      try {
-        im.shm = ShmSegment::create(name, lc);
-      } catch (const CommError& e) {
-        error = e.what();
-      }
-    }
-    {
-      std::lock_guard<std::mutex> lock(mpi_mutex());
-      MPI_Barrier(im.comm);
-    }
-    if (use_shm && local_index != 0 && error.empty()) im.shm = ShmSegment::open(name, lc);
-    {
-      std::lock_guard<std::mutex> lock(mpi_mutex());
-      MPI_Barrier(im.comm);  // everyone mapped: the name can go
-    }
-    if (local_index == 0 && im.shm) im.shm->unlink();
-    if (!error.empty()) throw CommError(error);
-    if (use_shm) im.shm->set_pid(local_index, ::getpid());
-  }
+  for (const std::string& h : hosts) any_shared |= std::count(hosts.begin(), hosts.end(), h) > 1;
+  if (n > 1 && config.transport != Transport::Mpi && any_shared)
+    im.shm = map_shared_memory(im.comm, local, rank, use_shm, deadline);
   im.peers.resize(static_cast<size_t>(n));
   std::vector<Peer*> raw(static_cast<size_t>(n), nullptr);
+  const int mine = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
   for (int r = 0; r < n; ++r) {
     if (r == rank) continue;
     auto it = std::find(local.begin(), local.end(), r);
-    if (use_shm && it != local.end()) {
-      const int mine = static_cast<int>(std::find(local.begin(), local.end(), rank) - local.begin());
+    if (use_shm && it != local.end())
       im.peers[static_cast<size_t>(r)] = std::make_unique<ShmPeer>(im.shm.get(), mine, static_cast<int>(it - local.begin()));
-    } else {
+    else
       im.peers[static_cast<size_t>(r)] = std::make_unique<MpiPeer>(im.comm, r);
-    }
     raw[static_cast<size_t>(r)] = im.peers[static_cast<size_t>(r)].get();
   }
-  im.ring_order = rank_at;
+  im.ring_order = ring_order(hosts);
   im.raw_peers = raw;
-  im.ring = std::make_unique<Ring>(rank, rank_at, raw, &pg->ledger_);
+  im.ring = std::make_unique<Ring>(rank, im.ring_order, raw, &pg->ledger_);
   im.thread = std::thread([&im] { im.run(); });
   if (config.algo == Algo::Mpi && n > 1) im.watchdog = std::thread([&im] { im.watch(); });
   return pg;

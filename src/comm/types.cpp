@@ -34,10 +34,6 @@ const char* device_comm_name(DeviceComm d) {
   return d == DeviceComm::Nccl ? "nccl" : (d == DeviceComm::Staged ? "staged" : "auto");
 }
 
-const char* reduce_op_name(ReduceOp op) {
-  return op == ReduceOp::Sum ? "sum" : (op == ReduceOp::Avg ? "avg" : "max");
-}
-
 Config Config::from_env() {
   Config c;
   if (const char* v = std::getenv("DPT_COMM_ALGO")) c.algo = parse_algo(v);

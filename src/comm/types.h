@@ -7,10 +7,13 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/reduce_op.h"
 
 namespace dpt::comm {
 
-enum class ReduceOp { Sum, Avg, Max };
+// The communication layer names it comm::ReduceOp (core/reduce_op.h).
+using dpt::ReduceOp;
+using dpt::reduce_op_name;
 
 // Which implementation runs a collective: the engine's own ring algorithms
 // over its transports, or MPI's built-in collectives (for comparison).
@@ -54,7 +57,6 @@ const char* algo_name(Algo a);
 DeviceComm parse_device_comm(const std::string& s);  // "auto" | "nccl" | "staged"
 const char* device_comm_name(DeviceComm d);
 const char* transport_name(Transport t);
-const char* reduce_op_name(ReduceOp op);
 
 // A collective failed: a peer died or timed out, or ranks disagreed. The
 // message names the operation, its sequence number and its size.

@@ -1,4 +1,4 @@
-// The CUDA side of nn/kernels.h: every op a model or an optimizer needs, on
+// The CUDA side of device/kernels.h: every op a model or an optimizer needs, on
 // this process's GPU, computing what the CPU op of the same name computes
 // (src/nn/*.cpp), in the same arithmetic order where it matters.
 //

@@ -1,12 +1,12 @@
 // Inside libdpt_cuda.so: the functions behind the Backend table
-// (cuda/backend.h), defined in the module's source files.
+// (device/cuda_backend.h), defined in the module's source files.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <string>
 
-#include "cuda/backend.h"
+#include "device/cuda_backend.h"
 
 namespace dpt::cuda {
 

@@ -6,7 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "cuda/backend.h"
+#include "comm/types.h"
+#include "device/cuda_backend.h"
 #include "cuda/module.h"
 
 namespace dpt::cuda {
@@ -19,11 +20,11 @@ void check_cuda(cudaError_t e, const char* call) {
 
 ncclDataType_t nccl_type(DType t) { return t == DType::BF16 ? ncclBfloat16 : ncclFloat32; }
 
-ncclRedOp_t nccl_op(comm::ReduceOp op) {
+ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case comm::ReduceOp::Sum: return ncclSum;
-    case comm::ReduceOp::Avg: return ncclAvg;
-    case comm::ReduceOp::Max: return ncclMax;
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Max: return ncclMax;
   }
   return ncclSum;
 }
@@ -34,13 +35,13 @@ class Nccl final : public NcclComm {
   Nccl(const char id[kIdBytes], int size, int rank);
   ~Nccl() override;
   void after(void* ready) override;
-  void all_reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
+  void all_reduce(void* data, size_t count, DType dtype, ReduceOp op, const std::string& what,
                   Deadline d) override;
-  void reduce_scatter(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
+  void reduce_scatter(void* data, size_t count, DType dtype, ReduceOp op, const std::string& what,
                       Deadline d) override;
   void all_gather(void* data, size_t count, size_t elem_bytes, const std::string& what, Deadline d) override;
   void broadcast(void* data, size_t bytes, int root, const std::string& what, Deadline d) override;
-  void reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, int root, const std::string& what,
+  void reduce(void* data, size_t count, DType dtype, ReduceOp op, int root, const std::string& what,
               Deadline d) override;
   void send(const void* data, size_t bytes, int peer, const std::string& what, Deadline d) override;
   void recv(void* data, size_t bytes, int peer, const std::string& what, Deadline d) override;
@@ -130,7 +131,7 @@ Nccl::~Nccl() {
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
-void Nccl::all_reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
+void Nccl::all_reduce(void* data, size_t count, DType dtype, ReduceOp op, const std::string& what,
                           Deadline d) {
   impl_->begin();
   impl_->check(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), impl_->comm, impl_->stream),
@@ -138,7 +139,7 @@ void Nccl::all_reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, 
   impl_->finish(what, d);
 }
 
-void Nccl::reduce_scatter(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
+void Nccl::reduce_scatter(void* data, size_t count, DType dtype, ReduceOp op, const std::string& what,
                               Deadline d) {
   // Chunk r reduced onto rank r, in place: one reduce per chunk, grouped.
   const size_t es = dtype_size(dtype);
@@ -176,7 +177,7 @@ void Nccl::broadcast(void* data, size_t bytes, int root, const std::string& what
   impl_->finish(what, d);
 }
 
-void Nccl::reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, int root, const std::string& what,
+void Nccl::reduce(void* data, size_t count, DType dtype, ReduceOp op, int root, const std::string& what,
                       Deadline d) {
   impl_->begin();
   impl_->check(ncclReduce(data, data, count, nccl_type(dtype), nccl_op(op), root, impl_->comm, impl_->stream),

@@ -43,7 +43,7 @@ class Mlp : public Model {
   void backward_as(float loss_scale);
 
   // The MLP's passes run on the CPU only (its blocked weight gradients are
-  // not in nn/kernels.h yet): --device cuda is refused for it.
+  // not in device/kernels.h yet): --device cuda is refused for it.
   void place_buffers(Device d) override;
 
   // Elements per block of a weight gradient reported ready (1 MiB of fp32).

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "nn/kernels.h"
+#include "device/kernels.h"
 #include "tensor/flat_buffer.h"
 #include "tensor/layout.h"
 
@@ -155,7 +155,7 @@ class Model {
 
   // The device the model computes on: its buffers (parameters, gradients,
   // activations, compute copies) live there and every op of its passes runs
-  // there (nn/kernels.h). Batches stay host data; forward uploads them.
+  // there (device/kernels.h). Batches stay host data; forward uploads them.
   // Setting it moves what is allocated (a model loaded on the host, then
   // sent to its GPU).
   void set_device(Device d);

@@ -160,18 +160,8 @@ class AdamW : public Optimizer {
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const Layout& layout,
                                           size_t begin, size_t n, StateTier* tier = nullptr, bool masters = false);
 
-// Sum of squares of n gradients (in double, for a stable global norm). Under
-// sharding each rank sums its shard and the sums are all-reduced.
-double sum_of_squares(const float* grads, size_t n);
 // The factor that brings a gradient of norm `norm` to at most max_norm
 // (PyTorch's clip_grad_norm_: max_norm / (norm + 1e-6), capped at 1).
 float clip_factor(double norm, float max_norm);
-void scale(float* x, size_t n, float factor);
-// The CPU's optimizer updates over n elements (Kernels::sgd_update and
-// Kernels::adamw_update in nn/kernels.h say what they compute).
-void sgd_update(float* p, float* g, float* buf, size_t n, float lr, float momentum, float decay, bool first,
-                bool consume);
-void adamw_update(float* p, float* g, float* m, float* v, size_t n, float b1, float b2, float eps, float keep,
-                  float step_size, float rc2, bool consume);
 
 }  // namespace dpt

@@ -43,12 +43,22 @@ size_t RamTier::ram_bytes() const {
   return b;
 }
 
+Offload parse_offload(const std::string& s) {
+  if (s.empty() || s == "none") return Offload::None;
+  if (s == "optimizer") return Offload::Optimizer;
+  if (s == "params") return Offload::Params;
+  throw InputError(fmt::format("unknown --offload '{}' (expected optimizer or params)", s));
+}
+
+const char* offload_name(Offload o) {
+  return o == Offload::Params ? "params" : o == Offload::Optimizer ? "optimizer" : "none";
+}
+
 std::unique_ptr<StateTier> make_state_tier(const OffloadOptions& options, int rank, Device device) {
-  if (options.what.empty()) return std::make_unique<RamTier>(device);
+  if (options.what == Offload::None) return std::make_unique<RamTier>(device);
   if (device != Device::CPU)
     throw InputError("--offload optimizer with --device cuda: offload from GPU memory is not built yet");
   // "params": the optimizers keep the master weights as one more tensor.
-  DPT_CHECK(options.what == "optimizer" || options.what == "params", "unknown offload '{}'", options.what);
   return std::make_unique<FileTier>(options.dir, rank, options.chunk_bytes);
 }
 

@@ -93,9 +93,16 @@ class RamTier : public StateTier {
   std::deque<Region> regions_;  // a deque: buffers stay where they are as it grows
 };
 
+// What --offload moves to a file: nothing (the state in RAM), the
+// optimizer state, or that and the fp32 master weights ("params").
+enum class Offload { None, Optimizer, Params };
+// "optimizer" or "params" ("" and "none": None); InputError otherwise.
+Offload parse_offload(const std::string& s);
+const char* offload_name(Offload o);  // "none", "optimizer", "params"
+
 // Where a strategy keeps its optimizers' state.
 struct OffloadOptions {
-  std::string what;          // "" (state in RAM), "optimizer", or "params" (state and fp32 masters)
+  Offload what = Offload::None;
   std::string dir;           // --offload-dir
   size_t chunk_bytes = 4u << 20;  // per tensor per chunk (--offload-chunk-mb)
 };

@@ -22,13 +22,6 @@ Mesh Mesh::layout(int world, int rank, int tp, int pp) {
   return m;
 }
 
-void check_mesh_strategy(const std::string& strategy, const std::string& with) {
-  if (strategy == "dp")
-    throw InputError(fmt::format("--strategy dp keeps its replicas in threads of one process and does not run {}; "
-                                 "use local, ddp, zero1/2/3 or hsdp (over the data-parallel group)",
-                                 with));
-}
-
 std::string Mesh::describe() const { return fmt::format("pp {} x dp {} x tp {}", pp, dp, tp); }
 
 MeshGroups::MeshGroups(const Mesh& m, comm::ProcessGroup& world) : world_(world) {

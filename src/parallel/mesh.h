@@ -30,10 +30,6 @@ struct Mesh {
   std::string describe() const;
 };
 
-// Refuses, in one sentence, the strategy that does not run over a mesh's
-// data-parallel group: dp, which keeps its replicas in threads of one
-// process. `with` names the degree ("with --tp 2").
-void check_mesh_strategy(const std::string& strategy, const std::string& with);
 
 // The subgroups of a mesh on the world group. A degree of 1 needs no group
 // of its own: dp() is the world itself when tp = pp = 1 (so a run without

@@ -5,6 +5,7 @@
 
 #include "comm/types.h"
 #include "optim/file_tier.h"
+#include "parallel/catalog.h"
 
 namespace dpt {
 
@@ -45,13 +46,6 @@ size_t bytes_of(const std::vector<size_t>& buffers) {
 }
 }  // namespace
 
-int zero_stage(const std::string& name) {
-  if (name == "zero1") return 1;
-  if (name == "zero2") return 2;
-  if (name == "zero3" || name == "fsdp" || name == "hsdp") return 3;
-  return 0;
-}
-
 namespace {
 // A bf16 unit in a pool of float buffers takes half as many, rounded up.
 std::vector<size_t> halves(std::vector<size_t> v) {
@@ -77,7 +71,7 @@ std::vector<size_t> grad_scratch(const Model& model, const std::vector<size_t>& 
 }  // namespace
 
 ZeroPools zero_pools(const StrategyOptions& options, const Model& model) {
-  const int stage = zero_stage(options.name);
+  const int stage = options.strategy->zero_stage;
   std::vector<size_t> sizes;
   for (const Unit& u : model.layout().units()) sizes.push_back(u.numel);
   ZeroPools p;
@@ -103,16 +97,15 @@ size_t optimizer_state_bytes(const OptimizerConfig& config, size_t n) {
 }
 
 MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int world, int rank) {
-  if (options.name == "hsdp" && options.shard_group > 0 && world % options.shard_group == 0) {
-    // Hybrid sharding: a ZeRO-3 rank of its shard group.
-    rank %= options.shard_group;
-    world = options.shard_group;
-  }
+  return options.strategy->bytes(options, model, world, rank);
+}
+
+MemoryBytes sharded_bytes(const StrategyOptions& options, const Model& model, int world, int rank, int stage,
+                          bool buckets) {
   const Layout& layout = model.layout();
   size_t shard = 0;
   for (const Unit& u : layout.units()) shard += comm::chunk_range(u.numel, world, rank).size;
   const size_t f = sizeof(float), full = layout.numel();
-  const int stage = zero_stage(options.name);
   const size_t owned = stage == 0 ? full : shard;  // the elements this rank steps
   const ZeroPools pools = zero_pools(options, model);
   MemoryBytes b;
@@ -126,9 +119,8 @@ MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int w
   b.scratch = bytes_of(pools.scratch) + bytes_of(pools.wire);
   // --reduce-dtype bf16 with DDP's buckets (ddp, zero1 by all-reduce): one
   // bf16 copy of the whole gradient buffer.
-  const bool buckets = options.name == "ddp" || (stage == 1 && !options.zero_scatter);
   if (buckets && options.ddp.reduce_dtype == DType::BF16) b.scratch += sizeof(bf16) * full;
-  if (!options.offload.what.empty()) {
+  if (options.offload.what != Offload::None) {
     // The tier streams each optimizer's span through chunk buffers sized
     // for the longest span (the rank's largest unit chunk under ZeRO).
     size_t longest = full;
@@ -137,7 +129,7 @@ MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int w
       for (const Unit& u : layout.units()) longest = std::max(longest, comm::chunk_range(u.numel, world, rank).size);
     }
     // --offload params: the fp32 masters are one more tensor in the file.
-    const bool masters = options.offload.what == "params" && mixed;
+    const bool masters = options.offload.what == Offload::Params && mixed;
     const size_t state = optimizer_state_bytes(options.optimizer, owned) + (masters ? f * owned : 0);
     b.offloaded = state;
     b.optimizer = b.optimizer - state +
@@ -148,7 +140,7 @@ MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int w
 }
 
 SharedWindows shared_windows(const StrategyOptions& options, const Model& model) {
-  if (options.name == "local") return {};
+  if (options.strategy->trains_one_replica()) return {};
   const size_t n = model.param_count();
   const bool wire = options.ddp.reduce_dtype == DType::BF16;
   const size_t reduced = n * (wire ? sizeof(bf16) : sizeof(float));  // what DDP's reducer all-reduces
@@ -156,7 +148,7 @@ SharedWindows shared_windows(const StrategyOptions& options, const Model& model)
   // ZeRO's whole gradient buffer, reduce-scattered in place unless its bf16
   // copies (pooled) are what is reduced.
   const size_t grads = wire ? 0 : n * sizeof(float);
-  switch (zero_stage(options.name)) {
+  switch (options.strategy->zero_stage) {
     case 0: return {reduced, true};
     case 1: return options.zero_scatter ? SharedWindows{grads + params, !wire} : SharedWindows{reduced + params, true};
     case 2: return {params + (options.accumulate_locally ? grads : 0), options.accumulate_locally && !wire};

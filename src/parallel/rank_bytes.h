@@ -13,9 +13,6 @@
 
 namespace dpt {
 
-// 0 for local and ddp, 1, 2, 3 for zero1, zero2, zero3 (= fsdp).
-int zero_stage(const std::string& name);
-
 // The buffers (element counts) a zero2/zero3 rank reserves before its first
 // step and never grows past: `gathered` holds all-gathered units (zero3),
 // `scratch` unit gradients while backward writes them and while they are
@@ -38,7 +35,15 @@ size_t optimizer_state_bytes(const OptimizerConfig& config, size_t n);
 // the larger chunks first), so rank 0's figures bound every rank's.
 // With options.offload, the optimizer state moves to `offloaded` and the
 // tier's chunk buffers take its place in the optimizer figure.
+// The strategy's record computes it (parallel/catalog.h) from sharded_bytes.
 MemoryBytes rank_bytes(const StrategyOptions& options, const Model& model, int world, int rank = 0);
+
+// The building block the records compute with: what a rank holds at ZeRO
+// stage `stage` (0: everything whole) over `world` ranks; `buckets`: the
+// gradients are all-reduced in DDP's buckets (a bf16 copy of them under
+// --reduce-dtype bf16).
+MemoryBytes sharded_bytes(const StrategyOptions& options, const Model& model, int world, int rank, int stage,
+                          bool buckets);
 
 // What a rank keeps in shared windows when every rank of its group is on
 // one host (comm/shm_window.h), as DDP's reducer and

@@ -5,7 +5,7 @@
 
 #include "comm/process_group.h"
 #include "models/model.h"
-#include "train/train.h"
+#include "optim/optimizer.h"
 
 namespace dpt {
 
@@ -27,8 +27,5 @@ void verify_replicas(const void* data, size_t bytes, comm::ProcessGroup& pg, int
 // the optimizer's tier in pieces of at most `piece` elements, so offloaded
 // state never needs RAM of its size. After a replicated strategy's resume.
 void gather_optimizer_state(Optimizer& opt, comm::ProcessGroup& pg, size_t piece = size_t{1} << 20);
-
-// Naive data parallelism in one process (src/parallel/dp.cpp).
-TrainResult run_dp_training(const TrainOptions& opts);
 
 }  // namespace dpt

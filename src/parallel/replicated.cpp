@@ -11,8 +11,10 @@
 
 #include "comm/types.h"
 #include "models/weights.h"
+#include "parallel/catalog.h"
+#include "parallel/rank_bytes.h"
 #include "parallel/replicas.h"
-#include "train/timeline.h"
+#include "core/timeline.h"
 
 namespace dpt {
 
@@ -133,6 +135,51 @@ MemoryBytes DdpStrategy::bytes() const {
   MemoryBytes b = LocalStrategy::bytes();
   b.scratch = reducer_->wire_bytes();  // --reduce-dtype bf16: the gradients' bf16 copy
   return b;
+}
+
+StrategyRecord local_record() {
+  StrategyRecord r;
+  r.name = "local";
+  r.help = "local";
+  r.runs = StrategyRecord::Runs::OneProcess;
+  r.fits_because = [](bool mesh) {
+    return std::string(mesh ? "one replica's ranks (its tp x pp mesh) hold everything" : "one rank holds everything");
+  };
+  r.formula = [](const StrategyOptions&, int) { return std::string("one replica: nothing to reduce"); };
+  r.make = [](const StrategyOptions& o, Model& m, comm::ProcessGroup& pg, const StrategyInit& init) {
+    if (pg.size() > 1)
+      throw InputError(
+          fmt::format("--strategy local trains one process, but {} ranks were launched; use ddp", pg.size()));
+    return std::make_unique<LocalStrategy>(o, m, pg, init);
+  };
+  r.bytes = [](const StrategyOptions& o, const Model& m, int world, int rank) {
+    return sharded_bytes(o, m, world, rank, 0, false);
+  };
+  r.traffic = [](const StrategyOptions&, const Model&, int, int, int64_t) { return CommPlan{}; };
+  return r;
+}
+
+StrategyRecord ddp_record() {
+  StrategyRecord r;
+  r.name = "ddp";
+  r.help = "ddp (default with several ranks)";
+  r.fits_because = [](bool) {
+    return std::string("the model, its gradients and optimizer state fit on every rank: DDP");
+  };
+  r.formula = [](const StrategyOptions&, int n) {
+    return fmt::format("ring all-reduce over N = {} data-parallel rank{}: 2(N-1)/N = {:.3f}", n, n == 1 ? "" : "s",
+                       2.0 * (n - 1) / n);
+  };
+  r.make = [](const StrategyOptions& o, Model& m, comm::ProcessGroup& pg, const StrategyInit& init) {
+    return std::make_unique<DdpStrategy>(o, m, pg, init);
+  };
+  r.bytes = [](const StrategyOptions& o, const Model& m, int world, int rank) {
+    return sharded_bytes(o, m, world, rank, 0, true);
+  };
+  r.traffic = [](const StrategyOptions& o, const Model& m, int world, int rank, int64_t) {
+    return bucket_traffic(o, m, world, rank);
+  };
+  return r;
 }
 
 }  // namespace dpt

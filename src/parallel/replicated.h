@@ -15,7 +15,7 @@ class LocalStrategy : public Strategy {
   // loads them.
   LocalStrategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg, const StrategyInit& init,
                 uint64_t seed_offset = 0);
-  const std::string& name() const override { return options_.name; }
+  const std::string& name() const override { return options_.strategy.name(); }
   std::string describe() const override;
   float loss_scale() const override { return 1.0f; }
   void begin_step() override;
@@ -57,5 +57,9 @@ class DdpStrategy : public LocalStrategy {
  private:
   std::unique_ptr<Reducer> reducer_;
 };
+
+// The catalog's records (parallel/catalog.h).
+StrategyRecord local_record();
+StrategyRecord ddp_record();
 
 }  // namespace dpt

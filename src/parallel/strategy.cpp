@@ -5,9 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "parallel/rank_bytes.h"
-#include "parallel/replicated.h"
-#include "parallel/zero.h"
+#include "parallel/catalog.h"
 
 namespace dpt {
 
@@ -24,51 +22,12 @@ const char* prefetch_name(Prefetch p) {
   return kNames[static_cast<int>(p)];
 }
 
-std::string default_strategy(int world) { return world > 1 ? "ddp" : "local"; }
-
-std::string plannable_strategy(const std::string& name) {
-  const std::string s = name == "fsdp" ? "zero3" : name;
-  const auto& dp = data_parallel_strategies();
-  if (!trains_one_replica(s) && std::find(dp.begin(), dp.end(), s) == dp.end())
-    throw InputError(fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3 or fsdp)", name));
-  return s;
-}
-
-bool trains_one_replica(const std::string& name) { return name == "local"; }
-
-const char* fits_because(const std::string& name, bool mesh) {
-  switch (zero_stage(name)) {
-    case 0:
-      if (name == "ddp") return "the model, its gradients and optimizer state fit on every rank: DDP";
-      return mesh ? "one replica's ranks (its tp x pp mesh) hold everything" : "one rank holds everything";
-    case 1:
-      return "the model and its gradients fit, the optimizer state does not: ZeRO-1";
-    case 2:
-      return "the model fits, its gradients and optimizer state do not: ZeRO-2 / FSDP SHARD_GRAD_OP";
-    default:
-      return "the model does not fit: ZeRO-3 / FSDP FULL_SHARD";
-  }
-}
-
-const std::vector<std::string>& data_parallel_strategies() {
-  static const std::vector<std::string> names{"ddp", "zero1", "zero2", "zero3"};
-  return names;
-}
-
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& given, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init) {
   const StrategyOptions options = resolve_options(given, pg);
-  if (options.name == "local") {
-    if (pg.size() > 1)
-      throw InputError(fmt::format("--strategy local trains one process, but {} ranks were launched; use ddp",
-                                   pg.size()));
-    return std::make_unique<LocalStrategy>(options, model, pg, init);
-  }
-  if (options.name == "ddp") return std::make_unique<DdpStrategy>(options, model, pg, init);
-  if (options.name == "hsdp") return std::make_unique<ZeroStrategy>(options, model, pg, init, 3);
-  if (const int stage = zero_stage(options.name)) return std::make_unique<ZeroStrategy>(options, model, pg, init, stage);
-  throw InputError(
-      fmt::format("unknown strategy '{}' (expected local, ddp, zero1, zero2, zero3, fsdp or hsdp)", options.name));
+  DPT_CHECK(static_cast<bool>(options.strategy->make), "--strategy {} is not made through the Strategy interface",
+            options.strategy.name());
+  return options.strategy->make(options, model, pg, init);
 }
 
 namespace {
@@ -94,14 +53,9 @@ int ranks_per_host(const std::vector<std::string>& hosts) {
 }
 }  // namespace
 
-void check_shard_group(const std::string& strategy, int shard_group) {
-  if (shard_group > 0 && strategy != "hsdp")
-    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", strategy));
-}
-
 StrategyOptions resolve_options(StrategyOptions options, const comm::ProcessGroup& pg) {
-  check_shard_group(options.name, options.shard_group);
-  if (options.name == "hsdp") options.shard_group = shard_group_size(options, pg);
+  check_shard_group(options.strategy, options.shard_group);
+  if (options.strategy->shard_groups) options.shard_group = shard_group_size(options, pg);
   return options;
 }
 

@@ -18,7 +18,7 @@
 //
 // Implementations: local (one process), ddp (replicas, bucketed all-reduce;
 // parallel/ddp.cpp) and zero1/zero2/zero3 (parallel/zero.cpp). Naive DP keeps
-// its own threaded loop (parallel/dp.cpp; docs/architecture.md says why).
+// its own threaded loop (train/naive_dp.cpp; docs/architecture.md says why).
 #pragma once
 
 #include <cstddef>
@@ -34,6 +34,7 @@
 #include "models/model.h"
 #include "optim/optimizer.h"
 #include "parallel/reducer.h"
+#include "parallel/strategy_ref.h"
 
 namespace dpt {
 
@@ -44,7 +45,7 @@ Prefetch parse_prefetch(const std::string& s);  // throws InputError
 const char* prefetch_name(Prefetch p);          // "none", "forward", "backward", "both"
 
 struct StrategyOptions {
-  std::string name = "local";   // local | ddp | zero1 | zero2 | zero3 (fsdp = zero3)
+  StrategyRef strategy = "local";  // its catalog record (parallel/catalog.h)
   OptimizerConfig optimizer;
   ReducerOptions ddp;           // ddp and zero1 (all-reduce): buckets
   // zero1: reduce the gradients with a reduce-scatter per unit instead of
@@ -165,7 +166,7 @@ struct StrategyInit {
   std::string load;
   WeightFormat load_format = WeightFormat::Auto;  // the file's layout (models/hf_gpt2.h)
 };
-// The options go through resolve_options first.
+// The options go through resolve_options first; the record makes it.
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& model, comm::ProcessGroup& pg,
                                         const StrategyInit& init);
 
@@ -175,9 +176,6 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options, Model& m
 // not divide the ranks.
 int shard_group_size(const StrategyOptions& options, const comm::ProcessGroup& pg);
 
-// Throws InputError for a shard group (--shard-group, > 0) given to a
-// strategy that has none: only hsdp has shard groups.
-void check_shard_group(const std::string& strategy, int shard_group);
 
 // The options as the named strategy runs them on `pg` (make_strategy runs
 // them so; the memory and offload checks made before it exists need them
@@ -185,23 +183,6 @@ void check_shard_group(const std::string& strategy, int shard_group);
 // (shard_group_size).
 StrategyOptions resolve_options(StrategyOptions options, const comm::ProcessGroup& pg);
 
-// The strategies that train more than one replica in lock-step, from the
-// one that holds the most per rank to the one that holds the least: the
-// rows a plan compares and the alternatives a memory refusal suggests.
-const std::vector<std::string>& data_parallel_strategies();
-// The strategy a run gets when none is named: ddp on several ranks, local
-// on one.
-std::string default_strategy(int world);
 
-// A strategy a plan can compare, by its canonical name: local or one of
-// data_parallel_strategies() (fsdp is zero3). InputError for anything else.
-std::string plannable_strategy(const std::string& name);
-// Whether the strategy trains one replica only (local): it has no rows on
-// more than one data-parallel replica.
-bool trains_one_replica(const std::string& name);
-// Why a plan would pick the strategy, in the field's words: what fits on
-// every rank that the next more sharded strategy would no longer keep
-// whole. `mesh`: one replica is a tp x pp mesh of ranks, not one rank.
-const char* fits_because(const std::string& name, bool mesh);
 
 }  // namespace dpt

@@ -9,26 +9,8 @@
 #include "core/error.h"
 #include "models/weights.h"
 #include "tensor/flat_buffer.h"
-#include "train/train.h"
 
 namespace dpt {
-
-void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
-  if (mesh.tp == 1) {
-    if (o.tp_embedding != "replicated") throw InputError("--tp-embedding vocab needs --tp 2 or more");
-    return;
-  }
-  const std::string not_yet = fmt::format("with --tp {}", mesh.tp);
-  if (o.model != "gpt")
-    throw InputError(fmt::format("--tp splits a GPT's attention heads and MLP; the {} model has none", o.model));
-  check_mesh_strategy(o.strategy, not_yet);
-  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
-  const GptConfig c = GptConfig::from(model_hparams(o));
-  if (c.heads % mesh.tp != 0)
-    throw InputError(fmt::format("--tp {} does not divide the GPT's {} attention heads (a TP rank holds whole "
-                                 "heads, and with them 4C/tp of the MLP's {} columns)",
-                                 mesh.tp, c.heads, 4 * c.width));
-}
 
 void check_vocab_rows(const GptConfig& c, int tp) {
   if (c.rows() % tp != 0)

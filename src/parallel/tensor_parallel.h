@@ -15,14 +15,6 @@
 
 namespace dpt {
 
-struct TrainOptions;
-
-// Refuses, in one sentence, a --tp the engine cannot run: heads not
-// divisible by tp, another model than the GPT, and the options not built
-// with --tp yet. Nothing at tp = 1. (Mesh::layout refuses a world that
-// tp x pp does not divide; check_pipeline what --pp cannot run.)
-void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh);
-
 // Refuses, in one sentence, resuming a checkpoint whose wte rows a
 // vocabulary-parallel wte cannot split over tp ranks: a fresh run pads the
 // rows to a multiple of tp, but a checkpoint holds no values for pad rows

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "models/weights.h"
+#include "parallel/catalog.h"
 #include "parallel/rank_bytes.h"
 #include "parallel/replicas.h"
 
@@ -71,7 +72,7 @@ namespace {
 // replica groups of the ranks at the same place in each (collective: every
 // rank splits twice, in this order).
 std::unique_ptr<comm::ProcessGroup> hsdp_group(const StrategyOptions& o, comm::ProcessGroup& pg, bool shard) {
-  if (o.name != "hsdp") return nullptr;
+  if (!o.strategy->shard_groups) return nullptr;
   const int s = o.shard_group;
   return pg.split(shard ? pg.rank() / s : pg.rank() % s, pg.rank(), shard ? "shard" : "replica");
 }
@@ -187,7 +188,7 @@ std::string ZeroStrategy::describe() const {
   }
   if (replica_group_)
     how += fmt::format(", each gradient shard all-reduced across the {} shard groups", replica_group_->size());
-  return fmt::format("{}: {} units sharded over {} ranks ({} of {} elements here), {}", options_.name,
+  return fmt::format("{}: {} units sharded over {} ranks ({} of {} elements here), {}", options_.strategy.name(),
                      layout_.units().size(), world_, shard_numel_, layout_.numel(), how);
 }
 
@@ -509,7 +510,7 @@ void ZeroStrategy::free_gathered(int u) {
 }
 
 const bf16* ZeroStrategy::acquire_bf16(int u) {
-  DPT_CHECK(mixed_, "bf16 parameters asked of an fp32 {} run", options_.name);
+  DPT_CHECK(mixed_, "bf16 parameters asked of an fp32 {} run", options_.strategy.name());
   if (stage_ < 3) {
     if (!recorded_) order_[pass_ == Pass::Forward ? 0 : 1].push_back(u);
     ++pos_;
@@ -606,6 +607,88 @@ void ZeroStrategy::grads_ready(size_t offset, size_t numel) {
   if (!replica_group_)
     while (!inflight_.empty() && grads_[static_cast<size_t>(inflight_.front())].work->is_completed())
       complete_oldest();
+}
+
+namespace {
+
+// k ring collectives' share of the parameters each, (N-1)/N, over n ranks.
+std::string ring_terms(int k, int n, const char* ranks = "data-parallel rank") {
+  return fmt::format("over N = {} {}{}: {}(N-1)/N = {:.3f}", n, ranks, n == 1 ? "" : "s",
+                     k == 1 ? "" : std::to_string(k), k * (n - 1.0) / n);
+}
+
+}  // namespace
+
+StrategyRecord zero_record(int stage) {
+  static const char* kFits[] = {"", "the model and its gradients fit, the optimizer state does not: ZeRO-1",
+                                "the model fits, its gradients and optimizer state do not: ZeRO-2 / FSDP SHARD_GRAD_OP",
+                                "the model does not fit: ZeRO-3 / FSDP FULL_SHARD"};
+  StrategyRecord r;
+  r.name = fmt::format("zero{}", stage);
+  if (stage == 3) r.aliases = {"fsdp"};
+  r.help = stage == 3 ? "zero3 (= fsdp)" : r.name;
+  r.zero_stage = stage;
+  r.fits_because = [stage](bool) { return std::string(kFits[stage]); };
+  r.formula = [stage](const StrategyOptions& o, int n) {
+    if (stage == 1 && !o.zero_scatter)
+      return fmt::format("ZeRO-1's gradient all-reduce and parameter all-gather {}", ring_terms(3, n));
+    if (stage < 3)
+      return fmt::format("ZeRO-{}'s gradient reduce-scatter and parameter all-gather {}", stage, ring_terms(2, n));
+    return fmt::format("ZeRO-3's parameter all-gathers in forward and backward and gradient reduce-scatter {}",
+                       ring_terms(3, n));
+  };
+  r.make = [stage](const StrategyOptions& o, Model& m, comm::ProcessGroup& pg, const StrategyInit& init) {
+    return std::make_unique<ZeroStrategy>(o, m, pg, init, stage);
+  };
+  r.bytes = [stage](const StrategyOptions& o, const Model& m, int world, int rank) {
+    return sharded_bytes(o, m, world, rank, stage, stage == 1 && !o.zero_scatter);
+  };
+  r.traffic = [stage](const StrategyOptions& o, const Model& m, int world, int rank, int64_t grad_accum) {
+    return zero_traffic(stage, o, m, world, rank, grad_accum);
+  };
+  return r;
+}
+
+StrategyRecord hsdp_record() {
+  StrategyRecord r = zero_record(3);
+  r.name = "hsdp";
+  r.aliases = {};
+  r.help = "hsdp (zero3 inside --shard-group ranks, replicated across groups)";
+  r.shard_groups = true;
+  r.plannable = false;
+  r.fits_because = [](bool) { return std::string("the model does not fit on a rank, but on a shard group: HSDP"); };
+  r.formula = [](const StrategyOptions& o, int n) {
+    const int s = o.shard_group > 0 ? o.shard_group : n;
+    const int groups = n / s;
+    return fmt::format("HSDP's ZeRO-3 in each shard group {}, and each gradient shard's all-reduce over R = {} "
+                       "groups: 2(R-1)/R / N = {:.3f}",
+                       ring_terms(3, s, "rank"), groups, 2.0 * (groups - 1) / groups / s);
+  };
+  r.make = [](const StrategyOptions& o, Model& m, comm::ProcessGroup& pg, const StrategyInit& init) {
+    return std::make_unique<ZeroStrategy>(o, m, pg, init, 3);
+  };
+  // A ZeRO-3 rank of its shard group (consecutive ranks).
+  r.bytes = [](const StrategyOptions& o, const Model& m, int world, int rank) {
+    const bool grouped = o.shard_group > 0 && world % o.shard_group == 0;
+    return grouped ? sharded_bytes(o, m, o.shard_group, rank % o.shard_group, 3, false)
+                   : sharded_bytes(o, m, world, rank, 3, false);
+  };
+  r.traffic = [](const StrategyOptions& o, const Model& m, int world, int rank, int64_t grad_accum) {
+    const int s = o.shard_group > 0 ? o.shard_group : world;
+    CommPlan c = zero_traffic(3, o, m, s, rank % s, grad_accum);
+    if (world < 2) return c;
+    // Each unit's reduced chunk, all-reduced over the replica group (the
+    // ranks at the same place in every shard group), whenever the shard
+    // group reduce-scatters it; the logged loss averaged over every rank.
+    const RingSends replicas{world / s, rank / s};
+    const size_t red = dtype_size(o.ddp.reduce_dtype);
+    uint64_t shards = 0;
+    for (const Unit& u : m.layout().units()) shards += replicas.ar(comm::chunk_range(u.numel, s, rank % s).size, red);
+    c.backward += (o.accumulate_locally ? 1 : static_cast<uint64_t>(grad_accum)) * shards;
+    c.logged_other = RingSends{world, rank}.ar(1, sizeof(float));
+    return c;
+  };
+  return r;
 }
 
 }  // namespace dpt

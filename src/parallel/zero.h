@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "parallel/strategy.h"
-#include "train/timeline.h"
+#include "core/timeline.h"
 
 namespace dpt {
 
@@ -71,7 +71,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
                int stage);
   ~ZeroStrategy() override;
 
-  const std::string& name() const override { return options_.name; }
+  const std::string& name() const override { return options_.strategy.name(); }
   std::string describe() const override;
   nlohmann::json detail() const override;
   float loss_scale() const override { return 1.0f / static_cast<float>(pg_.size()); }
@@ -121,7 +121,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   bool sharded_params() const { return stage_ == 3 || mixed_; }
   // --offload params: the fp32 master shards live in the optimizers' tier
   // (one more state tensor), not in param_shard_ (mixed precision only).
-  bool masters_offloaded() const { return options_.offload.what == "params"; }
+  bool masters_offloaded() const { return options_.offload.what == Offload::Params; }
   // Fills unit u's master shard from the seed or the weights file (init).
   void init_shard(int u, const StrategyInit& init, const SafetensorsReader* file, float* out);
   float* param_shard(int u);  // the rank's chunk of unit u's (master) parameters
@@ -199,5 +199,10 @@ class ZeroStrategy : public Strategy, private UnitStore {
   };
   std::vector<Traced> traced_;
 };
+
+// The catalog's records (parallel/catalog.h): zero1, zero2, zero3 (= fsdp)
+// by stage, and hsdp.
+StrategyRecord zero_record(int stage);
+StrategyRecord hsdp_record();
 
 }  // namespace dpt

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "core/dtype.h"
-#include "nn/kernels.h"
+#include "device/kernels.h"
 
 namespace dpt {
 

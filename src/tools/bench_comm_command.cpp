@@ -303,6 +303,61 @@ BenchCommCommand::BenchCommCommand(CLI::App& app) {
   cmd_->add_option("--json", json_, "write the results here (rank 0)");
 }
 
+namespace {
+
+// What the ring's links use: "shm+mpi" across hosts (collective).
+std::string ring_transport(ProcessGroup& pg, comm::Algo algo) {
+  if (algo == comm::Algo::Mpi) return "mpi";
+  if (pg.size() == 1) return "self";
+  bool shm = false, mpi = false;
+  for (const ProcessGroup::Link& l : pg.ring_links()) (l.transport == "shm" ? shm : mpi) = true;
+  return shm && mpi ? "shm+mpi" : shm ? "shm" : "mpi";
+}
+
+// The table's head: ranks, hosts, runs, the memcpy ceiling, the columns.
+void print_bench_header(const ProcessGroup& pg, int iters, int warmup, const MemcpyBandwidth* membw) {
+  const int n = pg.size();
+  std::printf("# dpt bench comm: %d rank%s on", n, n == 1 ? "" : "s");
+  std::vector<std::string> seen;
+  for (const auto& h : pg.hosts())
+    if (std::find(seen.begin(), seen.end(), h) == seen.end()) seen.push_back(h);
+  for (const auto& h : seen) std::printf(" %s", h.c_str());
+  std::printf("; %d timed runs after %d warm-up, median of the slowest rank's time\n", iters, warmup);
+  if (membw)
+    std::printf("# memcpy bandwidth (%zu MiB, best of 5): 1 thread %.1f GB/s, 2 threads %.1f GB/s\n",
+                membw->bytes >> 20, membw->one_thread, membw->two_threads);
+  std::printf("#\n# %14s  %4s  %7s  %11s  %10s  %10s  %11s  %11s  %6s\n", "op", "algo", "memory", "size(B)",
+              "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+}
+
+// One group's runs: every op and size in each memory (private buffers, or a
+// shared window where the group can have one).
+void run_memories(ProcessGroup& pg, comm::Algo algo, const std::vector<OpSpec>& ops, const std::vector<size_t>& sizes,
+                  const std::vector<std::string>& memories, std::vector<float>& buf, int warmup, int iters,
+                  Tally& tally) {
+  const std::string transport = ring_transport(pg, algo);
+  if (pg.rank() == 0) std::printf("# algo %s, transport %s\n", comm::algo_name(algo), transport.c_str());
+  std::fflush(stdout);
+  for (const std::string& memory : memories) {
+    // Shared: a window every rank maps (collective); only all_reduce runs
+    // differently there. Not every group can have one (MPI's algorithms,
+    // ranks on several hosts): say so and go on.
+    float* data = buf.data();
+    std::shared_ptr<void> window;
+    if (memory == "shared") {
+      window = pg.shared_memory(buf.size() * sizeof(float));
+      if (!window) {
+        if (pg.rank() == 0) std::printf("# algo %s: no shared window here, memory shared skipped\n", comm::algo_name(algo));
+        continue;
+      }
+      data = static_cast<float*>(window.get());
+    }
+    time_and_check(pg, ops, sizes, data, memory, transport, warmup, iters, tally);
+  }
+}
+
+}  // namespace
+
 int BenchCommCommand::run() {
   // Everything the user can get wrong is checked before MPI starts.
   const std::vector<OpSpec> ops = parse_ops(ops_);
@@ -331,57 +386,16 @@ int BenchCommCommand::run() {
   nlohmann::json hosts;
   int world = 1;
   bool is_root = true;
-
   for (size_t a = 0; a < algos.size(); ++a) {
     comm::Config config = base;
     config.algo = algos[a];
     auto pg = ProcessGroup::create(config);
-    const int n = pg->size(), rank = pg->rank();
-    world = n;
+    world = pg->size();
     if (buf.empty()) buf.resize(max_count);  // zeroing faults the pages in
-    is_root = rank == 0;
+    is_root = pg->rank() == 0;
     hosts = pg->hosts();
-    // What the ring's links use: "shm+mpi" across hosts (collective).
-    std::string transport = config.algo == comm::Algo::Mpi ? "mpi" : (n > 1 ? "" : "self");
-    if (transport.empty()) {
-      bool shm = false, mpi = false;
-      for (const ProcessGroup::Link& l : pg->ring_links()) (l.transport == "shm" ? shm : mpi) = true;
-      transport = shm && mpi ? "shm+mpi" : shm ? "shm" : "mpi";
-    }
-
-    if (is_root && a == 0) {
-      std::printf("# dpt bench comm: %d rank%s on", n, n == 1 ? "" : "s");
-      std::vector<std::string> seen;
-      for (const auto& h : pg->hosts())
-        if (std::find(seen.begin(), seen.end(), h) == seen.end()) seen.push_back(h);
-      for (const auto& h : seen) std::printf(" %s", h.c_str());
-      std::printf("; %d timed runs after %d warm-up, median of the slowest rank's time\n", iters_, warmup_);
-      if (measure)
-        std::printf("# memcpy bandwidth (%zu MiB, best of 5): 1 thread %.1f GB/s, 2 threads %.1f GB/s\n",
-                    membw.bytes >> 20, membw.one_thread, membw.two_threads);
-      std::printf("#\n# %14s  %4s  %7s  %11s  %10s  %10s  %11s  %11s  %6s\n", "op", "algo", "memory", "size(B)",
-                  "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
-    }
-    if (is_root) std::printf("# algo %s, transport %s\n", comm::algo_name(config.algo), transport.c_str());
-    std::fflush(stdout);
-
-    for (const std::string& memory : memories) {
-      // Shared: a window every rank maps (collective); only all_reduce
-      // runs differently there. Not every group can have one (MPI's
-      // algorithms, ranks on several hosts): say so and go on.
-      float* data = buf.data();
-      std::shared_ptr<void> window;
-      if (memory == "shared") {
-        window = pg->shared_memory(max_count * sizeof(float));
-        if (!window) {
-          if (is_root) std::printf("# algo %s: no shared window here, memory shared skipped\n",
-                                   comm::algo_name(config.algo));
-          continue;
-        }
-        data = static_cast<float*>(window.get());
-      }
-      time_and_check(*pg, ops, sizes, data, memory, transport, warmup_, iters_, tally);
-    }
+    if (is_root && a == 0) print_bench_header(*pg, iters_, warmup_, measure ? &membw : nullptr);
+    run_memories(*pg, config.algo, ops, sizes, memories, buf, warmup_, iters_, tally);
     pg.reset();  // one process group at a time
   }
 

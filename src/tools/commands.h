@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/run_flags.h"
 #include "train/train.h"
 
 namespace dpt {
@@ -50,11 +51,10 @@ class TrainCommand {
   int threads_ = 0;
   double bucket_mb_ = 25.0, first_bucket_mb_ = 1.0, comm_timeout_s_ = 0.0;
   bool no_overlap_ = false;
-  std::string zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter";
+  RunFlags run_flags_;  // the flags train shares with plan
+  std::string strategy_, prefetch_ = "both", offload_;
   double memory_budget_mb_ = 0.0;
-  double offload_chunk_mb_ = 4.0;
-  int64_t micro_batches_ = 0;  // --micro-batches: --grad-accum under another name
-  std::string comm_algo_, transport_, gemm_, precision_ = "fp32", reduce_dtype_ = "fp32", device_ = "cpu";
+  std::string comm_algo_, transport_, gemm_, precision_ = "fp32", device_ = "cpu";
 };
 
 class EvalCommand {
@@ -116,11 +116,11 @@ class PlanCommand {
   CLI::App* cmd_;
   ModelFlags model_;
   TrainOptions opts_;  // batch, micro-batches, optimizer: as train fills them
+  RunFlags run_flags_;  // the flags plan shares with train
   int ranks_ = 1, ranks_per_host_ = 0, threads_ = 0;
-  int64_t micro_batches_ = 0;
-  std::string memory_, gemm_, zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter", reduce_dtype_ = "fp32";
+  std::string memory_, gemm_;
   std::vector<std::string> strategies_;
-  double gemm_gflops_ = 0, copy_gbs_ = 0, disk_gbs_ = 0, offload_chunk_mb_ = 4.0;
+  double gemm_gflops_ = 0, copy_gbs_ = 0, disk_gbs_ = 0;
   std::string offload_dir_ = "/var/tmp";
   bool json_ = false, meshes_ = false;
 };

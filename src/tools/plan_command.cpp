@@ -13,7 +13,10 @@
 #include "optim/file_tier.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
+#include "parallel/catalog.h"
 #include "train/plan.h"
+#include "train/rank_setup.h"
+#include "train/run_checks.h"
 
 namespace dpt {
 
@@ -59,12 +62,12 @@ void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, cons
   if (r.all_meshes)
     std::printf("meshes: every tp x pp of %d ranks that dpt train runs for this model (rows tpN ppN; dp = ranks / "
                 "(tp x pp)); pipelines %s over %lld micro-batches; a pipeline's figures are its largest stage's\n",
-                r.world, r.run.pp_schedule.c_str(), static_cast<long long>(r.grad_accum));
+                r.world, pipe_schedule_name(r.run.pp_schedule), static_cast<long long>(r.grad_accum));
   else if (r.run.tp > 1 || r.run.pp > 1)
     std::printf("mesh: pp %d x dp %d x tp %d%s; a pipeline's figures are its largest stage's (--json: every "
                 "stage's)\n",
                 r.run.pp, r.world / (r.run.tp * r.run.pp), r.run.tp,
-                r.run.pp > 1 ? fmt::format(", {} over {} micro-batches, bubble {:.1f}%", r.run.pp_schedule,
+                r.run.pp > 1 ? fmt::format(", {} over {} micro-batches, bubble {:.1f}%", pipe_schedule_name(r.run.pp_schedule),
                                            r.grad_accum, 100.0 * pipe_bubble(r.run.pp, static_cast<int>(r.grad_accum)))
                                    .c_str()
                              : "");
@@ -104,33 +107,9 @@ PlanCommand::PlanCommand(CLI::App& app) {
       ->check(positive());
   cmd_->add_option("--memory", memory_,
                    "bytes the ranks on this host may use together, e.g. 24G (default: MemAvailable)");
-  cmd_->add_option("--batch", opts_.batch, "global samples per step (default 256 mlp, 16 gpt)")->check(positive());
-  cmd_->add_option("--grad-accum", opts_.grad_accum, "micro-batches per step")->check(positive());
-  cmd_->add_option("--micro-batches", micro_batches_, "micro-batches per step (--grad-accum under another name)")
-      ->check(positive());
-  cmd_->add_option("--tp", opts_.tp, "tensor-parallel degree of the mesh (gpt; default 1)")->check(positive());
-  cmd_->add_option("--tp-embedding", opts_.tp_embedding,
-                   "--tp: replicated (default) or vocab (wte's rows split over the TP ranks)")
-      ->check(CLI::IsMember({"replicated", "vocab"}));
-  cmd_->add_option("--pp", opts_.pp, "pipeline stages of the mesh (gpt; default 1); dp = ranks / (tp x pp)")
-      ->check(positive());
-  cmd_->add_option("--pp-schedule", opts_.pp_schedule, "--pp: gpipe or 1f1b (default)")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}));
-  cmd_->add_option("--pp-split", opts_.pp_split, "--pp: blocks per stage, e.g. 2,1,1 (default: balanced)");
+  run_flags_.add(cmd_, opts_);
   cmd_->add_flag("--meshes", meshes_,
                  "rows for every tp x pp mesh of the ranks that dpt train runs for the model (instead of --tp, --pp)");
-  cmd_->add_option("--optimizer", opts_.optimizer.name, "sgd or adamw (default sgd mlp, adamw gpt)")
-      ->check(CLI::IsMember({"sgd", "adamw"}));
-  cmd_->add_option("--momentum", opts_.optimizer.momentum, "sgd momentum (0: no state)")->check(fraction(0.0, 1.0));
-  cmd_->add_option("--zero-reduce", zero_reduce_, "zero1: reduce gradients by all-reduce (DDP's buckets) or scatter")
-      ->check(CLI::IsMember({"all-reduce", "scatter"}));
-  cmd_->add_option("--zero-accumulate", zero_accumulate_,
-                   "zero2/zero3 with --grad-accum: scatter (every micro-step) or local (full gradients kept)")
-      ->check(CLI::IsMember({"scatter", "local"}));
-  cmd_->add_option("--reshard-after-forward", opts_.reshard_after_forward,
-                   "zero3: free a unit's gathered parameters after its forward (true) or keep them for backward")
-      ->default_str("true");
-  cmd_->add_option("--reduce-dtype", reduce_dtype_, "fp32, or bf16: gradients reduced on bf16 copies (half the bytes)");
   cmd_->add_option("--strategy", strategies_, "only these strategies (repeat or comma-separate; default: all)")
       ->delimiter(',');
   cmd_->add_option("--threads", threads_, "threads per rank (default: cores / ranks on this host)")
@@ -141,8 +120,6 @@ PlanCommand::PlanCommand(CLI::App& app) {
   cmd_->add_option("--offload-dir", offload_dir_,
                    "where the offload rows' state would go: its disk is probed (32 MiB written and read with "
                    "direct I/O) and its free space must hold the state (default /var/tmp)");
-  cmd_->add_option("--offload-chunk-mb", offload_chunk_mb_, "the offload rows' chunk, as for dpt train (default 4)")
-      ->check(positive());
   cmd_->add_option("--disk-gbs", disk_gbs_, "the offload disk's GB/s (each way) instead of probing it")
       ->check(positive());
   cmd_->add_flag("--json", json_, "print the plan as JSON");
@@ -157,22 +134,15 @@ int PlanCommand::run() {
   opts_.hparams.erase("dpt.model");
   opts_.model = model_.kind();
   if (opts_.model.empty()) throw InputError("--model is required (mlp, gpt or a GPT-2 preset)");
-  if (micro_batches_ > 0) {
-    if (cmd_->count("--grad-accum") > 0 && opts_.grad_accum != micro_batches_)
-      throw InputError(fmt::format("--micro-batches {} and --grad-accum {} are one setting under two names; give one",
-                                   micro_batches_, opts_.grad_accum));
-    opts_.grad_accum = micro_batches_;
-  }
+  run_flags_.apply(cmd_, opts_);
   if (meshes_ && (cmd_->count("--tp") > 0 || cmd_->count("--pp") > 0))
     throw InputError("--meshes plans every tp x pp of the ranks; give it or --tp/--pp, not both");
-  opts_.zero_scatter = zero_reduce_ == "scatter";
-  opts_.zero_accumulate_locally = zero_accumulate_ == "local";
-  opts_.ddp.reduce_dtype = parse_precision(reduce_dtype_, "--reduce-dtype");
   apply_defaults(opts_);
+  resolve_model(opts_);
   PlanRequest r;
   r.run = opts_;
   r.base = strategy_options(opts_);
-  r.strategies = strategies_;
+  for (const std::string& s : strategies_) r.strategies.push_back(plannable_strategy(s));
   r.all_meshes = meshes_;
   r.batch = opts_.batch;
   r.grad_accum = opts_.grad_accum;
@@ -183,7 +153,6 @@ int PlanCommand::run() {
     r.in_place = config.algo == comm::Algo::Ring && config.in_place;
   }
   r.available = memory_.empty() ? host_available_bytes() : parse_bytes(memory_);
-  r.base.offload.chunk_bytes = static_cast<size_t>(offload_chunk_mb_ * (1 << 20));
   r.offload_dir = offload_dir_;
   r.disk_free = check_offload_dir(offload_dir_, 0);  // one sentence for a directory the tier would refuse
   auto model = make_model(model_hparams(opts_));

@@ -3,6 +3,7 @@
 #include "comm/process_group.h"
 #include "io/safetensors.h"
 #include "models/hf_gpt2.h"
+#include "parallel/catalog.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
 
@@ -13,14 +14,12 @@ TrainCommand::TrainCommand(CLI::App& app) {
   model_.add(cmd_);
   add_data_flags();
   add_optimizer_flags();
+  run_flags_.add(cmd_, opts_);
   cmd_->add_option("--threads", threads_, "threads for GEMM and kernels (default: all cores)")
       ->check(non_negative());
   add_gemm_flag(cmd_, gemm_);
   add_precision_flag(cmd_, precision_);
   add_device_flag(cmd_, device_);
-  cmd_->add_option("--reduce-dtype", reduce_dtype_,
-                   "gradient reductions in fp32 (default) or bf16 (half the bytes; each rank's gradients are "
-                   "converted for the wire and the sums widened back; docs/precision.md)");
   add_output_flags();
   add_parallel_flags();
 }
@@ -44,20 +43,13 @@ void TrainCommand::add_data_flags() {
   cmd_->add_option("--steps", o.steps, "optimizer steps (default: 3 epochs for mlp, 200 for gpt)")
       ->check(non_negative());
   cmd_->add_option("--epochs", o.epochs, "mlp: epochs when --steps is not given")->check(positive());
-  cmd_->add_option("--batch", o.batch, "samples per step (default 256 mlp, 16 gpt)")->check(positive());
-  cmd_->add_option("--grad-accum", o.grad_accum, "micro-batches per step")->check(positive());
-  cmd_->add_option("--micro-batches", micro_batches_, "micro-batches per step (--grad-accum under another name)")
-      ->check(positive());
 }
 
 // The optimizer, its schedule and the initialisation seed.
 void TrainCommand::add_optimizer_flags() {
   auto& o = opts_;
-  cmd_->add_option("--optimizer", o.optimizer.name, "sgd or adamw (default sgd mlp, adamw gpt)")
-      ->check(CLI::IsMember({"sgd", "adamw"}));
   cmd_->add_option("--lr", o.schedule.lr, "learning rate (default 0.05 sgd, 3e-4 adamw)")
       ->check(positive());
-  cmd_->add_option("--momentum", o.optimizer.momentum, "sgd momentum")->check(fraction(0.0, 1.0));
   cmd_->add_option("--beta1", o.optimizer.beta1, "adamw beta1")->check(fraction_below(0.0, 1.0));
   cmd_->add_option("--beta2", o.optimizer.beta2, "adamw beta2")->check(fraction_below(0.0, 1.0));
   cmd_->add_option("--eps", o.optimizer.eps, "adamw epsilon")->check(positive());
@@ -112,28 +104,16 @@ void TrainCommand::add_output_flags() {
 // Strategy, mesh and communication.
 void TrainCommand::add_parallel_flags() {
   auto& o = opts_;
-  cmd_->add_option("--strategy", o.strategy,
-                   "local, ddp (default with several ranks), zero1, zero2, zero3 (= fsdp), hsdp (zero3 inside "
-                   "--shard-group ranks, replicated across groups), or dp (threads)")
-      ->check(CLI::IsMember({"local", "ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp", "dp"}));
+  cmd_->add_option("--strategy", strategy_, strategy_help())->check(CLI::IsMember(strategy_names()));
   cmd_->add_option("--shard-group", o.shard_group,
                    "hsdp: ranks per shard group, consecutive ranks (default: the ranks of one host)")
       ->check(positive());
-  cmd_->add_option("--zero-reduce", zero_reduce_, "zero1: reduce gradients by all-reduce (DDP's buckets) or scatter")
-      ->check(CLI::IsMember({"all-reduce", "scatter"}));
-  cmd_->add_option("--zero-accumulate", zero_accumulate_,
-                   "zero2/zero3 with --grad-accum: scatter (reduce-scatter every micro-step, less memory) or "
-                   "local (full gradients kept until the last micro-step, less communication)")
-      ->check(CLI::IsMember({"scatter", "local"}));
-  cmd_->add_option("--reshard-after-forward", o.reshard_after_forward,
-                   "zero3: free a unit's gathered parameters after its forward (true) or keep them for backward")
-      ->default_str("true");
-  cmd_->add_option("--prefetch", o.prefetch, "zero3: all-gather the next unit early in none, forward, backward, both")
+  cmd_->add_option("--prefetch", prefetch_, "zero3: all-gather the next unit early in none, forward, backward, both")
       ->check(CLI::IsMember({"none", "forward", "backward", "both"}));
   cmd_->add_option("--memory-budget-mb", memory_budget_mb_,
                    "refuse a run whose ranks on this host would need more than this (default: available memory)")
       ->check(positive());
-  cmd_->add_option("--offload", o.offload,
+  cmd_->add_option("--offload", offload_,
                    "optimizer: keep the optimizer state (AdamW's m and v, SGD's momentum) in a file per rank under "
                    "--offload-dir, streamed through RAM in chunks during the optimizer step (same results, less "
                    "memory, one read and one write of the state per step); params: the fp32 master weights too "
@@ -142,9 +122,6 @@ void TrainCommand::add_parallel_flags() {
   cmd_->add_option("--offload-dir", o.offload_dir,
                    "--offload: an existing directory on a local disk (not tmpfs) with room for the state; the file "
                    "is removed when the run ends, however it ends");
-  cmd_->add_option("--offload-chunk-mb", offload_chunk_mb_,
-                   "--offload: MiB of each state tensor per chunk (4 buffers of a chunk stay in RAM; default 4)")
-      ->check(positive());
   cmd_->add_option("--dp-replicas", o.dp_replicas, "dp: replica threads")->check(positive());
   cmd_->add_option("--bucket-mb", bucket_mb_, "ddp: bucket cap in MiB")->check(positive());
   cmd_->add_option("--first-bucket-mb", first_bucket_mb_, "ddp: cap of the first bucket in MiB")
@@ -156,18 +133,6 @@ void TrainCommand::add_parallel_flags() {
       ->check(CLI::IsMember({"drop", "pad"}));
   cmd_->add_option("--verify-every", o.verify_every, "steps between checks that all replicas are identical")
       ->check(non_negative());
-  cmd_->add_option("--tp", o.tp, "tensor-parallel degree: a GPT's heads and MLP split over this many adjacent ranks (1)")->check(positive());
-  cmd_->add_option("--tp-embedding", o.tp_embedding,
-                   "--tp: replicated (wte and the head whole on every rank) or vocab (wte's rows split over the TP "
-                   "ranks, a parallel cross-entropy: no rank holds whole logits; for large vocabularies)")
-      ->check(CLI::IsMember({"replicated", "vocab"}));
-  cmd_->add_option("--pp", o.pp,
-                   "pipeline stages (gpt): each holds consecutive blocks; data parallelism over world / pp")
-      ->check(positive());
-  cmd_->add_option("--pp-schedule", o.pp_schedule, "--pp: gpipe or 1f1b (default; fewer micro-batches held)")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}));
-  cmd_->add_option("--pp-split", o.pp_split,
-                   "--pp: blocks per stage, e.g. 2,1,1 (default: balanced by parameter count)");
   cmd_->add_option("--comm-algo", comm_algo_, "collectives: ring (the engine's) or mpi (MPI's)")
       ->check(CLI::IsMember({"ring", "mpi"}));
   cmd_->add_option("--transport", transport_, "ring links: auto, shm or mpi")
@@ -180,7 +145,6 @@ int TrainCommand::run() {
   set_gemm_flag(gemm_);
   opts_.precision = parse_precision(precision_);
   opts_.device = parse_device(device_);
-  opts_.ddp.reduce_dtype = parse_precision(reduce_dtype_, "--reduce-dtype");
   opts_.hparams = model_.hparams();
   opts_.hparams.erase("dpt.model");
   opts_.model = model_.kind();
@@ -192,19 +156,14 @@ int TrainCommand::run() {
                                    opts_.load));
     opts_.model = meta["dpt.model"];
   }
-  if (micro_batches_ > 0) {
-    if (cmd_->count("--grad-accum") > 0 && opts_.grad_accum != micro_batches_)
-      throw InputError(fmt::format("--micro-batches {} and --grad-accum {} are one setting under two names; give one",
-                                   micro_batches_, opts_.grad_accum));
-    opts_.grad_accum = micro_batches_;
-  }
+  run_flags_.apply(cmd_, opts_);
+  if (!strategy_.empty()) opts_.strategy = strategy_;
+  opts_.prefetch = parse_prefetch(prefetch_);
+  opts_.offload = parse_offload(offload_);
   opts_.ddp.bucket_bytes = static_cast<size_t>(bucket_mb_ * (1 << 20));
   opts_.ddp.first_bucket_bytes = static_cast<size_t>(first_bucket_mb_ * (1 << 20));
   opts_.ddp.overlap = !no_overlap_;
-  opts_.zero_scatter = zero_reduce_ == "scatter";
-  opts_.zero_accumulate_locally = zero_accumulate_ == "local";
   opts_.memory_budget = static_cast<size_t>(memory_budget_mb_ * (1 << 20));
-  opts_.offload_chunk_bytes = static_cast<size_t>(offload_chunk_mb_ * (1 << 20));
   comm::Config config = comm::Config::from_env();
   if (!comm_algo_.empty()) config.algo = comm::parse_algo(comm_algo_);
   if (!transport_.empty()) config.transport = comm::parse_transport(transport_);

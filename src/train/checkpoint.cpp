@@ -12,6 +12,7 @@
 #include <set>
 #include <vector>
 
+#include "comm/agree.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "io/atomic_file.h"
@@ -26,7 +27,6 @@ namespace {
 
 constexpr const char* kFormat = "dptrain-checkpoint";
 constexpr int kVersion = 1;
-constexpr size_t kMessageBytes = 512;
 
 std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
 
@@ -217,20 +217,53 @@ void prune(const fs::path& dir, int keep, const std::string& current) {
 
 }  // namespace
 
-void agree_on_error(comm::ProcessGroup& pg, const std::string& problem) {
-  if (pg.size() == 1) {
-    if (!problem.empty()) throw IoError(problem);
-    return;
-  }
-  std::vector<char> all(kMessageBytes * static_cast<size_t>(pg.size()), 0);
-  std::memcpy(all.data() + kMessageBytes * static_cast<size_t>(pg.rank()), problem.data(),
-              std::min(problem.size(), kMessageBytes - 1));
-  pg.all_gather(all.data(), all.size() / sizeof(float), DType::F32);
-  for (int r = 0; r < pg.size(); ++r) {
-    const char* m = all.data() + kMessageBytes * static_cast<size_t>(r);
-    if (*m) throw IoError(r == pg.rank() ? problem : std::string(m, strnlen(m, kMessageBytes)));
-  }
+namespace {
+
+// The ranks of pg that write a file, in order. Files are numbered among the
+// writers, so an hsdp checkpoint (its first shard group writes) is the
+// checkpoint ZeRO-3 over one group's ranks writes.
+std::vector<int> writing_ranks(comm::ProcessGroup& pg, const Strategy& strategy) {
+  const int world = pg.size();
+  std::vector<float> writes(static_cast<size_t>(world), 0.0f);
+  writes[static_cast<size_t>(pg.rank())] = strategy.writes_state() ? 1.0f : 0.0f;
+  if (world > 1) pg.all_gather(writes.data(), writes.size(), DType::F32);
+  std::vector<int> writers;
+  for (int r = 0; r < world; ++r)
+    if (writes[static_cast<size_t>(r)] > 0.0f) writers.push_back(r);
+  return writers;
 }
+
+// Rank 0 makes a written checkpoint exist: the manifest (every writer's file
+// with its bytes and CRCs), the rename from tmp, `latest`, and the pruning of
+// all but the `keep` newest. `sizes` holds each rank's file bytes and CRC.
+void publish_checkpoint(const fs::path& root, const fs::path& tmp, CheckpointInfo complete, const Layout& layout,
+                        const std::vector<int>& writers, const std::vector<double>& sizes,
+                        const std::vector<std::vector<uint32_t>>& piece_crcs, int keep) {
+  const int files_n = static_cast<int>(writers.size());
+  json files = json::array();
+  for (int f = 0; f < files_n; ++f) {
+    const auto r = static_cast<size_t>(writers[static_cast<size_t>(f)]);
+    files.push_back({{"name", file_name(f, files_n)},
+                     {"bytes", static_cast<uint64_t>(sizes[2 * r])},
+                     {"crc32", static_cast<uint32_t>(sizes[2 * r + 1])},
+                     {"piece_crc32", piece_crcs[r]}});
+  }
+  complete.world = files_n;  // the ranks that wrote it
+  AtomicFile manifest((tmp / "manifest.json").string());
+  manifest.write(manifest_json(complete, layout, files).dump(1) + "\n");
+  manifest.commit();  // fsyncs tmp, the directory holding the rank files
+  const std::string step = step_name(complete.step);
+  const fs::path final_dir = root / step, old = root / (step + ".old");
+  if (fs::exists(final_dir)) fs::rename(final_dir, old);  // a rerun from an earlier checkpoint
+  fs::rename(tmp, final_dir);
+  fsync_directory(root.string());
+  AtomicFile latest((root / "latest").string());
+  latest.write(step + "\n");
+  latest.commit();
+  prune(root, keep, step);
+}
+
+}  // namespace
 
 WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo& info, Strategy& strategy,
                              const Model& model, comm::ProcessGroup& pg, int keep, bool replicated,
@@ -245,17 +278,10 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
     } catch (const fs::filesystem_error& e) {
       problem = fmt::format("{}: cannot create the checkpoint directory: {}", tmp.string(), e.code().message());
     }
-  agree_on_error(pg, problem);
+  comm::agree_on_error(pg, problem);
 
-  // Every writing rank its own file, in parallel. Files are numbered among
-  // the writers, so an hsdp checkpoint (its first shard group writes) is the
-  // checkpoint ZeRO-3 over one group's ranks writes.
-  std::vector<float> writes(static_cast<size_t>(world), 0.0f);
-  writes[static_cast<size_t>(rank)] = strategy.writes_state() ? 1.0f : 0.0f;
-  if (world > 1) pg.all_gather(writes.data(), writes.size(), DType::F32);
-  std::vector<int> writers;  // the pg ranks that write, in order
-  for (int r = 0; r < world; ++r)
-    if (writes[static_cast<size_t>(r)] > 0.0f) writers.push_back(r);
+  // Every writing rank its own file, in parallel.
+  const std::vector<int> writers = writing_ranks(pg, strategy);
   const int files_n = static_cast<int>(writers.size());
   const auto mine = std::find(writers.begin(), writers.end(), rank);
   const bool writer = mine != writers.end();
@@ -273,7 +299,7 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
       problem = e.what();
     }
   fault_point("checkpoint", info.step, rank);
-  agree_on_error(pg, problem);
+  comm::agree_on_error(pg, problem);
   std::vector<double> sizes(2 * static_cast<size_t>(world), 0.0);
   if (writer) {
     sizes[2 * static_cast<size_t>(rank)] = static_cast<double>(fs::file_size(tmp / name));
@@ -282,36 +308,16 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
   pg.all_gather(sizes.data(), sizes.size() * 2, DType::F32);  // doubles, moved as bytes
   const auto piece_crcs = gather_piece_crcs(pg, crcs.pieces);
 
-  // Rank 0 makes it exist: manifest, rename, latest, prune.
   if (rank == 0) try {
-      json files = json::array();
-      for (int f = 0; f < files_n; ++f) {
-        const auto r = static_cast<size_t>(writers[static_cast<size_t>(f)]);
-        files.push_back({{"name", file_name(f, files_n)},
-                         {"bytes", static_cast<uint64_t>(sizes[2 * r])},
-                         {"crc32", static_cast<uint32_t>(sizes[2 * r + 1])},
-                         {"piece_crc32", piece_crcs[r]}});
-      }
       CheckpointInfo complete = info;
       complete.state = state;
-      complete.world = files_n;  // the ranks that wrote it
-      AtomicFile manifest((tmp / "manifest.json").string());
-      manifest.write(manifest_json(complete, (whole ? *whole : model).layout(), files).dump(1) + "\n");
-      manifest.commit();  // fsyncs tmp, the directory holding the rank files
-      const fs::path old = root / (step_name(info.step) + ".old");
-      if (fs::exists(final_dir)) fs::rename(final_dir, old);  // a rerun from an earlier checkpoint
-      fs::rename(tmp, final_dir);
-      fsync_directory(root.string());
-      AtomicFile latest((root / "latest").string());
-      latest.write(step_name(info.step) + "\n");
-      latest.commit();
-      prune(root, keep, step_name(info.step));
+      publish_checkpoint(root, tmp, complete, (whole ? *whole : model).layout(), writers, sizes, piece_crcs, keep);
     } catch (const Error& e) {
       problem = e.what();
     } catch (const fs::filesystem_error& e) {
       problem = fmt::format("{}: cannot complete the checkpoint: {}", final_dir.string(), e.code().message());
     }
-  agree_on_error(pg, problem);
+  comm::agree_on_error(pg, problem);
   uint64_t bytes = 0;
   for (int r = 0; r < world; ++r) bytes += static_cast<uint64_t>(sizes[2 * static_cast<size_t>(r)]);  // 0: wrote none
   return {final_dir.string(), bytes};
@@ -375,47 +381,117 @@ CheckpointInfo read_checkpoint_info(const std::string& checkpoint) {
   return info;
 }
 
-uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& info, Strategy& strategy,
-                         const Model& model, comm::ProcessGroup& pg) {
-  const fs::path dir(checkpoint);
-  const std::string manifest_path = (dir / "manifest.json").string();
-  // Does it fit this run? (The same answer on every rank: no agreement needed.)
+namespace {
+
+// Refuses a checkpoint of another model, or of an optimizer that keeps other
+// state, than this run's (the same answer on every rank: no agreement
+// needed). Returns the state tensors' names.
+std::vector<std::string> check_matches_run(const std::string& manifest_path, const CheckpointInfo& info,
+                                           Strategy& strategy, const Model& model) {
   const auto mine = model.metadata();
   for (const auto& [k, v] : info.model)
     if (!mine.count(k) || mine.at(k) != v)
       throw InputError(fmt::format("{}: the checkpoint holds a model with {}={}, this run's has {}", manifest_path, k,
                                    v, mine.count(k) ? k + "=" + mine.at(k) : "no " + k));
-  const std::vector<std::string> state = state_names_of(strategy);
+  std::vector<std::string> state = state_names_of(strategy);
   if (info.state != state)
     throw InputError(fmt::format("{}: the checkpoint holds the state of {} ({}), this run's optimizer keeps {}",
                                  manifest_path, info.optimizer, fmt::join(info.state, ", "),
                                  state.empty() ? "none" : fmt::format("{}", fmt::join(state, ", "))));
+  return state;
+}
 
+// What a rank reads: the layout's slots by name, the checkpoint's whole
+// model's parameter names (another pipeline stage's are skipped), the state
+// tensors' names, and the pieces of this rank's spans to fill.
+struct ReadPlan {
+  const Layout& layout;
+  std::map<std::string, int> slot_index;
+  std::set<std::string> listed;
+  const std::vector<std::string>& state;
+  std::vector<Piece> targets;
+};
+
+// Tensor `ti` of a checkpoint file ("kind/slot/start") into the targets it
+// overlaps. A piece any part of which this rank needs is read whole and
+// checked against its CRC-32 before its parts are copied: the checkpoint is
+// read once, and checked as it is read. Returns the values copied.
+size_t read_piece(const SafetensorsReader& reader, size_t ti, uint32_t crc, const ReadPlan& plan,
+                  std::vector<float>& piece) {
+  const TensorSpec& spec = reader.tensors()[ti];
+  const size_t a = spec.name.find('/'), b = spec.name.rfind('/');
+  const std::string kind = spec.name.substr(0, a == std::string::npos ? 0 : a);
+  const auto slot = a == b ? plan.slot_index.end() : plan.slot_index.find(spec.name.substr(a + 1, b - a - 1));
+  const auto k = std::find(plan.state.begin(), plan.state.end(), kind);
+  const int kind_i = kind == "params" ? -1 : static_cast<int>(k - plan.state.begin());
+  size_t start = 0;
+  try {
+    start = std::stoull(spec.name.substr(b + 1));
+  } catch (const std::exception&) {
+    start = SIZE_MAX;
+  }
+  // (Within the whole tensor: a tensor-parallel slot is a slice of it.)
+  // Another pipeline stage's parameter: its ranks read it.
+  if (a != b && slot == plan.slot_index.end() && plan.listed.count(spec.name.substr(a + 1, b - a - 1))) return 0;
+  const Slot* sl = slot == plan.slot_index.end() ? nullptr : &plan.layout.slots()[static_cast<size_t>(slot->second)];
+  const size_t whole = sl ? sl->numel * static_cast<size_t>(sl->slice.parts) : 0;
+  if (!sl || (kind != "params" && k == plan.state.end()) || spec.dtype != DType::F32 || spec.shape.size() != 1 ||
+      start > whole || static_cast<size_t>(spec.shape[0]) > whole - start)
+    throw IoError(fmt::format("{}: unexpected tensor '{}' for this model", reader.path(), spec.name));
+  const size_t n = static_cast<size_t>(spec.shape[0]);
+  bool loaded = false;
+  size_t read = 0;
+  for (const Piece& t : plan.targets) {
+    if (t.kind != kind_i || t.slot != slot->second) continue;
+    const size_t lo = std::max(start, t.start), hi = std::min(start + n, t.start + t.n);
+    if (lo >= hi) continue;
+    if (!loaded) {
+      piece.resize(n);
+      reader.read(spec.name, 0, n, piece.data());
+      const uint32_t c = crc_update(crc_update(0, nullptr, 0), piece.data(), n * sizeof(float));
+      if (c != crc)
+        throw IoError(fmt::format("{}: checksum mismatch in tensor '{}' (CRC-32 {:08x}, the manifest says "
+                                  "{:08x}): the file is corrupt",
+                                  reader.path(), spec.name, c, crc));
+      loaded = true;
+    }
+    if (t.data)
+      std::copy(piece.begin() + static_cast<long>(lo - start), piece.begin() + static_cast<long>(hi - start),
+                t.data + (lo - t.start));
+    else
+      t.optimizer->write_state(t.tensor(), t.at + (lo - t.start), hi - lo, piece.data() + (lo - start));
+    read += hi - lo;
+  }
+  return read;
+}
+
+}  // namespace
+
+uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& info, Strategy& strategy,
+                         const Model& model, comm::ProcessGroup& pg) {
+  const fs::path dir(checkpoint);
+  const std::string manifest_path = (dir / "manifest.json").string();
+  const std::vector<std::string> state = check_matches_run(manifest_path, info, strategy, model);
+  ReadPlan plan{model.layout(), {}, {}, state, {}};
   json files;
-  std::set<std::string> listed;  // the checkpoint's parameters: its whole model's
   {
     std::ifstream in(manifest_path);
     const json manifest = json::parse(in);
     files = manifest.at("files");
-    for (const json& p : manifest.at("parameters")) listed.insert(p.at("name").get<std::string>());
+    for (const json& p : manifest.at("parameters")) plan.listed.insert(p.at("name").get<std::string>());
   }
   std::string problem;
   for (const json& f : files)
     if (problem.empty())
       problem = check_size((dir / f.at("name").get<std::string>()).string(), f.at("bytes").get<uint64_t>());
-  agree_on_error(pg, problem);
+  comm::agree_on_error(pg, problem);
 
-  // Each rank reads the parts of every file's pieces that fall in its spans.
-  const Layout& layout = model.layout();
-  std::map<std::string, int> slot_index;
-  for (size_t i = 0; i < layout.slots().size(); ++i) slot_index[layout.slots()[i].name] = static_cast<int>(i);
-  const std::vector<Piece> targets = pieces_of(strategy.state_spans(), layout, state.size());
+  // Each rank reads the parts of every file's pieces that fall in its spans
+  // (a bad piece ends the run before its first step, on every rank).
+  for (size_t i = 0; i < plan.layout.slots().size(); ++i) plan.slot_index[plan.layout.slots()[i].name] = static_cast<int>(i);
+  plan.targets = pieces_of(strategy.state_spans(), plan.layout, state.size());
   size_t wanted = 0, read = 0;
-  for (const Piece& t : targets) wanted += t.n;
-  // A piece any part of which this rank needs is read whole and checked
-  // against its CRC-32 before its parts are copied: the checkpoint is read
-  // once, and checked as it is read (a bad piece ends the run before its
-  // first step, on every rank).
+  for (const Piece& t : plan.targets) wanted += t.n;
   std::vector<float> piece;
   try {
     for (const json& f : files) {
@@ -424,52 +500,7 @@ uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& in
       if (crcs.size() != reader.tensors().size())
         throw IoError(fmt::format("{}: holds {} tensors where the manifest lists {}", reader.path(),
                                   reader.tensors().size(), crcs.size()));
-      for (size_t ti = 0; ti < reader.tensors().size(); ++ti) {
-        const TensorSpec& spec = reader.tensors()[ti];
-        const size_t a = spec.name.find('/'), b = spec.name.rfind('/');
-        const std::string kind = spec.name.substr(0, a == std::string::npos ? 0 : a);
-        const auto slot = a == b ? slot_index.end() : slot_index.find(spec.name.substr(a + 1, b - a - 1));
-        const auto k = std::find(state.begin(), state.end(), kind);
-        const int kind_i = kind == "params" ? -1 : static_cast<int>(k - state.begin());
-        size_t start = 0;
-        try {
-          start = std::stoull(spec.name.substr(b + 1));
-        } catch (const std::exception&) {
-          start = SIZE_MAX;
-        }
-        // (Within the whole tensor: a tensor-parallel slot is a slice of it.)
-        // Another pipeline stage's parameter: its ranks read it.
-        if (a != b && slot == slot_index.end() && listed.count(spec.name.substr(a + 1, b - a - 1))) continue;
-        const Slot* sl = slot == slot_index.end() ? nullptr : &layout.slots()[static_cast<size_t>(slot->second)];
-        const size_t whole = sl ? sl->numel * static_cast<size_t>(sl->slice.parts) : 0;
-        if (!sl || (kind != "params" && k == state.end()) || spec.dtype != DType::F32 || spec.shape.size() != 1 ||
-            start > whole || static_cast<size_t>(spec.shape[0]) > whole - start)
-          throw IoError(fmt::format("{}: unexpected tensor '{}' for this model", reader.path(), spec.name));
-        const size_t n = static_cast<size_t>(spec.shape[0]);
-        bool loaded = false;
-        for (const Piece& t : targets) {
-          if (t.kind != kind_i || t.slot != slot->second) continue;
-          const size_t lo = std::max(start, t.start), hi = std::min(start + n, t.start + t.n);
-          if (lo >= hi) continue;
-          if (!loaded) {
-            piece.resize(n);
-            reader.read(spec.name, 0, n, piece.data());
-            const uint32_t c = crc_update(crc_update(0, nullptr, 0), piece.data(), n * sizeof(float));
-            if (c != crcs[ti])
-              throw IoError(fmt::format("{}: checksum mismatch in tensor '{}' (CRC-32 {:08x}, the manifest says "
-                                        "{:08x}): the file is corrupt",
-                                        reader.path(), spec.name, c, crcs[ti]));
-            loaded = true;
-          }
-          if (t.data)
-            std::copy(piece.begin() + static_cast<long>(lo - start), piece.begin() + static_cast<long>(hi - start),
-                      t.data + (lo - t.start));
-          else
-            t.optimizer->write_state(t.tensor(), t.at + (lo - t.start), hi - lo,
-                                     piece.data() + (lo - start));
-          read += hi - lo;
-        }
-      }
+      for (size_t ti = 0; ti < reader.tensors().size(); ++ti) read += read_piece(reader, ti, crcs[ti], plan, piece);
     }
     if (read != wanted)
       throw IoError(fmt::format("{}: the files hold {} of the {} values this rank needs: a shard is missing or repeated",
@@ -477,7 +508,7 @@ uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& in
   } catch (const Error& e) {
     problem = e.what();
   }
-  agree_on_error(pg, problem);
+  comm::agree_on_error(pg, problem);
   strategy.restored(info.step);
   uint64_t bytes = 0;
   for (const json& f : files) bytes += f.at("bytes").get<uint64_t>();

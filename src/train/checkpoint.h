@@ -84,8 +84,5 @@ CheckpointInfo read_checkpoint_info(const std::string& checkpoint);
 uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& info, Strategy& strategy,
                          const Model& model, comm::ProcessGroup& pg);
 
-// Collective: throws on every rank when any rank's `problem` is not empty
-// (the first rank's message wins; a message is cut to 500 bytes).
-void agree_on_error(comm::ProcessGroup& pg, const std::string& problem);
 
 }  // namespace dpt

@@ -8,7 +8,7 @@
 #include "models/weights.h"
 #include "parallel/tensor_parallel.h"
 #include "train/data_source.h"
-#include "train/timeline.h"
+#include "core/timeline.h"
 #include "train/train.h"
 
 namespace dpt {

@@ -9,7 +9,7 @@
 #include "models/weights.h"
 #include "parallel/tensor_parallel.h"
 #include "train/data_source.h"
-#include "train/timeline.h"
+#include "core/timeline.h"
 #include "train/train.h"
 
 namespace dpt {
@@ -40,19 +40,6 @@ std::vector<GptStage> gpt_stages(const GptConfig& c, int pp, const std::string& 
     first += counts[s];
   }
   return stages;
-}
-
-void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
-  if (mesh.pp == 1) {
-    if (!o.pp_split.empty()) throw InputError("--pp-split needs --pp 2 or more");
-    return;
-  }
-  const std::string not_yet = fmt::format("with --pp {}", mesh.pp);
-  if (o.model != "gpt")
-    throw InputError(fmt::format("--pp splits a GPT's blocks into stages; the {} model has none", o.model));
-  check_mesh_strategy(o.strategy, not_yet);
-  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
-  gpt_stages(GptConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
 }
 
 PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& model, Strategy& strategy,
@@ -120,94 +107,105 @@ void PipelineExecutor::sync_tied_weights() {
   }
 }
 
+void PipelineExecutor::set_phase(const char* phase) {
+  for (auto* g : {&groups_.activations(), &groups_.gradients(), &groups_.pp(), &groups_.dp(), &groups_.world(),
+                  groups_.tp()})
+    if (g) g->set_phase(phase);
+}
+
+double PipelineExecutor::forward_op(size_t k, int64_t step, StepBreakdown& t, Timeline* tl) {
+  const PipeOp& op = ops_[k];
+  const int slot = pipe_slot(op.micro, slots_), s = mesh_.pp_rank;
+  const auto td = Clock::now();
+  data_.next(batch_);  // every stage reads the replica's batch: the first its tokens, the last its targets
+  const auto tf = Clock::now();
+  const size_t n = activation_elements();
+  // (Not this forward's own backward: its arena is laid out by the forward.)
+  if (!last() && k + 1 < ops_.size() && !ops_[k + 1].forward && ops_[k + 1].micro != op.micro) {
+    grad_recv_micro_ = ops_[k + 1].micro;
+    model_.use_slot(pipe_slot(grad_recv_micro_, slots_));
+    grad_recv_ = groups_.gradients().recv_async(model_.output_grad(), n, DType::F32, s + 1);
+    model_.use_slot(slot);
+  }
+  set_phase("forward");
+  fault_point("forward", step + 1, groups_.world().rank());
+  if (!first()) {
+    model_.prepare(batch_.B, batch_.T);
+    groups_.activations().recv(model_.stage_input(), n, DType::F32, s - 1);
+  }
+  const auto tc = Clock::now();  // waits before it are the bubble (and the transfer)
+  const double loss = model_.forward(batch_).loss;
+  if (!last())
+    sends_[static_cast<size_t>(slot)] = groups_.activations().send_async(model_.stage_output(), n, DType::F32, s + 1);
+  const auto te = Clock::now();
+  t.data_ms += ms(td, tf);
+  t.comm_wait_ms += ms(tf, tc);
+  t.forward_ms += ms(tc, te);
+  if (tl) {
+    if (!first()) tl->add(Timeline::CommWait, step, op.micro, 0, tf, tc);
+    tl->add(Timeline::Forward, step, op.micro, 0, tc, te);
+  }
+  return loss;
+}
+
+void PipelineExecutor::backward_op(size_t k, int64_t step, StepBreakdown& t, Timeline* tl) {
+  const PipeOp& op = ops_[k];
+  const int slot = pipe_slot(op.micro, slots_), s = mesh_.pp_rank;
+  const auto tb = Clock::now();
+  const bool final = op.micro == options_.micro_batches - 1;
+  const size_t n = activation_elements();
+  set_phase("backward");
+  fault_point("backward", step + 1, groups_.world().rank());
+  strategy_.begin_micro_step(final);  // the reductions start in the last backward
+  if (grad_recv_micro_ == op.micro)
+    wait(grad_recv_);
+  else if (!last())
+    groups_.gradients().recv(model_.output_grad(), n, DType::F32, s + 1);
+  // The head's part of wte's gradient, before the embedding's backward of
+  // the step's last micro-batch (the last stage sent it after its own last
+  // backward).
+  if (first() && final) {
+    groups_.pp().recv(tied_g_.f32(), wte_numel(), DType::F32, mesh_.pp - 1);
+    model_.set_tied_grad_in(tied_g_.f32());
+  }
+  const auto tc = Clock::now();
+  model_.backward(loss_scale_);
+  model_.set_tied_grad_in(nullptr);
+  if (!first())
+    sends_[static_cast<size_t>(slot)] = groups_.gradients().send_async(model_.input_grad(), n, DType::F32, s - 1);
+  if (last() && final) tied_send_ = groups_.pp().send_async(tied_g_.f32(), wte_numel(), DType::F32, 0);
+  const auto te = Clock::now();
+  t.comm_wait_ms += ms(tb, tc);
+  t.backward_ms += ms(tc, te);
+  if (tl) {
+    if (!last() || (first() && final)) tl->add(Timeline::CommWait, step, op.micro, 0, tb, tc);
+    tl->add(Timeline::Backward, step, op.micro, 0, tc, te);
+  }
+}
+
 double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
-  const int s = mesh_.pp_rank, M = options_.micro_batches;
-  const int rank = groups_.world().rank();
-  comm::ProcessGroup &acts = groups_.activations(), &grads = groups_.gradients(), &pp = groups_.pp();
   if (last()) tied_g_.zero();
-  std::shared_ptr<comm::Work> tied_send;
+  tied_send_.reset();
+  grad_recv_.reset();
+  grad_recv_micro_ = -1;
   double loss = 0.0;
-  // The gradient for the backward that follows a forward is received into
-  // its slot while the forward computes (that slot's arena is in flight,
-  // and its dres is not the forward's to touch): 1f1b's steady state.
-  std::shared_ptr<comm::Work> grad_recv;
-  int grad_recv_micro = -1;
   for (size_t k = 0; k < ops_.size(); ++k) {
-    const PipeOp& op = ops_[k];
-    const int slot = pipe_slot(op.micro, slots_);
+    const int slot = pipe_slot(ops_[k].micro, slots_);
     model_.use_slot(slot);
     wait(sends_[static_cast<size_t>(slot)]);  // the slot's arena is about to be rewritten
-    if (op.forward) {
-      const auto td = Clock::now();
-      data_.next(batch_);  // every stage reads the replica's batch: the first its tokens, the last its targets
-      const auto tf = Clock::now();
-      const size_t n = static_cast<size_t>(batch_.B * batch_.T * model_.config().width);
-      // (Not this forward's own backward: its arena is laid out by the forward.)
-      if (!last() && k + 1 < ops_.size() && !ops_[k + 1].forward && ops_[k + 1].micro != op.micro) {
-        grad_recv_micro = ops_[k + 1].micro;
-        model_.use_slot(pipe_slot(grad_recv_micro, slots_));
-        grad_recv = grads.recv_async(model_.output_grad(), n, DType::F32, s + 1);
-        model_.use_slot(slot);
-      }
-      for (auto* g : {&acts, &grads, &pp, &groups_.dp(), &groups_.world(), groups_.tp()})
-        if (g) g->set_phase("forward");
-      fault_point("forward", step + 1, rank);
-      if (!first()) {
-        model_.prepare(batch_.B, batch_.T);
-        acts.recv(model_.stage_input(), n, DType::F32, s - 1);
-      }
-      const auto tc = Clock::now();  // waits before it are the bubble (and the transfer)
-      loss += model_.forward(batch_).loss;
-      if (!last()) sends_[static_cast<size_t>(slot)] = acts.send_async(model_.stage_output(), n, DType::F32, s + 1);
-      const auto te = Clock::now();
-      t.data_ms += ms(td, tf);
-      t.comm_wait_ms += ms(tf, tc);
-      t.forward_ms += ms(tc, te);
-      if (tl) {
-        if (!first()) tl->add(Timeline::CommWait, step, op.micro, 0, tf, tc);
-        tl->add(Timeline::Forward, step, op.micro, 0, tc, te);
-      }
-    } else {
-      const auto tb = Clock::now();
-      const bool final = op.micro == M - 1;
-      const size_t n = static_cast<size_t>(batch_.B * batch_.T * model_.config().width);
-      for (auto* g : {&acts, &grads, &pp, &groups_.dp(), &groups_.world(), groups_.tp()})
-        if (g) g->set_phase("backward");
-      fault_point("backward", step + 1, rank);
-      strategy_.begin_micro_step(final);  // the reductions start in the last backward
-      if (grad_recv_micro == op.micro)
-        wait(grad_recv);
-      else if (!last())
-        grads.recv(model_.output_grad(), n, DType::F32, s + 1);
-      // The head's part of wte's gradient, before the embedding's backward
-      // of the step's last micro-batch (the last stage sent it after its
-      // own last backward).
-      if (first() && final) {
-        pp.recv(tied_g_.f32(), wte_numel(), DType::F32, mesh_.pp - 1);
-        model_.set_tied_grad_in(tied_g_.f32());
-      }
-      const auto tc = Clock::now();
-      model_.backward(loss_scale_);
-      model_.set_tied_grad_in(nullptr);
-      if (!first()) sends_[static_cast<size_t>(slot)] = grads.send_async(model_.input_grad(), n, DType::F32, s - 1);
-      if (last() && final) tied_send = pp.send_async(tied_g_.f32(), wte_numel(), DType::F32, 0);
-      const auto te = Clock::now();
-      t.comm_wait_ms += ms(tb, tc);
-      t.backward_ms += ms(tc, te);
-      if (tl) {
-        if (!last() || (first() && final)) tl->add(Timeline::CommWait, step, op.micro, 0, tb, tc);
-        tl->add(Timeline::Backward, step, op.micro, 0, tc, te);
-      }
-    }
+    if (ops_[k].forward)
+      loss += forward_op(k, step, t, tl);
+    else
+      backward_op(k, step, t, tl);
   }
   // The wait for the last transfers and the loss: the end of the bubble
   // (the last stage is done long before the first one's last backward).
   const auto tw = Clock::now();
   for (auto& w : sends_) wait(w);
-  wait(tied_send);
+  wait(tied_send_);
   // The loss is the last stage's; every stage reports it.
-  double mean = loss / static_cast<double>(M);
-  pp.broadcast(&mean, 2, DType::F32, mesh_.pp - 1);  // a double as two floats' bytes
+  double mean = loss / static_cast<double>(options_.micro_batches);
+  groups_.pp().broadcast(&mean, 2, DType::F32, mesh_.pp - 1);  // a double as two floats' bytes
   const auto tend = Clock::now();
   t.comm_wait_ms += ms(tw, tend);
   if (tl) tl->add(Timeline::CommWait, step, tw, tend);

@@ -44,11 +44,6 @@ struct PipelineOptions {
 // The stages of the run's GPT: --pp-split, or balanced by parameters.
 std::vector<GptStage> gpt_stages(const GptConfig& config, int pp, const std::string& split);
 
-// Refuses, in one sentence, a pipeline the engine cannot run: another model
-// than the GPT, a model with fewer blocks than stages, a bad --pp-split,
-// --strategy dp and --device cuda.
-void check_pipeline(const TrainOptions& o, const Mesh& mesh);
-
 // What stage s's executor holds besides its strategy's bytes and its
 // arenas: on the first stage wte's gradient from the head, the gathered
 // embedding unit and, under bf16, the rounded copy of wte it sends; on the
@@ -86,6 +81,15 @@ class PipelineExecutor : public Executor {
   size_t wte_numel() const;
   // Sends (first stage) or receives (last stage) wte's current values.
   void sync_tied_weights();
+  // Schedule entry k, a forward or a backward, timed into t (and tl). A
+  // forward returns its micro-batch's loss (the last stage's; 0 elsewhere).
+  double forward_op(size_t k, int64_t step, StepBreakdown& t, Timeline* tl);
+  void backward_op(size_t k, int64_t step, StepBreakdown& t, Timeline* tl);
+  // Every group this rank's collectives run in names `phase` in the ledger.
+  void set_phase(const char* phase);
+  size_t activation_elements() const {
+    return static_cast<size_t>(batch_.B * batch_.T * model_.config().width);
+  }
 
   Mesh mesh_;
   MeshGroups& groups_;
@@ -104,6 +108,12 @@ class PipelineExecutor : public Executor {
   FlatBuffer embed_unit_;  // the first stage: its embedding unit, gathered
   // Sends in flight per slot: a slot's arena is not reused before they end.
   std::vector<std::shared_ptr<comm::Work>> sends_;
+  // The gradient for the backward that follows a forward is received into
+  // its slot while the forward computes: 1f1b's steady state (the micro-batch
+  // it is for, -1 when none). The last stage's send of the head's part of
+  // wte's gradient.
+  std::shared_ptr<comm::Work> grad_recv_, tied_send_;
+  int grad_recv_micro_ = -1;
   ForwardFn eval_forward_;
   std::vector<double> norm_parts_;  // the TP group's sums of squares
 };

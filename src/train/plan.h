@@ -23,41 +23,10 @@
 #include "parallel/mesh.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/strategy.h"
+#include "parallel/traffic.h"
 #include "train/train.h"
 
 namespace dpt {
-
-// Bytes one rank sends per step in the engine's ring collectives on one host
-// (the ledger's count), by the phase the collective is issued in.
-struct CommPlan {
-  uint64_t forward = 0, backward = 0, optimizer = 0;  // every step once the run is going
-  // zero3: the run's first step also gathers, in backward, the unit forward
-  // ends on (it is kept for backward once the opening order is recorded).
-  uint64_t first_step = 0;
-  // Each logged step adds the loss average (phase "other") and, where
-  // gradients are sharded, the gradient norm's all-gather ("optimizer").
-  uint64_t logged_other = 0, logged_optimizer = 0;
-  uint64_t per_step() const { return forward + backward + optimizer; }
-  CommPlan& operator+=(const CommPlan& o);
-};
-
-// Bytes the ring sends from `rank` of `world` for an m-element collective of
-// `es`-byte elements: a reduce-scatter sends every chunk but the rank's own,
-// an all-gather every chunk but its next neighbour's (comm/ring.cpp), an
-// all-reduce both.
-struct RingSends {
-  int world, rank;
-  uint64_t rs(size_t m, size_t es) const;
-  uint64_t ag(size_t m, size_t es) const;
-  uint64_t ar(size_t m, size_t es) const { return rs(m, es) + ag(m, es); }
-};
-
-// The bytes rank `rank` of `world` sends per step under `options`
-// (WORKLOADS.md's "Communication volume per step" with the ring's exact
-// chunks): DDP's bucket all-reduces, ZeRO's reduce-scatters and all-gathers,
-// zero3's gathers as the model opens units (Model::unit_order), grad_accum
-// micro-steps each.
-CommPlan planned_comm(const StrategyOptions& options, const Model& model, int world, int rank, int64_t grad_accum);
 
 // MemAvailable from /proc/meminfo, in bytes (0 if unknown).
 size_t host_available_bytes();
@@ -82,7 +51,7 @@ void check_fits(const StrategyOptions& options, const Model& model, size_t activ
 // or params (with the fp32 masters too: bf16 under ZeRO only, as `dpt
 // train` refuses it otherwise).
 struct PlanPoint {
-  std::string strategy;  // local, ddp, zero1, zero2, zero3
+  StrategyRef strategy;  // local, ddp, zero1, zero2, zero3
   std::string precision = "fp32";
   bool checkpoint = false;  // activation checkpointing
   std::string offload = "none";
@@ -154,7 +123,7 @@ struct PlanRequest {
   // training does not run on a mesh (check_pipeline, check_tensor_parallel).
   TrainOptions run;
   StrategyOptions base;          // everything but the strategy's name
-  std::vector<std::string> strategies;  // the rows' strategies; empty: all that make sense
+  std::vector<StrategyRef> strategies;  // the rows' strategies; empty: all that make sense
   // Every tp x pp mesh of the world that training runs (--meshes) instead
   // of run.tp x run.pp alone; run.pp_schedule and grad_accum apply to each.
   bool all_meshes = false;

@@ -7,6 +7,7 @@
 // issue them.
 #include "core/dtype.h"
 #include "models/gpt.h"
+#include "parallel/catalog.h"
 #include "parallel/rank_bytes.h"
 #include "train/pipeline_executor.h"
 #include "train/plan.h"
@@ -69,7 +70,7 @@ CommPlan pipeline_comm(const StrategyOptions& so, const Gpt& gpt, const Mesh& me
   if (s == 0) {
     // The head's copy goes in the compute type (bf16: the rounded masters).
     c.optimizer += wte / sizeof(float) * dtype_size(gpt.precision());
-    if (zero_stage(so.name) == 3 && mesh.dp > 1)
+    if (so.strategy->zero_stage == 3 && mesh.dp > 1)
       c.optimizer += RingSends{mesh.dp, 0}.ag(gpt.layout().units()[0].numel, sizeof(float));
   }
   if (s != mesh.pp - 2) c.backward += 2 * sizeof(float);
@@ -127,10 +128,10 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
   const int64_t M = r.grad_accum;
   st.bytes = rank_bytes(so, model, mesh.dp);
   st.arena = model.activation_bytes_for(micro);
-  st.arenas = mesh.pp > 1 ? pipe_slots(parse_pipe_schedule(r.run.pp_schedule), mesh.pp, s, static_cast<int>(M)) : 1;
+  st.arenas = mesh.pp > 1 ? pipe_slots(r.run.pp_schedule, mesh.pp, s, static_cast<int>(M)) : 1;
   st.activations = static_cast<size_t>(st.arenas) * st.arena;
   st.comm = planned_comm(so, model, mesh.dp, 0, M);
-  if (mesh.pp > 1 && zero_stage(so.name) == 3 && so.reshard_after_forward) {
+  if (mesh.pp > 1 && so.strategy->zero_stage == 3 && so.reshard_after_forward) {
     // planned_comm counts a forward and its backward back to back: each
     // backward's first unit is the one its forward kept. A stage
     // interleaves its micro-batches instead (stage_gathers says how).
@@ -138,7 +139,7 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
     const uint64_t last = RingSends{mesh.dp, 0}.ag(model.layout().units()[static_cast<size_t>(order.back())].numel,
                                                    dtype_size(model.precision()));
     const KeptGathers k =
-        kept_gathers(pipe_ops(parse_pipe_schedule(r.run.pp_schedule), mesh.pp, s, static_cast<int>(M)), so.prefetch);
+        kept_gathers(pipe_ops(r.run.pp_schedule, mesh.pp, s, static_cast<int>(M)), so.prefetch);
     st.comm.backward += static_cast<uint64_t>(M) * last - k.skipped * last + k.wasted * last;
     st.comm.first_step = (k.skipped - k.skipped_first - k.wasted + k.wasted_first) * last;
   }

@@ -10,7 +10,10 @@
 #include "parallel/rank_bytes.h"
 #include "parallel/tensor_parallel.h"
 #include "train/pipeline_executor.h"
+#include "parallel/catalog.h"
 #include "train/plan.h"
+#include "train/rank_setup.h"
+#include "train/run_checks.h"
 
 namespace dpt {
 
@@ -26,8 +29,8 @@ const std::vector<std::string> kOffloads = {"none", "optimizer", "params"};
 // The offloads `dpt train` runs: the optimizer state under every strategy;
 // the fp32 masters only where they are not what computes (bf16) and not
 // the replica itself (a sharded strategy).
-bool offload_makes_sense(const std::string& offload, const std::string& strategy, const std::string& precision) {
-  return offload != "params" || (precision == "bf16" && zero_stage(strategy) > 0);
+bool offload_makes_sense(const std::string& offload, const StrategyRef& strategy, const std::string& precision) {
+  return offload != "params" || (precision == "bf16" && strategy->zero_stage > 0);
 }
 
 // What a rank holds besides its accounted buffers that a plan cannot see in
@@ -48,15 +51,15 @@ double optimizer_traffic_bytes(const OptimizerConfig& o, size_t n, bool mixed) {
 // The options a row's run would get (its precision is the model's).
 StrategyOptions options_for(const PlanRequest& r, const PlanPoint& p) {
   StrategyOptions so = r.base;
-  so.name = p.strategy;
-  so.offload.what = p.offload == "none" ? "" : p.offload;
+  so.strategy = p.strategy;
+  so.offload.what = parse_offload(p.offload);
   so.offload.dir = r.offload_dir;
   return so;
 }
 
 // The parameters a rank's optimizer steps: all of them, or its shard.
 size_t stepped_elements(const StrategyOptions& so, const Layout& layout, int world) {
-  if (zero_stage(so.name) == 0) return layout.numel();
+  if (so.strategy->zero_stage == 0) return layout.numel();
   size_t n = 0;
   for (const Unit& u : layout.units()) n += comm::chunk_range(u.numel, world, 0).size;
   return n;
@@ -131,7 +134,7 @@ bool mesh_runs(const PlanRequest& r, const Mesh& mesh, const PlanPoint& p) {
   o.strategy = p.strategy;
   o.precision = parse_precision(p.precision);
   o.checkpoint_activations = p.checkpoint;
-  o.offload = p.offload == "none" ? "" : p.offload;
+  o.offload = parse_offload(p.offload);
   try {
     check_pipeline(o, mesh);
     check_tensor_parallel(o, mesh);
@@ -149,7 +152,7 @@ bool mesh_runs(const PlanRequest& r, const Mesh& mesh, const PlanPoint& p) {
 std::string seed_verdict(const Plan& plan) {
   for (const PlanRow& row : plan.rows) {
     if (!row.fits) continue;
-    const char* why = fits_because(row.point.strategy, row.point.tp > 1 || row.point.pp > 1);
+    const std::string why = row.point.strategy->fits_because(row.point.tp > 1 || row.point.pp > 1);
     std::string verdict = fmt::format("{}{}", why, row.point.checkpoint ? ", with activation checkpointing" : "");
     if (row.point.offload != "none")
       verdict += row.point.offload == "params" ? ", with the optimizer state and fp32 masters offloaded to disk"
@@ -209,27 +212,30 @@ std::string reason_for(const PlanRequest& r, const Plan& plan) {
 // The strategies asked for (fsdp is zero3), or every one that makes sense on
 // this many data-parallel replicas. With --meshes a mesh of one replica has
 // the local row, and the others the data-parallel strategies asked for.
-std::vector<std::string> plan_strategies(const PlanRequest& r, int dp) {
-  std::vector<std::string> out;
-  for (const std::string& asked : r.strategies) {
-    const std::string s = plannable_strategy(asked);
-    if (trains_one_replica(s) && dp > 1) {
+std::vector<StrategyRef> plan_strategies(const PlanRequest& r, int dp) {
+  std::vector<StrategyRef> out;
+  for (const StrategyRef& s : r.strategies) {
+    if (s->trains_one_replica() && dp > 1) {
       if (r.all_meshes) continue;
       throw InputError(dp == r.world
-                           ? fmt::format("--strategy {} trains one process, not {} ranks", s, r.world)
-                           : fmt::format("--strategy {} trains one replica, not {} data-parallel replicas", s, dp));
+                           ? fmt::format("--strategy {} trains one process, not {} ranks", s.name(), r.world)
+                           : fmt::format("--strategy {} trains one replica, not {} data-parallel replicas", s.name(),
+                                         dp));
     }
     if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
   }
-  if (r.strategies.empty() || (r.all_meshes && dp == 1))
-    return dp == 1 ? std::vector<std::string>{default_strategy(1)} : data_parallel_strategies();
+  if (r.strategies.empty() || (r.all_meshes && dp == 1)) {
+    if (dp == 1) return {default_strategy(1)};
+    out.clear();
+    for (const StrategyRecord* d : data_parallel_strategies()) out.push_back(*d);
+  }
   return out;
 }
 
 }  // namespace
 
 std::string row_name(const PlanPoint& p) {
-  std::string s = (p.tp > 1 ? fmt::format("tp{} ", p.tp) : "") + (p.pp > 1 ? fmt::format("pp{} ", p.pp) : "") + p.strategy;
+  std::string s = (p.tp > 1 ? fmt::format("tp{} ", p.tp) : "") + (p.pp > 1 ? fmt::format("pp{} ", p.pp) : "") + p.strategy.name();
   if (p.precision != "fp32") s += " " + p.precision;
   if (p.checkpoint) s += " +ckpt";
   if (p.offload != "none") s += " +offload " + p.offload;
@@ -253,7 +259,7 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
   TrainOptions run = r.run;
   run.batch = r.batch;
   run.grad_accum = r.grad_accum;
-  if (r.all_meshes && tp == 1) run.tp_embedding = "replicated";  // --tp-embedding vocab is for the tp > 1 meshes
+  if (r.all_meshes && tp == 1) run.tp_embedding = TpEmbedding::Replicated;  // --tp-embedding vocab is for the tp > 1 meshes
   MeshStages m;
   m.mesh = Mesh::layout(r.world, 0, tp, pp);
   check_pipeline(run, m.mesh);
@@ -266,7 +272,7 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
   const GptConfig config = GptConfig::from(model_hparams(run));
   const std::vector<GptStage> split = pp > 1 ? gpt_stages(config, pp, run.pp_split) : std::vector<GptStage>{GptStage{}};
   for (const GptStage& st : split) {
-    m.built.push_back(std::make_unique<Gpt>(config, st, GptTp{tp, 0, run.tp_embedding == "vocab"}));
+    m.built.push_back(std::make_unique<Gpt>(config, st, GptTp{tp, 0, run.tp_embedding == TpEmbedding::Vocab}));
     m.stages.push_back(m.built.back().get());
   }
   return m;
@@ -312,7 +318,7 @@ Plan make_plan(const PlanRequest& r, Model& model) {
   for (const std::string& offload : kOffloads)
     for (MeshStages& m : meshes) {
       const std::vector<const Model*> views(m.stages.begin(), m.stages.end());
-      for (const std::string& s : plan_strategies(r, m.mesh.dp))
+      for (const StrategyRef& s : plan_strategies(r, m.mesh.dp))
         for (const std::string& precision : kPrecisions)
           for (bool ckpt : {false, true}) {
             const PlanPoint point{s, precision, ckpt, offload, m.mesh.tp, m.mesh.pp};
@@ -367,7 +373,7 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
   for (const PlanRow& row : plan.rows) {
     const MemoryBytes& b = row.bytes;
     rows.push_back(
-        {{"strategy", row.point.strategy}, {"tp", row.point.tp}, {"pp", row.point.pp},
+        {{"strategy", row.point.strategy.name()}, {"tp", row.point.tp}, {"pp", row.point.pp},
          {"dp", r.world / (row.point.tp * row.point.pp)}, {"precision", row.point.precision},
          {"checkpoint_activations", row.point.checkpoint}, {"offload", row.point.offload},
          {"bytes", {{"parameters", b.parameters}, {"gradients", b.gradients}, {"optimizer", b.optimizer},
@@ -388,7 +394,7 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
                          {"disk_read_gbs", r.machine.disk_read_gbs},
                          {"threads", r.machine.threads}, {"runtime_bytes", r.machine.runtime_bytes}}},
             {"mesh", {{"tp", r.run.tp}, {"pp", r.run.pp}, {"dp", r.world / (r.run.tp * r.run.pp)},
-                      {"pp_schedule", r.run.pp > 1 || r.all_meshes ? r.run.pp_schedule : ""},
+                      {"pp_schedule", r.run.pp > 1 || r.all_meshes ? pipe_schedule_name(r.run.pp_schedule) : ""},
                       {"all", r.all_meshes}}},
             {"rows", rows}, {"reason", plan.reason}, {"tie_margin", kTieMargin}};
   j["recommended"] = plan.best < 0 ? json(nullptr) : json(plan.best);

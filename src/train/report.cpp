@@ -57,44 +57,76 @@ void Report::print() const {
                 100.0 * r.scaling_efficiency, world, r.samples_per_s / (world * r.scaling_efficiency),
                 o.baseline.c_str());
   if (world > 1) {
-    const bool split = r.lockstep_split;
-    std::printf("step breakdown (median ms)   data  forward  backward  gather wait  comm wait%s  optimizer    step\n",
-                split ? " (slower rank  comm)" : "");
-    for (int q = 0; q < world; ++q) {
-      const RankTimes& v = ranks[static_cast<size_t>(q)];
-      std::printf("  rank %-3d                 %6.2f %8.2f  %8.2f  %11.2f  %9.2f", q, v.data_ms, v.forward_ms,
-                  v.backward_ms, v.gather_ms, v.comm_wait_ms);
-      if (split) std::printf("  (%11.2f %5.2f)", v.slower_rank_ms, v.comm_wait_ms - v.slower_rank_ms);
-      std::printf("  %9.2f  %7.2f\n", v.optimizer_ms, v.step_ms);
-    }
-    if (r.straggler.rank >= 0)  // only where the split is made
-      std::printf("lock-step: rank %d was the slowest on %.0f%% of the steps, working %.2f ms longer than the "
-                  "fastest rank at the median step (docs/ddp.md)\n",
-                  r.straggler.rank, 100.0 * r.straggler.share, r.straggler.spread_ms);
-    const double param_bytes = static_cast<double>(model.param_count() * sizeof(float));
-    const RankTimes& r0 = ranks[0];
-    auto share = [&](double ms) { return r0.step_ms > 0 ? 100.0 * ms / r0.step_ms : 0.0; };
-    // The gradients' all-reduce runs over the data-parallel group (the
-    // ranks that hold the same stage and slice), not over the world.
-    const int dp = world / (o.tp * o.pp);
-    std::printf("communication: %.2f MiB sent per step per rank = %.3f x the %.2f MiB of parameters "
-                "(ring all-reduce over N = %d data-parallel rank%s: 2(N-1)/N = %.3f); exposed %.1f%% of the step "
-                "on rank 0",
-                r.comm_bytes_per_step * kMiB, static_cast<double>(r.comm_bytes_per_step) / param_bytes,
-                param_bytes * kMiB, dp, dp == 1 ? "" : "s", 2.0 * (dp - 1) / dp, share(r0.comm_wait_ms + r0.gather_ms));
-    if (split)
-      std::printf(" (%s%.1f%% waiting for a slower rank, %.1f%% communicating)",
-                  r0.gather_ms > 0 ? fmt::format("gather waits {:.1f}%, comm wait ", share(r0.gather_ms)).c_str() : "",
-                  share(r0.slower_rank_ms), share(r0.comm_wait_ms - r0.slower_rank_ms));
-    std::printf("\n");
-    std::printf("  by phase (MiB per step):");
-    for (const char* phase : {"forward", "backward", "optimizer", "other"}) {
-      const auto it = r.comm_bytes_per_phase.find(phase);
-      std::printf(" %s %.2f", phase, it == r.comm_bytes_per_phase.end() ? 0.0 : it->second * kMiB);
-    }
-    std::printf("\n");
+    print_ranks();
+    print_communication();
   }
   if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
+}
+
+// Each rank's step medians by phase, and the straggler where the comm wait
+// is split.
+void Report::print_ranks() const {
+  const TrainResult& r = result;
+  const int world = static_cast<int>(ranks.size());
+  const bool split = r.lockstep_split;
+  std::printf("step breakdown (median ms)   data  forward  backward  gather wait  comm wait%s  optimizer    step\n",
+              split ? " (slower rank  comm)" : "");
+  for (int q = 0; q < world; ++q) {
+    const RankTimes& v = ranks[static_cast<size_t>(q)];
+    std::printf("  rank %-3d                 %6.2f %8.2f  %8.2f  %11.2f  %9.2f", q, v.data_ms, v.forward_ms,
+                v.backward_ms, v.gather_ms, v.comm_wait_ms);
+    if (split) std::printf("  (%11.2f %5.2f)", v.slower_rank_ms, v.comm_wait_ms - v.slower_rank_ms);
+    std::printf("  %9.2f  %7.2f\n", v.optimizer_ms, v.step_ms);
+  }
+  if (r.straggler.rank >= 0)  // only where the split is made
+    std::printf("lock-step: rank %d was the slowest on %.0f%% of the steps, working %.2f ms longer than the "
+                "fastest rank at the median step (docs/ddp.md)\n",
+                r.straggler.rank, 100.0 * r.straggler.share, r.straggler.spread_ms);
+}
+
+// The bytes sent per step against the layout's planned traffic, how much of
+// the step waited on communication, and the bytes by phase.
+void Report::print_communication() const {
+  const TrainResult& r = result;
+  const bool split = r.lockstep_split;
+  const double param_bytes = static_cast<double>(model.param_count() * sizeof(float));
+  const RankTimes& r0 = ranks[0];
+  auto share = [&](double ms) { return r0.step_ms > 0 ? 100.0 * ms / r0.step_ms : 0.0; };
+  // Measured against the layout's own plan: its strategy's formula over the
+  // data-parallel group (the ranks that hold the same stage and slice, not
+  // the world), and on a mesh its stage's tensor- and pipeline-parallel
+  // transfers, in the bytes `dpt plan` counts (with the logged steps' loss
+  // and norm collectives).
+  const double planned = static_cast<double>(r.planned_comm_bytes_per_step);
+  std::printf("communication: %.2f MiB sent per step per rank = %.3f x the %.2f MiB of parameters; planned %.2f MiB "
+              "= %.3f x (%s%s), measured/planned %.3f; exposed %.1f%% of the step on rank 0",
+              r.comm_bytes_per_step * kMiB, static_cast<double>(r.comm_bytes_per_step) / param_bytes,
+              param_bytes * kMiB, planned * kMiB, planned / param_bytes, r.comm_formula.c_str(),
+              mesh_traffic().c_str(),
+              planned > 0 ? static_cast<double>(r.comm_bytes_per_step) / planned : 0.0,
+              share(r0.comm_wait_ms + r0.gather_ms));
+  if (split)
+    std::printf(" (%s%.1f%% waiting for a slower rank, %.1f%% communicating)",
+                r0.gather_ms > 0 ? fmt::format("gather waits {:.1f}%, comm wait ", share(r0.gather_ms)).c_str() : "",
+                share(r0.slower_rank_ms), share(r0.comm_wait_ms - r0.slower_rank_ms));
+  std::printf("\n");
+  std::printf("  by phase (MiB per step):");
+  for (const char* phase : {"forward", "backward", "optimizer", "other"}) {
+    const auto it = r.comm_bytes_per_phase.find(phase);
+    std::printf(" %s %.2f", phase, it == r.comm_bytes_per_phase.end() ? 0.0 : it->second * kMiB);
+  }
+  std::printf("\n");
+}
+
+// ", plus the ... of the tp x pp mesh" for a mesh run: what its stage sends
+// besides the strategy's collectives.
+std::string Report::mesh_traffic() const {
+  const TrainOptions& o = options;
+  if (o.tp == 1 && o.pp == 1) return "";
+  const char* what = o.tp > 1 && o.pp > 1 ? "tensor-parallel all-reduces and pipeline transfers"
+                     : o.tp > 1           ? "tensor-parallel all-reduces"
+                                          : "pipeline transfers";
+  return fmt::format(", plus the {} of the tp {} x pp {} mesh", what, o.tp, o.pp);
 }
 
 // Where the optimizer state went (--offload): the file, its traffic per
@@ -161,7 +193,8 @@ nlohmann::json Report::json() const {
             {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
             {"gemm", gemm_backend_name(gemm_backend())}, {"gemm_gflops", r.gemm_gflops}, {"mfu", r.mfu}, {"seconds", seconds},
             {"synthetic", o.synthetic}, {"ranks", per_rank},
-            {"comm_bytes_per_step", r.comm_bytes_per_step}, {"comm_bytes_per_phase", r.comm_bytes_per_phase},
+            {"comm_bytes_per_step", r.comm_bytes_per_step},
+            {"planned_comm_bytes_per_step", r.planned_comm_bytes_per_step}, {"comm_formula", r.comm_formula}, {"comm_bytes_per_phase", r.comm_bytes_per_phase},
             {"comm", ledger},
             {"bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
                        {"gathered", m.gathered}, {"scratch", m.scratch}, {"activations", r.activation_bytes},

@@ -42,6 +42,9 @@ struct Report {
 
  private:
   void print_offload() const;
+  void print_ranks() const;
+  void print_communication() const;
+  std::string mesh_traffic() const;
 };
 
 // Collective: each rank's host and every link of the group's ring with its

@@ -15,14 +15,26 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "parallel/reducer.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/strategy.h"
+#include "parallel/traffic.h"
 #include "train/lockstep.h"
 
 namespace dpt {
 
+// Where the token embedding lives under --tp: whole on every TP rank, or its
+// rows split over them with a vocabulary-parallel head (nn/vocab_parallel.h).
+enum class TpEmbedding { Replicated, Vocab };
+TpEmbedding parse_tp_embedding(const std::string& s);  // "replicated" | "vocab"; InputError otherwise
+
 struct TrainOptions {
   std::string model = "mlp";                 // "mlp" or "gpt"
-  std::map<std::string, std::string> hparams;  // model sizes (see make_model)
+  std::map<std::string, std::string> hparams;  // model sizes as flags give them (see make_model)
+  // The model's whole configuration, resolved once (resolve_model in
+  // train/rank_setup.h): the flags over what --load's file says, with the
+  // model's name. Checks, the planner and the set-up read it; empty until
+  // resolved.
+  std::map<std::string, std::string> model_config;
   std::string data;         // mlp: IDX directory; gpt: text, or token shards (file, directory or glob)
   std::string data_format;  // gpt: llmc, u16 or bytes; empty: from the magic number (docs/data.md)
   std::string val_data;     // gpt: held-out shards or text; empty: the last val_fraction of data
@@ -31,10 +43,11 @@ struct TrainOptions {
   int64_t epochs = 3;       // mlp, when steps == 0
   int64_t batch = 0;        // global samples per step; 0: 256 (mlp) or 16 (gpt)
   int64_t grad_accum = 1;   // micro-batches per step (each rank's share split evenly)
-  // "local" (one process), "ddp" (the default on more than one rank),
-  // "zero1", "zero2", "zero3" (= "fsdp"), or "dp" (naive single-process data
-  // parallelism over dp_replicas threads).
-  std::string strategy;
+  // The strategy's catalog record (parallel/catalog.h): local, ddp (the
+  // default on more than one rank), zero1, zero2, zero3 (= fsdp), hsdp, or dp
+  // (naive single-process data parallelism over dp_replicas threads). Unset:
+  // the default for the mesh's data-parallel degree.
+  StrategyRef strategy;
   int dp_replicas = 2;
   // Keep only each unit's input in forward and recompute the unit in
   // backward: less activation memory for about one more forward (docs/memory.md).
@@ -48,7 +61,7 @@ struct TrainOptions {
   bool zero_scatter = false;          // zero1: reduce-scatter instead of all-reduce
   bool zero_accumulate_locally = false;  // zero2/3 + grad_accum: reduce once per step
   bool reshard_after_forward = true;  // zero3
-  std::string prefetch = "both";      // zero3: none, forward, backward, both
+  Prefetch prefetch = Prefetch::Both;  // zero3: the next unit's all-gather
   int shard_group = 0;                // hsdp: ranks per shard group (0: one host's)
   // The mesh (parallel/mesh.h): tensor- and pipeline-parallel degrees; the
   // data-parallel degree is what is left of the world. Pipeline stages run
@@ -56,17 +69,17 @@ struct TrainOptions {
   // (gpipe or 1f1b), with blocks per stage from pp_split ("2,1,1"; empty:
   // balanced by parameters). docs/pipeline.md.
   int tp = 1;
-  std::string tp_embedding = "replicated";  // or "vocab": wte's rows split over the TP group
+  TpEmbedding tp_embedding = TpEmbedding::Replicated;  // or Vocab: wte's rows split over the TP group
   int pp = 1;
-  std::string pp_schedule = "1f1b";
+  PipeSchedule pp_schedule = PipeSchedule::OneFOneB;
   std::string pp_split;
   // Bytes the ranks on this host may use together; 0: the host's available
   // memory (MemAvailable). A run whose estimate exceeds it is refused.
   size_t memory_budget = 0;
-  // Optimizer state off RAM: "optimizer" keeps it in a file per rank under
+  // Optimizer state off RAM: Optimizer keeps it in a file per rank under
   // offload_dir, streamed through RAM in chunks of offload_chunk_bytes per
   // state tensor during the optimizer step (docs/memory.md, "Offload").
-  std::string offload;
+  Offload offload = Offload::None;
   std::string offload_dir;
   size_t offload_chunk_bytes = 4u << 20;
   std::string sampler_tail = "drop";  // DistributedSampler: drop or pad
@@ -131,6 +144,12 @@ struct TrainResult {
   uint64_t checkpoint_bytes = 0, resume_bytes = 0;
   StepBreakdown breakdown;       // this rank
   uint64_t comm_bytes_per_step = 0;  // sent by this rank (ledger)
+  // What the layout's plan says this rank sends per step (dpt plan's count,
+  // the logged steps' collectives spread over the steps), and the
+  // strategy's formula in words (its catalog record's).
+  CommPlan planned_comm;
+  uint64_t planned_comm_bytes_per_step = 0;
+  std::string comm_formula;
   // The same split by the phase a collective was issued in: forward,
   // backward, optimizer, other (evaluation, the logged loss).
   std::map<std::string, uint64_t> comm_bytes_per_phase;
@@ -153,55 +172,6 @@ struct TrainResult {
   bool lockstep_split = false;
   Straggler straggler;
 };
-
-// Writes a run's summary JSON `j` (atomically) after adding the fields every
-// strategy shares: tokens/s for the GPT, the final evaluation if there was one.
-void write_summary(const std::string& path, nlohmann::json j, const TrainResult& r, bool mlp, bool evaluated);
-
-// Samples per micro-batch when the global batch is split over `parts`
-// replicas (ranks or DP threads) and grad_accum micro-batches; throws
-// InputError naming `parts_name` when it does not split evenly.
-int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
-
-// The run's model: loaded from o.load, or built from o.hparams and
-// initialised from `seed` (naive DP's replicas).
-std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
-
-// Refuses, before anything large is allocated, a run whose ranks on this
-// host would together need more than the host has (or o.memory_budget):
-// one sentence with the estimate per rank, what is available, and the
-// strategy that would fit (seed 000's "when to use what").
-// Under --pp, pg is the data-parallel group, `arenas` the micro-batches
-// the stage holds at once, `world` every rank of the job and
-// `pipeline_bytes` the stage's executor buffers (pipeline_buffer_bytes).
-void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
-                  comm::ProcessGroup& pg, int arenas = 1, int world = 0, size_t pipeline_bytes = 0);
-
-// Refuses, in one sentence on every rank, an --offload the run cannot have:
-// an unsupported value, a strategy without an optimizer state to offload,
-// or an --offload-dir that is missing, not writable, in memory or too small
-// for the state of the ranks on this host (optim/file_tier.h). pg: the
-// group the strategy runs over (the data-parallel group under --tp or
-// --pp); world: every rank of the job, which all refuse together.
-void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg,
-                   comm::ProcessGroup& world);
-
-// Fails before training, with the sentence AtomicFile would give at the end,
-// if rank 0 cannot create one of the run's output files (--save,
-// --metrics-out, --summary-out, --trace-out). Every rank of the group calls
-// it, and every rank fails.
-void check_outputs(const TrainOptions& o, comm::ProcessGroup& pg);
-
-// The model's hyper-parameters: the flags over what --load's file describes
-// (its metadata, read from the header alone, or a config.json beside it;
-// see hparams_for_file), and the model's name.
-std::map<std::string, std::string> model_hparams(const TrainOptions& o);
-
-// The strategy's share of the options.
-StrategyOptions strategy_options(const TrainOptions& o);
-
-// Fills the model-dependent defaults of opts (see the comments above).
-void apply_defaults(TrainOptions& opts);
 
 // Runs training on the group's ranks (a group of one for a single process);
 // throws Error subclasses for bad input and CommError when a peer fails.

@@ -127,7 +127,7 @@ TrainRun run_ddp(TrainOptions o, const std::string& tag, comm::ProcessGroup* gro
 // A single-process run on rank 0 (strategy local, or dp); the other ranks
 // wait at a barrier meanwhile.
 TrainRun run_reference(TrainOptions o, const std::string& tag) {
-  if (o.strategy.empty()) o.strategy = "local";
+  if (!o.strategy.set()) o.strategy = "local";
   o.quiet = true;
   o.save = temp_path(tag);
   TrainRun run;

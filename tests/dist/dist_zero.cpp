@@ -62,6 +62,8 @@
 #include "parallel/reducer.h"
 #include "parallel/strategy.h"
 #include "train/train.h"
+#include "train/rank_setup.h"
+#include "train/run_checks.h"
 
 namespace dpt {
 namespace {
@@ -308,7 +310,7 @@ void apply(const Variant& v, TrainOptions& o) {
   o.zero_scatter = v.scatter;
   o.zero_accumulate_locally = v.local_accum;
   o.reshard_after_forward = v.reshard;
-  o.prefetch = v.prefetch;
+  o.prefetch = parse_prefetch(v.prefetch);
   o.shard_group = v.shard_group;
 }
 

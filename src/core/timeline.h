@@ -1,18 +1,17 @@
 // A timeline of training steps: when each rank's compute thread ran data,
 // forward, backward, the wait for communication and the optimizer, and when
 // its communication thread ran each collective (a DDP bucket's all-reduce, a
-// ZeRO unit's all-gather or reduce-scatter). Written by
-// `dpt train --trace-out` as a Chrome trace (open it in https://ui.perfetto.dev
-// or chrome://tracing; bench/plot_timeline.py draws it as an SVG), one
-// process per rank, so overlap of communication with backward is visible.
+// ZeRO unit's all-gather or reduce-scatter). This is the recording half: it
+// needs only a clock, so the strategies below train/ record into it. The
+// writing half (train/trace_file.h) gathers every rank's spans into the
+// Chrome trace of `dpt train --trace-out`.
 #pragma once
 
 #include <chrono>
-#include <string>
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
-#include "comm/process_group.h"
-#include "io/atomic_file.h"
 
 namespace dpt {
 
@@ -34,17 +33,13 @@ class Timeline {
   void add(Kind kind, int64_t step, int index, size_t bytes, Clock::time_point t0, Clock::time_point t1);
   void add(Kind kind, int64_t step, Clock::time_point t0, Clock::time_point t1) { add(kind, step, -1, 0, t0, t1); }
 
-  // Collective: gathers every rank's spans to rank 0, which writes the
-  // Chrome trace JSON into `out` and commits it (the caller opens it before
-  // training, so a bad path fails at once).
-  void write(AtomicFile* out, comm::ProcessGroup& pg) const;
-
   size_t size() const { return spans_.size() / kFields; }
+  // Each span as kFields doubles: kind, step, index, bytes, start us (wall
+  // clock), duration us.
+  static constexpr size_t kFields = 6;
+  const std::vector<double>& spans() const { return spans_; }
 
  private:
-  // Each span as kFields doubles: kind, step, index, bytes, start us,
-  // duration us.
-  static constexpr size_t kFields = 6;
   double wall_offset_us_;  // system clock minus monotonic clock
   std::vector<double> spans_;
 };

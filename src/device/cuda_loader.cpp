@@ -1,4 +1,4 @@
-// Loads the CUDA backend (cuda/backend.h) the first time a GPU is asked for.
+// Loads the CUDA backend (device/cuda_backend.h) the first time a GPU is asked for.
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "cuda/backend.h"
+#include "device/cuda_backend.h"
 
 namespace dpt::cuda {
 

@@ -1,4 +1,4 @@
-#include "train/timeline.h"
+#include "train/trace_file.h"
 
 #include <algorithm>
 
@@ -17,31 +17,18 @@ const char* kind_name(int kind) {
 }
 }  // namespace
 
-Timeline::Timeline(size_t spans) {
-  spans_.reserve(spans * kFields);
-  using us = std::chrono::duration<double, std::micro>;
-  wall_offset_us_ = us(std::chrono::system_clock::now().time_since_epoch()).count() -
-                    us(Clock::now().time_since_epoch()).count();
-}
-
-void Timeline::add(Kind kind, int64_t step, int index, size_t bytes, Clock::time_point t0, Clock::time_point t1) {
-  const auto us = [this](Clock::time_point t) {
-    return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count() + wall_offset_us_;
-  };
-  spans_.insert(spans_.end(), {static_cast<double>(kind), static_cast<double>(step), static_cast<double>(index),
-                               static_cast<double>(bytes), us(t0), std::max(0.0, us(t1) - us(t0))});
-}
-
-void Timeline::write(AtomicFile* out, comm::ProcessGroup& pg) const {
+void write_trace(const Timeline& timeline, AtomicFile* out, comm::ProcessGroup& pg) {
+  constexpr size_t kFields = Timeline::kFields;
+  const std::vector<double>& spans = timeline.spans();
   const int world = pg.size();
   // Every rank contributes the same number of doubles: the largest, padded
   // with kind -1. all_gather only copies bytes, so doubles travel as pairs
   // of fp32 elements.
-  float most = static_cast<float>(spans_.size());
+  float most = static_cast<float>(spans.size());
   pg.all_reduce(&most, 1, DType::F32, comm::ReduceOp::Max);
   const size_t per_rank = static_cast<size_t>(most);
   std::vector<double> all(per_rank * static_cast<size_t>(world), -1.0);
-  std::copy(spans_.begin(), spans_.end(), all.begin() + static_cast<std::ptrdiff_t>(per_rank * pg.rank()));
+  std::copy(spans.begin(), spans.end(), all.begin() + static_cast<std::ptrdiff_t>(per_rank * pg.rank()));
   static_assert(sizeof(double) == 2 * sizeof(float));
   pg.all_gather(all.data(), 2 * all.size(), DType::F32);
   if (pg.rank() != 0) return;
@@ -69,12 +56,12 @@ void Timeline::write(AtomicFile* out, comm::ProcessGroup& pg) const {
       if (kind < 0) break;
       const int64_t step = static_cast<int64_t>(f[i + 1]);
       const int index = static_cast<int>(f[i + 2]);
-      const bool comm = is_collective(kind);
+      const bool comm = Timeline::is_collective(kind);
       json e = {{"ph", "X"}, {"pid", r}, {"tid", comm ? 1 : 0}, {"ts", f[i + 4] - first}, {"dur", f[i + 5]},
                 {"cat", comm ? "comm" : "compute"}};
       json args = {{"step", step}};
       if (comm) {
-        const char* what = kind == AllReduce ? "bucket" : "unit";
+        const char* what = kind == Timeline::AllReduce ? "bucket" : "unit";
         e["name"] = fmt::format("{} {} {}", kind_name(kind), what, index);
         args[what] = index;
         args["bytes"] = static_cast<size_t>(f[i + 3]);

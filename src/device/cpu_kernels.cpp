@@ -1,4 +1,4 @@
-// The CPU side of nn/kernels.h: each op is the nn/*.h function of the same
+// The CPU side of device/kernels.h: each op is the nn/*.h function of the same
 // name, so CPU runs compute exactly what they computed before the interface.
 #include <algorithm>
 #include <atomic>
@@ -8,17 +8,16 @@
 #include <new>
 
 #include "core/error.h"
+#include "device/kernels.h"
 #include "nn/activations.h"
 #include "nn/attention.h"
 #include "nn/cross_entropy.h"
 #include "nn/embedding.h"
-#include "nn/kernels.h"
 #include "nn/layernorm.h"
 #include "nn/linear.h"
 #include "nn/residual.h"
-#include "optim/optimizer.h"
+#include "nn/update.h"
 
-#include "cuda/backend.h"
 
 namespace dpt {
 
@@ -156,54 +155,8 @@ class CpuKernels final : public Kernels {
 
 }  // namespace
 
-const char* device_name(Device d) { return d == Device::CUDA ? "cuda" : "cpu"; }
-
-bool cuda_built() {
-#ifdef DPT_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
-Device parse_device(const std::string& name, const char* flag) {
-  if (name == "cpu") return Device::CPU;
-  if (name == "cuda") {
-    if (!cuda_built())
-      throw InputError(fmt::format("{} cuda: this dpt was built without CUDA (no CUDA toolkit found, or "
-                                   "-DDPT_CUDA=OFF)", flag));
-    return Device::CUDA;
-  }
-  throw InputError(fmt::format("{} must be cpu or cuda, not '{}'", flag, name));
-}
-
-namespace {
-// Set once this process has used its GPU: before that no pointer can be the
-// GPU's, and CPU runs never touch the CUDA runtime.
-std::atomic<bool> cuda_used{false};
-}  // namespace
-
-DeviceMemory device_memory(Device d) {
-  if (d == Device::CUDA && cuda_used.load(std::memory_order_relaxed))
-    return {cuda::backend().allocated_bytes(), cuda::backend().peak_allocated_bytes()};
-  return {};
-}
-
-
-Device pointer_device(const void* p) {
-  if (cuda_used.load(std::memory_order_relaxed) && cuda::backend().is_device_pointer(p)) return Device::CUDA;
-  return Device::CPU;
-}
-
 const Kernels& cpu_kernels() {
   static const CpuKernels k;
-  return k;
-}
-
-const Kernels& kernels(Device d) {
-  if (d == Device::CPU) return cpu_kernels();
-  const Kernels& k = cuda::backend().kernels();
-  cuda_used.store(true, std::memory_order_relaxed);
   return k;
 }
 

@@ -1,6 +1,6 @@
 // The CUDA backend as the engine sees it: a shared library (libdpt_cuda.so,
 // built from src/cuda/ when CMake finds the CUDA toolkit) loaded the first
-// time a GPU is asked for (nn/kernels.h's kernels(Device::CUDA)). A CPU run
+// time a GPU is asked for (device/kernels.h's kernels(Device::CUDA)). A CPU run
 // never loads it, so it never maps the CUDA runtime, cuBLAS or NCCL (about
 // 150 MiB of resident pages per process when linked in directly).
 //
@@ -13,8 +13,8 @@
 #include <memory>
 #include <string>
 
-#include "comm/types.h"
-#include "nn/kernels.h"
+#include "core/reduce_op.h"
+#include "device/kernels.h"
 
 namespace dpt::cuda {
 
@@ -37,13 +37,13 @@ class NcclComm {
   virtual ~NcclComm() = default;
   // The next operation starts after `ready` (Backend::record_ready's).
   virtual void after(void* ready) = 0;
-  virtual void all_reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
+  virtual void all_reduce(void* data, size_t count, DType dtype, ReduceOp op, const std::string& what,
                           Deadline d) = 0;
-  virtual void reduce_scatter(void* data, size_t count, DType dtype, comm::ReduceOp op, const std::string& what,
+  virtual void reduce_scatter(void* data, size_t count, DType dtype, ReduceOp op, const std::string& what,
                               Deadline d) = 0;
   virtual void all_gather(void* data, size_t count, size_t elem_bytes, const std::string& what, Deadline d) = 0;
   virtual void broadcast(void* data, size_t bytes, int root, const std::string& what, Deadline d) = 0;
-  virtual void reduce(void* data, size_t count, DType dtype, comm::ReduceOp op, int root, const std::string& what,
+  virtual void reduce(void* data, size_t count, DType dtype, ReduceOp op, int root, const std::string& what,
                       Deadline d) = 0;
   virtual void send(const void* data, size_t bytes, int peer, const std::string& what, Deadline d) = 0;
   virtual void recv(void* data, size_t bytes, int peer, const std::string& what, Deadline d) = 0;
@@ -80,7 +80,7 @@ struct Backend {
   void (*upload_copy)(void* dev, const void* host, size_t bytes);
 };
 
-// The loaded backend (dpt_lib side, nn/cuda_loader.cpp). Throws InputError
+// The loaded backend (dpt_lib side, device/cuda_loader.cpp). Throws InputError
 // naming the reason when this build has none or the library cannot load.
 const Backend& backend();
 

@@ -18,16 +18,9 @@
 #include <type_traits>
 
 #include "core/dtype.h"
+#include "device/device.h"
 
 namespace dpt {
-
-enum class Device { CPU, CUDA };
-const char* device_name(Device d);  // "cpu", "cuda"
-// "cpu" or "cuda"; throws InputError naming the flag otherwise, or when
-// "cuda" is asked of a build without CUDA.
-Device parse_device(const std::string& name, const char* flag = "--device");
-// Whether this build holds the CUDA kernels (CMake DPT_CUDA).
-bool cuda_built();
 
 class Kernels {
  public:
@@ -139,17 +132,6 @@ const T* operand(const Kernels& k, const float* src, int64_t n, void* scratch) {
     return static_cast<const bf16*>(scratch);
   }
 }
-
-// Bytes a device's allocations (Kernels::alloc) hold now and held at most
-// since the process started; zeros for the CPU, whose figure is the RSS.
-struct DeviceMemory {
-  size_t in_use = 0, peak = 0;
-};
-DeviceMemory device_memory(Device d);
-
-// The device whose memory p is in (CPU for host memory and in builds
-// without CUDA).
-Device pointer_device(const void* p);
 
 // The kernels of a device. kernels(Device::CUDA) in a build without CUDA,
 // or on a machine without a usable GPU, throws InputError saying so.

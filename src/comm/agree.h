@@ -1,0 +1,25 @@
+// "Every rank agrees on a local error": a check that one rank can fail (its
+// disk, its memory, its file) must end the run on every rank, or the others
+// wait in the next collective for a rank that has left.
+#pragma once
+
+#include <string>
+
+#include "comm/process_group.h"
+#include "core/error.h"
+
+namespace dpt::comm {
+
+// Collective: "" when no rank of pg has a problem, else the message to
+// throw here: this rank's own problem, or the first failing rank's (cut to
+// 511 bytes).
+std::string agreed_error(ProcessGroup& pg, const std::string& problem);
+
+// Collective: throws E with agreed_error's message on every rank when any
+// rank's `problem` is not empty.
+template <typename E = IoError>
+void agree_on_error(ProcessGroup& pg, const std::string& problem) {
+  if (const std::string m = agreed_error(pg, problem); !m.empty()) throw E(m);
+}
+
+}  // namespace dpt::comm

@@ -1,0 +1,166 @@
+#include "parallel/catalog.h"
+
+#include <algorithm>
+#include <deque>
+#include <mutex>
+#include <ostream>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "parallel/rank_bytes.h"
+#include "parallel/replicated.h"
+#include "parallel/zero.h"
+
+namespace dpt {
+
+namespace {
+
+// Naive DP (--strategy dp): replicas in threads of one process with a loop
+// of its own (train/naive_dp.cpp, above this layer), kept to be measured
+// against DDP. Its record says what it refuses; it has no Strategy.
+StrategyRecord naive_dp_record() {
+  StrategyRecord r;
+  r.name = "dp";
+  r.help = "dp (threads)";
+  r.runs = StrategyRecord::Runs::Threads;
+  r.plannable = false;
+  r.refuse = [](const RunAsk& a) {
+    if (a.world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
+    if (a.trace) throw InputError("--trace-out records training across ranks, not --strategy dp");
+    if (a.checkpoints) throw InputError("--strategy dp keeps no checkpoints; use local, ddp or zero1/2/3");
+    if (!a.fp32)
+      throw InputError("--strategy dp computes in fp32 only; use local, ddp or zero1/2/3 for --precision bf16");
+    if (a.offload) throw InputError("--strategy dp offloads nothing; use local, ddp or zero1/2/3");
+    if (!a.fp32_reduce)
+      throw InputError(
+          "--strategy dp sums its replicas' gradients in fp32 only; use ddp or zero1/2/3 for --reduce-dtype bf16");
+  };
+  return r;
+}
+
+// The built-in strategies, in the order they are listed: each record comes
+// from its strategy's own file.
+std::deque<StrategyRecord> builtins() {
+  std::deque<StrategyRecord> list;
+  list.push_back(local_record());
+  list.push_back(ddp_record());
+  for (int stage : {1, 2, 3}) list.push_back(zero_record(stage));
+  list.push_back(hsdp_record());
+  list.push_back(naive_dp_record());
+  return list;
+}
+
+// A deque: registering keeps every record where it is (StrategyRefs point
+// at them).
+std::deque<StrategyRecord>& records() {
+  static std::deque<StrategyRecord> all = builtins();
+  return all;
+}
+std::mutex& records_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+const StrategyRecord* lookup(const std::string& name) {
+  for (const StrategyRecord& r : records())
+    if (r.name == name || std::find(r.aliases.begin(), r.aliases.end(), name) != r.aliases.end()) return &r;
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<const StrategyRecord*> strategies() {
+  std::lock_guard<std::mutex> lock(records_mutex());
+  std::vector<const StrategyRecord*> out;
+  for (const StrategyRecord& r : records()) out.push_back(&r);
+  return out;
+}
+
+const StrategyRecord& find_strategy(const std::string& name) {
+  {
+    std::lock_guard<std::mutex> lock(records_mutex());
+    if (const StrategyRecord* r = lookup(name)) return *r;
+  }
+  throw InputError(fmt::format("unknown strategy '{}' (expected {})", name, strategy_names_sentence()));
+}
+
+const StrategyRecord& register_strategy(StrategyRecord record) {
+  std::lock_guard<std::mutex> lock(records_mutex());
+  std::vector<std::string> names = record.aliases;
+  names.push_back(record.name);
+  for (const std::string& n : names)
+    if (lookup(n)) throw InputError(fmt::format("a strategy named '{}' is already registered", n));
+  records().push_back(std::move(record));
+  return records().back();
+}
+
+std::vector<std::string> strategy_names() {
+  std::vector<std::string> names;
+  for (const StrategyRecord* r : strategies()) {
+    names.push_back(r->name);
+    names.insert(names.end(), r->aliases.begin(), r->aliases.end());
+  }
+  return names;
+}
+
+std::string strategy_names_sentence() {
+  const std::vector<std::string> names = strategy_names();
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
+}
+
+std::string strategy_help() {
+  std::string s;
+  for (const StrategyRecord* r : strategies()) s += (s.empty() ? "" : ", ") + r->help;
+  return s;
+}
+
+const StrategyRecord& default_strategy(int dp) { return find_strategy(dp > 1 ? "ddp" : "local"); }
+
+std::vector<const StrategyRecord*> data_parallel_strategies() {
+  std::vector<const StrategyRecord*> out;
+  for (const StrategyRecord* r : strategies())
+    if (r->plannable && !r->trains_one_replica()) out.push_back(r);
+  return out;
+}
+
+const StrategyRecord& plannable_strategy(const std::string& name) {
+  std::vector<std::string> names;
+  for (const StrategyRecord* r : strategies())
+    if (r->plannable) {
+      if (r->name == name || std::find(r->aliases.begin(), r->aliases.end(), name) != r->aliases.end()) return *r;
+      names.push_back(r->name);
+      names.insert(names.end(), r->aliases.begin(), r->aliases.end());
+    }
+  std::string list;
+  for (size_t i = 0; i < names.size(); ++i) list += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  throw InputError(fmt::format("unknown strategy '{}' (expected {})", name, list));
+}
+
+StrategyRef::StrategyRef(const std::string& name) : r_(&find_strategy(name)) {}
+
+const StrategyRecord& StrategyRef::operator*() const {
+  DPT_CHECK(r_ != nullptr, "a strategy was asked of options that name none");
+  return *r_;
+}
+
+const std::string& StrategyRef::name() const { return (**this).name; }
+
+std::ostream& operator<<(std::ostream& os, const StrategyRef& s) { return os << (s.set() ? s.name() : "(default)"); }
+
+void check_mesh_strategy(const StrategyRef& strategy, const std::string& with) {
+  if (strategy.set() && strategy->in_threads())
+    throw InputError(fmt::format("--strategy {} keeps its replicas in threads of one process and does not run {}; "
+                                 "use local, ddp, zero1/2/3 or hsdp (over the data-parallel group)",
+                                 strategy.name(), with));
+}
+
+void check_shard_group(const StrategyRef& strategy, int shard_group) {
+  if (shard_group > 0 && (!strategy.set() || !strategy->shard_groups))
+    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", strategy.name()));
+}
+
+}  // namespace dpt

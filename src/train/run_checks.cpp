@@ -1,0 +1,182 @@
+#include "train/run_checks.h"
+
+#include <string>
+
+#include <fmt/format.h>
+
+#include "comm/agree.h"
+#include "core/error.h"
+#include "core/memory.h"
+#include "io/atomic_file.h"
+#include "optim/file_tier.h"
+#include "parallel/catalog.h"
+#include "parallel/rank_bytes.h"
+#include "train/pipeline_executor.h"
+#include "train/plan.h"
+#include "train/rank_setup.h"
+
+namespace dpt {
+
+void apply_defaults(TrainOptions& o) {
+  const bool mlp = o.model == "mlp";
+  if (o.model != "mlp" && o.model != "gpt")
+    throw InputError(fmt::format("unknown model '{}' (expected mlp or gpt)", o.model));
+  if (o.batch == 0) o.batch = mlp ? 256 : 16;
+  if (o.optimizer.name.empty()) o.optimizer.name = mlp ? "sgd" : "adamw";
+  if (o.schedule.lr <= 0.0f) o.schedule.lr = o.optimizer.name == "sgd" ? 0.05f : 3e-4f;
+  if (o.optimizer.weight_decay < 0.0f) o.optimizer.weight_decay = o.optimizer.name == "adamw" ? 0.1f : 0.0f;
+  if (o.batch < 1) throw InputError(fmt::format("batch size {} must be positive", o.batch));
+  if (o.grad_accum < 1) throw InputError(fmt::format("--grad-accum {} must be positive", o.grad_accum));
+  if (o.steps < 0) throw InputError(fmt::format("steps {} must not be negative", o.steps));
+  if (o.log_every < 1) o.log_every = 1;
+}
+
+int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name) {
+  if (o.batch % (parts * o.grad_accum) != 0)
+    throw InputError(fmt::format("global batch {} does not split into {} {} x {} equal micro-batches", o.batch,
+                                 parts, parts_name, o.grad_accum));
+  return o.batch / parts / o.grad_accum;
+}
+
+void check_outputs(const TrainOptions& o, comm::ProcessGroup& pg) {
+  std::string problem;
+  if (pg.rank() == 0)
+    for (const std::string* path : {&o.save, &o.metrics_out, &o.summary_out, &o.trace_out}) {
+      if (path->empty()) continue;
+      try {
+        check_creatable(*path);
+      } catch (const IoError& e) {
+        problem = e.what();
+        break;
+      }
+    }
+  comm::agree_on_error<IoError>(pg, problem);
+}
+
+void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
+                  comm::ProcessGroup& pg, int arenas, int world, size_t pipeline_bytes) {
+  const size_t available = o.memory_budget > 0 ? o.memory_budget : host_available_bytes();
+  if (available == 0) return;
+  check_fits(so, model, static_cast<size_t>(arenas) * model.activation_bytes_for(micro) + pipeline_bytes, pg.size(),
+             ranks_on_host(world > 0 ? world : pg.size()), available);
+}
+
+void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg,
+                   comm::ProcessGroup& world) {
+  if (o.offload == Offload::None) {
+    if (!o.offload_dir.empty()) throw InputError("--offload-dir is given without --offload optimizer");
+    return;
+  }
+  if (o.offload == Offload::Params) {
+    // The fp32 masters leave RAM; what computes is their bf16 copy.
+    if (o.precision != DType::BF16)
+      throw InputError("--offload params moves the fp32 master weights to disk and computes on bf16 copies: it "
+                       "needs --precision bf16");
+    if (so.strategy->zero_stage == 0)
+      throw InputError(fmt::format("--offload params needs a sharded strategy (zero1, zero2, zero3, hsdp), not {}",
+                                   so.strategy.name()));
+  }
+  // Every rank checks the directory it sees (ranks on other hosts see other
+  // disks); any rank's refusal ends the run on every rank.
+  std::string problem;
+  try {
+    const MemoryBytes b = rank_bytes(so, model, pg.size());
+    check_offload_dir(o.offload_dir, static_cast<uint64_t>(b.offloaded) * ranks_on_host(world.size()));
+  } catch (const InputError& e) {
+    problem = e.what();
+  }
+  comm::agree_on_error<InputError>(world, problem);
+}
+
+void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
+  if (mesh.tp == 1) {
+    if (o.tp_embedding != TpEmbedding::Replicated) throw InputError("--tp-embedding vocab needs --tp 2 or more");
+    return;
+  }
+  const std::string not_yet = fmt::format("with --tp {}", mesh.tp);
+  if (o.model != "gpt")
+    throw InputError(fmt::format("--tp splits a GPT's attention heads and MLP; the {} model has none", o.model));
+  check_mesh_strategy(o.strategy, not_yet);
+  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
+  const GptConfig c = GptConfig::from(model_hparams(o));
+  if (c.heads % mesh.tp != 0)
+    throw InputError(fmt::format("--tp {} does not divide the GPT's {} attention heads (a TP rank holds whole "
+                                 "heads, and with them 4C/tp of the MLP's {} columns)",
+                                 mesh.tp, c.heads, 4 * c.width));
+}
+
+void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
+  if (mesh.pp == 1) {
+    if (!o.pp_split.empty()) throw InputError("--pp-split needs --pp 2 or more");
+    return;
+  }
+  const std::string not_yet = fmt::format("with --pp {}", mesh.pp);
+  if (o.model != "gpt")
+    throw InputError(fmt::format("--pp splits a GPT's blocks into stages; the {} model has none", o.model));
+  check_mesh_strategy(o.strategy, not_yet);
+  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
+  gpt_stages(GptConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
+}
+
+namespace {
+
+// What --device cuda runs today (docs/gpu.md). The rest is refused before
+// anything starts.
+void check_placement(const TrainOptions& o) {
+  if (o.device == Device::CPU) return;
+  if (o.strategy->in_threads())
+    throw InputError("--device cuda: --strategy dp (threads over one process) runs on the CPU only");
+  if (o.ddp.reduce_dtype != DType::F32)
+    throw InputError("--device cuda: --reduce-dtype bf16 is not built for GPU runs yet");
+  if (!o.checkpoint_dir.empty() || !o.resume.empty())
+    throw InputError("--device cuda: --checkpoint-dir and --resume are not built for GPU runs yet (--save is)");
+}
+
+}  // namespace
+
+// The flags that can be checked before anything is built.
+void check_run(const TrainOptions& o, const Mesh& mesh, comm::ProcessGroup& pg) {
+  check_pipeline(o, mesh);
+  check_tensor_parallel(o, mesh);
+  check_outputs(o, pg);
+  check_placement(o);
+  check_shard_group(o.strategy, o.shard_group);
+  if (o.strategy->refuse)
+    o.strategy->refuse({.world = mesh.world, .dp = mesh.dp, .fp32 = o.precision == DType::F32,
+                        .fp32_reduce = o.ddp.reduce_dtype == DType::F32,
+                        .checkpoints = !o.checkpoint_dir.empty() || !o.resume.empty(), .trace = !o.trace_out.empty(),
+                        .offload = o.offload != Offload::None});
+}
+
+Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg) {
+  apply_defaults(o);
+  const Mesh mesh = Mesh::layout(pg.size(), pg.rank(), o.tp, o.pp);
+  if (!o.load.empty() && !o.resume.empty())
+    throw InputError("--load and --resume both give the starting weights; give one");
+  resolve_model(o);  // --load's file read once, for every check and the set-up
+  if (!o.strategy.set()) o.strategy = default_strategy(mesh.dp);
+  check_run(o, mesh, pg);
+  return mesh;
+}
+
+// check_memory for this rank. Under --pp the stages hold different parts of
+// the model, their arenas and the pipeline's buffers: one that does not fit
+// ends the run on every rank, with its sentence.
+void check_rank_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
+                       const Mesh& mesh, comm::ProcessGroup& dpg, comm::ProcessGroup& pg) {
+  if (mesh.pp == 1) {
+    check_memory(o, so, model, micro, dpg, 1, pg.size());
+    return;
+  }
+  std::string too_big;
+  try {
+    check_memory(o, so, model, micro, dpg,
+                 pipe_slots(o.pp_schedule, mesh.pp, mesh.pp_rank, static_cast<int>(o.grad_accum)),
+                 pg.size(), pipeline_buffer_bytes(dynamic_cast<const Gpt&>(model), mesh.pp, mesh.pp_rank));
+  } catch (const InputError& e) {
+    too_big = e.what();
+  }
+  comm::agree_on_error<InputError>(pg, too_big);
+}
+
+}  // namespace dpt

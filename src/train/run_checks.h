@@ -1,0 +1,79 @@
+// What a run is refused for, checked before anything large is built: the
+// defaults filled in, then the mesh, the pipeline and tensor-parallel
+// options, the output files, where the run computes, the memory of the
+// ranks on this host and the offload directory. Each refusal is one
+// sentence, the same on every rank.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/process_group.h"
+#include "models/model.h"
+#include "parallel/mesh.h"
+#include "parallel/strategy.h"
+#include "train/train.h"
+
+namespace dpt {
+
+// Fills the model-dependent defaults of opts (train.h's TrainOptions says
+// which), and refuses a batch, accumulation or step count that cannot run.
+void apply_defaults(TrainOptions& opts);
+
+// Samples per micro-batch when the global batch is split over `parts`
+// replicas (ranks or DP threads) and grad_accum micro-batches; throws
+// InputError naming `parts_name` when it does not split evenly.
+int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
+
+// The flags that can be checked before anything is built, on the mesh the
+// run has (Mesh::layout refuses a world tp x pp does not divide), the
+// strategy's catalog record's refusals last.
+void check_run(const TrainOptions& o, const Mesh& mesh, comm::ProcessGroup& pg);
+
+// A run's start: the defaults filled in (apply_defaults), the mesh laid
+// out (an impossible one is refused before anything else), the default
+// strategy for its data-parallel degree named, and check_run passed (the
+// strategy's own refusals among them). Returns the mesh.
+Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg);
+
+// Refuses, in one sentence, a pipeline the engine cannot run: another model
+// than the GPT, a model with fewer blocks than stages, a bad --pp-split,
+// --strategy dp and --device cuda.
+void check_pipeline(const TrainOptions& o, const Mesh& mesh);
+
+// Refuses, in one sentence, a --tp the engine cannot run: heads not
+// divisible by tp, another model than the GPT, and the options not built
+// with --tp yet. Nothing at tp = 1.
+void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh);
+
+// Fails before training, with the sentence AtomicFile would give at the end,
+// if rank 0 cannot create one of the run's output files (--save,
+// --metrics-out, --summary-out, --trace-out). Every rank of the group calls
+// it, and every rank fails.
+void check_outputs(const TrainOptions& o, comm::ProcessGroup& pg);
+
+// Refuses, before anything large is allocated, a run whose ranks on this
+// host would together need more than the host has (or o.memory_budget):
+// one sentence with the estimate per rank, what is available, and the
+// strategy that would fit (seed 000's "when to use what").
+// Under --pp, pg is the data-parallel group, `arenas` the micro-batches
+// the stage holds at once, `world` every rank of the job and
+// `pipeline_bytes` the stage's executor buffers (pipeline_buffer_bytes).
+void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
+                  comm::ProcessGroup& pg, int arenas = 1, int world = 0, size_t pipeline_bytes = 0);
+
+// check_memory for this rank. Under --pp the stages hold different parts of
+// the model, their arenas and the pipeline's buffers: one that does not fit
+// ends the run on every rank, with its sentence.
+void check_rank_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
+                       const Mesh& mesh, comm::ProcessGroup& dpg, comm::ProcessGroup& pg);
+
+// Refuses, in one sentence on every rank, an --offload the run cannot have:
+// an unsupported value, a strategy without an optimizer state to offload,
+// or an --offload-dir that is missing, not writable, in memory or too small
+// for the state of the ranks on this host (optim/file_tier.h). pg: the
+// group the strategy runs over (the data-parallel group under --tp or
+// --pp); world: every rank of the job, which all refuse together.
+void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg,
+                   comm::ProcessGroup& world);
+
+}  // namespace dpt
