@@ -359,11 +359,11 @@ void check_placement(const TrainOptions& o) {
     throw InputError("--device cuda: --checkpoint-dir and --resume are not built for GPU runs yet (--save is)");
 }
 
-// The flags that can be checked before anything is built.
-void check_run(const TrainOptions& o, const Mesh& mesh, comm::ProcessGroup& pg) {
+// The flags that can be checked before anything is built; they need no
+// peer, so check_launch runs them before any rank starts.
+void check_flags(const TrainOptions& o, const Mesh& mesh) {
   check_pipeline(o, mesh);
   check_tensor_parallel(o, mesh);
-  check_outputs(o, pg);
   check_placement(o);
   check_shard_group(o.strategy, o.shard_group);
   if (!o.load.empty() && !o.resume.empty())
@@ -712,6 +712,15 @@ void check_rank_memory(const TrainOptions& o, const StrategyOptions& so, const M
 
 }  // namespace
 
+void check_launch(TrainOptions o, int world) {
+  apply_defaults(o);
+  const Mesh mesh = Mesh::layout(world, 0, o.tp, o.pp);
+  if (o.strategy.empty()) o.strategy = default_strategy(mesh.dp);
+  check_flags(o, mesh);
+  if (o.strategy == "dp") return check_dp_options(o, world);
+  micro_batch(o, mesh.dp, mesh.pp == 1 && mesh.tp == 1 ? "ranks" : "data-parallel replicas");
+}
+
 TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   apply_defaults(o);
   const int rank = pg.rank(), world = pg.size();
@@ -719,7 +728,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // The mesh first: an impossible one is refused before anything else.
   const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp);
   if (o.strategy.empty()) o.strategy = default_strategy(mesh.dp);
-  check_run(o, mesh, pg);
+  check_flags(o, mesh);
+  check_outputs(o, pg);
   if (o.strategy == "dp") {
     check_dp_options(o, world);
     return run_dp_training(o);

@@ -203,6 +203,13 @@ StrategyOptions strategy_options(const TrainOptions& o);
 // Fills the model-dependent defaults of opts (see the comments above).
 void apply_defaults(TrainOptions& opts);
 
+// What `dpt launch` checks before it starts any rank (docs/launch.md): the
+// checks of run_training that need no peer and write nothing (the mesh,
+// --pp, --tp, placement, shard group, --load with --resume, --strategy dp,
+// the micro-batch split; --pp and --tp read --load's header), as rank 0 of
+// `world` ranks. Throws what run_training would.
+void check_launch(TrainOptions o, int world);
+
 // Runs training on the group's ranks (a group of one for a single process);
 // throws Error subclasses for bad input and CommError when a peer fails.
 TrainResult run_training(TrainOptions opts, comm::ProcessGroup& pg);
