@@ -1,9 +1,6 @@
 // `dpt launch`: mpirun with the defaults a dptrain job wants (docs/launch.md
-// says why each one is there).
-#include <sys/wait.h>
+// says why each one is there), run by tools/launch_job.h.
 #include <unistd.h>
-
-#include <csignal>
 
 #include <algorithm>
 #include <cctype>

@@ -162,7 +162,9 @@ class Job {
   void start();
   bool pump(int timeout_ms);
   void take(int i, const char* data, size_t n);
-  void show(const std::vector<OutputLine>& lines);
+  void take_err(const char* data, size_t n);
+  void flush_stale();
+  void show(const std::vector<std::string>& lines);
   void reap();
   void end_all();
 
@@ -170,7 +172,9 @@ class Job {
   bool verbose_;
   pid_t pid_ = -1;
   int fds_[2] = {-1, -1};  // mpirun's stdout, stderr
-  std::string partial_[2];
+  std::string partial_;     // stderr's last line, until its newline comes
+  Clock::time_point partial_since_;
+  bool raw_ = false;        // stderr passed on as it is up to its next newline
   std::optional<LaunchOutput> output_;
   std::optional<int> status_;
 };
@@ -203,25 +207,48 @@ void Job::start() {
   output_.emplace(verbose_, static_cast<long>(pid_));
 }
 
-void Job::show(const std::vector<OutputLine>& lines) {
-  for (const OutputLine& l : lines) {
-    const std::string text = l.text + "\n";
-    const int fd = l.stream == Stream::Out ? 1 : 2;
-    for (size_t at = 0; at < text.size();) {
-      const ssize_t n = ::write(fd, text.data() + at, text.size() - at);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // a closed reader: the line is dropped
-      at += static_cast<size_t>(n);
-    }
+void write_all(int fd, const char* data, size_t size) {
+  for (size_t at = 0; at < size;) {
+    const ssize_t n = ::write(fd, data + at, size - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // a closed reader: the rest is dropped
+    at += static_cast<size_t>(n);
   }
 }
 
+void Job::show(const std::vector<std::string>& lines) {
+  for (const std::string& l : lines) write_all(2, (l + "\n").data(), l.size() + 1);
+}
+
+// stdout goes on as it comes (rank 0's progress bar redraws its line
+// without a newline); stderr by lines, through LaunchOutput.
 void Job::take(int i, const char* data, size_t n) {
-  partial_[i].append(data, n);
+  if (i == 0) return write_all(1, data, n);
+  if (raw_) {
+    const char* nl = static_cast<const char*>(std::memchr(data, '\n', n));
+    const size_t upto = nl ? static_cast<size_t>(nl - data) + 1 : n;
+    write_all(2, data, upto);
+    raw_ = nl == nullptr;
+    data += upto;
+    n -= upto;
+  }
+  if (partial_.empty() && n > 0) partial_since_ = Clock::now();
+  partial_.append(data, n);
   size_t start = 0;
-  for (size_t nl; (nl = partial_[i].find('\n', start)) != std::string::npos; start = nl + 1)
-    show(output_->line(i == 0 ? Stream::Out : Stream::Err, partial_[i].substr(start, nl - start)));
-  partial_[i].erase(0, start);
+  for (size_t nl; (nl = partial_.find('\n', start)) != std::string::npos; start = nl + 1)
+    show(output_->line(partial_.substr(start, nl - start)));
+  partial_.erase(0, start);
+  if (start > 0 && !partial_.empty()) partial_since_ = Clock::now();
+}
+
+// A piece of a stderr line whose newline has not come for a while (a
+// prompt, a rank stuck mid-line) is shown as it is, and so is the rest of
+// its line: such a line is nobody's error sentence or banner.
+void Job::flush_stale() {
+  if (partial_.empty() || seconds_since(partial_since_) < 0.5) return;
+  write_all(2, partial_.data(), partial_.size());
+  partial_.clear();
+  raw_ = true;
 }
 
 // Reads what mpirun has written, waiting up to timeout_ms for it. False
@@ -243,7 +270,7 @@ bool Job::pump(int timeout_ms) {
     } else if (got == 0 || errno != EINTR) {
       ::close(fds_[i]);
       fds_[i] = -1;
-      if (!partial_[i].empty()) take(i, "\n", 1);  // a last line without its newline
+      if (i == 1 && !partial_.empty()) take(i, "\n", 1);  // a last line without its newline
     }
   }
   return true;
@@ -287,6 +314,7 @@ int Job::run() {
   bool ended = false;
   while (!status_) {
     pump(100);
+    flush_stale();
     reap();
     if (!failed_at && !output_->failure().empty()) failed_at = Clock::now();
     if (!status_ && failed_at && seconds_since(*failed_at) > kEndWaitS) {
@@ -300,8 +328,7 @@ int Job::run() {
   // Whatever still holds the pipes open is not waited for long.
   for (const auto t0 = Clock::now(); seconds_since(t0) < 2.0 && pump(100);) {
   }
-  for (int i = 0; i < 2; ++i)
-    if (!partial_[i].empty()) take(i, "\n", 1);
+  if (!partial_.empty()) take(1, "\n", 1);
   show(output_->finish());
   if (!ended) return *status_;
   std::fprintf(stderr,

@@ -21,7 +21,7 @@ enum Level { kNone, kGeneric, kMpirun, kRank };
 }  // namespace
 
 LaunchOutput::LaunchOutput(bool verbose, long mpirun_pid)
-    : verbose_(verbose), pid_tag_(fmt::format(":{}]", mpirun_pid)) {}
+    : verbose_(verbose), mpirun_pid_(mpirun_pid) {}
 
 // The deadline starts at the first failure (failure_ set); a surer
 // sentence arriving later only replaces the words.
@@ -38,30 +38,27 @@ void LaunchOutput::failed(const std::string& what, int level) {
 bool LaunchOutput::from_mpirun(const std::string& text) const {
   if (text.rfind("mpirun: abort is already in progress", 0) == 0) return true;
   if (text.empty() || text[0] != '[') return false;
-  const size_t close = text.find(']');
-  const size_t colon = close == std::string::npos ? close : text.rfind(':', close);
-  return colon != std::string::npos && text.compare(colon, close + 1 - colon, pid_tag_) == 0;
+  // The pid may be zero-padded: "[host:00995]".
+  static const std::regex tag(R"(^\[[^\]:]*:0*(\d{1,9})\])");
+  std::smatch m;
+  return std::regex_search(text, m, tag) && std::stol(m[1].str()) == mpirun_pid_;
 }
 
 void LaunchOutput::rank_line(int rank, const std::string& text, const std::string& line,
-                             std::vector<OutputLine>& out) {
+                             std::vector<std::string>& out) {
   if (text.rfind("error: ", 0) == 0 || text.rfind("internal error: ", 0) == 0) failed(line, kRank);
   std::set<int>& ranks = said_[text];
   // The same sentence from another rank: the same failure (or notice),
   // already shown. A rank repeating itself is shown again.
   const bool shown_by_another = !ranks.empty() && !ranks.count(rank);
   ranks.insert(rank);
-  if (verbose_ || !shown_by_another) out.push_back({Stream::Err, line});
+  if (verbose_ || !shown_by_another) out.push_back(line);
 }
 
-std::vector<OutputLine> LaunchOutput::line(Stream stream, const std::string& text) {
-  std::vector<OutputLine> out;
+std::vector<std::string> LaunchOutput::line(const std::string& text) {
+  std::vector<std::string> out;
   const bool was_dropped = dropped_;
   dropped_ = false;
-  if (stream == Stream::Out) {
-    out.push_back({stream, text});
-    return out;
-  }
   if (in_banner_ || dashes(text)) {
     banner_.push_back(text);
     // A banner is its opening dashes, its text and its closing dashes.
@@ -69,29 +66,29 @@ std::vector<OutputLine> LaunchOutput::line(Stream stream, const std::string& tex
     else in_banner_ = true;
     return out;
   }
-  static const std::regex rank_prefix(R"(^dpt\[rank (\d+)\]: (.*)$)");
+  static const std::regex rank_prefix(R"(^dpt\[rank (\d{1,9})\]: (.*)$)");
   std::smatch m;
   if (std::regex_match(text, m, rank_prefix)) {
     rank_line(std::stoi(m[1].str()), m[2].str(), text, out);
   } else if (from_mpirun(text) || (was_dropped && text.empty())) {
     dropped_ = true;  // and the blank line mpirun prints after its abort notice
-    if (verbose_) out.push_back({stream, text});
+    if (verbose_) out.push_back(text);
   } else {
-    out.push_back({stream, text});
+    out.push_back(text);
   }
   return out;
 }
 
 // A whole banner: mpirun's notice of a failed job is boiled down to what it
 // says about the ranks; anything else is shown.
-void LaunchOutput::banner_done(std::vector<OutputLine>& out) {
+void LaunchOutput::banner_done(std::vector<std::string>& out) {
   in_banner_ = false;
   std::string all;
   for (const std::string& l : banner_) all += l + "\n";
   const std::vector<std::string> lines = std::move(banner_);
   banner_.clear();
   if (verbose_)
-    for (const std::string& l : lines) out.push_back({Stream::Err, l});
+    for (const std::string& l : lines) out.push_back(l);
   static const std::regex noticed(R"(mpirun noticed that process rank \d+ [^\n]*)");
   static const std::regex detected(R"(Process name: \[\[\d+,\d+\],(\d+)\][\s\S]*Exit code: *(\d+))");
   std::smatch m;
@@ -100,24 +97,24 @@ void LaunchOutput::banner_done(std::vector<OutputLine>& out) {
   } else if (has(all, "exited with non-zero status") && std::regex_search(all, m, detected)) {
     const std::string what = fmt::format("dpt launch: rank {} exited with status {}", m[1].str(), m[2].str());
     // A rank that said why it failed needs no second sentence.
-    if (level_ < kRank && !verbose_) out.push_back({Stream::Err, what});
+    if (level_ < kRank && !verbose_) out.push_back(what);
     failed(what, kMpirun);
   } else if (std::regex_search(all, m, noticed)) {
     // A signal: the rank had no chance to say anything, so this line is kept.
-    if (!verbose_) out.push_back({Stream::Err, m[0].str()});
+    if (!verbose_) out.push_back(m[0].str());
     failed(m[0].str(), kMpirun);
   } else {
     // Shown: mpirun's words are the only account of these.
     if (has(all, "lost communication with a remote daemon")) failed("mpirun lost contact with a host", kMpirun);
     if (has(all, "MPI_ABORT was invoked")) failed("a rank called MPI_Abort", kMpirun);
     if (!verbose_)
-      for (const std::string& l : lines) out.push_back({Stream::Err, l});
+      for (const std::string& l : lines) out.push_back(l);
   }
 }
 
-std::vector<OutputLine> LaunchOutput::finish() {
-  std::vector<OutputLine> out;
-  for (const std::string& l : banner_) out.push_back({Stream::Err, l});
+std::vector<std::string> LaunchOutput::finish() {
+  std::vector<std::string> out;
+  for (const std::string& l : banner_) out.push_back(l);
   banner_.clear();
   in_banner_ = false;
   return out;

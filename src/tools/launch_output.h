@@ -1,7 +1,9 @@
-// What `dpt launch` shows of a job's output (docs/launch.md, "Output").
+// What `dpt launch` shows of a job's stderr (docs/launch.md, "Output").
 //
-// mpirun's stdout and stderr carry every rank's output and mpirun's own
-// text. The launcher passes rank lines through as they come, but
+// mpirun's stderr carries every rank's stderr and mpirun's own text (its
+// stdout, the ranks' stdout, is passed on byte for byte: rank 0's progress
+// bar is drawn on the pseudo-terminal Open MPI gives it). The launcher
+// passes lines through as they come, but
 //  - a line `dpt[rank N]: TEXT` that another rank already printed with the
 //    same TEXT is left out: a failure every rank reports alike shows once;
 //  - mpirun's boilerplate on a failed job (its dashed "Primary job
@@ -22,35 +24,29 @@
 
 namespace dpt {
 
-enum class Stream { Out, Err };
-
-struct OutputLine {
-  Stream stream;
-  std::string text;  // without its newline
-};
-
 class LaunchOutput {
  public:
   // mpirun_pid: mpirun's own lines start "[host:pid]".
   LaunchOutput(bool verbose, long mpirun_pid);
 
-  // One complete line of mpirun's stdout or stderr: the lines to print now.
-  std::vector<OutputLine> line(Stream stream, const std::string& text);
+  // One complete line of mpirun's stderr, without its newline: the lines
+  // to print now.
+  std::vector<std::string> line(const std::string& text);
   // At the end of the output: a banner mpirun left open, as it is.
-  std::vector<OutputLine> finish();
+  std::vector<std::string> finish();
 
   // The job's first failure in one sentence (a rank's error line, or which
   // rank mpirun saw exit); empty while there is none.
   const std::string& failure() const { return failure_; }
 
  private:
-  void banner_done(std::vector<OutputLine>& out);
-  void rank_line(int rank, const std::string& text, const std::string& line, std::vector<OutputLine>& out);
+  void banner_done(std::vector<std::string>& out);
+  void rank_line(int rank, const std::string& text, const std::string& line, std::vector<std::string>& out);
   bool from_mpirun(const std::string& text) const;
   void failed(const std::string& what, int level);
 
   bool verbose_;
-  std::string pid_tag_;               // ":<mpirun's pid>]"
+  long mpirun_pid_;
   bool in_banner_ = false;
   std::vector<std::string> banner_;   // its lines, dashes included
   std::map<std::string, std::set<int>> said_;  // a rank line's text -> the ranks that said it

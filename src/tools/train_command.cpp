@@ -1,3 +1,5 @@
+#include <cstdlib>
+
 #include "core/error.h"
 #include "core/threads.h"
 #include "comm/process_group.h"
