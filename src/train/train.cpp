@@ -370,6 +370,12 @@ void check_flags(const TrainOptions& o, const Mesh& mesh) {
     throw InputError("--load and --resume both give the starting weights; give one");
 }
 
+// The same, and the outputs rank 0 must be able to create.
+void check_run(const TrainOptions& o, const Mesh& mesh, comm::ProcessGroup& pg) {
+  check_flags(o, mesh);
+  check_outputs(o, pg);
+}
+
 }  // namespace
 
 void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg,
@@ -728,8 +734,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // The mesh first: an impossible one is refused before anything else.
   const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp);
   if (o.strategy.empty()) o.strategy = default_strategy(mesh.dp);
-  check_flags(o, mesh);
-  check_outputs(o, pg);
+  check_run(o, mesh, pg);
   if (o.strategy == "dp") {
     check_dp_options(o, world);
     return run_dp_training(o);
