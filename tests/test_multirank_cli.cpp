@@ -293,7 +293,7 @@ TEST_F(MultirankCliTest, FailureEveryRankReportsAlikeIsShownOnce) {
   EXPECT_EQ(r.code, 1) << r.all();
   EXPECT_EQ(count_lines(r.err, "dpt[rank 0]: error: the same on every rank"), 1) << r.err;
   EXPECT_EQ(count_lines(r.err, "dpt[rank 1]: error: the same on every rank"), 1) << r.err;
-  EXPECT_TRUE(has(r.err, "mpirun detected that one or more processes exited with non-zero status")) << r.err;
+  EXPECT_TRUE(has(r.err, "Primary job  terminated normally, but 1 process returned")) << r.err;
 }
 
 // The same from training: rank 0 cannot create the checkpoint directory
@@ -318,11 +318,14 @@ TEST_F(MultirankCliTest, TrainingFailureOnEveryRankIsShownOnce) {
 }
 
 // A rank that exits without a word: dpt launch names it and its status,
-// in one line, and passes the status on.
+// in one line, and passes the status on. (mpirun does not always print the
+// banner that names the rank: 3 runs in 20 here. The line then says so.)
 TEST_F(MultirankCliTest, RankThatExitsSilentlyIsNamed) {
   const RunResult r = dpt("launch -n 2 -- sh -c 'if [ $OMPI_COMM_WORLD_RANK = 1 ]; then exit 3; fi; sleep 5'");
   EXPECT_EQ(r.code, 3) << r.all();
-  EXPECT_EQ(r.err, "dpt launch: rank 1 exited with status 3\n");
+  EXPECT_TRUE(r.err == "dpt launch: rank 1 exited with status 3\n" ||
+              r.err == "dpt launch: a rank exited with status 3; mpirun did not say which (--verbose shows its text)\n")
+      << r.err;
   EXPECT_LT(r.seconds, 5.0) << "mpirun ends rank 0 when rank 1 fails";
 }
 

@@ -330,6 +330,9 @@ int Job::run() {
   }
   if (!partial_.empty()) take(1, "\n", 1);
   show(output_->finish());
+  if (!ended && *status_ != 0 && output_->failure_unnamed() && !verbose_)
+    std::fprintf(stderr, "dpt launch: a rank exited with status %d; mpirun did not say which (--verbose shows its text)\n",
+                 *status_);
   if (!ended) return *status_;
   std::fprintf(stderr,
                "dpt launch: mpirun had not ended the job %.0f s after its first failure (%s): ended mpirun and what "

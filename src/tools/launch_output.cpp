@@ -31,6 +31,8 @@ void LaunchOutput::failed(const std::string& what, int level) {
   failure_ = what;
 }
 
+bool LaunchOutput::failure_unnamed() const { return level_ == kGeneric; }
+
 // mpirun's own lines outside banners: "mpirun: abort is already in
 // progress...", and what mpirun itself logs as "[host:pid] ..." (PMIx
 // errors, the trace of its own crash). A rank's "[host:pid]" lines carry

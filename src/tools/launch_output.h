@@ -38,6 +38,10 @@ class LaunchOutput {
   // The job's first failure in one sentence (a rank's error line, or which
   // rank mpirun saw exit); empty while there is none.
   const std::string& failure() const { return failure_; }
+  // Whether a failure was seen but nothing shown names the rank: mpirun
+  // sometimes prints its "Primary job terminated normally..." banner and
+  // not the next one, which names the rank and its status.
+  bool failure_unnamed() const;
 
  private:
   void banner_done(std::vector<std::string>& out);
