@@ -236,6 +236,99 @@ TEST_F(MultirankCliTest, LaunchOfZeroRanksFails) {
   }
 }
 
+// ---------------------------------------------------------------- errors once
+
+// Lines of `text` that hold `what`.
+int count_lines(const std::string& text, const std::string& what) {
+  std::istringstream in(text);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += has(line, what);
+  return n;
+}
+
+// Open MPI's own text on a failed job, which dpt launch leaves out.
+void expect_no_mpirun_text(const std::string& err) {
+  for (const char* text : {"Primary job", "mpirun detected", "Per user-direction", "-----", "abort is already"})
+    EXPECT_FALSE(has(err, text)) << text << " in:\n" << err;
+}
+
+// A bad mesh, and the other checks train makes before it builds anything,
+// are refused by the launcher in train's own sentence, once, before any
+// rank starts: no "dpt[rank N]" (which a rank would print), no mpirun text,
+// in well under a second of MPI start-up.
+TEST_F(MultirankCliTest, LaunchRefusesWhatTrainWouldBeforeAnyRankStarts) {
+  const std::string train = q(dpt_bin()) + " train --synthetic --steps 2 --threads 1 --quiet";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"-n 4 -- " + train + " --model gpt --tp 3", "4 ranks do not split into --tp 3 x --pp 1 (a multiple of 3 is needed)"},
+      {"-n 2 -- " + train + " --model mlp --pp 2", "--pp splits a GPT's blocks into stages; the mlp model has none"},
+      {"-n 3 -- " + train + " --model mlp --batch 16", "global batch 16 does not split into 3 ranks x 1 equal micro-batches"},
+      {"-n 2 -- " + train + " --model mlp --shard-group 2", "--shard-group is hsdp's; --strategy ddp has no shard groups"},
+      {"-n 2 -- " + train + " --model mlp --bogus", "The following argument was not expected: --bogus"},
+      // --dry-run checks too: it answers whether the job would start.
+      {"-n 4 --dry-run -- " + train + " --model gpt --tp 3", "4 ranks do not split into --tp 3 x --pp 1"},
+  };
+  for (const auto& [args, says] : cases) {
+    SCOPED_TRACE(args);
+    const RunResult r = dpt("launch " + args);
+    EXPECT_EQ(r.code, 1) << r.all();
+    EXPECT_TRUE(r.err.starts_with("dpt: error: " + says)) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_EQ(r.out, "");
+    EXPECT_LT(r.seconds, 5.0);
+  }
+}
+
+// Every rank says the same sentence and exits 1: shown once, exit 1, none of
+// mpirun's text; --verbose shows each rank's line and mpirun's text.
+TEST_F(MultirankCliTest, FailureEveryRankReportsAlikeIsShownOnce) {
+  const std::string job =
+      "-- sh -c 'echo \"dpt[rank $OMPI_COMM_WORLD_RANK]: error: the same on every rank\" >&2; sleep 1; exit 1'";
+  RunResult r = dpt("launch -n 2 " + job);
+  EXPECT_EQ(r.code, 1) << r.all();
+  EXPECT_EQ(count_lines(r.err, "error: the same on every rank"), 1) << r.err;
+  EXPECT_EQ(r.err, r.err.starts_with("dpt[rank 0]") ? "dpt[rank 0]: error: the same on every rank\n"
+                                                    : "dpt[rank 1]: error: the same on every rank\n");
+  expect_no_mpirun_text(r.err);
+  r = dpt("launch -n 2 --verbose " + job);
+  EXPECT_EQ(r.code, 1) << r.all();
+  EXPECT_EQ(count_lines(r.err, "dpt[rank 0]: error: the same on every rank"), 1) << r.err;
+  EXPECT_EQ(count_lines(r.err, "dpt[rank 1]: error: the same on every rank"), 1) << r.err;
+  EXPECT_TRUE(has(r.err, "Primary job  terminated normally, but 1 process returned")) << r.err;
+}
+
+// The same from training: rank 0 cannot create the checkpoint directory
+// (its parent is a file) and every rank stops with rank 0's sentence.
+TEST_F(MultirankCliTest, TrainingFailureOnEveryRankIsShownOnce) {
+  std::ofstream(dir_ / "a_file") << "x";
+  const std::string train = fmt::format("train --model mlp --synthetic --steps 3 --sizes {} --threads 1 --quiet "
+                                        "--checkpoint-every 1 --checkpoint-dir {}",
+                                        kSizes, q(dir_ / "a_file" / "ck"));
+  const std::string says = "cannot create the checkpoint directory: Not a directory";
+  RunResult r = launch2(train);
+  EXPECT_EQ(r.code, 1) << r.all();
+  EXPECT_EQ(count_lines(r.err, says), 1) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_TRUE(r.err.starts_with("dpt[rank ")) << r.err;
+  expect_no_mpirun_text(r.err);
+  EXPECT_EQ(r.out, "");
+  // Each rank said it (both print before mpirun notices the first exit).
+  r = dpt(fmt::format("launch -n 2 --verbose -- {} {}", q(dpt_bin()), train));
+  EXPECT_EQ(r.code, 1) << r.all();
+  EXPECT_EQ(count_lines(r.err, says), 2) << r.err;
+}
+
+// A rank that exits without a word: dpt launch names it and its status,
+// in one line, and passes the status on. (mpirun does not always print the
+// banner that names the rank: 3 runs in 20 here. The line then says so.)
+TEST_F(MultirankCliTest, RankThatExitsSilentlyIsNamed) {
+  const RunResult r = dpt("launch -n 2 -- sh -c 'if [ $OMPI_COMM_WORLD_RANK = 1 ]; then exit 3; fi; sleep 5'");
+  EXPECT_EQ(r.code, 3) << r.all();
+  EXPECT_TRUE(r.err == "dpt launch: rank 1 exited with status 3\n" ||
+              r.err == "dpt launch: a rank exited with status 3; mpirun did not say which (--verbose shows its text)\n")
+      << r.err;
+  EXPECT_LT(r.seconds, 5.0) << "mpirun ends rank 0 when rank 1 fails";
+}
+
 // ---------------------------------------------------------------- real jobs
 
 TEST_F(MultirankCliTest, BenchCommOnTwoRanks) {

@@ -91,7 +91,7 @@ class LaunchCommand {
   explicit LaunchCommand(CLI::App& app);
   bool chosen() const { return cmd_->parsed(); }
   int run();
-  std::vector<std::string> mpirun_args() const;  // the command line run() execs
+  std::vector<std::string> mpirun_args() const;  // the command line run() runs (tools/launch_job.h)
 
  private:
   int run_with_restarts(const std::vector<std::string>& args) const;
@@ -101,6 +101,7 @@ class LaunchCommand {
   int max_restarts_ = 0;
   std::string hostfile_, bind_ = "none";
   bool dry_run_ = false;
+  bool verbose_ = false;  // every line of the job's output as it came (tools/launch_output.h)
   std::vector<std::string> command_;
 };
 

@@ -1,9 +1,6 @@
 // `dpt launch`: mpirun with the defaults a dptrain job wants (docs/launch.md
-// says why each one is there).
-#include <sys/wait.h>
+// says why each one is there), run by tools/launch_job.h.
 #include <unistd.h>
-
-#include <csignal>
 
 #include <algorithm>
 #include <cctype>
@@ -22,6 +19,7 @@
 #include "train/checkpoint.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
+#include "tools/launch_job.h"
 
 extern char** environ;
 
@@ -127,7 +125,9 @@ LaunchCommand::LaunchCommand(CLI::App& app) {
   cmd_->add_option("--hostfile", hostfile_, "Open MPI hostfile (default: all ranks on this host)");
   cmd_->add_option("--bind", bind_, "none (default): ranks float over all cores; core: pin each rank to one")
       ->check(CLI::IsMember({"none", "core"}));
-  cmd_->add_flag("--dry-run", dry_run_, "print the mpirun command instead of running it");
+  cmd_->add_flag("--dry-run", dry_run_, "check a dpt train command, then print the mpirun command instead of running it");
+  cmd_->add_flag("--verbose", verbose_,
+                 "show every line as it came: each rank's, where ranks said the same, and mpirun's own");
   cmd_->add_option("--max-restarts", max_restarts_,
                    "when the job fails, run it again from the latest checkpoint of its --checkpoint-dir, at most this "
                    "many times")
@@ -214,37 +214,6 @@ std::vector<std::string> with_resume(const std::vector<std::string>& cmd, const 
   return out;
 }
 
-volatile std::sig_atomic_t g_child = 0, g_stop = 0;
-
-// A signal to the launcher (a scheduler's SIGTERM, Ctrl-C) goes to the job,
-// and the job is not restarted after it: stopping was asked for.
-void forward_signal(int sig) {
-  g_stop = sig;
-  if (g_child > 0) ::kill(static_cast<pid_t>(g_child), sig);
-}
-
-// Runs args to completion; returns its exit status (128 + signal if killed).
-int run_child(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = ::fork();
-  if (pid < 0) throw InputError(fmt::format("cannot start {}: {}", args[0], std::strerror(errno)));
-  if (pid == 0) {
-    ::execvp(args[0].c_str(), argv.data());
-    std::fprintf(stderr, "dpt: error: cannot run %s: %s (install openmpi-bin)\n", args[0].c_str(), std::strerror(errno));
-    ::_exit(127);
-  }
-  g_child = pid;
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  g_child = 0;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 }  // namespace
 
 // torchrun's elastic restart, for a fixed world: the job runs again from its
@@ -254,16 +223,12 @@ int LaunchCommand::run_with_restarts(const std::vector<std::string>& args) const
   const std::string dir = flag_value(command_, "--checkpoint-dir");
   if (dir.empty())
     throw InputError("--max-restarts restarts from checkpoints: give the command a --checkpoint-dir");
-  struct sigaction sa {};
-  sa.sa_handler = forward_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
+  supervise_jobs();
   const size_t command_at = args.size() - command_.size();
   std::vector<std::string> run = args;
   for (int attempt = 0;; ++attempt) {
-    const int status = run_child(run);
-    if (status == 0 || g_stop) return status;
+    const int status = run_job(run, verbose_);
+    if (status == 0 || stop_signal()) return status;
     if (attempt == max_restarts_) {
       std::fprintf(stderr, "dpt launch: the job failed (exit status %d) and has used its %d restart%s\n", status,
                    max_restarts_, max_restarts_ == 1 ? "" : "s");
@@ -285,7 +250,14 @@ int LaunchCommand::run_with_restarts(const std::vector<std::string>& args) const
 }
 
 int LaunchCommand::run() {
+  // Set by the precheck for its own child only; a rank that saw it would
+  // check and stop instead of training.
+  ::unsetenv(kPrecheckWorld);
   const auto args = mpirun_args();
+  // A `dpt train` command that would fail alike on every rank (its flags,
+  // its mesh for -n ranks) is refused here, once, before any rank starts;
+  // --dry-run checks too, so that it answers whether the job would start.
+  if (const int refused = precheck(command_, ranks_)) return refused;
   if (dry_run_) {
     std::string line;
     for (const auto& a : args) line += (line.empty() ? "" : " ") + shell_quote(a);
@@ -293,13 +265,8 @@ int LaunchCommand::run() {
     return 0;
   }
   if (max_restarts_ > 0) return run_with_restarts(args);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  ::execvp(kMpirun, argv.data());
-  throw InputError(fmt::format("cannot run {}: {} (install openmpi-bin)", kMpirun, std::strerror(errno)));
+  supervise_jobs();
+  return run_job(args, verbose_);
 }
 
 }  // namespace dpt

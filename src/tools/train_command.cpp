@@ -1,3 +1,5 @@
+#include <cstdlib>
+
 #include "core/error.h"
 #include "core/threads.h"
 #include "comm/process_group.h"
@@ -6,6 +8,8 @@
 #include "parallel/catalog.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
+#include "tools/launch_job.h"
+#include "train/run_checks.h"
 
 namespace dpt {
 
@@ -168,6 +172,11 @@ int TrainCommand::run() {
   if (!comm_algo_.empty()) config.algo = comm::parse_algo(comm_algo_);
   if (!transport_.empty()) config.transport = comm::parse_transport(transport_);
   if (comm_timeout_s_ > 0) config.timeout = std::chrono::milliseconds(static_cast<int64_t>(comm_timeout_s_ * 1000));
+  // dpt launch's check before it starts any rank (tools/launch_job.h).
+  if (const char* world = std::getenv(kPrecheckWorld)) {
+    check_launch(opts_, std::atoi(world));
+    return 0;
+  }
   auto pg = comm::ProcessGroup::create(config);
   // Threads per rank: all cores for one process; with several ranks on a
   // host, the launcher's OMP_NUM_THREADS (dpt launch sets cores / ranks).

@@ -134,11 +134,9 @@ void check_placement(const TrainOptions& o) {
 
 }  // namespace
 
-// The flags that can be checked before anything is built.
-void check_run(const TrainOptions& o, const Mesh& mesh, comm::ProcessGroup& pg) {
+void check_flags(const TrainOptions& o, const Mesh& mesh) {
   check_pipeline(o, mesh);
   check_tensor_parallel(o, mesh);
-  check_outputs(o, pg);
   check_placement(o);
   check_shard_group(o.strategy, o.shard_group);
   if (o.strategy->refuse)
@@ -148,15 +146,27 @@ void check_run(const TrainOptions& o, const Mesh& mesh, comm::ProcessGroup& pg) 
                         .offload = o.offload != Offload::None});
 }
 
-Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg) {
+Mesh checked_flags(TrainOptions& o, int world, int rank) {
   apply_defaults(o);
-  const Mesh mesh = Mesh::layout(pg.size(), pg.rank(), o.tp, o.pp);
+  const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp);
   if (!o.load.empty() && !o.resume.empty())
     throw InputError("--load and --resume both give the starting weights; give one");
   resolve_model(o);  // --load's file read once, for every check and the set-up
   if (!o.strategy.set()) o.strategy = default_strategy(mesh.dp);
-  check_run(o, mesh, pg);
+  check_flags(o, mesh);
   return mesh;
+}
+
+Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg) {
+  const Mesh mesh = checked_flags(o, pg.size(), pg.rank());
+  check_outputs(o, pg);
+  return mesh;
+}
+
+void check_launch(TrainOptions o, int world) {
+  const Mesh mesh = checked_flags(o, world, 0);
+  if (!o.strategy->in_threads())
+    micro_batch(o, mesh.dp, mesh.pp == 1 && mesh.tp == 1 ? "ranks" : "data-parallel replicas");
 }
 
 // check_memory for this rank. Under --pp the stages hold different parts of

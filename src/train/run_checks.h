@@ -24,16 +24,27 @@ void apply_defaults(TrainOptions& opts);
 // InputError naming `parts_name` when it does not split evenly.
 int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
 
-// The flags that can be checked before anything is built, on the mesh the
-// run has (Mesh::layout refuses a world tp x pp does not divide), the
-// strategy's catalog record's refusals last.
-void check_run(const TrainOptions& o, const Mesh& mesh, comm::ProcessGroup& pg);
+// The flags that can be checked before anything is built and with no peer,
+// on the mesh the run has: the pipeline, tensor parallelism, where it
+// computes, the shard group, the strategy's catalog record's refusals.
+void check_flags(const TrainOptions& o, const Mesh& mesh);
 
-// A run's start: the defaults filled in (apply_defaults), the mesh laid
-// out (an impossible one is refused before anything else), the default
-// strategy for its data-parallel degree named, and check_run passed (the
-// strategy's own refusals among them). Returns the mesh.
+// A run's start as rank `rank` of `world`, with no peer: the defaults
+// filled in (apply_defaults), the mesh laid out (an impossible one is
+// refused before anything else: Mesh::layout), --load and --resume not both,
+// the model's configuration resolved (--load's file read once), the default
+// strategy for the data-parallel degree named, and check_flags passed.
+// Returns the mesh.
+Mesh checked_flags(TrainOptions& o, int world, int rank);
+
+// checked_flags on this rank, then what needs the group: rank 0 can create
+// the run's output files. Returns the mesh.
 Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg);
+
+// What `dpt launch` checks before it starts any rank (docs/launch.md):
+// checked_flags as rank 0 of `world` ranks, and the batch's split over the
+// data-parallel replicas. Throws what run_training would.
+void check_launch(TrainOptions o, int world);
 
 // Refuses, in one sentence, a pipeline the engine cannot run: another model
 // than the GPT, a model with fewer blocks than stages, a bad --pp-split,

@@ -10,7 +10,11 @@
 //   - a rank killed on one host ends every rank within 10 s, and the output
 //     names the dead rank;
 //   - a cut link ends every rank within the collective timeout (5 s) + 5 s,
-//     each with one sentence naming the collective, the group and the peer.
+//     each with one sentence naming the collective, the group and the peer,
+//     and `dpt launch` itself within the timeout + 10 s, though mpirun
+//     cannot reach the cut-off host's daemon to end the job;
+//   - --max-restarts then restarts without waiting on the lost host, and
+//     stops once the restarts, failing at setup, are used up.
 //
 // Each test makes its own pair of hosts (named after its pid, so concurrent
 // runs never meet) and removes it on every exit path; a run killed before
@@ -22,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -339,6 +344,7 @@ TEST_F(TwoHosts, CutLinkEndsEveryRankWithinTheTimeoutPlus5s) {
   ASSERT_TRUE(wait_for_training(60)) << test::read_file(dir_ / "job.out");
   const RunResult cut = sh(fmt::format("{} cut {}", q(script()), name_), 10);
   ASSERT_EQ(cut.code, 0) << cut.all();
+  const auto cut_at = Clock::now();
   const double s = seconds_until_gone(pids, 30);
   EXPECT_LE(s, 10.0) << test::read_file(dir_ / "job.out");
   // Each rank: one sentence naming the group, the collective and the peer:
@@ -366,9 +372,51 @@ TEST_F(TwoHosts, CutLinkEndsEveryRankWithinTheTimeoutPlus5s) {
     std::printf("%s", err.c_str());
   }
   EXPECT_GE(timed_out, 1) << "no rank timed out: the cut was not what ended the job";
-  // mpirun cannot reach host b's daemon any more: `down` ends it.
-  finish(job_pid, 0);
-  std::printf("every rank ended %.2f s after the link was cut (timeout 5 s)\n", s);
+  // mpirun cannot reach host b's daemon any more; dpt launch ends it (and
+  // what it started here) on its own, non-zero. `down` ends it only when
+  // that fails.
+  const auto since_cut = [&] { return std::chrono::duration<double>(Clock::now() - cut_at).count(); };
+  const int status = finish(job_pid, std::max(0.0, 15.0 - since_cut()));
+  const double returned = since_cut();
+  const std::string out = test::read_file(dir_ / "job.out");
+  EXPECT_LE(returned, 15.0) << "dpt launch did not return by itself:\n" << out;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << status << "\n" << out;
+  std::printf("every rank ended %.2f s after the link was cut (timeout 5 s); dpt launch returned after %.2f s:\n%s",
+              s, returned, out.c_str());
+}
+
+// The same cut under --max-restarts 2: the first job is ended as above,
+// and each restart fails at once (mpirun cannot start its daemon on host
+// b: host a's end of the link is down), so dpt launch stops after the
+// second, without waiting on the lost host at any point.
+TEST_F(TwoHosts, CutLinkUnderMaxRestartsStopsWithoutWaitingOnTheLostHost) {
+  // The ranks take the launcher's --checkpoint-dir (and the --resume it
+  // adds on a restart) as arguments of their script.
+  const fs::path rank_sh = dir_ / "restartable.sh";
+  std::ofstream(rank_sh) << fmt::format("echo $$ > {}/pid.$OMPI_COMM_WORLD_RANK\nexec {} train {} \"$@\"\n", q(dir_),
+                                        q(dpt_bin()),
+                                        fmt::format("{} --batch 8 --steps 100000 --log-every 1", model()));
+  const pid_t job_pid = start(on_hosts(
+      fmt::format("{} launch -n 4 --hostfile \"$({} hostfile {})\" --max-restarts 2 -- sh {} --checkpoint-dir {} "
+                  "--checkpoint-every 5",
+                  q(dpt_bin()), q(script()), name_, q(rank_sh), q(dir_ / "ck")),
+      "DPT_COMM_TIMEOUT=5"));
+  const std::vector<pid_t> pids = rank_pids(60);
+  ASSERT_EQ(pids.size(), 4u) << test::read_file(dir_ / "job.out");
+  ASSERT_TRUE(wait_for_training(60)) << test::read_file(dir_ / "job.out");
+  ASSERT_EQ(sh(fmt::format("{} cut {}", q(script()), name_), 10).code, 0);
+  const auto cut_at = Clock::now();
+  const int status = finish(job_pid, 25.0);
+  const double returned = std::chrono::duration<double>(Clock::now() - cut_at).count();
+  const std::string out = test::read_file(dir_ / "job.out");
+  // The timeout, the 5 s given to mpirun and the 2 s before SIGKILL, then
+  // two restarts that fail within a second or two each.
+  EXPECT_LE(returned, 20.0) << out;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << status << "\n" << out;
+  EXPECT_NE(out.find("restart 1 of 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("restart 2 of 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("and has used its 2 restarts"), std::string::npos) << out;
+  std::printf("dpt launch gave up %.2f s after the link was cut:\n%s", returned, out.c_str());
 }
 
 }  // namespace
