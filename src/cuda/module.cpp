@@ -1,4 +1,4 @@
-// The one symbol libdpt_cuda.so exports to the engine (cuda/backend.h).
+// The one symbol libdpt_cuda.so exports to the engine (device/cuda_backend.h).
 #include "cuda/module.h"
 
 extern "C" __attribute__((visibility("default"))) const dpt::cuda::Backend* dpt_cuda_backend() {

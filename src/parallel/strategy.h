@@ -16,9 +16,11 @@
 //   checkpoints:   s.state_spans()        what this rank writes and reads
 //                  s.restored(step)       after a resume's reads
 //
-// Implementations: local (one process), ddp (replicas, bucketed all-reduce;
-// parallel/ddp.cpp) and zero1/zero2/zero3 (parallel/zero.cpp). Naive DP keeps
-// its own threaded loop (train/naive_dp.cpp; docs/architecture.md says why).
+// Implementations: local (one process) and ddp (replicas, bucketed
+// all-reduce; parallel/replicated.cpp), zero1/zero2/zero3 and hsdp
+// (parallel/zero.cpp), each with its record in the strategy catalog
+// (parallel/catalog.h), which makes it. Naive DP keeps its own threaded loop
+// (train/naive_dp.cpp; docs/architecture.md says why).
 #pragma once
 
 #include <cstddef>
