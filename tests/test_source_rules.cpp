@@ -161,10 +161,23 @@ std::vector<LongFunction> long_functions(const SourceFile& f, int limit) {
   std::vector<Scope> scopes;
   std::vector<LongFunction> out;
   std::string pending;  // declaration text since the last ; { } outside functions
-  int line = 1, pending_line = 0;
+  int line = 1, pending_line = 0, init_depth = 0;
   const auto in_function = [&] { return !scopes.empty() && scopes.back().function; };
+  // A constructor's member initialised with braces (": a_{x}, b_{y} {"):
+  // part of its signature, not a body.
+  static const std::regex member_init(R"(\)\s*(const\s*|noexcept\s*)*:[^:][^;]*[A-Za-z0-9_>]\s*$)");
   for (char c : code) {
     if (c == '\n') ++line;
+    if (init_depth > 0) {
+      init_depth += c == '{' ? 1 : c == '}' ? -1 : 0;
+      pending += c;
+      continue;
+    }
+    if (!in_function() && c == '{' && std::regex_search(pending, member_init)) {
+      init_depth = 1;
+      pending += c;
+      continue;
+    }
     if (in_function()) {
       if (c == '{') scopes.push_back({true, 0});
       if (c == '}') {
@@ -241,12 +254,15 @@ TEST(FunctionLength, ALongFunctionIsFoundAndShortOnesAreNot) {
   for (int i = 0; i < 85; ++i) body += "  x += " + std::to_string(i) + ";\n";
   const std::string text = "#include <x>\nnamespace a {\nstruct S {\n  int f() const { return 1; }\n};\n"
                            "// a comment with a brace {\n"
+                           "S::S(int a)\n    : a_{a},\n      b_{a + 1} {\n" + body + "}\n"
                            "int long_one(int x,\n             int y) {\n" + body + "  if (x) {\n    y = '{';\n  }\n"
                            "  return x + y;\n}\nvoid short_one() { const char* s = \"}}}\"; }\n}  // namespace a\n";
   const auto v = long_functions({"a/b.cpp", text}, 80);
-  ASSERT_EQ(v.size(), 1u);
-  EXPECT_EQ(v[0].where, "src/a/b.cpp:7");
-  EXPECT_EQ(v[0].lines, 2 + 85 + 3 + 2);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].where, "src/a/b.cpp:7");  // the constructor, from its signature
+  EXPECT_EQ(v[0].lines, 3 + 85 + 1);
+  EXPECT_EQ(v[1].where, "src/a/b.cpp:96");
+  EXPECT_EQ(v[1].lines, 2 + 85 + 3 + 2);
   EXPECT_TRUE(long_functions({"a/b.cpp", text}, 100).empty());
 }
 
@@ -262,7 +278,7 @@ TEST(FunctionLength, NoFunctionInSrcIsOver80Lines) {
 // the command line's edge, code asks the strategy's record.
 std::vector<std::string> strategy_name_comparisons(const std::vector<SourceFile>& files) {
   static const std::regex compared(
-      R"re((==|!=)\s*"(local|ddp|zero[123]|fsdp|hsdp|dp)"|"(local|ddp|zero[123]|fsdp|hsdp|dp)"\s*(==|!=)|zero_stage\()re");
+      R"re((==|!=|compare\(|find\(.*,)\s*"(local|ddp|zero[123]|fsdp|hsdp|dp)"|"(local|ddp|zero[123]|fsdp|hsdp|dp)"\s*(==|!=)|zero_stage\()re");
   std::vector<std::string> out;
   for (const SourceFile& f : files) {
     // The catalog and the command line (the edge, where names are parsed).

@@ -11,8 +11,7 @@
 namespace dpt::comm {
 
 // Collective: "" when no rank of pg has a problem, else the message to
-// throw here: this rank's own problem, or the first failing rank's (cut to
-// 511 bytes).
+// throw here: the first failing rank's (cut to 511 bytes on the others).
 std::string agreed_error(ProcessGroup& pg, const std::string& problem);
 
 // Collective: throws E with agreed_error's message on every rank when any

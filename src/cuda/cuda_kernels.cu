@@ -767,7 +767,7 @@ class CudaKernels final : public Kernels {
     LAUNCHED();
   }
 
-  // Events marking the compute stream for collectives (backend.h).
+  // Events marking the compute stream for collectives (device/cuda_backend.h).
   void* record_ready() const {
     bind();
     cudaEvent_t e = nullptr;

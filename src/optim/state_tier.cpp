@@ -50,10 +50,6 @@ Offload parse_offload(const std::string& s) {
   throw InputError(fmt::format("unknown --offload '{}' (expected optimizer or params)", s));
 }
 
-const char* offload_name(Offload o) {
-  return o == Offload::Params ? "params" : o == Offload::Optimizer ? "optimizer" : "none";
-}
-
 std::unique_ptr<StateTier> make_state_tier(const OffloadOptions& options, int rank, Device device) {
   if (options.what == Offload::None) return std::make_unique<RamTier>(device);
   if (device != Device::CPU)

@@ -98,7 +98,6 @@ class RamTier : public StateTier {
 enum class Offload { None, Optimizer, Params };
 // "optimizer" or "params" ("" and "none": None); InputError otherwise.
 Offload parse_offload(const std::string& s);
-const char* offload_name(Offload o);  // "none", "optimizer", "params"
 
 // Where a strategy keeps its optimizers' state.
 struct OffloadOptions {

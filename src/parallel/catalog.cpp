@@ -86,6 +86,13 @@ const StrategyRecord& find_strategy(const std::string& name) {
 }
 
 const StrategyRecord& register_strategy(StrategyRecord record) {
+  // What the loop, the planner and the summary call on every record.
+  const bool runs_here = !record.in_threads();
+  if (record.name.empty() || !record.fits_because || !record.formula || !record.bytes || !record.traffic ||
+      (runs_here && !record.make))
+    throw InputError(fmt::format("strategy '{}' cannot be registered: a record needs a name, fits_because, formula, "
+                                 "bytes, traffic and (unless it runs in threads) make",
+                                 record.name));
   std::lock_guard<std::mutex> lock(records_mutex());
   std::vector<std::string> names = record.aliases;
   names.push_back(record.name);
@@ -140,14 +147,19 @@ const StrategyRecord& plannable_strategy(const std::string& name) {
   throw InputError(fmt::format("unknown strategy '{}' (expected {})", name, list));
 }
 
-StrategyRef::StrategyRef(const std::string& name) : r_(&find_strategy(name)) {}
+StrategyRef::StrategyRef(const StrategyRecord& r) : r_(&r), name_(r.name) {}
+
+StrategyRef::StrategyRef(const std::string& name) : r_(&find_strategy(name)), name_(name) {}
 
 const StrategyRecord& StrategyRef::operator*() const {
   DPT_CHECK(r_ != nullptr, "a strategy was asked of options that name none");
   return *r_;
 }
 
-const std::string& StrategyRef::name() const { return (**this).name; }
+const std::string& StrategyRef::name() const {
+  DPT_CHECK(r_ != nullptr, "a strategy's name was asked of options that name none");
+  return name_;
+}
 
 std::ostream& operator<<(std::ostream& os, const StrategyRef& s) { return os << (s.set() ? s.name() : "(default)"); }
 
@@ -160,7 +172,8 @@ void check_mesh_strategy(const StrategyRef& strategy, const std::string& with) {
 
 void check_shard_group(const StrategyRef& strategy, int shard_group) {
   if (shard_group > 0 && (!strategy.set() || !strategy->shard_groups))
-    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", strategy.name()));
+    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups",
+                                 strategy.set() ? strategy.name() : default_strategy(1).name));
 }
 
 }  // namespace dpt

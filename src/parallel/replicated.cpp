@@ -147,10 +147,12 @@ StrategyRecord local_record() {
   };
   r.formula = [](const StrategyOptions&, int) { return std::string("one replica: nothing to reduce"); };
   r.make = [](const StrategyOptions& o, Model& m, comm::ProcessGroup& pg, const StrategyInit& init) {
-    if (pg.size() > 1)
-      throw InputError(
-          fmt::format("--strategy local trains one process, but {} ranks were launched; use ddp", pg.size()));
     return std::make_unique<LocalStrategy>(o, m, pg, init);
+  };
+  // One replica: a data-parallel group of one (a rank, or a tp x pp mesh).
+  r.refuse = [](const RunAsk& a) {
+    if (a.dp > 1)
+      throw InputError(fmt::format("--strategy local trains one process, but {} ranks were launched; use ddp", a.dp));
   };
   r.bytes = [](const StrategyOptions& o, const Model& m, int world, int rank) {
     return sharded_bytes(o, m, world, rank, 0, false);

@@ -14,17 +14,20 @@ struct StrategyRecord;
 class StrategyRef {
  public:
   StrategyRef() = default;
-  StrategyRef(const StrategyRecord& r) : r_(&r) {}  // NOLINT: a record is a strategy
+  StrategyRef(const StrategyRecord& r);  // NOLINT: a record is a strategy
   StrategyRef(const std::string& name);               // NOLINT: parsed at the edge
   StrategyRef(const char* name) : StrategyRef(std::string(name)) {}  // NOLINT
   bool set() const { return r_ != nullptr; }
   const StrategyRecord& operator*() const;  // InternalError when unset
   const StrategyRecord* operator->() const { return &**this; }
+  // The name it was given by (an alias, "fsdp", stays one: the summary and
+  // checkpoints say what the user said); the record's name for a record.
   const std::string& name() const;
   bool operator==(const StrategyRef& o) const { return r_ == o.r_; }
 
  private:
   const StrategyRecord* r_ = nullptr;
+  std::string name_;
 };
 
 // Its name (test messages, logs).

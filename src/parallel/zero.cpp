@@ -673,6 +673,7 @@ StrategyRecord hsdp_record() {
     return grouped ? sharded_bytes(o, m, o.shard_group, rank % o.shard_group, 3, false)
                    : sharded_bytes(o, m, world, rank, 3, false);
   };
+  // o.shard_group as resolve_options leaves it (0, unresolved: one group).
   r.traffic = [](const StrategyOptions& o, const Model& m, int world, int rank, int64_t grad_accum) {
     const int s = o.shard_group > 0 ? o.shard_group : world;
     CommPlan c = zero_traffic(3, o, m, s, rank % s, grad_accum);

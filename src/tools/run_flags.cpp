@@ -7,6 +7,14 @@
 
 namespace dpt {
 
+namespace {
+TpEmbedding parse_tp_embedding(const std::string& s) {
+  if (s == "vocab") return TpEmbedding::Vocab;
+  if (s == "replicated") return TpEmbedding::Replicated;
+  throw InputError(fmt::format("--tp-embedding must be replicated or vocab, not '{}'", s));
+}
+}  // namespace
+
 void RunFlags::add(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--batch", o.batch, "global samples per step (default 256 mlp, 16 gpt)")->check(positive());
   cmd->add_option("--grad-accum", o.grad_accum, "micro-batches per step")->check(positive());

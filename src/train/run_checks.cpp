@@ -134,37 +134,40 @@ void check_placement(const TrainOptions& o) {
 
 }  // namespace
 
-void check_flags(const TrainOptions& o, const Mesh& mesh) {
+Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg) {
+  apply_defaults(o);
+  const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp);
+  if (!o.strategy.set()) o.strategy = default_strategy(mesh.dp);
+  // The mesh's checks read the model's shape (--load's header): once.
+  if (mesh.tp > 1 || mesh.pp > 1) resolve_model(o);
   check_pipeline(o, mesh);
   check_tensor_parallel(o, mesh);
+  if (pg) check_outputs(o, *pg);
   check_placement(o);
   check_shard_group(o.strategy, o.shard_group);
+  if (!o.load.empty() && !o.resume.empty())
+    throw InputError("--load and --resume both give the starting weights; give one");
   if (o.strategy->refuse)
     o.strategy->refuse({.world = mesh.world, .dp = mesh.dp, .fp32 = o.precision == DType::F32,
                         .fp32_reduce = o.ddp.reduce_dtype == DType::F32,
                         .checkpoints = !o.checkpoint_dir.empty() || !o.resume.empty(), .trace = !o.trace_out.empty(),
                         .offload = o.offload != Offload::None});
-}
-
-Mesh checked_flags(TrainOptions& o, int world, int rank) {
-  apply_defaults(o);
-  const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp);
-  if (!o.load.empty() && !o.resume.empty())
-    throw InputError("--load and --resume both give the starting weights; give one");
-  resolve_model(o);  // --load's file read once, for every check and the set-up
-  if (!o.strategy.set()) o.strategy = default_strategy(mesh.dp);
-  check_flags(o, mesh);
+  if (o.model_config.empty()) resolve_model(o);
   return mesh;
 }
 
-Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg) {
-  const Mesh mesh = checked_flags(o, pg.size(), pg.rank());
-  check_outputs(o, pg);
-  return mesh;
-}
+Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg) { return checked_flags(o, pg.size(), pg.rank(), &pg); }
 
 void check_launch(TrainOptions o, int world) {
-  const Mesh mesh = checked_flags(o, world, 0);
+  Mesh mesh;
+  try {
+    mesh = checked_flags(o, world, 0, nullptr);
+  } catch (const IoError&) {
+    // --load's file unreadable here: it may exist on the hosts the ranks
+    // run on (node-local scratch), so they read it and judge.
+    if (!o.load.empty()) return;
+    throw;
+  }
   if (!o.strategy->in_threads())
     micro_batch(o, mesh.dp, mesh.pp == 1 && mesh.tp == 1 ? "ranks" : "data-parallel replicas");
 }

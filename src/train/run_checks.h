@@ -24,21 +24,18 @@ void apply_defaults(TrainOptions& opts);
 // InputError naming `parts_name` when it does not split evenly.
 int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
 
-// The flags that can be checked before anything is built and with no peer,
-// on the mesh the run has: the pipeline, tensor parallelism, where it
-// computes, the shard group, the strategy's catalog record's refusals.
-void check_flags(const TrainOptions& o, const Mesh& mesh);
+// A run's start as rank `rank` of `world`: the defaults filled in
+// (apply_defaults), the mesh laid out (an impossible one is refused before
+// anything else: Mesh::layout), the default strategy for the data-parallel
+// degree named, then the flags that can be checked before anything is built,
+// in this order: the pipeline, tensor parallelism, the output files (rank 0
+// can create them; only with pg: every rank of it agrees), where it
+// computes, the shard group, --load with --resume, and the strategy's own
+// refusals (its catalog record's). The model's configuration is resolved on
+// the way (--load's file read once). Returns the mesh.
+Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg);
 
-// A run's start as rank `rank` of `world`, with no peer: the defaults
-// filled in (apply_defaults), the mesh laid out (an impossible one is
-// refused before anything else: Mesh::layout), --load and --resume not both,
-// the model's configuration resolved (--load's file read once), the default
-// strategy for the data-parallel degree named, and check_flags passed.
-// Returns the mesh.
-Mesh checked_flags(TrainOptions& o, int world, int rank);
-
-// checked_flags on this rank, then what needs the group: rank 0 can create
-// the run's output files. Returns the mesh.
+// checked_flags on this rank of pg.
 Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg);
 
 // What `dpt launch` checks before it starts any rank (docs/launch.md):

@@ -10,7 +10,6 @@
 #include <memory>
 #include <optional>
 
-#include "core/error.h"
 #include "io/atomic_file.h"
 #include "models/weights.h"
 #include "parallel/catalog.h"
@@ -134,12 +133,6 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   report_run(o, pg, *run.model, *run.strategy, *run.executor, run.data->evaluable(), times, baseline, total_s, quiet,
              r);
   return r;
-}
-
-TpEmbedding parse_tp_embedding(const std::string& s) {
-  if (s == "replicated") return TpEmbedding::Replicated;
-  if (s == "vocab") return TpEmbedding::Vocab;
-  throw InputError(fmt::format("--tp-embedding must be replicated or vocab, not '{}'", s));
 }
 
 TrainResult run_training(TrainOptions o) {

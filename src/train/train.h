@@ -1,6 +1,7 @@
-// The single-process training loop behind `dpt train`: data, model,
-// optimizer, schedule, clipping, progress, periodic evaluation, metrics and
-// a summary. Strategies across ranks build on the same pieces.
+// What `dpt train` takes and gives: its options (parsed at the command line's
+// edge, tools/), its per-step times and its result, and run_training, the
+// loop itself (train.cpp; its parts in run_checks.h, rank_setup.h, step.h,
+// resume.h and run_report.h).
 #pragma once
 
 #include <cstdint>
@@ -25,7 +26,6 @@ namespace dpt {
 // Where the token embedding lives under --tp: whole on every TP rank, or its
 // rows split over them with a vocabulary-parallel head (nn/vocab_parallel.h).
 enum class TpEmbedding { Replicated, Vocab };
-TpEmbedding parse_tp_embedding(const std::string& s);  // "replicated" | "vocab"; InputError otherwise
 
 struct TrainOptions {
   std::string model = "mlp";                 // "mlp" or "gpt"
@@ -145,7 +145,8 @@ struct TrainResult {
   StepBreakdown breakdown;       // this rank
   uint64_t comm_bytes_per_step = 0;  // sent by this rank (ledger)
   // What the layout's plan says this rank sends per step (dpt plan's count,
-  // the logged steps' collectives spread over the steps), and the
+  // the logged steps' collectives spread over the steps; on a tp x pp mesh
+  // its stage's data-parallel rank 0's, as dpt plan counts it), and the
   // strategy's formula in words (its catalog record's).
   CommPlan planned_comm;
   uint64_t planned_comm_bytes_per_step = 0;
