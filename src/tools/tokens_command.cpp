@@ -46,7 +46,7 @@ int TokensCommand::run_tokenizer() {
   const CorpusOptions opt{input_.empty() ? kFortunesDir : input_, out_, name_, shard_tokens_, val_tokens_};
   const CorpusProgress p = tokenize_corpus(tok, opt, show);
   if (tty) std::fputc('\n', stderr);
-  std::printf("%lld documents, %lld tokens (vocabulary %u), %.1f MB in %.2f s (%.1f MB/s) into %zu %s shard%s in %s\n",
+  std::printf("%lld documents, %lld tokens (vocabulary %u), %.1f MB in %.3f s (%.1f MB/s) into %zu %s shard%s in %s\n",
               static_cast<long long>(p.documents), static_cast<long long>(p.tokens), tok.vocab_size(),
               static_cast<double>(p.bytes) / 1e6, p.seconds,
               p.seconds > 0 ? static_cast<double>(p.bytes) / 1e6 / p.seconds : 0.0, p.shards.size(),
