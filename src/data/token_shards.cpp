@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -94,30 +95,56 @@ struct Fd {
 bool starts_with_magic(const std::string& path) {
   Fd f{open_file(path)};
   int32_t magic = 0;
-  return pread_full(f.fd, &magic, sizeof magic, 0, path) == sizeof magic && magic == kLlmcMagic;
+  return pread_full(f.fd, &magic, sizeof magic, 0, path) == sizeof magic &&
+         (magic == kLlmcMagic || magic == kLlmc32Magic);
 }
 
-// Checks every token of [begin, begin + 2 * count) against the vocabulary,
-// a bounded buffer at a time (never through the mapping: see the header).
+// Checks every token of [begin, begin + sizeof(T) * count) against the
+// vocabulary, a bounded buffer at a time (never through the mapping: see the
+// header).
+template <class T>
 void check_tokens(int fd, const std::string& path, size_t begin, int64_t count, int64_t vocab) {
-  constexpr size_t kChunk = size_t{1} << 19;  // tokens: 1 MiB
-  std::vector<uint16_t> buf(kChunk);
+  constexpr size_t kChunk = (size_t{1} << 20) / sizeof(T);  // 1 MiB
+  std::vector<T> buf(kChunk);
   for (int64_t done = 0; done < count;) {
     const size_t n = static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kChunk), count - done));
-    const size_t offset = begin + 2 * static_cast<size_t>(done);
-    if (pread_full(fd, buf.data(), 2 * n, offset, path) != 2 * n)
+    const size_t offset = begin + sizeof(T) * static_cast<size_t>(done);
+    if (pread_full(fd, buf.data(), sizeof(T) * n, offset, path) != sizeof(T) * n)
       throw IoError(fmt::format("{}: the file shrank while it was read (at byte {})", path, offset));
-    uint16_t top = 0;  // the largest token: a loop the compiler vectorises
+    T top = 0;  // the largest token: a loop the compiler vectorises
     for (size_t i = 0; i < n; ++i) top = std::max(top, buf[i]);
-    if (top >= vocab) {
-      const size_t i = static_cast<size_t>(std::find_if(buf.begin(), buf.begin() + static_cast<long>(n),
-                                                        [vocab](uint16_t t) { return t >= vocab; }) -
-                                           buf.begin());
+    if (static_cast<int64_t>(top) >= vocab) {
+      const size_t i = static_cast<size_t>(
+          std::find_if(buf.begin(), buf.begin() + static_cast<long>(n),
+                       [vocab](T t) { return static_cast<int64_t>(t) >= vocab; }) -
+          buf.begin());
       throw InputError(fmt::format("{}: token {} at byte {} is outside the vocabulary 0..{}", path, buf[i],
-                                   offset + 2 * i, vocab - 1));
+                                   offset + sizeof(T) * i, vocab - 1));
     }
     done += static_cast<int64_t>(n);
   }
+}
+
+// Reads and checks an llm.c header: the token count and width (2 or 4).
+std::pair<int64_t, size_t> llmc_header(int fd, const std::string& path, size_t size) {
+  int32_t header[256] = {};
+  if (pread_full(fd, header, sizeof header, 0, path) != sizeof header)
+    throw InputError(fmt::format("{}: {} bytes, shorter than llm.c's {}-byte header", path, size, kLlmcHeaderBytes));
+  if (header[0] != kLlmcMagic && header[0] != kLlmc32Magic)
+    throw InputError(fmt::format("{}: magic number {} at byte 0 is not llm.c's {} (or {} for uint32 tokens; raw "
+                                 "uint16 tokens need --data-format u16)", path, header[0], kLlmcMagic, kLlmc32Magic));
+  const bool wide = header[0] == kLlmc32Magic;
+  const int32_t version = wide ? kLlmc32Version : kLlmcVersion;
+  if (header[1] != version)
+    throw InputError(fmt::format("{}: version {} at byte 4 is not {} ({} tokens)", path, header[1], version,
+                                 wide ? "uint32" : "uint16"));
+  if (header[2] < 0) throw InputError(fmt::format("{}: token count {} at byte 8 is negative", path, header[2]));
+  const size_t width = wide ? 4 : 2;
+  const size_t want = kLlmcHeaderBytes + width * static_cast<size_t>(header[2]);
+  if (size != want)
+    throw InputError(fmt::format("{}: {} bytes, but its header (byte 8) promises {} tokens, {} bytes", path, size,
+                                 header[2], want));
+  return {header[2], width};
 }
 
 }  // namespace
@@ -139,30 +166,18 @@ TokenShards::TokenShards(const std::string& spec, TokenFormat format, int64_t vo
     s.bytes = size;
     size_t begin = 0;
     if (format == TokenFormat::Llmc) {
-      int32_t header[256] = {};
-      if (pread_full(f.fd, header, sizeof header, 0, path) != sizeof header)
-        throw InputError(fmt::format("{}: {} bytes, shorter than llm.c's {}-byte header", path, size,
-                                     kLlmcHeaderBytes));
-      if (header[0] != kLlmcMagic)
-        throw InputError(fmt::format("{}: magic number {} at byte 0 is not llm.c's {} (raw uint16 tokens need "
-                                     "--data-format u16)", path, header[0], kLlmcMagic));
-      if (header[1] != kLlmcVersion)
-        throw InputError(fmt::format("{}: version {} at byte 4 is not {} (uint16 tokens)", path, header[1],
-                                     kLlmcVersion));
-      if (header[2] < 0) throw InputError(fmt::format("{}: token count {} at byte 8 is negative", path, header[2]));
-      s.tokens = header[2];
+      std::tie(s.tokens, s.width) = llmc_header(f.fd, path, size);
       begin = kLlmcHeaderBytes;
-      const size_t want = begin + 2 * static_cast<size_t>(s.tokens);
-      if (size != want)
-        throw InputError(fmt::format("{}: {} bytes, but its header (byte 8) promises {} tokens, {} bytes", path,
-                                     size, s.tokens, want));
     } else {
       if (size % 2 != 0)
         throw InputError(fmt::format("{}: {} bytes, an odd number, cannot be uint16 tokens (byte {} is left over)",
                                      path, size, size - 1));
       s.tokens = static_cast<int64_t>(size / 2);
     }
-    check_tokens(f.fd, path, begin, s.tokens, vocab);
+    if (s.width == 4)
+      check_tokens<uint32_t>(f.fd, path, begin, s.tokens, vocab);
+    else
+      check_tokens<uint16_t>(f.fd, path, begin, s.tokens, vocab);
     if (size > 0) {
       void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, f.fd, 0);
       if (m == MAP_FAILED) throw IoError(fmt::format("{}: cannot map ({})", path, std::strerror(errno)));
@@ -170,7 +185,7 @@ TokenShards::TokenShards(const std::string& spec, TokenFormat format, int64_t vo
       // bring pages into this process that no window asks for.
       ::madvise(m, size, MADV_RANDOM);
       s.map = static_cast<const uint8_t*>(m);
-      s.data = reinterpret_cast<const uint16_t*>(s.map + begin);
+      s.data = s.map + begin;
     }
     shards_.push_back(std::move(s));
   }
@@ -191,10 +206,16 @@ void TokenShards::read(size_t shard, int64_t first, int64_t n, int32_t* out) con
   const Shard& s = shards_.at(shard);
   DPT_CHECK(first >= 0 && n >= 0 && first + n <= s.tokens, "tokens [{}, {}) outside {}'s {}", first, first + n,
             s.path, s.tokens);
-  const uint16_t* p = s.data + first;
-  for (int64_t i = 0; i < n; ++i) out[i] = p[i];
+  if (s.width == 4) {
+    // Checked below the vocabulary when opened, so every token fits an int32.
+    const auto* p = reinterpret_cast<const uint32_t*>(s.data) + first;
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(p[i]);
+  } else {
+    const auto* p = reinterpret_cast<const uint16_t*>(s.data) + first;
+    for (int64_t i = 0; i < n; ++i) out[i] = p[i];
+  }
   // What this read may have mapped: every folio it touches, whole.
-  const size_t mapped = (2 * static_cast<size_t>(n) / kFolioBytes + 2) * kFolioBytes;
+  const size_t mapped = (s.width * static_cast<size_t>(n) / kFolioBytes + 2) * kFolioBytes;
   if (copied_since_drop_.fetch_add(mapped) + mapped >= kDropBytes) drop_pages();
 }
 

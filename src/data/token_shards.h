@@ -6,7 +6,9 @@
 //   llmc   llm.c's shards: a header of 256 little-endian int32 (magic
 //          20240520, version 1, token count, the rest zero), then the tokens
 //          as little-endian uint16. The file size must be exactly
-//          1024 + 2 x count.
+//          1024 + 2 x count. Or llm.c's shards for vocabularies past
+//          65536 (Llama 3): magic 20240801, version 7, uint32 tokens, the
+//          file 1024 + 4 x count. The two may be mixed.
 //   u16    nanoGPT's raw .bin: uint16 tokens and nothing else. A raw file
 //          carries no magic, so it is never guessed: it needs --data-format u16.
 // Text (the byte vocabulary) is read by ByteCorpus, as before; detect_format
@@ -31,6 +33,8 @@ enum class TokenFormat { Auto, Llmc, U16, Bytes };
 
 constexpr int32_t kLlmcMagic = 20240520;
 constexpr int32_t kLlmcVersion = 1;
+constexpr int32_t kLlmc32Magic = 20240801;  // llm.c's Llama 3 shards: uint32 tokens
+constexpr int32_t kLlmc32Version = 7;
 constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
 
 // "auto" | "llmc" | "u16" | "bytes"; InputError otherwise.
@@ -42,7 +46,7 @@ const char* format_name(TokenFormat f);
 // IoError for a missing path or a glob that matches nothing.
 std::vector<std::string> expand_data_path(const std::string& spec);
 
-// Llmc when the first file of `spec` starts with llm.c's magic, else Bytes
+// Llmc when the first file of `spec` starts with an llm.c magic, else Bytes
 // (text). U16 is never returned: raw tokens cannot be told from text.
 TokenFormat detect_format(const std::string& spec);
 
@@ -81,8 +85,9 @@ class TokenShards {
     std::string path;
     const uint8_t* map = nullptr;  // the whole file
     size_t bytes = 0;
-    const uint16_t* data = nullptr;  // the first token
+    const uint8_t* data = nullptr;  // the first token
     int64_t tokens = 0;
+    size_t width = 2;  // bytes per token: 4 for llm.c's uint32 shards
   };
   void drop_pages() const;
 

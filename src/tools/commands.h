@@ -80,8 +80,11 @@ class TokensCommand {
   int run();
 
  private:
+  int run_tokenizer();  // --tokenizer: BPE (data/corpus_tokenizer.h)
+
   CLI::App* cmd_;
-  std::string input_, from_ = "bytes", out_, name_ = "data";
+  CLI::Option* from_opt_ = nullptr;
+  std::string input_, from_ = "bytes", out_, name_ = "data", tokenizer_;
   int64_t shard_tokens_ = 100'000'000, val_tokens_ = 0;
 };
 
