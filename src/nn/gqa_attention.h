@@ -24,10 +24,10 @@ namespace dpt {
 void gqa_attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t NH,
                            int64_t NKV, int64_t hd);
 
-// dqkv = gradient w.r.t. qkv, written (same layout as qkv). A key/value
-// head's gradient sums over its group's query heads in head order, so the
-// result does not depend on the thread count (each (batch, key/value head)
-// is one thread's work).
+// dqkv = gradient w.r.t. qkv, written (same layout as qkv). Each (batch,
+// key/value head) pair is one thread's work, and a key/value head's gradient
+// sums its group's query heads in head order: no two threads write the same
+// element, and a given thread count gives the same bits on every run.
 void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B,
                             int64_t T, int64_t NH, int64_t NKV, int64_t hd);
 
