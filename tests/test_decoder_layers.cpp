@@ -8,7 +8,10 @@
 //  - the bf16 outputs are the fp32 ones rounded;
 //  - each kernel has its x86-64-v4 copy (core/cpu_level.h).
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <functional>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -215,8 +218,127 @@ TEST_P(DecoderLayers, GqaAttentionGradients) {
   }
 }
 
+// --- Reproducible, bf16 outputs ----------------------------------------------
+
+// Every output and gradient of the four layers at sizes that give both
+// threads work, as one vector of vectors.
+std::vector<std::vector<float>> run_all(uint64_t seed) {
+  Rng rng(seed);
+  std::vector<std::vector<float>> got;
+  {
+    const int64_t N = 64, C = 96;
+    auto x = random_vector(N * C, rng), w = random_vector(C, rng), dy = random_vector(N * C, rng);
+    RmsNormRun r = run_rmsnorm(x, w, dy, N, C, 1e-5f);
+    got.insert(got.end(), {r.out, r.rstd, r.dx, r.dw});
+  }
+  {
+    const RopeShape s{2, 32, 4, 2, 16, (4 + 2 * 2) * 16};
+    const RopeLlama3Scaling llama3{8.0f, 1.0f, 4.0f, 64};
+    std::vector<float> inv_freq(s.hd / 2);
+    rope_inv_freq(inv_freq.data(), s.hd, 500000.0f, &llama3);
+    auto x = random_vector(s.B * s.T * s.ld, rng), dy = random_vector(s.B * s.T * s.ld, rng);
+    auto [out, dx] = run_rope(x, dy, inv_freq, s);
+    got.insert(got.end(), {inv_freq, out, dx});
+  }
+  {
+    const int64_t N = 64, I = 80;
+    auto gu = random_vector(N * 2 * I, rng, 2.0f), dy = random_vector(N * I, rng);
+    std::vector<float> out(N * I), dgu(N * 2 * I);
+    swiglu_forward(out.data(), gu.data(), N, I);
+    swiglu_backward(dgu.data(), nullptr, dy.data(), gu.data(), N, I);
+    got.insert(got.end(), {out, dgu});
+  }
+  {
+    const int64_t B = 2, T = 32, NH = 4, NKV = 2, hd = 16, ld = (NH + 2 * NKV) * hd;
+    auto qkv = random_vector(B * T * ld, rng), dy = random_vector(B * T * NH * hd, rng);
+    std::vector<float> out(B * T * NH * hd), att(B * NH * T * T), dqkv(B * T * ld);
+    gqa_attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, NKV, hd);
+    gqa_attention_backward(dqkv.data(), dy.data(), qkv.data(), att.data(), B, T, NH, NKV, hd);
+    got.insert(got.end(), {out, att, dqkv});
+  }
+  return got;
+}
+
+TEST_P(DecoderLayers, SameBitsOnEveryRun) {
+  const auto first = run_all(11);
+  for (int run = 0; run < 3; ++run) {
+    const auto again = run_all(11);
+    ASSERT_EQ(again.size(), first.size());
+    for (size_t i = 0; i < first.size(); ++i)
+      EXPECT_TRUE(test::bitwise_equal(again[i].data(), first[i].data(), first[i].size()))
+          << "output " << i << ", run " << run;
+  }
+}
+
+TEST_P(DecoderLayers, Bf16OutputsAreTheFp32OnesRounded) {
+  const int64_t N = 16, C = 40, I = 24;
+  auto x = random_vector(N * C, rng), w = random_vector(C, rng);
+  std::vector<float> y(N * C), rstd(N);
+  std::vector<bf16> y16(N * C);
+  rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
+  rmsnorm_forward(y16.data(), rstd.data(), x.data(), w.data(), N, C, 1e-6f);
+  auto gu = random_vector(N * 2 * I, rng, 2.0f), dy = random_vector(N * I, rng);
+  std::vector<float> s(N * I), dgu(N * 2 * I);
+  std::vector<bf16> s16(N * I), dgu16(N * 2 * I);
+  swiglu_forward(s.data(), gu.data(), N, I);
+  swiglu_forward(s16.data(), gu.data(), N, I);
+  swiglu_backward(dgu.data(), dgu16.data(), dy.data(), gu.data(), N, I);
+  const std::vector<std::pair<const std::vector<float>*, const std::vector<bf16>*>> pairs{
+      {&y, &y16}, {&s, &s16}, {&dgu, &dgu16}};
+  for (size_t p = 0; p < pairs.size(); ++p) {
+    const auto& [f32, b16] = pairs[p];
+    std::vector<uint16_t> want(f32->size()), got(f32->size());
+    for (size_t i = 0; i < f32->size(); ++i) {
+      const bf16 r = to_bf16((*f32)[i]);
+      std::memcpy(&want[i], &r, 2);
+      std::memcpy(&got[i], &(*b16)[i], 2);
+    }
+    EXPECT_TRUE(test::bitwise_equal(got.data(), want.data(), want.size())) << "pair " << p;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Threads, DecoderLayers, ::testing::Values(1, 2),
                          [](const auto& info) { return std::to_string(info.param) + "threads"; });
+
+// Each kernel has its x86-64-v4 copy, and AVX-512 code (zmm or mask
+// registers) appears only there (tests/test_cpu_level.cpp's rule, on this
+// program, which links these kernels).
+TEST(DecoderLayerClones, EveryKernelHasAnAvx512CopyAndOnlyThere) {
+  if (!cpu_kernels_cloned()) GTEST_SKIP() << "this build has no x86-64-v4 copies (" << cpu_kernel_level() << ")";
+  const std::vector<std::string> kernels{
+      "_ZN3dpt15rmsnorm_forwardIfEEvPT_PfPKfS5_llf", "_ZN3dpt15rmsnorm_forwardINS_4bf16EEEvPT_PfPKfS6_llf",
+      "_ZN3dpt16rmsnorm_backwardEPfS0_PKfS2_S2_S2_ll", "_ZN3dpt12rope_forwardEPfPKfS2_S2_lllll",
+      "_ZN3dpt13rope_backwardEPfPKfS2_S2_lllll", "_ZN3dpt14swiglu_forwardIfEEvPT_PKfll",
+      "_ZN3dpt14swiglu_forwardINS_4bf16EEEvPT_PKfll", "_ZN3dpt15swiglu_backwardEPfPNS_4bf16EPKfS4_ll",
+      "_ZN3dpt21gqa_attention_forwardEPfS0_PKflllll", "_ZN3dpt22gqa_attention_backwardEPfPKfS2_S2_lllll"};
+  std::set<std::string> avx512;
+  // This program's own path (/proc/self in the shell would be the shell's).
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  FILE* p = ::popen(("objdump -d --no-show-raw-insn '" + self + "' 2>/dev/null").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  const std::regex header(R"(^[0-9a-f]+ <(.+)>:$)"), zmm(R"(%zmm[0-9]|%k[0-7]\b)");
+  std::string current;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) {
+    std::string line = buf;
+    if (!line.empty() && line.back() == '\n') line.pop_back();
+    std::smatch m;
+    if (std::regex_match(line, m, header))
+      current = m[1];
+    else if (line.find('%') != std::string::npos && std::regex_search(line, zmm))
+      avx512.insert(current);
+  }
+  ::pclose(p);
+  for (const std::string& k : kernels) {
+    bool cloned = false;
+    for (const std::string& f : avx512)
+      if (f.rfind(k, 0) == 0) {
+        cloned = true;
+        EXPECT_NE(f.find(".arch_x86_64_v4"), std::string::npos) << f << " uses AVX-512 outside its v4 copy";
+      }
+    EXPECT_TRUE(cloned) << k << " has no AVX-512 copy";
+  }
+}
 
 }  // namespace
 }  // namespace dpt
