@@ -6,7 +6,10 @@
 //  - every backward against finite differences (tests/gradcheck.h);
 //  - on 1 and on 2 threads, each reproducible bit for bit across runs;
 //  - the bf16 outputs are the fp32 ones rounded;
-//  - each kernel has its x86-64-v4 copy (core/cpu_level.h).
+//  - each kernel has its x86-64-v4 copy (core/cpu_level.h);
+//  - the Kernels interface's CPU ops are these functions, and its CUDA ops
+//    agree with them within 1e-5 (skipped without a GPU).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +24,8 @@
 #include "compare.h"
 #include "core/cpu_level.h"
 #include "core/threads.h"
+#include "device/kernels.h"
+#include "gpu_or_skip.h"
 #include "gradcheck.h"
 #include "io/safetensors.h"
 #include "nn/gqa_attention.h"
@@ -299,6 +304,98 @@ TEST_P(DecoderLayers, Bf16OutputsAreTheFp32OnesRounded) {
 
 INSTANTIATE_TEST_SUITE_P(Threads, DecoderLayers, ::testing::Values(1, 2),
                          [](const auto& info) { return std::to_string(info.param) + "threads"; });
+
+// --- Through the Kernels interface (device/kernels.h) --------------------------
+
+// Device buffers of one Kernels, freed at the end.
+class DeviceBuffers {
+ public:
+  explicit DeviceBuffers(const Kernels& k) : k_(k) {}
+  ~DeviceBuffers() {
+    for (void* p : owned_) k_.free(p);
+  }
+  float* up(const std::vector<float>& h) {
+    auto* d = static_cast<float*>(k_.alloc(std::max<size_t>(h.size(), 1) * sizeof(float)));
+    owned_.push_back(d);
+    k_.upload(d, h.data(), h.size() * sizeof(float));
+    return d;
+  }
+  float* zeros(size_t n) { return up(std::vector<float>(n, 0.0f)); }
+  std::vector<float> down(const float* d, size_t n) const {
+    std::vector<float> h(n);
+    k_.download(h.data(), d, n * sizeof(float));
+    return h;
+  }
+
+ private:
+  const Kernels& k_;
+  std::vector<void*> owned_;
+};
+
+// run_all's layers and inputs, on k's device, in run_all's output order.
+std::vector<std::vector<float>> run_through(const Kernels& k, uint64_t seed) {
+  Rng rng(seed);
+  DeviceBuffers m(k);
+  std::vector<std::vector<float>> got;
+  {
+    const int64_t N = 64, C = 96;
+    auto x = random_vector(N * C, rng), w = random_vector(C, rng), dy = random_vector(N * C, rng);
+    float *out = m.zeros(N * C), *rstd = m.zeros(N), *dx = m.zeros(N * C), *dw = m.zeros(C);
+    float *gx = m.up(x), *gw = m.up(w);
+    k.rmsnorm_forward(out, rstd, gx, gw, N, C, 1e-5f);
+    k.rmsnorm_backward(dx, dw, m.up(dy), gx, gw, rstd, N, C);
+    got.insert(got.end(), {m.down(out, N * C), m.down(rstd, N), m.down(dx, N * C), m.down(dw, C)});
+  }
+  {
+    const RopeShape s{2, 32, 4, 2, 16, (4 + 2 * 2) * 16};
+    const RopeLlama3Scaling llama3{8.0f, 1.0f, 4.0f, 64};
+    std::vector<float> inv_freq(s.hd / 2), cos(s.T * s.hd / 2), sin(s.T * s.hd / 2);
+    rope_inv_freq(inv_freq.data(), s.hd, 500000.0f, &llama3);
+    rope_cache(cos.data(), sin.data(), inv_freq.data(), s.T, s.hd);
+    auto x = random_vector(s.B * s.T * s.ld, rng), dy = random_vector(s.B * s.T * s.ld, rng);
+    float *gx = m.up(x), *gd = m.up(dy), *gc = m.up(cos), *gs = m.up(sin);
+    k.rope_forward(gx, gx, gc, gs, s.B, s.T, s.NH + s.NKV, s.hd, s.ld);
+    k.rope_backward(gd, gd, gc, gs, s.B, s.T, s.NH + s.NKV, s.hd, s.ld);
+    got.insert(got.end(), {inv_freq, m.down(gx, x.size()), m.down(gd, dy.size())});
+  }
+  {
+    const int64_t N = 64, I = 80;
+    auto gu = random_vector(N * 2 * I, rng, 2.0f), dy = random_vector(N * I, rng);
+    float *out = m.zeros(N * I), *dgu = m.zeros(N * 2 * I), *ggu = m.up(gu);
+    k.swiglu_forward(out, ggu, N, I);
+    k.swiglu_backward(dgu, nullptr, m.up(dy), ggu, N, I);
+    got.insert(got.end(), {m.down(out, N * I), m.down(dgu, N * 2 * I)});
+  }
+  {
+    const int64_t B = 2, T = 32, NH = 4, NKV = 2, hd = 16, ld = (NH + 2 * NKV) * hd;
+    auto qkv = random_vector(B * T * ld, rng), dy = random_vector(B * T * NH * hd, rng);
+    float *out = m.zeros(B * T * NH * hd), *att = m.zeros(B * NH * T * T), *gq = m.up(qkv);
+    float* dqkv = m.up(std::vector<float>(B * T * ld, 4.0f));  // overwritten
+    k.gqa_attention_forward(out, att, gq, B, T, NH, NKV, hd);
+    k.gqa_attention_backward(dqkv, m.up(dy), gq, att, B, T, NH, NKV, hd);
+    got.insert(got.end(), {m.down(out, B * T * NH * hd), m.down(att, B * NH * T * T), m.down(dqkv, B * T * ld)});
+  }
+  return got;
+}
+
+TEST_P(DecoderLayers, CpuKernelsAreTheNnFunctions) {
+  const auto direct = run_all(11), through = run_through(cpu_kernels(), 11);
+  ASSERT_EQ(through.size(), direct.size());
+  for (size_t i = 0; i < direct.size(); ++i)
+    EXPECT_TRUE(test::bitwise_equal(through[i].data(), direct[i].data(), direct[i].size())) << "output " << i;
+}
+
+// The CUDA kernels against the CPU's on the same inputs (skipped without a
+// GPU; DPT_REQUIRE_GPU=1 makes that a failure).
+TEST(DecoderLayerKernels, CudaMatchesTheCpu) {
+  std::string why;
+  const Kernels* gpu = test::gpu_or_reason(why);
+  if (!gpu) DPT_SKIP_WITHOUT_GPU(why);
+  set_threads(2);
+  const auto cpu = run_all(11), got = run_through(*gpu, 11);
+  ASSERT_EQ(got.size(), cpu.size());
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(within(got[i], cpu[i])) << "output " << i;
+}
 
 // Each kernel has its x86-64-v4 copy, and AVX-512 code (zmm or mask
 // registers) appears only there (tests/test_cpu_level.cpp's rule, on this
