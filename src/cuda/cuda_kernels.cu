@@ -291,6 +291,12 @@ struct LnWeightTerm {
   }
 };
 
+struct RmsWeightTerm {
+  const float *dout, *inp, *rstd;
+  int64_t C;
+  __device__ float operator()(int64_t n, int64_t c) const { return dout[n * C + c] * (inp[n * C + c] * rstd[n]); }
+};
+
 // Causal softmax in place over rows of length T (row t of each T x T block
 // keeps columns 0..t), a warp per row; the scale is in the GEMM.
 __global__ void causal_softmax_kernel(float* att, int64_t rows, int64_t T) {
@@ -323,6 +329,79 @@ __global__ void causal_softmax_backward_kernel(float* d, const float* att, int64
   for (int64_t s = lane; s <= t; s += 32) dot += a[s] * dr[s];
   dot = warp_sum(dot);
   for (int64_t s = lane; s < T; s += 32) dr[s] = s <= t ? a[s] * (dr[s] - dot) : 0.0f;
+}
+
+// ------------------------------------------------- the Llama family's layers
+// RMSNorm (nn/rmsnorm.h), a warp per row: out = w * (x * rstd).
+template <typename T>
+__global__ void rmsnorm_kernel(T* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                               float eps) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  float ss = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) ss += x[c] * x[c];
+  const float r = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(C) + eps);
+  T* y = out + row * C;
+  for (int64_t c = lane; c < C; c += 32) y[c] = store_as<T>(w[c] * (x[c] * r));
+  if (lane == 0) rstd[row] = r;
+}
+// dinp += s * (dy w - xhat mean(dy w xhat)), a warp per row.
+__global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+                                           const float* rstd, int64_t N, int64_t C) {
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  const float* dy = dout + row * C;
+  const float s = rstd[row];
+  float b = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) b += dy[c] * w[c] * (x[c] * s);
+  b = warp_sum(b) / static_cast<float>(C);
+  float* dx = dinp + row * C;
+  for (int64_t c = lane; c < C; c += 32) dx[c] += s * (dy[c] * w[c] - x[c] * s * b);
+}
+// Rotary embedding (nn/rope.h), a thread per (row, head, channel pair);
+// sign -1 rotates back (the backward). In place is safe: a thread reads
+// its pair before it writes it.
+__global__ void rope_kernel(float* out, const float* inp, const float* cos, const float* sin, int64_t B, int64_t T,
+                            int64_t H, int64_t hd, int64_t ld, float sign) {
+  const int64_t half = hd / 2;
+  GRID_LOOP(idx, B * T * H * half) {
+    const int64_t row = idx / (H * half), h = (idx / half) % H, i = idx % half;
+    const int64_t t = row % T;
+    const float c = cos[t * half + i], sn = sign * sin[t * half + i];
+    const float* x = inp + row * ld + h * hd;
+    float* y = out + row * ld + h * hd;
+    const float x1 = x[i], x2 = x[i + half];
+    y[i] = x1 * c - x2 * sn;
+    y[i + half] = x2 * c + x1 * sn;
+  }
+}
+// SwiGLU (nn/swiglu.h) on rows of gate | up.
+template <typename T>
+__global__ void swiglu_kernel(T* out, const float* gu, int64_t N, int64_t I) {
+  GRID_LOOP(idx, N * I) {
+    const int64_t n = idx / I, i = idx % I;
+    const float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
+    out[idx] = store_as<T>(g * (1.0f / (1.0f + expf(-g))) * u);
+  }
+}
+__global__ void swiglu_backward_kernel(float* dgu, bf16* dgu16, const float* dout, const float* gu, int64_t N,
+                                       int64_t I) {
+  GRID_LOOP(idx, N * I) {
+    const int64_t n = idx / I, i = idx % I, gi = n * 2 * I + i, ui = gi + I;
+    const float g = gu[gi], u = gu[ui], dy = dout[idx];
+    const float s = 1.0f / (1.0f + expf(-g));
+    const float dg = dy * u * (s * (1.0f + g * (1.0f - s))), du = dy * (g * s);
+    dgu[gi] = dg;
+    dgu[ui] = du;
+    if (dgu16) {
+      dgu16[gi] = store_as<bf16>(dg);
+      dgu16[ui] = store_as<bf16>(du);
+    }
+  }
 }
 
 // Cross-entropy, a block per row: max (first index on ties), sum of exp,
@@ -659,6 +738,99 @@ class CudaKernels final : public Kernels {
       // dq = scale dpre k ; dk = scale dpre^T q
       batched(false, false, T, hs, T, scale, d, T, T * T, q + C, C3, hs, 0.0f, dq, C3, hs, NH);
       batched(true, false, T, hs, T, scale, d, T, T * T, q, C3, hs, 0.0f, dq + C, C3, hs, NH);
+    }
+  }
+
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                       float eps) const override {
+    rmsnorm_kernel<float><<<row_blocks(N), kThreads, 0, stream_>>>(out, rstd, inp, w, N, C, eps);
+    LAUNCHED();
+  }
+  void rmsnorm_forward(bf16* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                       float eps) const override {
+    rmsnorm_kernel<bf16><<<row_blocks(N), kThreads, 0, stream_>>>(out, rstd, inp, w, N, C, eps);
+    LAUNCHED();
+  }
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
+                        int64_t N, int64_t C) const override {
+    rmsnorm_backward_dx_kernel<<<row_blocks(N), kThreads, 0, stream_>>>(dinp, dout, inp, w, rstd, N, C);
+    LAUNCHED();
+    column_sum(dw, N, C, RmsWeightTerm{dout, inp, rstd, C});
+  }
+  void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H,
+                    int64_t hd, int64_t ld) const override {
+    rope_kernel<<<blocks_for(B * T * H * (hd / 2)), kThreads, 0, stream_>>>(out, inp, cos, sin, B, T, H, hd, ld, 1.0f);
+    LAUNCHED();
+  }
+  void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int64_t B, int64_t T,
+                     int64_t H, int64_t hd, int64_t ld) const override {
+    rope_kernel<<<blocks_for(B * T * H * (hd / 2)), kThreads, 0, stream_>>>(dinp, dout, cos, sin, B, T, H, hd, ld,
+                                                                             -1.0f);
+    LAUNCHED();
+  }
+  void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) const override {
+    swiglu_kernel<float><<<blocks_for(N * I), kThreads, 0, stream_>>>(out, gu, N, I);
+    LAUNCHED();
+  }
+  void swiglu_forward(bf16* out, const float* gu, int64_t N, int64_t I) const override {
+    swiglu_kernel<bf16><<<blocks_for(N * I), kThreads, 0, stream_>>>(out, gu, N, I);
+    LAUNCHED();
+  }
+  void swiglu_backward(float* dgu, bf16* dgu16, const float* dout, const float* gu, int64_t N,
+                       int64_t I) const override {
+    swiglu_backward_kernel<<<blocks_for(N * I), kThreads, 0, stream_>>>(dgu, dgu16, dout, gu, N, I);
+    LAUNCHED();
+  }
+  // Grouped-query attention per sequence: query head h = g * group + j reads
+  // key/value head g, so for each j one strided batch over the NKV groups
+  // (query heads group apart, key/value heads one apart).
+  void gqa_attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                             int64_t hd) const override {
+    const int64_t ld = (NH + 2 * NKV) * hd, ldo = NH * hd, group = NH / NKV, TT = T * T;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for (int64_t b = 0; b < B; ++b) {
+      const float* q = qkv + b * T * ld;
+      const float* k = q + NH * hd;
+      const float* v = k + NKV * hd;
+      float* a = att + b * NH * TT;
+      for (int64_t j = 0; j < group; ++j)
+        batched(false, true, T, T, hd, scale, q + j * hd, ld, group * hd, k, ld, hd, 0.0f, a + j * TT, T, group * TT,
+                NKV);
+      causal_softmax_kernel<<<row_blocks(NH * T), kThreads, 0, stream_>>>(a, NH * T, T);
+      LAUNCHED();
+      for (int64_t j = 0; j < group; ++j)
+        batched(false, false, T, hd, T, 1.0f, a + j * TT, T, group * TT, v, ld, hd, 0.0f, out + b * T * ldo + j * hd,
+                ldo, group * hd, NKV);
+    }
+  }
+  // A key/value head's gradient sums its query heads in order j = 0, 1, ...
+  // (beta 0, then 1), as the CPU's.
+  void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
+                              int64_t NH, int64_t NKV, int64_t hd) const override {
+    const int64_t ld = (NH + 2 * NKV) * hd, ldo = NH * hd, group = NH / NKV, TT = T * T;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* d = static_cast<float*>(datt_.get(static_cast<size_t>(NH * TT) * sizeof(float), *this));
+    for (int64_t b = 0; b < B; ++b) {
+      const float *q = qkv + b * T * ld, *k = q + NH * hd, *v = k + NKV * hd;
+      const float* a = att + b * NH * TT;
+      const float* dy = dout + b * T * ldo;
+      float *dq = dqkv + b * T * ld, *dk = dq + NH * hd, *dv = dk + NKV * hd;
+      for (int64_t j = 0; j < group; ++j) {
+        // datt = dy v^T ; dv (+)= att^T dy
+        batched(false, true, T, T, hd, 1.0f, dy + j * hd, ldo, group * hd, v, ld, hd, 0.0f, d + j * TT, T, group * TT,
+                NKV);
+        batched(true, false, T, hd, T, 1.0f, a + j * TT, T, group * TT, dy + j * hd, ldo, group * hd, j ? 1.0f : 0.0f,
+                dv, ld, hd, NKV);
+      }
+      causal_softmax_backward_kernel<<<row_blocks(NH * T), kThreads, 0, stream_>>>(d, a, NH * T, T);
+      LAUNCHED();
+      for (int64_t j = 0; j < group; ++j) {
+        // dq = scale dpre k ; dk (+)= scale dpre^T q
+        batched(false, false, T, hd, T, scale, d + j * TT, T, group * TT, k, ld, hd, 0.0f, dq + j * hd, ld, group * hd,
+                NKV);
+        batched(true, false, T, hd, T, scale, d + j * TT, T, group * TT, q + j * hd, ld, group * hd, j ? 1.0f : 0.0f,
+                dk, ld, hd, NKV);
+      }
     }
   }
 

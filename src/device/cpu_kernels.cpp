@@ -13,9 +13,13 @@
 #include "nn/attention.h"
 #include "nn/cross_entropy.h"
 #include "nn/embedding.h"
+#include "nn/gqa_attention.h"
 #include "nn/layernorm.h"
 #include "nn/linear.h"
 #include "nn/residual.h"
+#include "nn/rmsnorm.h"
+#include "nn/rope.h"
+#include "nn/swiglu.h"
 #include "nn/update.h"
 
 
@@ -97,6 +101,44 @@ class CpuKernels final : public Kernels {
   void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
                           int64_t C, int64_t NH) const override {
     dpt::attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                       float eps) const override {
+    dpt::rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_forward(bf16* out, float* rstd, const float* inp, const float* w, int64_t N, int64_t C,
+                       float eps) const override {
+    dpt::rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
+                        int64_t N, int64_t C) const override {
+    dpt::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  }
+  void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H,
+                    int64_t hd, int64_t ld) const override {
+    dpt::rope_forward(out, inp, cos, sin, B, T, H, hd, ld);
+  }
+  void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int64_t B, int64_t T,
+                     int64_t H, int64_t hd, int64_t ld) const override {
+    dpt::rope_backward(dinp, dout, cos, sin, B, T, H, hd, ld);
+  }
+  void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) const override {
+    dpt::swiglu_forward(out, gu, N, I);
+  }
+  void swiglu_forward(bf16* out, const float* gu, int64_t N, int64_t I) const override {
+    dpt::swiglu_forward(out, gu, N, I);
+  }
+  void swiglu_backward(float* dgu, bf16* dgu16, const float* dout, const float* gu, int64_t N,
+                       int64_t I) const override {
+    dpt::swiglu_backward(dgu, dgu16, dout, gu, N, I);
+  }
+  void gqa_attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                             int64_t hd) const override {
+    dpt::gqa_attention_forward(out, att, qkv, B, T, NH, NKV, hd);
+  }
+  void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
+                              int64_t NH, int64_t NKV, int64_t hd) const override {
+    dpt::gqa_attention_backward(dqkv, dout, qkv, att, B, T, NH, NKV, hd);
   }
   void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) const override {
     dpt::embedding_forward(out, ids, table, N, C);

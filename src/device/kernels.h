@@ -75,6 +75,28 @@ class Kernels {
                                  int64_t NH) const = 0;
   virtual void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B,
                                   int64_t T, int64_t C, int64_t NH) const = 0;
+  // The Llama family's layers (nn/rmsnorm.h, nn/rope.h, nn/swiglu.h,
+  // nn/gqa_attention.h; the layouts are stated there). RoPE's cos and sin
+  // tables [T, hd/2] are device buffers, made on the host by rope_inv_freq
+  // and rope_cache and uploaded once.
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C,
+                               float eps) const = 0;
+  virtual void rmsnorm_forward(bf16* out, float* rstd, const float* inp, const float* weight, int64_t N, int64_t C,
+                               float eps) const = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                                const float* rstd, int64_t N, int64_t C) const = 0;
+  virtual void rope_forward(float* out, const float* inp, const float* cos, const float* sin, int64_t B, int64_t T,
+                            int64_t H, int64_t hd, int64_t ld) const = 0;
+  virtual void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int64_t B, int64_t T,
+                             int64_t H, int64_t hd, int64_t ld) const = 0;
+  virtual void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) const = 0;
+  virtual void swiglu_forward(bf16* out, const float* gu, int64_t N, int64_t I) const = 0;
+  virtual void swiglu_backward(float* dgu, bf16* dgu16, const float* dout, const float* gu, int64_t N,
+                               int64_t I) const = 0;
+  virtual void gqa_attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t NH,
+                                     int64_t NKV, int64_t hd) const = 0;
+  virtual void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B,
+                                      int64_t T, int64_t NH, int64_t NKV, int64_t hd) const = 0;
   // nn/embedding.h (ids are device int32s)
   virtual void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N,
                                  int64_t C) const = 0;
