@@ -1,5 +1,7 @@
 #include "nn/activations.h"
 
+#include "nn/fast_exp.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -25,29 +27,6 @@ DPT_CPU_CLONES void relu_backward(float* dinp, const float* dout, const float* o
 namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
-
-// e^x for |x| <= 20, inline so the loops that use it stay one vector body
-// (a call to glibc's vector expf spills every register, each iteration):
-// x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is exact to
-// fp32), e^r from its Taylor series to r^7 (truncation below 2e-8
-// relative), times 2^n built in the exponent bits.
-inline float exp_small(float x) {
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693145751953125f, x);
-  r = std::fma(n, -1.428606765330187045e-06f, r);
-  float p = 1.0f / 5040.0f;
-  p = std::fma(p, r, 1.0f / 720.0f);
-  p = std::fma(p, r, 1.0f / 120.0f);
-  p = std::fma(p, r, 1.0f / 24.0f);
-  p = std::fma(p, r, 1.0f / 6.0f);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.0f);
-  p = std::fma(p, r, 1.0f);
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
 
 // tanh through exp keeps the loop vectorisable (glibc has no vector
 // tanhf). |u| is clamped at 10, where tanh is +-1 in fp32.

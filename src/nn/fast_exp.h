@@ -15,8 +15,8 @@
 
 namespace dpt {
 
-inline float fast_exp(float x) {
-  x = x > 80.0f ? 80.0f : (x < -80.0f ? -80.0f : x);
+// e^x for |x| <= 80 (no clamp: GELU's caller bounds its argument itself).
+inline float exp_small(float x) {
   const float n = std::nearbyint(x * 1.44269504088896341f);
   float r = std::fma(n, -0.693145751953125f, x);
   r = std::fma(n, -1.428606765330187045e-06f, r);
@@ -33,6 +33,8 @@ inline float fast_exp(float x) {
   std::memcpy(&scale, &bits, sizeof scale);
   return p * scale;
 }
+
+inline float fast_exp(float x) { return exp_small(x > 80.0f ? 80.0f : (x < -80.0f ? -80.0f : x)); }
 
 // 1 / (1 + e^-x).
 inline float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
