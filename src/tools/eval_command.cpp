@@ -4,6 +4,7 @@
 #include "core/threads.h"
 #include "data/byte_corpus.h"
 #include "data/fashion_mnist.h"
+#include "data/file_kind.h"
 #include "data/shard_sampler.h"
 #include "data/token_shards.h"
 #include "models/gpt.h"
@@ -46,8 +47,7 @@ int EvalCommand::run() {
     return 0;
   }
   const std::string path = data_.empty() ? kFortunesDir : data_;
-  TokenFormat format = parse_token_format(format_);
-  if (format == TokenFormat::Auto) format = detect_format(path);
+  const TokenFormat format = resolve_format(path, parse_token_format(format_), data_format_flags());
   if (format != TokenFormat::Bytes) {
     // Every window of context+1 tokens at multiples of the context, once.
     const TokenShards shards(path, format, dynamic_cast<const Gpt&>(*model).config().vocab);

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "data/byte_corpus.h"
 #include "data/corpus_tokenizer.h"
+#include "data/file_kind.h"
 #include "data/shard_writer.h"
 #include "data/token_shards.h"
 #include "tools/commands.h"
@@ -62,7 +63,10 @@ int TokensCommand::run() {
     if (input_.empty()) throw InputError("--from u16 needs --input");
     in = std::make_unique<U16Tokens>(input_);
   } else {
-    in = std::make_unique<TextTokens>(input_.empty() ? kFortunesDir : input_);
+    const std::string input = input_.empty() ? kFortunesDir : input_;
+    // Text unless --from bytes says so: a shard or raw tokens are refused.
+    if (from_opt_->count() == 0) check_text_files(text_input_files(input), tokens_from_flags());
+    in = std::make_unique<TextTokens>(input);
   }
   const auto paths = write_llmc_shards(*in, out_, name_, shard_tokens_, val_tokens_);
   std::printf("%lld tokens into %zu shard%s in %s\n", static_cast<long long>(in->total()), paths.size(),

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "data/file_kind.h"
 #include "models/gpt.h"
 #include "models/mlp.h"
 
@@ -55,8 +56,11 @@ std::shared_ptr<const Datasets> load_datasets(const TrainOptions& o, const Model
       throw InputError(fmt::format("the MLP takes {} inputs but the images have {} pixels", inputs, pixels));
   } else {
     const std::string path = o.data.empty() ? kFortunesDir : o.data;
-    TokenFormat format = parse_token_format(o.data_format);
-    if (format == TokenFormat::Auto) format = detect_format(path);
+    const TokenFormat given = parse_token_format(o.data_format);
+    const TokenFormat format = resolve_format(path, given, data_format_flags());
+    // Held-out text is checked as --data's is: a shard there is no text either.
+    if (format == TokenFormat::Bytes && given == TokenFormat::Auto && !o.val_data.empty())
+      check_text_files(text_input_files(o.val_data), data_format_flags());
     const size_t window = static_cast<size_t>(model.positions() + 1);
     if (format != TokenFormat::Bytes) {
       load_token_shards(o, path, format, model, *sets);
