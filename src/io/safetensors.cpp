@@ -169,6 +169,37 @@ void pread_exact(int fd, void* buf, size_t n, uint64_t offset, const std::string
   }
 }
 
+// A byte as an error shows it: 'r' (0x72), or 0x00 when not printable.
+std::string byte_str(unsigned char b) {
+  return b >= 0x20 && b < 0x7f ? fmt::format("'{}' (0x{:02x})", static_cast<char>(b), b) : fmt::format("0x{:02x}", b);
+}
+
+// The header's length, after the checks that tell a safetensors file from
+// any other file: 8 bytes of length, a length that fits the file, and '{'
+// opening the JSON header (the format requires it). A file failing them is
+// "not a safetensors file", with each check it failed.
+uint64_t header_length(int fd, const std::string& path, uint64_t file_bytes) {
+  if (file_bytes < 8)
+    throw IoError(fmt::format("{}: not a safetensors file (it is {} bytes, too short for the 8-byte header length)",
+                              path, file_bytes));
+  uint64_t len = 0;
+  pread_exact(fd, &len, 8, 0, path);
+  std::vector<std::string> failed;
+  if (len > file_bytes - 8)
+    failed.push_back(fmt::format("its first 8 bytes give a header length of {}, which {} the end of the {}-byte file",
+                                 len, len > kMaxHeaderBytes ? "exceeds the 100 MB limit and runs past" : "runs past",
+                                 file_bytes));
+  unsigned char first = '{';
+  if (len > 0 && file_bytes > 8) pread_exact(fd, &first, 1, 8, path);
+  if (first != '{')
+    failed.push_back(fmt::format("its header is not a JSON object: byte 8 is {}, where '{{' must open it",
+                                 byte_str(first)));
+  if (!failed.empty())
+    throw IoError(fmt::format("{}: not a safetensors file ({})", path, fmt::join(failed, "; ")));
+  if (len > kMaxHeaderBytes) throw IoError(fmt::format("{}: header length {} exceeds the 100 MB limit", path, len));
+  return len;
+}
+
 }  // namespace
 
 uint64_t TensorSpec::numel() const {
@@ -255,19 +286,7 @@ void SafetensorsReader::parse_header() {
     throw IoError(fmt::format("{}: not a regular file", path_));
   }
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
-  if (file_bytes < 8) {
-    throw IoError(fmt::format("{}: file is {} bytes, too short for the 8-byte header length",
-                              path_, file_bytes));
-  }
-  uint64_t header_len = 0;
-  pread_exact(fd_, &header_len, 8, 0, path_);
-  if (header_len > kMaxHeaderBytes) {
-    throw IoError(fmt::format("{}: header length {} exceeds the 100 MB limit", path_, header_len));
-  }
-  if (header_len > file_bytes - 8) {
-    throw IoError(fmt::format("{}: header length {} runs past the end of the {}-byte file", path_,
-                              header_len, file_bytes));
-  }
+  const uint64_t header_len = header_length(fd_, path_, file_bytes);
   std::string header(header_len, '\0');
   pread_exact(fd_, header.data(), header_len, 8, path_);
 
