@@ -8,6 +8,7 @@
 #include "parallel/catalog.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
+#include "tools/flag_conflicts.h"
 #include "tools/launch_job.h"
 #include "train/run_checks.h"
 
@@ -161,6 +162,7 @@ int TrainCommand::run() {
     opts_.model = meta["dpt.model"];
   }
   run_flags_.apply(cmd_, opts_);
+  refuse_contradicting_flags(*cmd_, opts_);
   if (!strategy_.empty()) opts_.strategy = strategy_;
   opts_.prefetch = parse_prefetch(prefetch_);
   opts_.offload = parse_offload(offload_);
