@@ -22,32 +22,21 @@ shapes and settings as strings:
 """
 
 import argparse
-import json
 import math
 import os
-import struct
+import sys
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "parity"))
+import make_reference  # noqa: E402  (its safetensors writer)
+
 
 def write_safetensors(path, tensors, metadata):
-    """{name: tensor} as F32 in dict order, with string metadata (the format
-    of tests/parity/make_reference.py's writer)."""
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        data = t.detach().to(torch.float32).contiguous().numpy().astype("<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
-    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    head += b" " * (-len(head) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(head)))
-        f.write(head)
-        for data in blobs:
-            f.write(data)
+    """{name: tensor} as F32 in dict order: tests/parity/make_reference.py's
+    writer, with the settings' values as strings."""
+    make_reference.write_safetensors(path, tensors, {k: str(v) for k, v in metadata.items()})
 
 
 def grads(out, dout, *inputs):

@@ -62,10 +62,33 @@ std::mutex& records_mutex() {
   return mu;
 }
 
+bool answers_to(const StrategyRecord& r, const std::string& name) {
+  return r.name == name || std::find(r.aliases.begin(), r.aliases.end(), name) != r.aliases.end();
+}
+
 const StrategyRecord* lookup(const std::string& name) {
   for (const StrategyRecord& r : records())
-    if (r.name == name || std::find(r.aliases.begin(), r.aliases.end(), name) != r.aliases.end()) return &r;
+    if (answers_to(r, name)) return &r;
   return nullptr;
+}
+
+// The names and aliases of the records that `keep` keeps, in order.
+template <typename Keep>
+std::vector<std::string> names_of(const std::vector<const StrategyRecord*>& records, Keep keep) {
+  std::vector<std::string> names;
+  for (const StrategyRecord* r : records)
+    if (keep(*r)) {
+      names.push_back(r->name);
+      names.insert(names.end(), r->aliases.begin(), r->aliases.end());
+    }
+  return names;
+}
+
+// "a, b or c".
+std::string sentence(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return s;
 }
 
 }  // namespace
@@ -103,21 +126,10 @@ const StrategyRecord& register_strategy(StrategyRecord record) {
 }
 
 std::vector<std::string> strategy_names() {
-  std::vector<std::string> names;
-  for (const StrategyRecord* r : strategies()) {
-    names.push_back(r->name);
-    names.insert(names.end(), r->aliases.begin(), r->aliases.end());
-  }
-  return names;
+  return names_of(strategies(), [](const StrategyRecord&) { return true; });
 }
 
-std::string strategy_names_sentence() {
-  const std::vector<std::string> names = strategy_names();
-  std::string s;
-  for (size_t i = 0; i < names.size(); ++i)
-    s += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
-  return s;
-}
+std::string strategy_names_sentence() { return sentence(strategy_names()); }
 
 std::string strategy_help() {
   std::string s;
@@ -135,16 +147,11 @@ std::vector<const StrategyRecord*> data_parallel_strategies() {
 }
 
 const StrategyRecord& plannable_strategy(const std::string& name) {
-  std::vector<std::string> names;
-  for (const StrategyRecord* r : strategies())
-    if (r->plannable) {
-      if (r->name == name || std::find(r->aliases.begin(), r->aliases.end(), name) != r->aliases.end()) return *r;
-      names.push_back(r->name);
-      names.insert(names.end(), r->aliases.begin(), r->aliases.end());
-    }
-  std::string list;
-  for (size_t i = 0; i < names.size(); ++i) list += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
-  throw InputError(fmt::format("unknown strategy '{}' (expected {})", name, list));
+  const std::vector<const StrategyRecord*> all = strategies();
+  for (const StrategyRecord* r : all)
+    if (r->plannable && answers_to(*r, name)) return *r;
+  const auto plannable = [](const StrategyRecord& r) { return r.plannable; };
+  throw InputError(fmt::format("unknown strategy '{}' (expected {})", name, sentence(names_of(all, plannable))));
 }
 
 StrategyRef::StrategyRef(const StrategyRecord& r) : r_(&r), name_(r.name) {}
@@ -171,9 +178,8 @@ void check_mesh_strategy(const StrategyRef& strategy, const std::string& with) {
 }
 
 void check_shard_group(const StrategyRef& strategy, int shard_group) {
-  if (shard_group > 0 && (!strategy.set() || !strategy->shard_groups))
-    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups",
-                                 strategy.set() ? strategy.name() : default_strategy(1).name));
+  if (shard_group > 0 && !strategy->shard_groups)
+    throw InputError(fmt::format("--shard-group is hsdp's; --strategy {} has no shard groups", strategy.name()));
 }
 
 }  // namespace dpt
