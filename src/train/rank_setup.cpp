@@ -136,7 +136,7 @@ RankSetup set_up_rank(TrainOptions& o, comm::ProcessGroup& pg, const Mesh& mesh,
   s.steps = s.data->steps(o);
   o.schedule.total_steps = s.steps;
   if (pg.size() > 1) r.topology = topology_json(pg);
-  r.planned_comm = planned_rank_comm(o, so, *s.model, mesh, s.micro);
+  s.planned_comm = planned_rank_comm(o, so, *s.model, mesh, s.micro);
   r.comm_formula = so.strategy->formula ? so.strategy->formula(so, mesh.dp) : "";
   s.resumed = saved.has_value();
   if (saved) s.start = resume_from(resume_path, *saved, o, *s.model, *s.strategy, *s.data, pg, s.steps, r);

@@ -14,6 +14,7 @@
 #include "models/model.h"
 #include "parallel/mesh.h"
 #include "parallel/strategy.h"
+#include "parallel/traffic.h"
 #include "train/checkpoint.h"
 #include "train/data_source.h"
 #include "train/executor.h"
@@ -74,6 +75,7 @@ struct RankSetup {
   std::unique_ptr<DataSource> data;
   std::unique_ptr<Executor> executor;
   int64_t steps = 0, start = 0;  // the run's steps, and the first this run takes (a resume's)
+  CommPlan planned_comm;         // what this rank sends per step by the plan (run_report.h's count_comm)
   bool resumed = false;
 };
 // Sets o.schedule's total steps; a resume's time and bytes go into r.

@@ -136,10 +136,10 @@ void print_header(const TrainOptions& o, const Model& model, const Strategy& str
 LedgerMark::LedgerMark(comm::ProcessGroup& pg)
     : bytes(pg.ledger().total(comm::Scope::Family).bytes_sent), phases(pg.ledger().phases(comm::Scope::Family)) {}
 
-void count_comm(comm::ProcessGroup& pg, const LedgerMark& mark, const TrainOptions& o, int64_t start, int64_t steps,
-                TrainResult& r) {
+void count_comm(comm::ProcessGroup& pg, const LedgerMark& mark, const TrainOptions& o, const CommPlan& planned,
+                int64_t start, int64_t steps, TrainResult& r) {
   const auto n = static_cast<uint64_t>(std::max<int64_t>(1, steps - start));
-  const CommPlan& p = r.planned_comm;
+  const CommPlan& p = planned;
   const int64_t every = o.log_every;
   const auto logged = static_cast<uint64_t>(steps / every - start / every + (steps % every != 0 ? 1 : 0));
   const uint64_t normed = o.clip > 0.0f ? n : logged;

@@ -15,6 +15,7 @@
 #include "models/model.h"
 #include "parallel/mesh.h"
 #include "parallel/strategy.h"
+#include "parallel/traffic.h"
 #include "train/evaluate.h"
 #include "train/executor.h"
 #include "train/metrics_file.h"
@@ -56,12 +57,12 @@ struct LedgerMark {
   std::map<std::string, comm::OpStats> phases;
 };
 // The bytes this rank sent per step since `mark`, over the steps [start,
-// steps), in total and by phase; and what r.planned_comm makes of those
+// steps), in total and by phase; and what the plan `planned` makes of those
 // steps: the loss averaged on logged steps (every log_every-th and the
 // last), the gradient norm on those or, with --clip, on every step, and the
 // run's first step.
-void count_comm(comm::ProcessGroup& pg, const LedgerMark& mark, const TrainOptions& o, int64_t start, int64_t steps,
-                TrainResult& r);
+void count_comm(comm::ProcessGroup& pg, const LedgerMark& mark, const TrainOptions& o, const CommPlan& planned,
+                int64_t start, int64_t steps, TrainResult& r);
 
 // A finished run's report: every rank's medians and memory gathered, the
 // summary printed (unless quiet) and written (rank 0, --summary-out).

@@ -118,7 +118,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   if (out.timeline) write_trace(*out.timeline, out.trace_file.get(), pg);
   const double total_s = std::chrono::duration<double>(Clock::now() - run_start).count();
   r.steps = run.steps;
-  count_comm(pg, mark, o, run.start, run.steps, r);
+  count_comm(pg, mark, o, run.planned_comm, run.start, run.steps, r);
 
   // The weights are written before anything else can fail (evaluation, the
   // summary), so a finished run is never lost.

@@ -18,7 +18,6 @@
 #include "parallel/reducer.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/strategy.h"
-#include "parallel/traffic.h"
 #include "train/lockstep.h"
 
 namespace dpt {
@@ -148,7 +147,6 @@ struct TrainResult {
   // the logged steps' collectives spread over the steps; on a tp x pp mesh
   // its stage's data-parallel rank 0's, as dpt plan counts it), and the
   // strategy's formula in words (its catalog record's).
-  CommPlan planned_comm;
   uint64_t planned_comm_bytes_per_step = 0;
   std::string comm_formula;
   // The same split by the phase a collective was issued in: forward,
