@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/mlp.h"
 #include "parallel/reducer.h"
 
@@ -63,16 +63,16 @@ size_t line_floats(size_t bytes) { return std::max<size_t>(16, bytes / 4 / 16 * 
 }
 
 std::unique_ptr<Model> w_mlp() { return std::make_unique<Mlp>(MlpConfig{}); }
-std::unique_ptr<Model> w_gpt() { return std::make_unique<Gpt>(GptConfig{}); }
+std::unique_ptr<Model> w_gpt() { return std::make_unique<Decoder>(DecoderConfig{}); }
 // GPT-2 small's shape (85M parameters: 680 MB of parameters and gradients),
 // built once.
 const Model& gpt_12x768() {
   static const std::unique_ptr<Model> model = [] {
-    GptConfig c;
+    DecoderConfig c;
     c.layers = 12;
     c.heads = 12;
     c.width = 768;
-    return std::make_unique<Gpt>(c);
+    return std::make_unique<Decoder>(c);
   }();
   return *model;
 }

@@ -9,7 +9,7 @@
 #include "compare.h"
 #include "core/threads.h"
 #include "data/batches.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/mlp.h"
 
 namespace dpt {
@@ -36,9 +36,9 @@ std::vector<float> grads_of(Make make, bool checkpoint, size_t* arena, DType pre
 
 TEST(CheckpointActivations, GptGradientsBitwiseAndArenaShrinks) {
   set_threads(2);
-  GptConfig c{13, 3, 2, 16, 8};
+  DecoderConfig c{13, 3, 2, 16, 8};
   auto make = [&] {
-    auto m = std::make_unique<Gpt>(c);
+    auto m = std::make_unique<Decoder>(c);
     m->init_params(3);
     return m;
   };
@@ -61,9 +61,9 @@ TEST(CheckpointActivations, Bf16GptGradientsBitwise) {
   // The recomputed forward rounds the same fp32 values to the same bf16
   // operands, so mixed precision keeps the gradients bitwise too.
   set_threads(2);
-  GptConfig c{13, 3, 2, 16, 8};
+  DecoderConfig c{13, 3, 2, 16, 8};
   auto make = [&] {
-    auto m = std::make_unique<Gpt>(c);
+    auto m = std::make_unique<Decoder>(c);
     m->init_params(3);
     return m;
   };

@@ -6,7 +6,7 @@
 #include "core/threads.h"
 #include "data/batches.h"
 #include "gradcheck.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/mlp.h"
 
 namespace dpt {
@@ -51,15 +51,15 @@ TEST(ModelGrad, Mlp) {
   check_model(model, batch);
 }
 
-TEST(ModelGrad, Gpt) {
+TEST(ModelGrad, Decoder) {
   set_threads(2);
-  GptConfig c;
+  DecoderConfig c;
   c.vocab = 11;
   c.layers = 2;
   c.heads = 2;
   c.width = 8;
   c.context = 5;
-  Gpt model(c);
+  Decoder model(c);
   model.init_params(5);
   roughen(model);
   Batch batch;
@@ -71,8 +71,8 @@ TEST(ModelGrad, GptShorterSequenceThanContext) {
   // A batch with T below the context length uses only the first T position
   // embeddings; the rest get no gradient.
   set_threads(1);
-  GptConfig c{11, 1, 2, 8, 6};
-  Gpt model(c);
+  DecoderConfig c{11, 1, 2, 8, 6};
+  Decoder model(c);
   model.init_params(1);
   roughen(model);
   Batch batch;

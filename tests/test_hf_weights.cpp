@@ -18,7 +18,7 @@
 #include "cli_run.h"
 #include "compare.h"
 #include "io/safetensors.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/weights.h"
 
 namespace dpt {
@@ -39,8 +39,8 @@ class HfLayout : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& n) const { return (dir_ / n).string(); }
-  static std::unique_ptr<Gpt> small_gpt() {
-    auto m = std::make_unique<Gpt>(GptConfig{.vocab = 40, .layers = 2, .heads = 2, .width = 8, .context = 6});
+  static std::unique_ptr<Decoder> small_gpt() {
+    auto m = std::make_unique<Decoder>(DecoderConfig{.vocab = 40, .layers = 2, .heads = 2, .width = 8, .context = 6});
     m->init_params(5);
     return m;
   }

@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "data/batches.h"
 #include "io/safetensors.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/mlp.h"
 #include "models/model.h"
 #include "models/weights.h"
@@ -155,7 +155,7 @@ TEST(MlpLayout, DefaultHasPyTorchSequentialNames) {
 // ---------------------------------------------------------------- GPT
 
 // nanoGPT's parameter names and shapes, in order, for a config.
-std::vector<std::pair<std::string, Shape>> nanogpt_params(const GptConfig& c) {
+std::vector<std::pair<std::string, Shape>> nanogpt_params(const DecoderConfig& c) {
   const int64_t C = c.width;
   std::vector<std::pair<std::string, Shape>> v = {{"transformer.wte.weight", {c.vocab, C}},
                                                   {"transformer.wpe.weight", {c.context, C}}};
@@ -179,7 +179,7 @@ std::vector<std::pair<std::string, Shape>> nanogpt_params(const GptConfig& c) {
   return v;
 }
 
-void expect_nanogpt_layout(const Gpt& g) {
+void expect_nanogpt_layout(const Decoder& g) {
   const Layout& l = g.layout();
   expect_well_formed(l);
   const auto want = nanogpt_params(g.config());
@@ -202,7 +202,7 @@ void expect_nanogpt_layout(const Gpt& g) {
 }
 
 TEST(GptLayout, DefaultIsWGptWithNanoGptNames) {
-  Gpt g{GptConfig{}};
+  Decoder g{DecoderConfig{}};
   EXPECT_EQ(g.config().vocab, 256);
   EXPECT_EQ(g.config().layers, 4);
   EXPECT_EQ(g.config().heads, 4);
@@ -218,7 +218,7 @@ TEST(GptLayout, DefaultIsWGptWithNanoGptNames) {
 TEST(GptLayout, SmallConfigFromHyperParameters) {
   auto m = make_model({{"dpt.model", "gpt"}, {"vocab_size", "50"}, {"n_layer", "3"},
                        {"n_head", "2"}, {"n_embd", "12"}, {"block_size", "9"}});
-  auto* g = dynamic_cast<Gpt*>(m.get());
+  auto* g = dynamic_cast<Decoder*>(m.get());
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(g->config().vocab, 50);
   EXPECT_EQ(g->config().layers, 3);
@@ -271,7 +271,7 @@ size_t expect_grads_final_when_ready(Model& m, int64_t B) {
 }
 
 TEST(OnGradsReady, GptReportsEveryLayerOnceFinalFromTheEnd) {
-  Gpt g{GptConfig{.vocab = 32, .layers = 3, .heads = 2, .width = 16, .context = 8}};
+  Decoder g{DecoderConfig{.vocab = 32, .layers = 3, .heads = 2, .width = 16, .context = 8}};
   // ln_f, six parameter pairs per block, the embeddings.
   EXPECT_EQ(expect_grads_final_when_ready(g, 3), 1u + 3 * 6 + 1);
 }

@@ -12,7 +12,7 @@
 
 #include "core/threads.h"
 #include "data/batches.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/mlp.h"
 #include "train/train.h"
 
@@ -36,7 +36,7 @@ std::pair<float, float> losses(const C& config) {
 
 TEST(Precision, Bf16ForwardIsCloseToFp32ButNotEqual) {
   set_threads(1);
-  const auto [g32, g16] = losses<Gpt>(GptConfig{256, 2, 4, 64, 32});
+  const auto [g32, g16] = losses<Decoder>(DecoderConfig{256, 2, 4, 64, 32});
   const auto [m32, m16] = losses<Mlp>(MlpConfig{{784, 128, 10}});
   for (auto [a, b] : {std::pair{g32, g16}, std::pair{m32, m16}}) {
     EXPECT_NE(a, b) << "a bf16 forward that equals fp32 bit for bit did not round its operands";
@@ -51,8 +51,8 @@ TEST(Precision, Bf16ArenaHoldsGemmInputsInHalfTheBytes) {
   // GPT: ln1, atty, ln2, fch_gelu and ln_f feed only GEMMs and are kept in
   // bf16; the fp32 scratch for attention's output and the bf16 scratch for
   // converted output gradients come on top.
-  GptConfig c{256, 3, 4, 64, 32};
-  Gpt a(c), b(c);
+  DecoderConfig c{256, 3, 4, 64, 32};
+  Decoder a(c), b(c);
   b.set_precision(DType::BF16);
   const int64_t B = 4, N = B * c.context, C = c.width;
   const int64_t halved = c.layers * (N * C + N * C + N * C + N * 4 * C) + N * C;  // elements

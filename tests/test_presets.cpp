@@ -13,7 +13,7 @@
 #include "compare.h"
 #include "core/threads.h"
 #include "io/safetensors.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/presets.h"
 #include "models/weights.h"
 
@@ -32,7 +32,7 @@ TEST(Presets, HaveGpt2ShapesAndPadTheVocabulary) {
     auto hp = gpt_preset(name);
     ASSERT_TRUE(hp) << name;
     auto m = make_model(*hp);
-    const GptConfig& c = dynamic_cast<const Gpt&>(*m).config();
+    const DecoderConfig& c = dynamic_cast<const Decoder&>(*m).config();
     EXPECT_EQ(c.vocab, 50257);
     EXPECT_EQ(c.rows(), 50304);
     EXPECT_EQ(c.context, 1024);
@@ -55,14 +55,14 @@ class PaddedVocab : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& n) const { return (dir_ / n).string(); }
 
-  static constexpr GptConfig kConfig{.vocab = 40, .layers = 2, .heads = 2, .width = 8, .context = 6};
+  static constexpr DecoderConfig kConfig{.vocab = 40, .layers = 2, .heads = 2, .width = 8, .context = 6};
   // The unpadded model (seed 3) and a padded one with the same weights.
-  static std::pair<std::unique_ptr<Gpt>, std::unique_ptr<Gpt>> pair() {
-    auto plain = std::make_unique<Gpt>(kConfig);
+  static std::pair<std::unique_ptr<Decoder>, std::unique_ptr<Decoder>> pair() {
+    auto plain = std::make_unique<Decoder>(kConfig);
     plain->init_params(3);
-    GptConfig pc = kConfig;
+    DecoderConfig pc = kConfig;
     pc.padded_vocab = 64;
-    auto padded = std::make_unique<Gpt>(pc);
+    auto padded = std::make_unique<Decoder>(pc);
     padded->init_params(9);  // other values: every one must be overwritten or zero
     for (const Slot& s : plain->layout().slots()) {
       const Slot& t = padded->layout().slot(padded->layout().find(s.name));
@@ -105,9 +105,9 @@ TEST_F(PaddedVocab, ComputesWhatTheUnpaddedModelDoes) {
   bad.targets[4] = 40;  // a pad row's index is not a token
   EXPECT_THROW(padded->forward(bad), InputError);
   // Initialised from a seed, the pad rows are zero too.
-  GptConfig pc = kConfig;
+  DecoderConfig pc = kConfig;
   pc.padded_vocab = 64;
-  Gpt fresh(pc);
+  Decoder fresh(pc);
   fresh.init_params(1);
   const Slot& wte = fresh.layout().slot(fresh.layout().find("transformer.wte.weight"));
   for (size_t i = 40 * 8; i < wte.numel; ++i) ASSERT_EQ(fresh.params()[wte.offset + i], 0.0f);

@@ -24,7 +24,7 @@
 #include "data/shard_sampler.h"
 #include "data/shard_writer.h"
 #include "data/token_shards.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "train/evaluate.h"
 
 namespace dpt {
@@ -269,7 +269,7 @@ TEST_F(TokenShardsTest, EvaluationCountsEveryWindowOnceAcrossRanks) {
   TokenShards s(path("a.bin"), TokenFormat::Llmc, 64);
   ShardWindows w(s, 8);  // 41 windows
   set_threads(1);
-  Gpt model(GptConfig{.vocab = 64, .layers = 1, .heads = 2, .width = 16, .context = 8});
+  Decoder model(DecoderConfig{.vocab = 64, .layers = 1, .heads = 2, .width = 16, .context = 8});
   model.init_params(0);
   const EvalResult all = evaluate_windows(model, w, 5, 0);
   EXPECT_EQ(all.count, 41 * 8);

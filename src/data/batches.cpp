@@ -1,7 +1,7 @@
 #include "data/batches.h"
 
 #include "core/error.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/mlp.h"
 
 namespace dpt {
@@ -111,7 +111,7 @@ void fill_synthetic(const Model& model, int64_t B, uint64_t seed, Batch& batch) 
     for (int32_t& t : batch.targets) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(s.back())));
     return;
   }
-  const auto& g = dynamic_cast<const Gpt&>(model).config();
+  const auto& g = dynamic_cast<const Decoder&>(model).config();
   batch.T = g.context;
   batch.tokens.resize(static_cast<size_t>(B * g.context));
   batch.targets.resize(static_cast<size_t>(B * g.context));

@@ -1,5 +1,5 @@
 // The compute a model and an optimizer need, behind one interface per
-// device, so the model code is written once: Gpt and Mlp call kernels(dev).op
+// device, so the model code is written once: Decoder and Mlp call kernels(dev).op
 // with pointers into their flat buffers, and those buffers live on the same
 // device (tensor/flat_buffer.h). The CPU kernels are the functions of nn/*.h
 // (their headers define what each op computes; the overloads here are the

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/model.h"
 
 namespace dpt {
@@ -53,7 +53,7 @@ size_t WeightNames::stored(const std::string& slot, const std::vector<int64_t>& 
 WeightNames weight_names(const Model& model, const std::vector<TensorSpec>& tensors, WeightFormat format) {
   WeightNames n;
   if (model.kind() != "gpt") return n;
-  const GptConfig& g = dynamic_cast<const Gpt&>(model).config();
+  const DecoderConfig& g = dynamic_cast<const Decoder&>(model).config();
   if (g.rows() != g.vocab) n.wte_rows = g.vocab;
   if (format == WeightFormat::Dpt) return n;
   // The engine writes every name with the prefix; a file without it is HF's.

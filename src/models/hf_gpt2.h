@@ -33,7 +33,7 @@ WeightFormat parse_weight_format(const std::string& s);
 struct WeightNames {
   bool hf = false;
   std::string prefix;  // HF only: "" or "transformer."
-  // A GPT with a padded vocabulary (models/gpt.h): the rows of wte a file
+  // A GPT with a padded vocabulary (models/decoder.h): the rows of wte a file
   // holds, the true vocabulary; the model's further rows are padding, never
   // stored. 0: no padding.
   int64_t wte_rows = 0;

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/mlp.h"
 
 namespace dpt {
@@ -156,7 +156,7 @@ std::unique_ptr<Model> make_model(const std::map<std::string, std::string>& hpar
   auto it = hparams.find("dpt.model");
   std::string kind = it == hparams.end() ? "" : it->second;
   if (kind == "mlp") return std::make_unique<Mlp>(MlpConfig::from(hparams));
-  if (kind == "gpt") return std::make_unique<Gpt>(GptConfig::from(hparams));
+  if (kind == "gpt") return std::make_unique<Decoder>(DecoderConfig::from(hparams));
   throw InputError(fmt::format("unknown model '{}' (expected mlp or gpt)", kind));
 }
 

@@ -107,7 +107,7 @@ class Model {
   // This rank's share of the global gradient norm's sum of squares, for
   // g = gradients [begin, begin + n) of the flat buffer: all of it, except
   // where ranks outside the strategy's group hold copies of the same
-  // tensors (a tensor-parallel GPT's replicated ones; models/gpt.h).
+  // tensors (a tensor-parallel GPT's replicated ones; models/decoder.h).
   virtual double grad_squares(const float* g, size_t /*begin*/, size_t n) const { return k().sum_of_squares(g, n); }
 
   const Layout& layout() const { return layout_; }

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 
 namespace dpt {
 
@@ -50,8 +50,8 @@ std::optional<std::string> check_names(const Model& model, const std::vector<Ten
   std::map<std::string, bool> expected;
   // A pipeline stage reads its own tensors from a whole model's file: the
   // other stages' are expected too, and left alone.
-  if (const auto* gpt = dynamic_cast<const Gpt*>(&model); gpt && !gpt->whole()) {
-    const Gpt whole(gpt->config());
+  if (const auto* gpt = dynamic_cast<const Decoder*>(&model); gpt && !gpt->whole()) {
+    const Decoder whole(gpt->config());
     for (const Slot& s : whole.layout().slots()) expected[names.file_name(s.name)] = true;
   }
   for (const Slot& s : layout.slots()) {

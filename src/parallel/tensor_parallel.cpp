@@ -12,7 +12,7 @@
 
 namespace dpt {
 
-void check_vocab_rows(const GptConfig& c, int tp) {
+void check_vocab_rows(const DecoderConfig& c, int tp) {
   if (c.rows() % tp != 0)
     throw InputError(fmt::format("the checkpoint holds wte as {} rows, which --tp-embedding vocab cannot split over "
                                  "--tp {} (a fresh run pads them to a multiple of tp; resume at a tp that divides {}, "
@@ -29,7 +29,7 @@ double sum_in_rank_order(comm::ProcessGroup& g, double mine, std::vector<double>
   return sum;
 }
 
-void gather_slices(const Gpt& model, const Gpt& whole, comm::ProcessGroup& tp, int unit, const float* mine,
+void gather_slices(const Decoder& model, const Decoder& whole, comm::ProcessGroup& tp, int unit, const float* mine,
                    float* out, FlatBuffer& scratch) {
   const Layout &sliced = model.layout(), &all = whole.layout();
   const auto u = static_cast<size_t>(unit);
@@ -64,9 +64,9 @@ void gather_slices(const Gpt& model, const Gpt& whole, comm::ProcessGroup& tp, i
   }
 }
 
-void save_tensor_parallel(Strategy& strategy, const Gpt& model, const Mesh& mesh, comm::ProcessGroup& tp,
+void save_tensor_parallel(Strategy& strategy, const Decoder& model, const Mesh& mesh, comm::ProcessGroup& tp,
                           const std::string& path, WeightFormat format, bool lead) {
-  const Gpt whole(model.config(), model.stage());  // the file's layout; never allocated
+  const Decoder whole(model.config(), model.stage());  // the file's layout; never allocated
   size_t unit_max = 0, whole_max = 0;
   for (size_t u = 0; u < model.layout().units().size(); ++u) {
     unit_max = std::max(unit_max, model.layout().units()[u].numel);

@@ -15,7 +15,7 @@
 namespace dpt {
 
 // Where a slot's elements sit in the whole tensor of its name when the slot
-// holds a slice of it (a tensor-parallel rank's share; models/gpt.h): the
+// holds a slice of it (a tensor-parallel rank's share; models/decoder.h): the
 // whole tensor seen as [outer, parts, inner], the slot as part `part` of it
 // ([outer, inner]). A slot holding its whole tensor is {1, 1, 0, numel}.
 struct TensorSlice {

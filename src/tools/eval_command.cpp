@@ -7,7 +7,7 @@
 #include "data/file_kind.h"
 #include "data/shard_sampler.h"
 #include "data/token_shards.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/weights.h"
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
@@ -50,7 +50,7 @@ int EvalCommand::run() {
   const TokenFormat format = resolve_format(path, parse_token_format(format_), data_format_flags());
   if (format != TokenFormat::Bytes) {
     // Every window of context+1 tokens at multiples of the context, once.
-    const TokenShards shards(path, format, dynamic_cast<const Gpt&>(*model).config().vocab);
+    const TokenShards shards(path, format, dynamic_cast<const Decoder&>(*model).config().vocab);
     const ShardWindows windows(shards, model->positions());
     if (windows.size() == 0)
       throw InputError(fmt::format("{}: no shard holds one window of {} tokens", path, model->positions() + 1));

@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "data/file_kind.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/mlp.h"
 
 namespace dpt {
@@ -15,7 +15,7 @@ namespace {
 // windows into training and held-out ones.
 void load_token_shards(const TrainOptions& o, const std::string& path, TokenFormat format, const Model& model,
                        Datasets& sets) {
-  const int64_t vocab = dynamic_cast<const Gpt&>(model).config().vocab;
+  const int64_t vocab = dynamic_cast<const Decoder&>(model).config().vocab;
   const int64_t T = model.positions();
   sets.tokens = std::make_unique<TokenShards>(path, format, vocab);
   const int64_t all = ShardWindows::total(*sets.tokens, T);

@@ -59,7 +59,7 @@ double SequentialExecutor::grad_norm_squared() {
 
 void SequentialExecutor::save(const std::string& path, WeightFormat format) {
   if (tp_)
-    save_tensor_parallel(strategy_, dynamic_cast<const Gpt&>(model_), mesh_, *tp_, path, format, pg_.rank() == 0);
+    save_tensor_parallel(strategy_, dynamic_cast<const Decoder&>(model_), mesh_, *tp_, path, format, pg_.rank() == 0);
   else
     save_model(strategy_, model_, path, format, pg_.rank() == 0);
 }

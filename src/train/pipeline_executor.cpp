@@ -27,13 +27,13 @@ void wait(std::shared_ptr<comm::Work>& w) {
 
 }  // namespace
 
-std::vector<GptStage> gpt_stages(const GptConfig& c, int pp, const std::string& split) {
+std::vector<DecoderStage> gpt_stages(const DecoderConfig& c, int pp, const std::string& split) {
   const int64_t C = c.width, V = c.rows();
   // Parameters held: the embedding (wte, wpe) on the first stage, ln_f and
   // the head's copy of wte on the last.
   const std::vector<int64_t> counts =
       pipe_split(split, pp, c.layers, V * C + c.context * C, 12 * C * C + 13 * C, V * C + 2 * C);
-  std::vector<GptStage> stages;
+  std::vector<DecoderStage> stages;
   int64_t first = 0;
   for (size_t s = 0; s < counts.size(); ++s) {
     stages.push_back({first, first + counts[s], s == 0, s + 1 == counts.size()});
@@ -42,7 +42,7 @@ std::vector<GptStage> gpt_stages(const GptConfig& c, int pp, const std::string& 
   return stages;
 }
 
-PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& model, Strategy& strategy,
+PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Decoder& model, Strategy& strategy,
                                    DataSource& data, float loss_scale, PipelineOptions options)
     : mesh_(mesh), groups_(groups), model_(model), strategy_(strategy), data_(data), loss_scale_(loss_scale),
       options_(std::move(options)) {
@@ -78,7 +78,7 @@ PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& mo
   };
 }
 
-size_t pipeline_buffer_bytes(const Gpt& stage, int pp, int s) {
+size_t pipeline_buffer_bytes(const Decoder& stage, int pp, int s) {
   if (pp == 1) return 0;
   const size_t wte = static_cast<size_t>(stage.wte_rows() * stage.config().width);
   const size_t copy = dtype_size(stage.precision()) * wte;
@@ -242,7 +242,7 @@ nlohmann::json PipelineExecutor::detail() {
   groups_.pp().all_gather(all.data(), all.size() * 2, DType::F32);
   nlohmann::json stages = nlohmann::json::array();
   for (size_t k = 0; k < static_cast<size_t>(mesh_.pp); ++k) {
-    const GptStage& st = options_.stages[k];
+    const DecoderStage& st = options_.stages[k];
     stages.push_back({{"first_block", st.first}, {"last_block", st.last - 1}, {"embedding", st.embed},
                       {"head", st.head}, {"params", static_cast<int64_t>(all[kFields * k])},
                       {"arenas", static_cast<int64_t>(all[kFields * k + 1])},
@@ -266,7 +266,7 @@ void PipelineExecutor::save(const std::string& path, WeightFormat format) {
   // theirs to the first, which writes the whole model (it holds all of it
   // for the while: a GPT that needs a pipeline to train still fits one
   // rank's memory as weights alone).
-  const Gpt held = stage_model(mesh_.pp_rank);  // the stage, its tensors whole
+  const Decoder held = stage_model(mesh_.pp_rank);  // the stage, its tensors whole
   FlatBuffer mine(held.param_count());
   comm::ProcessGroup* tp = groups_.tp();
   FlatBuffer unit(tp ? model_.param_count() : 0), scratch;
@@ -285,7 +285,7 @@ void PipelineExecutor::save(const std::string& path, WeightFormat format) {
     pp.send(mine.f32(), held.param_count(), DType::F32, 0);
     return;
   }
-  const Gpt whole(model_.config());
+  const Decoder whole(model_.config());
   std::vector<float> all(whole.param_count());
   auto place = [&](const Layout& stage, const float* values) {
     for (const Slot& slot : stage.slots())
@@ -294,7 +294,7 @@ void PipelineExecutor::save(const std::string& path, WeightFormat format) {
   };
   place(held.layout(), mine.f32());
   for (int s = 1; s < mesh_.pp; ++s) {
-    const Gpt stage = stage_model(s);
+    const Decoder stage = stage_model(s);
     FlatBuffer theirs(stage.param_count());
     pp.recv(theirs.f32(), stage.param_count(), DType::F32, s);
     place(stage.layout(), theirs.f32());

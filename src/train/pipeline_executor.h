@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "comm/work.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline_schedule.h"
 #include "tensor/flat_buffer.h"
@@ -38,24 +38,24 @@ namespace dpt {
 struct PipelineOptions {
   PipeSchedule schedule = PipeSchedule::OneFOneB;
   int micro_batches = 1;
-  std::vector<GptStage> stages;  // every stage's blocks, in order
+  std::vector<DecoderStage> stages;  // every stage's blocks, in order
 };
 
 // The stages of the run's GPT: --pp-split, or balanced by parameters.
-std::vector<GptStage> gpt_stages(const GptConfig& config, int pp, const std::string& split);
+std::vector<DecoderStage> gpt_stages(const DecoderConfig& config, int pp, const std::string& split);
 
 // What stage s's executor holds besides its strategy's bytes and its
 // arenas: on the first stage wte's gradient from the head, the gathered
 // embedding unit and, under bf16, the rounded copy of wte it sends; on the
 // last the head's copy of wte (in the compute type) and its gradient. This
 // TP rank's rows of wte. Training's memory check and `dpt plan` count them.
-size_t pipeline_buffer_bytes(const Gpt& stage, int pp, int s);
+size_t pipeline_buffer_bytes(const Decoder& stage, int pp, int s);
 
 class PipelineExecutor : public Executor {
  public:
-  // model: this stage's Gpt; strategy: over groups.dp(). Collective over
+  // model: this stage's Decoder; strategy: over groups.dp(). Collective over
   // the PP group: the last stage's copy of wte is filled from the first.
-  PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Gpt& model, Strategy& strategy, DataSource& data,
+  PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Decoder& model, Strategy& strategy, DataSource& data,
                    float loss_scale, PipelineOptions options);
   double run(int64_t step, StepBreakdown& t, Timeline* tl) override;
   double grad_norm_squared() override;
@@ -74,8 +74,8 @@ class PipelineExecutor : public Executor {
   const ForwardFn* eval_forward() override { return &eval_forward_; }
 
  private:
-  // A stage's layout (its Gpt, never allocated, its tensors whole) for saving.
-  Gpt stage_model(int s) const { return Gpt(model_.config(), options_.stages[static_cast<size_t>(s)]); }
+  // A stage's layout (its Decoder, never allocated, its tensors whole) for saving.
+  Decoder stage_model(int s) const { return Decoder(model_.config(), options_.stages[static_cast<size_t>(s)]); }
   bool first() const { return mesh_.pp_rank == 0; }
   bool last() const { return mesh_.pp_rank == mesh_.pp - 1; }
   size_t wte_numel() const;
@@ -93,7 +93,7 @@ class PipelineExecutor : public Executor {
 
   Mesh mesh_;
   MeshGroups& groups_;
-  Gpt& model_;
+  Decoder& model_;
   Strategy& strategy_;
   DataSource& data_;
   float loss_scale_;

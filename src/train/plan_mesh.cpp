@@ -6,7 +6,7 @@
 // models/gpt.cpp, parallel/tensor_parallel.cpp and train/pipeline_executor.cpp
 // issue them.
 #include "core/dtype.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "parallel/catalog.h"
 #include "parallel/rank_bytes.h"
 #include "train/pipeline_executor.h"
@@ -26,7 +26,7 @@ namespace {
 // target logits (2 x B x T) in forward and the head's input gradient
 // (B x T x C) in backward. A logged step adds the gradient norm's sum over
 // the TP group (a double per rank, as two floats).
-CommPlan tensor_parallel_comm(const Gpt& gpt, const Mesh& mesh, int64_t blocks, int64_t micro, int64_t M) {
+CommPlan tensor_parallel_comm(const Decoder& gpt, const Mesh& mesh, int64_t blocks, int64_t micro, int64_t M) {
   CommPlan c;
   if (mesh.tp == 1) return c;
   const RingSends tp{mesh.tp, 0};
@@ -56,11 +56,11 @@ CommPlan tensor_parallel_comm(const Gpt& gpt, const Mesh& mesh, int64_t blocks, 
 // along a chain that every stage but the one before the root forwards (a
 // double as two floats); a logged step's gradient norm gathered over the
 // stages.
-CommPlan pipeline_comm(const StrategyOptions& so, const Gpt& gpt, const Mesh& mesh, int s, int64_t micro,
+CommPlan pipeline_comm(const StrategyOptions& so, const Decoder& gpt, const Mesh& mesh, int s, int64_t micro,
                        int64_t M) {
   CommPlan c;
   if (mesh.pp == 1) return c;
-  const GptConfig& cfg = gpt.config();
+  const DecoderConfig& cfg = gpt.config();
   const uint64_t boundary = sizeof(float) * static_cast<uint64_t>(micro * cfg.context * cfg.width);
   const uint64_t wte = sizeof(float) * static_cast<uint64_t>(gpt.wte_rows() * cfg.width);  // this TP rank's rows
   const uint64_t Mu = static_cast<uint64_t>(M);
@@ -143,8 +143,8 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
     st.comm.backward += static_cast<uint64_t>(M) * last - k.skipped * last + k.wasted * last;
     st.comm.first_step = (k.skipped - k.skipped_first - k.wasted + k.wasted_first) * last;
   }
-  if (const auto* gpt = dynamic_cast<const Gpt*>(&model)) {
-    const GptStage& g = gpt->stage();
+  if (const auto* gpt = dynamic_cast<const Decoder*>(&model)) {
+    const DecoderStage& g = gpt->stage();
     const int64_t blocks = (g.last < 0 ? gpt->config().layers : g.last) - g.first;
     st.comm += tensor_parallel_comm(*gpt, mesh, blocks, micro, M);
     st.comm += pipeline_comm(so, *gpt, mesh, s, micro, M);

@@ -6,7 +6,7 @@
 
 #include "comm/types.h"
 #include "core/error.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "parallel/rank_bytes.h"
 #include "parallel/tensor_parallel.h"
 #include "train/pipeline_executor.h"
@@ -269,10 +269,10 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
     m.stages.push_back(&model);
     return m;
   }
-  const GptConfig config = GptConfig::from(model_hparams(run));
-  const std::vector<GptStage> split = pp > 1 ? gpt_stages(config, pp, run.pp_split) : std::vector<GptStage>{GptStage{}};
-  for (const GptStage& st : split) {
-    m.built.push_back(std::make_unique<Gpt>(config, st, GptTp{tp, 0, run.tp_embedding == TpEmbedding::Vocab}));
+  const DecoderConfig config = DecoderConfig::from(model_hparams(run));
+  const std::vector<DecoderStage> split = pp > 1 ? gpt_stages(config, pp, run.pp_split) : std::vector<DecoderStage>{DecoderStage{}};
+  for (const DecoderStage& st : split) {
+    m.built.push_back(std::make_unique<Decoder>(config, st, DecoderTp{tp, 0, run.tp_embedding == TpEmbedding::Vocab}));
     m.stages.push_back(m.built.back().get());
   }
   return m;

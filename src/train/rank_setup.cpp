@@ -63,15 +63,15 @@ std::map<std::string, std::string> resumed_hparams(const TrainOptions& o, const 
 
 RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optional<CheckpointInfo>& saved) {
   const std::map<std::string, std::string> hparams = saved ? resumed_hparams(o, *saved) : model_hparams(o);
-  std::vector<GptStage> stages;
-  if (mesh.pp > 1) stages = gpt_stages(GptConfig::from(hparams), mesh.pp, o.pp_split);
-  if (saved && o.tp_embedding == TpEmbedding::Vocab) check_vocab_rows(GptConfig::from(hparams), mesh.tp);
+  std::vector<DecoderStage> stages;
+  if (mesh.pp > 1) stages = gpt_stages(DecoderConfig::from(hparams), mesh.pp, o.pp_split);
+  if (saved && o.tp_embedding == TpEmbedding::Vocab) check_vocab_rows(DecoderConfig::from(hparams), mesh.tp);
   std::unique_ptr<Model> model;
-  const GptTp tp{mesh.tp, mesh.tp_rank, o.tp_embedding == TpEmbedding::Vocab};
+  const DecoderTp tp{mesh.tp, mesh.tp_rank, o.tp_embedding == TpEmbedding::Vocab};
   if (mesh.pp > 1)
-    model = std::make_unique<Gpt>(GptConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)], tp);
+    model = std::make_unique<Decoder>(DecoderConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)], tp);
   else if (mesh.tp > 1)
-    model = std::make_unique<Gpt>(GptConfig::from(hparams), GptStage{}, tp);
+    model = std::make_unique<Decoder>(DecoderConfig::from(hparams), DecoderStage{}, tp);
   else
     model = make_model(hparams);
   model->set_checkpoint_activations(o.checkpoint_activations);
@@ -83,7 +83,7 @@ RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optiona
 // Under --tp the GPT sums (or maxes) its partial results over its TP group.
 void connect_tensor_parallel(Model& model, comm::ProcessGroup* tpg) {
   if (!tpg) return;
-  dynamic_cast<Gpt&>(model).set_tensor_reduce([tpg](float* x, size_t n, TpReduce op) {
+  dynamic_cast<Decoder&>(model).set_tensor_reduce([tpg](float* x, size_t n, TpReduce op) {
     tpg->all_reduce(x, n, DType::F32, op == TpReduce::Max ? comm::ReduceOp::Max : comm::ReduceOp::Sum);
   });
 }
@@ -92,10 +92,10 @@ void connect_tensor_parallel(Model& model, comm::ProcessGroup* tpg) {
 // sequential executor over the whole (or TP-sliced) model.
 std::unique_ptr<Executor> make_executor(const TrainOptions& o, comm::ProcessGroup& pg, const Mesh& mesh,
                                         MeshGroups& groups, Model& model, Strategy& strategy, DataSource& data,
-                                        float loss_scale, const std::vector<GptStage>& stages) {
+                                        float loss_scale, const std::vector<DecoderStage>& stages) {
   if (mesh.pp > 1)
     return std::make_unique<PipelineExecutor>(
-        mesh, groups, dynamic_cast<Gpt&>(model), strategy, data, loss_scale,
+        mesh, groups, dynamic_cast<Decoder&>(model), strategy, data, loss_scale,
         PipelineOptions{o.pp_schedule, static_cast<int>(o.grad_accum), stages});
   return std::make_unique<SequentialExecutor>(o, pg, model, strategy, data, loss_scale, mesh, groups.tp());
 }

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "models/model.h"
 #include "parallel/mesh.h"
 #include "parallel/strategy.h"
@@ -47,7 +47,7 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
 // ask. Its parameters are the strategy's to fill.
 struct RankModel {
   std::unique_ptr<Model> model;
-  std::vector<GptStage> stages;  // under --pp
+  std::vector<DecoderStage> stages;  // under --pp
 };
 RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optional<CheckpointInfo>& saved);
 
@@ -58,7 +58,7 @@ void connect_tensor_parallel(Model& model, comm::ProcessGroup* tpg);
 // sequential executor over the whole (or TP-sliced) model.
 std::unique_ptr<Executor> make_executor(const TrainOptions& o, comm::ProcessGroup& pg, const Mesh& mesh,
                                         MeshGroups& groups, Model& model, Strategy& strategy, DataSource& data,
-                                        float loss_scale, const std::vector<GptStage>& stages);
+                                        float loss_scale, const std::vector<DecoderStage>& stages);
 
 // Everything this rank trains with, made in order: the model's shape, the
 // mesh's groups and tensor-parallel wiring, the strategy (after the offload

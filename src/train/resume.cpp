@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "train/stop_signal.h"
 
 namespace dpt {
@@ -103,8 +103,8 @@ std::string checkpoint_now(const TrainOptions& o, const Model& model, Strategy& 
                            comm::ProcessGroup& pg, int64_t done, TrainResult& r) {
   const auto t0 = Clock::now();
   // A pipeline stage's ranks write its pieces; the manifest lists the whole model.
-  std::optional<Gpt> whole;
-  if (o.pp > 1) whole.emplace(dynamic_cast<const Gpt&>(model).config());
+  std::optional<Decoder> whole;
+  if (o.pp > 1) whole.emplace(dynamic_cast<const Decoder&>(model).config());
   const WrittenCheckpoint written =
       write_checkpoint(o.checkpoint_dir, checkpoint_info(o, model, data, done), strategy, model, pg, o.keep,
                        o.tp == 1 || pg.rank() % o.tp == 0,  // TP rank 0 writes the replicated tensors

@@ -98,7 +98,7 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
     throw InputError(fmt::format("--tp splits a GPT's attention heads and MLP; the {} model has none", o.model));
   check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
-  const GptConfig c = GptConfig::from(model_hparams(o));
+  const DecoderConfig c = DecoderConfig::from(model_hparams(o));
   if (c.heads % mesh.tp != 0)
     throw InputError(fmt::format("--tp {} does not divide the GPT's {} attention heads (a TP rank holds whole "
                                  "heads, and with them 4C/tp of the MLP's {} columns)",
@@ -115,7 +115,7 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
     throw InputError(fmt::format("--pp splits a GPT's blocks into stages; the {} model has none", o.model));
   check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
-  gpt_stages(GptConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
+  gpt_stages(DecoderConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
 }
 
 namespace {
@@ -185,7 +185,7 @@ void check_rank_memory(const TrainOptions& o, const StrategyOptions& so, const M
   try {
     check_memory(o, so, model, micro, dpg,
                  pipe_slots(o.pp_schedule, mesh.pp, mesh.pp_rank, static_cast<int>(o.grad_accum)),
-                 pg.size(), pipeline_buffer_bytes(dynamic_cast<const Gpt&>(model), mesh.pp, mesh.pp_rank));
+                 pg.size(), pipeline_buffer_bytes(dynamic_cast<const Decoder&>(model), mesh.pp, mesh.pp_rank));
   } catch (const InputError& e) {
     too_big = e.what();
   }

@@ -13,7 +13,7 @@
 #include "core/threads.h"
 #include "io/atomic_file.h"
 #include "nn/gemm.h"
-#include "models/gpt.h"
+#include "models/decoder.h"
 #include "parallel/pipeline_schedule.h"
 #include "train/pipeline_executor.h"
 #include "train/report.h"
@@ -36,9 +36,9 @@ std::vector<double> gather(comm::ProcessGroup& pg, const std::vector<double>& mi
 // The pipeline's line: the mesh, the schedule, each stage's blocks and the
 // bubble a balanced pipeline would have.
 void print_pipeline(const TrainOptions& o, const Mesh& mesh, const Model& model) {
-  const GptConfig& c = dynamic_cast<const Gpt&>(model).config();
+  const DecoderConfig& c = dynamic_cast<const Decoder&>(model).config();
   std::string blocks;
-  for (const GptStage& st : gpt_stages(c, mesh.pp, o.pp_split))
+  for (const DecoderStage& st : gpt_stages(c, mesh.pp, o.pp_split))
     blocks += fmt::format("{}{}-{}", blocks.empty() ? "" : " | ", st.first, st.last - 1);
   const int M = static_cast<int>(o.grad_accum);
   std::printf("pipeline: %s, %s, %d micro-batches per step, blocks %s; bubble (pp-1)/(M+pp-1) = %.0f%%%s\n",

@@ -233,7 +233,7 @@ const std::map<std::string, std::string> kGptHparams = {
     {"n_layer", "2"}, {"n_embd", "25"}, {"n_head", "5"}, {"block_size", "15"}};
 constexpr int64_t kGptSteps = 3, kGptPerRank = 2;
 
-enum class Net { Mlp, Gpt };
+enum class Net { Mlp, Decoder };
 struct Workload {
   Net net = Net::Mlp;
   float clip = 0.0f;
@@ -452,7 +452,7 @@ void check_equivalence(const Workload& s, const std::vector<Variant>& variants) 
 
 TEST(Equivalence, UnevenShards) {
   // The models above have units whose chunks differ in size at this N.
-  for (const Net net : {Net::Mlp, Net::Gpt}) {
+  for (const Net net : {Net::Mlp, Net::Decoder}) {
     auto model = make_model(model_hparams(options({.net = net}, world())));
     size_t uneven = 0;
     for (const Unit& u : model->layout().units())
@@ -480,7 +480,7 @@ TEST(Equivalence, MlpSgdGradAccum2) {
                    fmt::format("mlp {} grad_accum 2 vs ddp grad_accum 1", v.name));
 }
 
-TEST(Equivalence, GptAdamW) { check_equivalence({.net = Net::Gpt}, kAllStages); }
+TEST(Equivalence, GptAdamW) { check_equivalence({.net = Net::Decoder}, kAllStages); }
 
 // hsdp: ZeRO-3 inside shard groups, gradient shards all-reduced across the
 // groups. Every shard group size that divides the world: 1 (no sharding,
@@ -497,23 +497,23 @@ std::vector<Variant> hsdp_variants() {
   return v;
 }
 
-TEST(Equivalence, GptAdamWHsdp) { check_equivalence({.net = Net::Gpt}, hsdp_variants()); }
+TEST(Equivalence, GptAdamWHsdp) { check_equivalence({.net = Net::Decoder}, hsdp_variants()); }
 
 TEST(Equivalence, MlpSgdGradAccum2Hsdp) { check_equivalence({.net = Net::Mlp, .accum = 2}, hsdp_variants()); }
 
 
 TEST(Equivalence, GptAdamWClipped) {
-  check_equivalence({.net = Net::Gpt, .clip = kGptClip}, {kZero1, kZero1Scatter, kZero2, kZero3});
+  check_equivalence({.net = Net::Decoder, .clip = kGptClip}, {kZero1, kZero1Scatter, kZero2, kZero3});
 }
 
 // bf16 mixed precision under every strategy, against DDP and one process
 // in bf16 (and, in Precision.*, against fp32).
 TEST(Equivalence, MlpSgdBf16) { check_equivalence({.net = Net::Mlp, .precision = DType::BF16}, kAllStages); }
 
-TEST(Equivalence, GptAdamWBf16) { check_equivalence({.net = Net::Gpt, .precision = DType::BF16}, kAllStages); }
+TEST(Equivalence, GptAdamWBf16) { check_equivalence({.net = Net::Decoder, .precision = DType::BF16}, kAllStages); }
 
 TEST(Equivalence, GptAdamWBf16GradAccum2) {
-  check_equivalence({.net = Net::Gpt, .accum = 2, .precision = DType::BF16}, {kZero1, kZero2, kZero3, kZero3Local});
+  check_equivalence({.net = Net::Decoder, .accum = 2, .precision = DType::BF16}, {kZero1, kZero2, kZero3, kZero3Local});
 }
 
 // --reduce-dtype bf16: every strategy's reductions sum the same bf16
@@ -529,9 +529,9 @@ constexpr double kReduceBf16Tol = 1e-3;
 
 TEST(Equivalence, GptAdamWReduceBf16) {
   for (const DType precision : {DType::F32, DType::BF16}) {
-    const Workload s{.net = Net::Gpt, .precision = precision, .reduce = DType::BF16};
+    const Workload s{.net = Net::Decoder, .precision = precision, .reduce = DType::BF16};
     const TrainRun& ddp = run(s, kDdp);
-    const TrainRun& local = reference({.net = Net::Gpt, .precision = precision});
+    const TrainRun& local = reference({.net = Net::Decoder, .precision = precision});
     ASSERT_TRUE(ddp.ok);
     // DDP holds the gradients' bf16 copy for its buckets.
     auto model = make_model(model_hparams(options(s, world())));
@@ -550,7 +550,7 @@ TEST(Equivalence, GptAdamWReduceBf16) {
 }
 
 TEST(Equivalence, GptAdamWGradAccum2) {
-  check_equivalence({.net = Net::Gpt, .accum = 2}, {kZero1, kZero1Scatter, kZero2, kZero2Local, kZero3, kZero3Local});
+  check_equivalence({.net = Net::Decoder, .accum = 2}, {kZero1, kZero1Scatter, kZero2, kZero2Local, kZero3, kZero3Local});
 }
 
 // ---------------------------------------------------------------- memory
@@ -649,16 +649,16 @@ void check_memory(const Workload& s, const Variant& v) {
 }
 
 TEST(Memory, AccountedBytesMatchTheTable) {
-  for (const Workload& s : {Workload{.net = Net::Mlp}, Workload{.net = Net::Gpt}})
+  for (const Workload& s : {Workload{.net = Net::Mlp}, Workload{.net = Net::Decoder}})
     for (const Variant& v : {kDdp, kZero1, kZero1Scatter, kZero2, kZero3, kZero3Keep, kZero3NoPrefetch})
       check_memory(s, v);
-  for (const Workload& s : {Workload{.net = Net::Mlp, .accum = 2}, Workload{.net = Net::Gpt, .accum = 2}})
+  for (const Workload& s : {Workload{.net = Net::Mlp, .accum = 2}, Workload{.net = Net::Decoder, .accum = 2}})
     for (const Variant& v : {kZero2, kZero2Local, kZero3, kZero3Local}) check_memory(s, v);
   for (const Workload& s : {Workload{.net = Net::Mlp, .precision = DType::BF16},
-                            Workload{.net = Net::Gpt, .precision = DType::BF16}})
+                            Workload{.net = Net::Decoder, .precision = DType::BF16}})
     for (const Variant& v : {kDdp, kZero1, kZero1Scatter, kZero2, kZero3, kZero3Keep, kZero3NoPrefetch})
       check_memory(s, v);
-  check_memory({.net = Net::Gpt, .accum = 2, .precision = DType::BF16}, kZero3Local);
+  check_memory({.net = Net::Decoder, .accum = 2, .precision = DType::BF16}, kZero3Local);
 }
 
 // ---------------------------------------------------------------- communication
@@ -710,7 +710,7 @@ Volume expected_volume(const Workload& s, const Variant& v) {
   auto model = make_model(model_hparams(o));
   const Layout& layout = model->layout();
   const auto& units = layout.units();
-  const bool gpt = s.net == Net::Gpt;
+  const bool gpt = s.net == Net::Decoder;
   // The unit forward opens last: kept for backward (see above).
   const size_t kept = gpt ? units.front().numel : units.back().numel;
   const size_t embed = units.front().numel;
@@ -807,15 +807,15 @@ bool exact_ring() {
 
 TEST(CommVolume, LedgerBytesPerStepMatchTheTable) {
   if (!exact_ring()) GTEST_SKIP() << "the exact figures are those of the ring algorithms on one host";
-  for (const Workload& s : {Workload{.net = Net::Mlp}, Workload{.net = Net::Gpt}})
+  for (const Workload& s : {Workload{.net = Net::Mlp}, Workload{.net = Net::Decoder}})
     for (const Variant& v : {kDdp, kZero1, kZero1Scatter, kZero2, kZero3, kZero3Keep, kZero3NoPrefetch})
       check_volume(s, v);
-  for (const Workload& s : {Workload{.net = Net::Mlp, .accum = 2}, Workload{.net = Net::Gpt, .accum = 2}})
+  for (const Workload& s : {Workload{.net = Net::Mlp, .accum = 2}, Workload{.net = Net::Decoder, .accum = 2}})
     for (const Variant& v : {kDdp, kZero1, kZero2, kZero2Local, kZero3, kZero3Local}) check_volume(s, v);
   for (const Workload& s : {Workload{.net = Net::Mlp, .precision = DType::BF16},
-                            Workload{.net = Net::Gpt, .precision = DType::BF16},
-                            Workload{.net = Net::Gpt, .reduce = DType::BF16},
-                            Workload{.net = Net::Gpt, .precision = DType::BF16, .reduce = DType::BF16}})
+                            Workload{.net = Net::Decoder, .precision = DType::BF16},
+                            Workload{.net = Net::Decoder, .reduce = DType::BF16},
+                            Workload{.net = Net::Decoder, .precision = DType::BF16, .reduce = DType::BF16}})
     for (const Variant& v : {kDdp, kZero1, kZero1Scatter, kZero2, kZero3, kZero3Keep, kZero3NoPrefetch})
       check_volume(s, v);
 }
@@ -824,7 +824,7 @@ TEST(CommVolume, Bf16HalvesZero3Gathers) {
   // The check in one line: ZeRO-3's parameter all-gathers in bf16
   // are half of fp32's (the reduce-scatters stay fp32).
   if (!exact_ring()) GTEST_SKIP() << "the exact figures are those of the ring algorithms on one host";
-  const Workload f{.net = Net::Gpt}, h{.net = Net::Gpt, .precision = DType::BF16};
+  const Workload f{.net = Net::Decoder}, h{.net = Net::Decoder, .precision = DType::BF16};
   const TrainRun &a = run(f, kZero3), &b = run(h, kZero3);
   if (!a.ok || !b.ok) return;
   // Forward moves nothing but parameter all-gathers.
@@ -837,7 +837,7 @@ TEST(CommVolume, HsdpAddsTheReplicaAllReduce) {
   // shard group of every rank is zero3, byte for byte; over shard groups of
   // one rank at N = 2 it all-reduces every gradient once, as DDP does.
   if (!exact_ring()) GTEST_SKIP() << "the exact figures are those of the ring algorithms on one host";
-  for (const Workload& s : {Workload{.net = Net::Mlp}, Workload{.net = Net::Gpt}}) {
+  for (const Workload& s : {Workload{.net = Net::Mlp}, Workload{.net = Net::Decoder}}) {
     const auto all = hsdp_variants();
     const TrainRun &whole = run(s, all.back()), &z3 = run(s, kZero3);
     if (whole.ok && z3.ok) {
@@ -959,7 +959,7 @@ void check_save_load(const Workload& s) {
 
 TEST(SaveLoad, SameBytesUnderEveryStrategy) {
   check_save_load({.net = Net::Mlp});
-  check_save_load({.net = Net::Gpt});
+  check_save_load({.net = Net::Decoder});
 }
 
 // ---------------------------------------------------------------- the estimate refuses

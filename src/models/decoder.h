@@ -24,7 +24,7 @@
 
 namespace dpt {
 
-struct GptConfig {
+struct DecoderConfig {
   int64_t vocab = 256;   // vocab_size
   int64_t layers = 4;    // n_layer
   int64_t heads = 4;     // n_head
@@ -33,7 +33,7 @@ struct GptConfig {
   // padded_vocab_size: rows of wte in memory; 0 = vocab. Last, so the
   // positional initialisations {vocab, layers, heads, width, context} stay valid.
   int64_t padded_vocab = 0;
-  static GptConfig from(const std::map<std::string, std::string>& hparams);
+  static DecoderConfig from(const std::map<std::string, std::string>& hparams);
   int64_t rows() const { return padded_vocab > 0 ? padded_vocab : vocab; }  // of wte in memory
 };
 
@@ -43,7 +43,7 @@ struct GptConfig {
 // model. Names stay the whole model's ("transformer.h.5" on a stage that
 // starts at block 4), and init_range gives every element the value it has
 // in the whole model, so every split starts from the same weights.
-struct GptStage {
+struct DecoderStage {
   int64_t first = 0, last = -1;  // -1: to the last block
   bool embed = true;             // wte and wpe (the first stage)
   bool head = true;              // ln_f, the tied head and the loss (the last)
@@ -59,7 +59,7 @@ struct GptStage {
 // vocabulary-parallel embedding and cross-entropy (nn/vocab_parallel.h),
 // its rows padded up to a multiple of size (pad rows are zero and take no
 // part in the loss, as a padded vocabulary's).
-struct GptTp {
+struct DecoderTp {
   int size = 1, rank = 0;
   bool vocab = false;
 };
@@ -67,9 +67,9 @@ struct GptTp {
 // The reductions a tensor-parallel GPT asks of its TP group.
 enum class TpReduce { Sum, Max };
 
-class Gpt : public Model {
+class Decoder : public Model {
  public:
-  explicit Gpt(GptConfig config, GptStage stage = {}, GptTp tp = {});
+  explicit Decoder(DecoderConfig config, DecoderStage stage = {}, DecoderTp tp = {});
 
   std::string kind() const override { return "gpt"; }
   std::map<std::string, std::string> metadata() const override;
@@ -81,11 +81,11 @@ class Gpt : public Model {
   std::vector<int> unit_order() const override;
   int64_t positions() const override { return config_.context; }
   size_t activation_bytes_for(int64_t B) const override;
-  const GptConfig& config() const { return config_; }
-  const GptStage& stage() const { return stage_; }
+  const DecoderConfig& config() const { return config_; }
+  const DecoderStage& stage() const { return stage_; }
   // The whole model (not one pipeline stage of it).
   bool whole() const { return stage_.first == 0 && stage_.last == config_.layers && stage_.embed && stage_.head; }
-  const GptTp& tp() const { return tp_; }
+  const DecoderTp& tp() const { return tp_; }
   // Tensor parallelism: the sum over the TP group, in place, of the row-
   // parallel projections' partial outputs (forward) and the column-parallel
   // ones' partial input gradients (backward): two all-reduces of B x T x C
@@ -206,9 +206,9 @@ class Gpt : public Model {
     return device_ == Device::CPU ? targets_.data() : reinterpret_cast<const int32_t*>(ids_.f32()) + batch_ * seq_;
   }
 
-  GptConfig config_;
-  GptStage stage_;
-  GptTp tp_;
+  DecoderConfig config_;
+  DecoderStage stage_;
+  DecoderTp tp_;
   std::function<void(float*, size_t, TpReduce)> tp_reduce_;
   // Per slot: each slot's offset in the whole model's flat buffer.
   std::vector<size_t> whole_offset_;

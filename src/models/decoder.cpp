@@ -1,4 +1,4 @@
-#include "models/gpt.h"
+#include "models/decoder.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,8 +18,8 @@
 
 namespace dpt {
 
-GptConfig GptConfig::from(const std::map<std::string, std::string>& hparams) {
-  GptConfig c;
+DecoderConfig DecoderConfig::from(const std::map<std::string, std::string>& hparams) {
+  DecoderConfig c;
   c.vocab = hparam_int(hparams, "vocab_size", c.vocab);
   c.layers = hparam_int(hparams, "n_layer", c.layers);
   c.heads = hparam_int(hparams, "n_head", c.heads);
@@ -42,7 +42,7 @@ struct Slots {
 
 }  // namespace
 
-Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(stage), tp_(tp) {
+Decoder::Decoder(DecoderConfig config, DecoderStage stage, DecoderTp tp) : config_(config), stage_(stage), tp_(tp) {
   if (config_.rows() < config_.vocab)
     throw InputError(fmt::format("GPT padded vocabulary {} is smaller than the vocabulary {}", config_.rows(),
                                  config_.vocab));
@@ -65,7 +65,7 @@ Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(s
   // Matrices (embeddings included) get weight decay; biases and LayerNorm
   // parameters do not, as in GPT-2 / nanoGPT training. The whole model's
   // layout is built too, for the offsets init_range draws from.
-  auto build = [&](Layout& layout, const GptStage& st, const GptTp& tp, int64_t V, std::vector<BlockSlots>* blocks,
+  auto build = [&](Layout& layout, const DecoderStage& st, const DecoderTp& tp, int64_t V, std::vector<BlockSlots>* blocks,
                    Slots& sl) {
     const int64_t P = tp.size, r = tp.rank, Ct = C / P, Ft = 4 * C / P;
     // A slot held whole, or (outer > 0) part r of the whole tensor seen as
@@ -117,11 +117,11 @@ Gpt::Gpt(GptConfig config, GptStage stage, GptTp tp) : config_(config), stage_(s
   lnf_unit_ = stage_.head ? block_unit0_ + static_cast<int>(blocks_.size()) : -1;
   Layout whole;
   Slots unused;
-  build(whole, GptStage{0, config_.layers, true, true}, GptTp{}, drawn_rows, nullptr, unused);
+  build(whole, DecoderStage{0, config_.layers, true, true}, DecoderTp{}, drawn_rows, nullptr, unused);
   for (const Slot& s : layout_.slots()) whole_offset_.push_back(whole.slot(whole.find(s.name)).offset);
 }
 
-void Gpt::set_tied_head(const void* wte, float* tied_grad) {
+void Decoder::set_tied_head(const void* wte, float* tied_grad) {
   DPT_CHECK(stage_.head && !stage_.embed, "a tied head copy is for a last stage without the embedding");
   if (device_ != Device::CPU) throw InputError("a pipeline's tied head is built for the CPU only");
   tied_w_ = wte;
@@ -129,7 +129,7 @@ void Gpt::set_tied_head(const void* wte, float* tied_grad) {
   tied_g_ = tied_grad;
 }
 
-void Gpt::use_slot(int slot) {
+void Decoder::use_slot(int slot) {
   DPT_CHECK(slot >= 0, "slot {} is negative", slot);
   if (slot == slot_) return;
   if (static_cast<size_t>(slot) >= arenas_.size()) arenas_.resize(static_cast<size_t>(slot) + 1);
@@ -150,21 +150,21 @@ void Gpt::use_slot(int slot) {
   slot_ = slot;
 }
 
-int Gpt::arenas_held() const {
+int Decoder::arenas_held() const {
   int n = acts_.bytes() > 0 ? 1 : 0;
   for (size_t i = 0; i < arenas_.size(); ++i)
     if (static_cast<int>(i) != slot_ && arenas_[i].acts.bytes() > 0) ++n;
   return n;
 }
 
-size_t Gpt::arena_bytes_held() const {
+size_t Decoder::arena_bytes_held() const {
   size_t total = acts_.bytes();
   for (size_t i = 0; i < arenas_.size(); ++i)
     if (static_cast<int>(i) != slot_) total += arenas_[i].acts.bytes();
   return total;
 }
 
-std::map<std::string, std::string> Gpt::metadata() const {
+std::map<std::string, std::string> Decoder::metadata() const {
   std::map<std::string, std::string> m = {{"dpt.model", "gpt"},
           {"vocab_size", std::to_string(config_.vocab)},
           {"n_layer", std::to_string(config_.layers)},
@@ -175,7 +175,7 @@ std::map<std::string, std::string> Gpt::metadata() const {
   return m;
 }
 
-void Gpt::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
+void Decoder::init_range(uint64_t seed, size_t begin, size_t n, float* out) const {
   // GPT-2: N(0, 0.02) for matrices and embeddings, the residual projections
   // scaled by 1/sqrt(2 * layers); zero biases; LayerNorm weight 1, bias 0.
   const float std_proj = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.layers));
@@ -215,7 +215,7 @@ CT* as(void* p) {
 
 }  // namespace
 
-int64_t Gpt::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
+int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
   const int64_t C = config_.width, N = B * T;
   // This rank's heads and their channels, and its MLP columns.
   const int64_t Ct = C / tp_.size, NHt = config_.heads / tp_.size, Ft = 4 * C / tp_.size;
@@ -279,12 +279,12 @@ int64_t Gpt::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
   return used;
 }
 
-size_t Gpt::activation_bytes_for(int64_t B) const {
+size_t Decoder::activation_bytes_for(int64_t B) const {
   Acts counted;
   return static_cast<size_t>(lay_out(B, config_.context, nullptr, counted)) * sizeof(float);
 }
 
-void Gpt::plan_activations(int64_t B, int64_t T) {
+void Decoder::plan_activations(int64_t B, int64_t T) {
   if (B == batch_ && T == seq_ && checkpoint_ == planned_checkpoint_ && precision_ == planned_precision_) return;
   Acts counted;
   const int64_t total = lay_out(B, T, nullptr, counted);
@@ -301,7 +301,7 @@ void Gpt::plan_activations(int64_t B, int64_t T) {
 }
 
 template <typename CT>
-void Gpt::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
+void Decoder::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
   const int64_t C = config_.width, N = B * T;
   const int64_t Ct = C / tp_.size, NHt = config_.heads / tp_.size, Ft = 4 * C / tp_.size;
   const BlockSlots& s = blocks_[l];
@@ -331,7 +331,7 @@ void Gpt::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
   k().residual_forward(a.res3, a.res3, a.res2, N * C);
 }
 
-ForwardStats Gpt::forward(const Batch& batch) {
+ForwardStats Decoder::forward(const Batch& batch) {
   const int64_t B = batch.B, T = batch.T, V = config_.vocab;
   const int64_t N = B * T;
   if (T < 1 || T > config_.context)
@@ -352,7 +352,7 @@ ForwardStats Gpt::forward(const Batch& batch) {
 }
 
 template <typename CT>
-ForwardStats Gpt::forward_as(int64_t B, int64_t T) {
+ForwardStats Decoder::forward_as(int64_t B, int64_t T) {
   const int64_t C = config_.width, V = config_.vocab, Vp = wte_rows(), N = B * T;
   begin(Pass::Forward);
   // A stage without the embedding finds its input in encoded (stage_input).
@@ -401,7 +401,7 @@ ForwardStats Gpt::forward_as(int64_t B, int64_t T) {
   return st;
 }
 
-void Gpt::backward(float loss_scale) {
+void Decoder::backward(float loss_scale) {
   if (precision_ == DType::BF16)
     backward_as<bf16>(loss_scale);
   else
@@ -409,7 +409,7 @@ void Gpt::backward(float loss_scale) {
 }
 
 template <typename CT>
-void Gpt::backward_as(float loss_scale) {
+void Decoder::backward_as(float loss_scale) {
   const int64_t B = batch_, T = seq_, C = config_.width;
   const int64_t Ct = C / tp_.size, NHt = config_.heads / tp_.size, Ft = 4 * C / tp_.size;
   const int64_t Vp = wte_rows();
@@ -485,7 +485,7 @@ void Gpt::backward_as(float loss_scale) {
 }
 
 template <typename CT>
-void Gpt::head_backward(float loss_scale) {
+void Decoder::head_backward(float loss_scale) {
   const int64_t N = batch_ * seq_, C = config_.width, V = config_.vocab, Vp = wte_rows();
   const Acts& a = act_;
   const float scale = loss_scale / static_cast<float>(N);
@@ -524,23 +524,23 @@ void Gpt::head_backward(float loss_scale) {
 }
 
 template <typename CT>
-const CT* Gpt::tied_weight() const {
+const CT* Decoder::tied_weight() const {
   DPT_CHECK(tied_w_ != nullptr, "a last stage without the embedding has no tied head copy");
   DPT_CHECK(tied_dtype_ == (std::is_same_v<CT, float> ? DType::F32 : DType::BF16),
             "the tied head copy is {}, the head computes in another type", dtype_name(tied_dtype_));
   return static_cast<const CT*>(tied_w_);
 }
 
-void Gpt::pack_logits(int64_t N) {
+void Decoder::pack_logits(int64_t N) {
   if (config_.rows() != config_.vocab) k().pack_rows(act_.logits, N, config_.vocab, config_.rows());
 }
 
-void Gpt::unpack_logit_grads(int64_t N) {
+void Decoder::unpack_logit_grads(int64_t N) {
   // The pad logits took no part in the loss, so their gradients are zero.
   if (config_.rows() != config_.vocab) k().unpack_rows(act_.logits, N, config_.vocab, config_.rows());
 }
 
-double Gpt::train_flops(int64_t B) const {
+double Decoder::train_flops(int64_t B) const {
   // PaLM's estimate: 6 FLOPs per parameter per token for the GEMMs (the
   // tied output projection counts as V*C; position embeddings are lookups)
   // plus 12 * layers * T * C per token for attention's two products.
@@ -555,7 +555,7 @@ double Gpt::train_flops(int64_t B) const {
   return tokens * (6.0 * gemm_params + 12.0 * L * T * C);
 }
 
-double Gpt::recompute_flops(int64_t B) const {
+double Decoder::recompute_flops(int64_t B) const {
   // Every block's forward once more (a third of its forward + backward:
   // 2 of the 6 FLOPs per parameter per token, 4 of attention's 12); the
   // head is not recomputed.
@@ -565,13 +565,13 @@ double Gpt::recompute_flops(int64_t B) const {
   return static_cast<double>(B) * T * (2.0 * L * 12.0 * C * C + 4.0 * L * T * C);
 }
 
-void Gpt::tensor_sum(float* x, size_t n, TpReduce op) const {
+void Decoder::tensor_sum(float* x, size_t n, TpReduce op) const {
   if (tp_.size == 1) return;
   DPT_CHECK(tp_reduce_ != nullptr, "a tensor-parallel GPT computes without its TP group's sum");
   tp_reduce_(x, n, op);
 }
 
-float Gpt::vocab_parallel_loss(int64_t N, int64_t* correct) {
+float Decoder::vocab_parallel_loss(int64_t N, int64_t* correct) {
   DPT_CHECK(device_ == Device::CPU, "the vocabulary-parallel cross-entropy runs on the CPU only");
   // This rank's columns of the vocabulary: [first, first + live), the rest
   // of its wte_rows() pad (only the last rank has any).
@@ -584,7 +584,7 @@ float Gpt::vocab_parallel_loss(int64_t N, int64_t* correct) {
   return vocab_ce_loss(act_.logits, sums, zmax, N, W, live, correct);
 }
 
-double Gpt::grad_squares(const float* g, size_t begin, size_t n) const {
+double Decoder::grad_squares(const float* g, size_t begin, size_t n) const {
   if (tp_.size == 1) return Model::grad_squares(g, begin, n);
   double sum = 0.0;
   for (size_t i = 0; i < layout_.slots().size(); ++i) {
@@ -597,7 +597,7 @@ double Gpt::grad_squares(const float* g, size_t begin, size_t n) const {
   return sum;
 }
 
-std::vector<int> Gpt::unit_order() const {
+std::vector<int> Decoder::unit_order() const {
   // forward(): the token embedding, the blocks, ln_f, the tied projection.
   // A stage opens only its own units (a last stage's head copy is no unit).
   std::vector<int> order;
