@@ -1,17 +1,27 @@
-// GPT-2-style byte-level transformer (W-GPT): token + learned position
-// embedding, pre-LayerNorm blocks of causal self-attention and a GELU MLP of
-// 4x width, a final LayerNorm, and an output projection tied to the token
-// embedding. Parameter names are nanoGPT's ("transformer.h.0.attn.c_attn.weight").
+// The decoder-only transformer, one class for every architecture its
+// config describes (models/decoder_config.h): GPT-2 (W-GPT) and the Llama
+// family (W-LLAMA, Hugging Face's Llama, Qwen2 and Mistral checkpoints).
+// Token embedding (+ learned positions), pre-norm blocks of causal
+// self-attention and an MLP, a final norm, and an output head tied to the
+// embedding or its own. Parameter names are nanoGPT's for GPT-2
+// ("transformer.h.0.attn.c_attn.weight") and Hugging Face's for the Llama
+// family ("model.layers.0.self_attn.q_proj.weight").
 //
-// Units: "transformer.embed" (wte, wpe), one per block "transformer.h.{i}",
-// and "transformer.ln_f".
+// Units: the embedding ("transformer.embed" | "model.embed_tokens"), one
+// per block ("transformer.h.{i}" | "model.layers.{i}"), and the final norm
+// with an untied head ("transformer.ln_f" | "model.norm").
+//
+// Fused operands: a block's q, k and v projections are consecutive slots,
+// so their rows form one [(H + 2 KV) hd, C] matrix and one GEMM computes
+// them (GPT-2's c_attn is that matrix already); SwiGLU's gate and up
+// likewise form one [2 I, C] matrix.
 //
 // The vocabulary may be padded in memory (padded_vocab > vocab, GPT-2's
 // 50257 held as 50304 rows, a multiple of 64, as llm.c does for its GEMMs):
-// wte then has padded_vocab rows, the pad rows start at zero and stay there
-// (their logits are left out of the softmax, so no gradient reaches them),
-// tokens must still be below vocab, and weight files hold only the vocab
-// true rows (models/weights.h).
+// the embedding (and an untied head) then has padded_vocab rows, the pad
+// rows start at zero and stay there (their logits are left out of the
+// softmax, so no gradient reaches them), tokens must still be below vocab,
+// and weight files hold only the vocab true rows (models/weights.h).
 #pragma once
 
 #include <algorithm>
@@ -20,22 +30,10 @@
 #include <string>
 #include <vector>
 
+#include "models/decoder_config.h"
 #include "models/model.h"
 
 namespace dpt {
-
-struct DecoderConfig {
-  int64_t vocab = 256;   // vocab_size
-  int64_t layers = 4;    // n_layer
-  int64_t heads = 4;     // n_head
-  int64_t width = 256;   // n_embd (C)
-  int64_t context = 128; // block_size (T_max)
-  // padded_vocab_size: rows of wte in memory; 0 = vocab. Last, so the
-  // positional initialisations {vocab, layers, heads, width, context} stay valid.
-  int64_t padded_vocab = 0;
-  static DecoderConfig from(const std::map<std::string, std::string>& hparams);
-  int64_t rows() const { return padded_vocab > 0 ? padded_vocab : vocab; }  // of wte in memory
-};
 
 // The part of the model one pipeline stage holds (parallel/pipeline.h):
 // blocks [first, last), the embedding on the first stage, the final
@@ -50,28 +48,39 @@ struct DecoderStage {
 };
 
 // The slice of the model one tensor-parallel rank holds (Megatron-LM;
-// docs/tensor_parallel.md): of every block, heads [rank, rank + 1) x heads/size of
-// c_attn (their q, k and v rows: column-parallel) and the same columns of
-// attn.c_proj (row-parallel), rows [rank, rank + 1) x 4C/size of mlp.c_fc
-// and the same columns of mlp.c_proj; LayerNorms, the row-parallel biases,
-// wpe and ln_f whole on every rank. wte (and with it the tied head) is whole
-// too, or with `vocab` rows [rank, rank + 1) x rows/size of it: the
+// docs/tensor_parallel.md), as the decoder's tensor-parallel plan says
+// (decoder.cpp, `build`): column-parallel slots (q, k, v or c_attn; c_fc or
+// gate and up) keep rows [rank, rank + 1) x rows/size of each of their
+// parts: query heads and key/value heads split in contiguous groups, so a
+// rank's query heads read its own key/value heads (Hugging Face's
+// repeat_kv); row-parallel slots (o_proj or c_proj; down_proj or
+// mlp.c_proj) the same columns; norms, the row-parallel biases and wpe are
+// replicated. The embedding and an untied head are whole too, or with
+// `vocab` rows [rank, rank + 1) x rows/size of them: the
 // vocabulary-parallel embedding and cross-entropy (nn/vocab_parallel.h),
-// its rows padded up to a multiple of size (pad rows are zero and take no
+// rows padded up to a multiple of size (pad rows are zero and take no
 // part in the loss, as a padded vocabulary's).
 struct DecoderTp {
   int size = 1, rank = 0;
   bool vocab = false;
 };
 
-// The reductions a tensor-parallel GPT asks of its TP group.
+// The reductions a tensor-parallel decoder asks of its TP group.
 enum class TpReduce { Sum, Max };
 
 class Decoder : public Model {
  public:
+  // A block's slots; an absent bias or norm bias is -1. qkv_w is the first
+  // of the fused q/k/v weight slots and qkv_end the last slot of the group
+  // (its last weight or bias); fc_w and fc_end likewise for c_fc or
+  // gate/up. Backward reports each group's slots final at once.
+  struct BlockSlots {
+    int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, qkv_end = -1, proj_w = -1, proj_b = -1;
+    int ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, fc_end = -1, fcproj_w = -1, fcproj_b = -1;
+  };
   explicit Decoder(DecoderConfig config, DecoderStage stage = {}, DecoderTp tp = {});
 
-  std::string kind() const override { return "gpt"; }
+  std::string kind() const override { return config_.family; }
   std::map<std::string, std::string> metadata() const override;
   void init_range(uint64_t seed, size_t begin, size_t n, float* out) const override;
   ForwardStats forward(const Batch& batch) override;
@@ -84,6 +93,9 @@ class Decoder : public Model {
   const DecoderConfig& config() const { return config_; }
   const DecoderStage& stage() const { return stage_; }
   // The whole model (not one pipeline stage of it).
+  bool tied() const { return config_.tied; }
+  // The embedding's and the untied head's names: vocabulary rows.
+  static bool vocab_matrix(const std::string& name);
   bool whole() const { return stage_.first == 0 && stage_.last == config_.layers && stage_.embed && stage_.head; }
   const DecoderTp& tp() const { return tp_; }
   // Tensor parallelism: the sum over the TP group, in place, of the row-
@@ -131,8 +143,12 @@ class Decoder : public Model {
   int arenas_held() const;
 
  private:
-  struct BlockSlots {
-    int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+  // This rank's widths, from the tensor-parallel plan: query and key/value
+  // heads, the fused q/k/v row width, the attention output width, the MLP's
+  // inner width (I) and its first GEMM's output (4C for GELU, 2 I for
+  // SwiGLU).
+  struct Widths {
+    int64_t heads = 0, kv = 0, hd = 0, qkv = 0, att = 0, inner = 0, fc = 0;
   };
   // Activations of one block for the current batch (pointers into acts_).
   // ln1, atty, ln2 and fch_gelu only feed GEMMs, so they are held in the
@@ -142,7 +158,7 @@ class Decoder : public Model {
   // point to one scratch block shared by all blocks, refilled by
   // recomputation before each block's backward.
   struct BlockActs {
-    float *ln1_mean, *ln1_rstd, *qkv, *att, *res2;
+    float *ln1_mean, *ln1_rstd, *qkv, *att, *res2;  // mean: LayerNorm only
     float *ln2_mean, *ln2_rstd, *fch, *res3;
     void *ln1, *atty, *ln2, *fch_gelu;
   };
@@ -156,6 +172,8 @@ class Decoder : public Model {
     void* lnf = nullptr;      // compute type
     // Backward scratch, reused by every block.
     float *dres = nullptr, *dC = nullptr, *d3C = nullptr, *d4C = nullptr;
+    float* dI = nullptr;      // SwiGLU: the gradient of its output [N, I]
+    float *rope_cos = nullptr, *rope_sin = nullptr;  // rotary: [T, hd/2] each
     float* atty32 = nullptr;  // bf16 runs: attention's fp32 output before conversion
     void* dout16 = nullptr;   // bf16 runs: an output gradient converted for the GEMMs
   };
@@ -181,6 +199,10 @@ class Decoder : public Model {
   ForwardStats forward_as(int64_t B, int64_t T);
   template <typename CT>
   void backward_as(float loss_scale);
+  // The embedding's forward (token rows, learned positions) and backward.
+  template <typename CT>
+  void embed_forward(int64_t B, int64_t T);
+  void embed_backward(int64_t B, int64_t T);
   // The loss, the head and ln_f backward (the last stage's start of backward).
   template <typename CT>
   void head_backward(float loss_scale);
@@ -190,6 +212,31 @@ class Decoder : public Model {
   // Block l's forward from its input x into act_.blocks[l] (with unit l + 1 open).
   template <typename CT>
   void block_forward(size_t l, const float* x, int64_t B, int64_t T);
+  // Its attention (q/k/v projection to the attention's output) and MLP
+  // (the second norm's output to the MLP's, before the residual add).
+  template <typename CT>
+  void attention_forward(const BlockSlots& s, const BlockActs& a, int64_t B, int64_t T);
+  template <typename CT>
+  void mlp_forward(const BlockSlots& s, const BlockActs& a, int64_t N);
+  // Their backward, from the residual stream's gradient dres to the
+  // norm's output gradient in dC (this rank's part of it under TP).
+  template <typename CT>
+  void attention_backward(const BlockSlots& s, const BlockActs& b, int64_t B, int64_t T);
+  template <typename CT>
+  void mlp_backward(const BlockSlots& s, const BlockActs& b, int64_t N);
+  // The norm of the config (LayerNorm or RMSNorm) and its backward.
+  template <typename CT>
+  void norm_forward(CT* out, float* mean, float* rstd, const float* x, int w, int b, int64_t N);
+  void norm_backward(const float* dout, const float* x, int w, int b, const float* mean, const float* rstd,
+                     int64_t N);
+  // A slot's parameters / gradients, or nullptr for an absent slot (-1).
+  const float* param_or_null(int slot) const { return slot < 0 ? nullptr : param(slot); }
+  float* grad_or_null(int slot) { return slot < 0 ? nullptr : grad(slot); }
+  // The rotary tables for T positions, into the arena (CPU-computed, then
+  // placed on the device).
+  void fill_rope_tables(int64_t T);
+  // GEMM parameters of one whole block (q/k/v, o and the MLP's matrices).
+  double layer_gemm_params() const;
 
   // The arena moves with the model: forget its layout so the next forward
   // lays it out again (pointers into the new memory, ids_ reserved).
@@ -229,6 +276,9 @@ class Decoder : public Model {
   std::vector<Arena> arenas_{1};
   int slot_ = 0;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  int head_ = -1;  // an untied head's slot (lm_head.weight), on the last stage
+  Widths w_;
+  std::vector<float> inv_freq_;  // rotary: [hd/2] (nn/rope.h)
   int embed_unit_ = -1, lnf_unit_ = -1;  // -1: not on this stage
   int block_unit0_ = 0;                 // block i of the stage is unit block_unit0_ + i
   std::vector<BlockSlots> blocks_;

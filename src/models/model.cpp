@@ -156,8 +156,8 @@ std::unique_ptr<Model> make_model(const std::map<std::string, std::string>& hpar
   auto it = hparams.find("dpt.model");
   std::string kind = it == hparams.end() ? "" : it->second;
   if (kind == "mlp") return std::make_unique<Mlp>(MlpConfig::from(hparams));
-  if (kind == "gpt") return std::make_unique<Decoder>(DecoderConfig::from(hparams));
-  throw InputError(fmt::format("unknown model '{}' (expected mlp or gpt)", kind));
+  if (kind == "gpt" || kind == "llama") return std::make_unique<Decoder>(DecoderConfig::from(hparams));
+  throw InputError(fmt::format("unknown model '{}' (expected mlp, gpt or llama)", kind));
 }
 
 }  // namespace dpt

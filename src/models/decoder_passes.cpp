@@ -1,0 +1,354 @@
+// The decoder's forward and backward passes (models/decoder.h), on compute
+// type CT: float, or bf16 in a bf16 run (GEMM operands in bf16, everything
+// else fp32). Each step names the kernel it runs; the architecture picks
+// LayerNorm or RMSNorm, learned or rotary positions, GPT-2's attention or
+// grouped-query attention, a GELU or a SwiGLU MLP.
+#include <algorithm>
+#include <type_traits>
+
+#include "core/error.h"
+#include "models/decoder.h"
+#include "nn/vocab_parallel.h"
+
+namespace dpt {
+
+namespace {
+
+// An arena pointer as the compute type's buffer.
+template <typename CT>
+CT* as(void* p) {
+  return static_cast<CT*>(p);
+}
+
+// The last slot of a weight and its optional bias.
+int last_of(int weight, int bias) { return bias >= 0 ? bias : weight; }
+
+}  // namespace
+
+template <typename CT>
+void Decoder::norm_forward(CT* out, float* mean, float* rstd, const float* x, int w, int b, int64_t N) {
+  if (config_.norm == NormKind::LayerNorm)
+    k().layernorm_forward(out, mean, rstd, x, param(w), param(b), N, config_.width);
+  else
+    k().rmsnorm_forward(out, rstd, x, param(w), N, config_.width, config_.norm_eps);
+}
+
+void Decoder::norm_backward(const float* dout, const float* x, int w, int b, const float* mean, const float* rstd,
+                            int64_t N) {
+  // dres is the gradient of the residual stream; every norm's backward
+  // adds its input gradient into it, which is how the skip connections'
+  // identity backward is carried (see nn/residual.h).
+  if (config_.norm == NormKind::LayerNorm)
+    k().layernorm_backward(act_.dres, grad(w), grad(b), dout, x, param(w), mean, rstd, N, config_.width);
+  else
+    k().rmsnorm_backward(act_.dres, grad(w), dout, x, param(w), rstd, N, config_.width);
+  slots_ready(w, last_of(w, b));
+}
+
+template <typename CT>
+void Decoder::attention_forward(const BlockSlots& s, const BlockActs& a, int64_t B, int64_t T) {
+  const int64_t C = config_.width, N = B * T;
+  const Widths& w = w_;
+  k().linear_forward(a.qkv, as<CT>(a.ln1), weight<CT>(s.qkv_w), param_or_null(s.qkv_b), N, C, w.qkv);
+  // Rotary positions turn q and k in place; the attention (and its
+  // backward) reads them turned.
+  if (config_.rotary)
+    k().rope_forward(a.qkv, a.qkv, act_.rope_cos, act_.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
+  // Attention computes in fp32 (its softmax needs the range); a bf16 run
+  // converts its output for the output projection.
+  float* out = std::is_same_v<CT, float> ? reinterpret_cast<float*>(a.atty) : act_.atty32;
+  if (config_.grouped())
+    k().gqa_attention_forward(out, a.att, a.qkv, B, T, w.heads, w.kv, w.hd);
+  else
+    k().attention_forward(out, a.att, a.qkv, B, T, w.att, w.heads);
+  if constexpr (std::is_same_v<CT, bf16>) k().convert(as<CT>(a.atty), act_.atty32, static_cast<size_t>(N * w.att));
+  // A row-parallel projection's output is the sum of every TP rank's
+  // partial product; its bias is added once, by TP rank 0, inside that sum.
+  const float* bias = tp_.rank == 0 ? param_or_null(s.proj_b) : nullptr;
+  k().linear_forward(a.res2, as<CT>(a.atty), weight<CT>(s.proj_w), bias, N, w.att, C);
+  tensor_sum(a.res2, static_cast<size_t>(N * C));
+}
+
+template <typename CT>
+void Decoder::mlp_forward(const BlockSlots& s, const BlockActs& a, int64_t N) {
+  const int64_t C = config_.width;
+  const Widths& w = w_;
+  k().linear_forward(a.fch, as<CT>(a.ln2), weight<CT>(s.fc_w), param_or_null(s.fc_b), N, C, w.fc);
+  if (config_.mlp == MlpKind::SwiGlu)
+    k().swiglu_forward(as<CT>(a.fch_gelu), a.fch, N, w.inner);
+  else
+    k().gelu_forward(as<CT>(a.fch_gelu), a.fch, N * w.fc);
+  const float* bias = tp_.rank == 0 ? param_or_null(s.fcproj_b) : nullptr;
+  k().linear_forward(a.res3, as<CT>(a.fch_gelu), weight<CT>(s.fcproj_w), bias, N, w.inner, C);
+  tensor_sum(a.res3, static_cast<size_t>(N * C));
+}
+
+template <typename CT>
+void Decoder::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
+  const int64_t N = B * T, C = config_.width;
+  const BlockSlots& s = blocks_[l];
+  const BlockActs& a = act_.blocks[l];
+  norm_forward(as<CT>(a.ln1), a.ln1_mean, a.ln1_rstd, x, s.ln1_w, s.ln1_b, N);
+  attention_forward<CT>(s, a, B, T);
+  k().residual_forward(a.res2, a.res2, x, N * C);
+  norm_forward(as<CT>(a.ln2), a.ln2_mean, a.ln2_rstd, a.res2, s.ln2_w, s.ln2_b, N);
+  mlp_forward<CT>(s, a, N);
+  k().residual_forward(a.res3, a.res3, a.res2, N * C);
+}
+
+ForwardStats Decoder::forward(const Batch& batch) {
+  const int64_t B = batch.B, T = batch.T, V = config_.vocab;
+  const int64_t N = B * T;
+  if (T < 1 || T > config_.context)
+    throw InputError(fmt::format("sequence length {} is outside the model's 1..{}", T, config_.context));
+  if (static_cast<int64_t>(batch.tokens.size()) < N || static_cast<int64_t>(batch.targets.size()) < N)
+    throw InputError(fmt::format("a batch of {}x{} needs {} tokens and targets", B, T, N));
+  plan_activations(B, T);
+  std::copy(batch.tokens.begin(), batch.tokens.begin() + N, tokens_.begin());
+  std::copy(batch.targets.begin(), batch.targets.begin() + N, targets_.begin());
+  for (int64_t i = 0; i < N; ++i)
+    if (tokens_[i] < 0 || tokens_[i] >= V || targets_[i] < 0 || targets_[i] >= V)
+      throw InputError(fmt::format("token {} is outside the model's vocabulary 0..{}", tokens_[i], V - 1));
+  if (device_ != Device::CPU) {
+    k().upload(ids_.f32(), tokens_.data(), sizeof(int32_t) * static_cast<size_t>(N));
+    k().upload(ids_.f32() + N, targets_.data(), sizeof(int32_t) * static_cast<size_t>(N));
+  }
+  return precision_ == DType::BF16 ? forward_as<bf16>(B, T) : forward_as<float>(B, T);
+}
+
+template <typename CT>
+void Decoder::embed_forward(int64_t B, int64_t T) {
+  const int64_t C = config_.width, N = B * T;
+  open(embed_unit_);
+  if (vocab_parallel()) {
+    // Each rank looks up the tokens it holds rows for; the sum has them all.
+    vocab_embedding_forward(act_.encoded, tok(), weight<CT>(wte_), wte_first_row(), wte_rows(), N, C);
+    tensor_sum(act_.encoded, static_cast<size_t>(N * C));
+  } else {
+    k().embedding_forward(act_.encoded, tok(), weight<CT>(wte_), N, C);
+  }
+  if (wpe_ >= 0) k().position_embedding_forward(act_.encoded, weight<CT>(wpe_), B, T, C);
+  close(embed_unit_);
+}
+
+template <typename CT>
+ForwardStats Decoder::forward_as(int64_t B, int64_t T) {
+  const int64_t C = config_.width, V = config_.vocab, Vp = wte_rows(), N = B * T;
+  begin(Pass::Forward);
+  // A stage without the embedding finds its input in encoded (stage_input).
+  if (stage_.embed) embed_forward<CT>(B, T);
+  const float* x = act_.encoded;  // the residual stream entering each block
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    open(block_unit0_ + static_cast<int>(l));
+    block_forward<CT>(l, x, B, T);
+    close(block_unit0_ + static_cast<int>(l));
+    x = act_.blocks[l].res3;
+  }
+  if (!stage_.head) return {};
+  CT* lnf = as<CT>(act_.lnf);
+  open(lnf_unit_);
+  norm_forward(lnf, act_.lnf_mean, act_.lnf_rstd, x, lnf_w_, lnf_b_, N);
+  if (!config_.tied) k().linear_forward(act_.logits, lnf, weight<CT>(head_), nullptr, N, C, Vp);
+  close(lnf_unit_);
+  // A tied output projection: logits = lnf @ wte^T. The embedding's unit
+  // is opened a second time for it; a last stage without the embedding
+  // computes with the pipeline's copy of wte.
+  if (config_.tied && stage_.embed) {
+    open(embed_unit_);
+    k().linear_forward(act_.logits, lnf, weight<CT>(wte_), nullptr, N, C, Vp);
+    close(embed_unit_);
+  } else if (config_.tied) {
+    k().linear_forward(act_.logits, lnf, tied_weight<CT>(), nullptr, N, C, Vp);
+  }
+  ForwardStats st;
+  st.count = N;
+  if (vocab_parallel()) {
+    st.loss = vocab_parallel_loss(N, &st.correct);
+    return st;
+  }
+  pack_logits(N);
+  st.loss = k().cross_entropy_forward(act_.logits, act_.logits, tgt(), N, V, &st.correct);
+  return st;
+}
+
+void Decoder::backward(float loss_scale) {
+  if (precision_ == DType::BF16)
+    backward_as<bf16>(loss_scale);
+  else
+    backward_as<float>(loss_scale);
+}
+
+template <typename CT>
+void Decoder::mlp_backward(const BlockSlots& s, const BlockActs& b, int64_t N) {
+  const int64_t C = config_.width;
+  const Widths& w = w_;
+  const Acts& a = act_;
+  // The MLP's output gradient is the residual stream's gradient (the same
+  // on every TP rank, so is the replicated bias's gradient).
+  const CT* dres_op = operand<CT>(k(), a.dres, N * C, a.dout16);
+  bf16* d4C16 = std::is_same_v<CT, bf16> ? static_cast<bf16*>(a.dout16) : nullptr;
+  const CT* d4C_op;
+  if constexpr (std::is_same_v<CT, bf16>)
+    d4C_op = d4C16;
+  else
+    d4C_op = a.d4C;
+  if (config_.mlp == MlpKind::SwiGlu) {
+    k().linear_backward(a.dI, grad(s.fcproj_w), grad_or_null(s.fcproj_b), dres_op, as<CT>(b.fch_gelu),
+                        weight<CT>(s.fcproj_w), N, w.inner, C, a.dres);
+    slots_ready(s.fcproj_w, last_of(s.fcproj_w, s.fcproj_b));
+    // SwiGLU's backward writes gate|up's gradient, and in a bf16 run the
+    // GEMMs' bf16 operand, in one pass.
+    k().swiglu_backward(a.d4C, d4C16, a.dI, b.fch, N, w.inner);
+    k().linear_backward(a.dC, grad(s.fc_w), nullptr, d4C_op, as<CT>(b.ln2), weight<CT>(s.fc_w), N, C, w.fc, nullptr);
+  } else {
+    k().linear_backward(a.d4C, grad(s.fcproj_w), grad(s.fcproj_b), dres_op, as<CT>(b.fch_gelu),
+                        weight<CT>(s.fcproj_w), N, w.inner, C, a.dres);
+    slots_ready(s.fcproj_w, s.fcproj_b);
+    // GELU's backward also sums c_fc's bias gradient and, in a bf16 run,
+    // writes the GEMMs' bf16 operand: one pass over the N x 4C gradient
+    // instead of three (nn/activations.h).
+    k().gelu_backward(a.d4C, d4C16, grad(s.fc_b), a.d4C, b.fch, N, w.fc);
+    k().linear_backward(a.dC, grad(s.fc_w), nullptr, d4C_op, as<CT>(b.ln2), weight<CT>(s.fc_w), N, C, w.fc, nullptr);
+  }
+  slots_ready(s.fc_w, s.fc_end);
+  // Each TP rank's columns give part of the norm's output gradient.
+  tensor_sum(a.dC, static_cast<size_t>(N * C));
+}
+
+template <typename CT>
+void Decoder::attention_backward(const BlockSlots& s, const BlockActs& b, int64_t B, int64_t T) {
+  const int64_t C = config_.width, N = B * T;
+  const Widths& w = w_;
+  const Acts& a = act_;
+  k().linear_backward(a.dC, grad(s.proj_w), grad_or_null(s.proj_b), operand<CT>(k(), a.dres, N * C, a.dout16),
+                      as<CT>(b.atty), weight<CT>(s.proj_w), N, w.att, C, a.dres);
+  slots_ready(s.proj_w, last_of(s.proj_w, s.proj_b));
+  if (config_.grouped())
+    k().gqa_attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, w.heads, w.kv, w.hd);
+  else
+    k().attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, w.att, w.heads);
+  // From the turned q and k's gradient to the projection's.
+  if (config_.rotary)
+    k().rope_backward(a.d3C, a.d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
+  k().linear_backward(a.dC, grad(s.qkv_w), grad_or_null(s.qkv_b), operand<CT>(k(), a.d3C, N * w.qkv, a.dout16),
+                      as<CT>(b.ln1), weight<CT>(s.qkv_w), N, C, w.qkv, a.d3C);
+  slots_ready(s.qkv_w, s.qkv_end);
+  tensor_sum(a.dC, static_cast<size_t>(N * C));  // the first norm's output gradient, as the second's
+}
+
+template <typename CT>
+void Decoder::backward_as(float loss_scale) {
+  const int64_t B = batch_, T = seq_, N = B * T;
+  const Acts& a = act_;
+  begin(Pass::Backward);
+  if (stage_.head) head_backward<CT>(loss_scale);
+  // Without the head, dres holds the output's gradient (output_grad).
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    const BlockSlots& s = blocks_[l];
+    const BlockActs& b = a.blocks[l];
+    open(block_unit0_ + static_cast<int>(l));
+    const float* x = l > 0 ? a.blocks[l - 1].res3 : a.encoded;
+    // Checkpointing: refill the scratch block from the block's saved input,
+    // inside the same open as its backward, so a sharded strategy gathers
+    // the unit once for both (as FSDP's recompute uses the parameters its
+    // backward gathers). It rewrites res3 with the very same values.
+    if (checkpoint_) block_forward<CT>(l, x, B, T);
+    // Each layer's parameters are reported final as soon as its backward is
+    // done: backward visits them in exactly the reverse of the layout's order.
+    mlp_backward<CT>(s, b, N);
+    norm_backward(a.dC, b.res2, s.ln2_w, s.ln2_b, b.ln2_mean, b.ln2_rstd, N);
+    attention_backward<CT>(s, b, B, T);
+    norm_backward(a.dC, x, s.ln1_w, s.ln1_b, b.ln1_mean, b.ln1_rstd, N);
+    close(block_unit0_ + static_cast<int>(l));
+  }
+  // Without the embedding, dres is the input's gradient (input_grad).
+  if (stage_.embed) embed_backward(B, T);
+}
+
+void Decoder::embed_backward(int64_t B, int64_t T) {
+  const int64_t C = config_.width, N = B * T;
+  open(embed_unit_);
+  // The head's part of the tied weight's gradient from the last stage goes
+  // in first, as one process has it there before the tokens' part.
+  if (tied_in_) k().residual_forward(grad(wte_), grad(wte_), tied_in_, static_cast<size_t>(wte_rows() * C));
+  if (wpe_ >= 0) k().position_embedding_backward(grad(wpe_), act_.dres, B, T, C);
+  // (Vocabulary-parallel: dres is the same on every TP rank, and each adds
+  // it into the rows it holds; no communication.)
+  if (vocab_parallel())
+    vocab_embedding_backward(grad(wte_), act_.dres, tok(), wte_first_row(), wte_rows(), N, C);
+  else
+    k().embedding_backward(grad(wte_), act_.dres, tok(), N, C);
+  slots_ready(wte_, last_of(wte_, wpe_));
+  close(embed_unit_);
+}
+
+template <typename CT>
+void Decoder::head_backward(float loss_scale) {
+  const int64_t N = batch_ * seq_, C = config_.width, V = config_.vocab, Vp = wte_rows();
+  const Acts& a = act_;
+  const float scale = loss_scale / static_cast<float>(N);
+  if (vocab_parallel()) {
+    vocab_ce_backward(a.logits, tgt(), wte_first_row(), N, Vp, vocab_live(), scale);
+  } else {
+    k().cross_entropy_backward(a.logits, a.logits, tgt(), N, V, scale);
+    unpack_logit_grads(N);
+  }
+  // A tied weight gets the output projection's gradient here and the
+  // embedding's at the very end, so its unit is ready last: both
+  // contributions are summed in the unit's gradients before any reduction.
+  // In a bf16 run each output gradient is converted once for its GEMMs
+  // (operand); the bias gradients are summed from the fp32 gradient.
+  const CT* dlogits = operand<CT>(k(), a.logits, N * Vp, a.dout16);
+  if (config_.tied && stage_.embed) {
+    open(embed_unit_);
+    k().linear_backward(a.dC, grad(wte_), nullptr, dlogits, as<CT>(a.lnf), weight<CT>(wte_), N, C, Vp, nullptr);
+    close(embed_unit_);
+  } else if (config_.tied) {
+    k().linear_backward(a.dC, tied_g_, nullptr, dlogits, as<CT>(a.lnf), tied_weight<CT>(), N, C, Vp, nullptr);
+  }
+  if (!config_.tied) {
+    open(lnf_unit_);
+    k().linear_backward(a.dC, grad(head_), nullptr, dlogits, as<CT>(a.lnf), weight<CT>(head_), N, C, Vp, nullptr);
+    slots_ready(head_, head_);
+  }
+  // Vocabulary-parallel: each rank's columns give part of the final norm's
+  // output gradient.
+  if (vocab_parallel()) tensor_sum(a.dC, static_cast<size_t>(N * C));
+  if (config_.tied) open(lnf_unit_);
+  k().zero(a.dres, sizeof(float) * static_cast<size_t>(N * C));
+  const float* last = blocks_.empty() ? a.encoded : a.blocks.back().res3;
+  norm_backward(a.dC, last, lnf_w_, lnf_b_, a.lnf_mean, a.lnf_rstd, N);
+  close(lnf_unit_);
+}
+
+template <typename CT>
+const CT* Decoder::tied_weight() const {
+  DPT_CHECK(tied_w_ != nullptr, "a last stage without the embedding has no tied head copy");
+  DPT_CHECK(tied_dtype_ == (std::is_same_v<CT, float> ? DType::F32 : DType::BF16),
+            "the tied head copy is {}, the head computes in another type", dtype_name(tied_dtype_));
+  return static_cast<const CT*>(tied_w_);
+}
+
+void Decoder::pack_logits(int64_t N) {
+  if (config_.rows() != config_.vocab) k().pack_rows(act_.logits, N, config_.vocab, config_.rows());
+}
+
+void Decoder::unpack_logit_grads(int64_t N) {
+  // The pad logits took no part in the loss, so their gradients are zero.
+  if (config_.rows() != config_.vocab) k().unpack_rows(act_.logits, N, config_.vocab, config_.rows());
+}
+
+float Decoder::vocab_parallel_loss(int64_t N, int64_t* correct) {
+  DPT_CHECK(device_ == Device::CPU, "the vocabulary-parallel cross-entropy runs on the CPU only");
+  // This rank's columns of the vocabulary: [first, first + live), the rest
+  // of its wte_rows() pad (only the last rank has any).
+  const int64_t W = wte_rows(), first = wte_first_row(), live = vocab_live();
+  float *zmax = act_.ce, *sums = act_.ce + N;
+  vocab_ce_max(zmax, act_.logits, N, W, live);
+  tensor_sum(zmax, static_cast<size_t>(N), TpReduce::Max);
+  vocab_ce_exp(act_.logits, sums, zmax, tgt(), first, N, W, live);
+  tensor_sum(sums, static_cast<size_t>(2 * N));
+  return vocab_ce_loss(act_.logits, sums, zmax, N, W, live, correct);
+}
+
+}  // namespace dpt
