@@ -10,8 +10,9 @@ Pinned versions (the only ones these files were made and checked with):
 requirements: transformers==4.45.2 safetensors==0.8.0 huggingface_hub==0.36.2
 
 Run by hand from the repository root:
-  python3 -m venv --system-site-packages /tmp/hfvenv && /tmp/hfvenv/bin/pip install transformers==4.45.2 safetensors==0.8.0 huggingface_hub==0.36.2 && /tmp/hfvenv/bin/python scripts/make_hf_fixtures.py
-(--system-site-packages so the venv sees /usr/bin/python3's torch 1.13;
+  /usr/bin/python3 -m venv --system-site-packages /tmp/hfvenv && /tmp/hfvenv/bin/pip install transformers==4.45.2 safetensors==0.8.0 huggingface_hub==0.36.2 && /tmp/hfvenv/bin/python scripts/make_hf_fixtures.py
+(/usr/bin/python3 and --system-site-packages so the venv sees Debian's torch 1.13:
+a python3 earlier on PATH, such as pyenv's, has no torch;
 huggingface_hub is pinned too because it decides how save_pretrained shards.)
 Options: --out DIR (default tests/fixtures/hf). Takes a few seconds on one core.
 
