@@ -85,8 +85,9 @@ using Widen = float (*)(uint16_t);
 Narrow narrowing(DType t) { return t == DType::BF16 ? float_to_bf16 : float_to_f16; }
 Widen widening(DType t) { return t == DType::BF16 ? bf16_to_float : f16_to_float; }
 
-// The largest finite half: a value above it would be stored as infinity.
-constexpr float kF16Max = 65504.0f;
+// Where F16 ends: from here on a value rounds to infinity (65504 is the
+// largest half; values up to this bound round down to it).
+constexpr float kF16Overflow = 65520.0f;
 
 // ---- The header on disk ----
 
@@ -288,10 +289,10 @@ void SafetensorsWriter::write(const float* values, size_t n) {
 
 void SafetensorsWriter::check_f16_range(const float* values, uint64_t k) {
   for (uint64_t i = 0; i < k; ++i)
-    if (!(std::fabs(values[i]) <= kF16Max)) {
+    if (!(std::fabs(values[i]) < kF16Overflow)) {
       const TensorSpec& t = tensors_[current_];
-      throw InputError(fmt::format("{}: tensor '{}' holds {} at element {}, which F16 cannot hold (its range is "
-                                   "+-65504): write it as F32 or BF16",
+      throw InputError(fmt::format("{}: tensor '{}' holds {} at element {}, beyond F16's largest value 65504: "
+                                   "write it as F32 or BF16",
                                    path_, t.name, values[i], done_ + i));
     }
 }

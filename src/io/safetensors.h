@@ -53,8 +53,8 @@ struct SafetensorsFile {
 // writes the header, so every offset is fixed before any data. write() then
 // takes the values of all tensors, in the order given, in chunks of any size:
 // a chunk may end inside a tensor or span several. BF16 and F16 tensors are
-// rounded to nearest even (an F16 tensor refuses a value beyond +-65504,
-// InputError naming it). commit() checks that exactly the promised number of
+// rounded to nearest even (an F16 tensor refuses a value that would round
+// to infinity, from 65520 on, InputError naming it). commit() checks that exactly the promised number of
 // values arrived (IoError otherwise), then fsyncs and renames over path. If
 // commit() fails or never runs, the temporary is removed and nothing appears
 // at path. seal() does commit()'s checks and fsync without the rename, for

@@ -329,7 +329,7 @@ json hf_config_from_hparams(const std::map<std::string, std::string>& hp) {
   if (!is_llama_type(type)) throw unknown_type("hyper-parameters", type);
   const char* arch = type == "llama" ? "LlamaForCausalLM" : type == "qwen2" ? "Qwen2ForCausalLM" : "MistralForCausalLM";
   json j;  // keys sorted, as save_pretrained writes them
-  j["architectures"] = {arch};
+  j["architectures"] = json::array({arch});
   j["model_type"] = type;
   j["vocab_size"] = need_int(hp, "vocab_size");
   j["hidden_size"] = need_int(hp, "n_embd");
