@@ -1,5 +1,6 @@
 #include "models/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -37,7 +38,6 @@ class Keys {
       : j_(j), where_(where), prefix_(std::move(prefix)) {}
   bool has(const std::string& k) const { return j_.is_object() && j_.contains(k) && !j_[k].is_null(); }
   bool present(const std::string& k) const { return j_.is_object() && j_.contains(k); }  // null included
-  const json& at(const std::string& k) const { return j_[k]; }
   std::string name(const std::string& k) const { return prefix_ + k; }
 
   void require(const std::string& k) const {
