@@ -69,7 +69,7 @@ TEST_F(HfLayout, SavedInHfLayoutLoadsBackBitwise) {
 TEST_F(HfLayout, RangesReadAsZero3ReadsThemEqualTheWholeLoad) {
   auto m = small_gpt();
   save_weights(*m, path("hf.safetensors"), WeightFormat::Hf);
-  SafetensorsReader r(path("hf.safetensors"));
+  SafetensorsSet r(path("hf.safetensors"));
   check_weight_file(*m, r);
   const size_t n = m->param_count();
   // Pieces that start and end inside rows of the transposed weights.
@@ -120,6 +120,35 @@ TEST_F(HfLayout, AFileThatNothingDescribesIsRefused) {
   // config.json beside it describes it too.
   std::ofstream(path("config.json")) << R"({"n_layer": 2, "n_head": 2, "n_embd": 8, "n_positions": 6, "vocab_size": 40})";
   back = model_from_file(path("bare.safetensors"), {});
+  EXPECT_TRUE(test::bitwise_equal(back->params(), m->params(), m->param_count()));
+}
+
+// Weights written by another tool with the engine's own hyper-parameter
+// keys in the metadata but no dpt.model: read with the kind from the flags
+// (this was refused as "carries no hyper-parameters"), and a file holding
+// only some of them is told what it lacks, never that it has nothing.
+TEST_F(HfLayout, MetadataWithTheEnginesKeysButNoModelKindIsRead) {
+  auto m = small_gpt();
+  save_weights(*m, path("dpt.safetensors"));
+  SafetensorsFile f = load_safetensors(path("dpt.safetensors"));
+  std::map<std::string, std::string> meta = f.metadata;
+  ASSERT_EQ(meta.erase("dpt.model"), 1u);
+  ASSERT_TRUE(meta.count("n_head"));
+  save_safetensors(path("keys.safetensors"), f.tensors, meta);
+  auto back = model_from_file(path("keys.safetensors"), {{"dpt.model", "gpt"}});  // `--model gpt`
+  ASSERT_EQ(back->param_count(), m->param_count());
+  EXPECT_TRUE(test::bitwise_equal(back->params(), m->params(), m->param_count()));
+  // Without the head count the sentence names the keys the file has.
+  meta.erase("n_head");
+  save_safetensors(path("no_heads.safetensors"), f.tensors, meta);
+  try {
+    model_from_file(path("no_heads.safetensors"), {{"dpt.model", "gpt"}});
+    FAIL() << "a GPT file without a head count must be refused";
+  } catch (const InputError& e) {
+    EXPECT_FALSE(has(e.what(), "carries no hyper-parameters")) << e.what();
+    EXPECT_TRUE(has(e.what(), "give vocab_size, n_layer, n_embd, block_size but no n_head")) << e.what();
+  }
+  back = model_from_file(path("no_heads.safetensors"), {{"dpt.model", "gpt"}, {"n_head", "2"}});
   EXPECT_TRUE(test::bitwise_equal(back->params(), m->params(), m->param_count()));
 }
 

@@ -13,6 +13,7 @@
 #include "compare.h"
 #include "core/threads.h"
 #include "io/safetensors.h"
+#include "io/safetensors_set.h"
 #include "models/decoder.h"
 #include "models/presets.h"
 #include "models/weights.h"
@@ -119,7 +120,7 @@ TEST_F(PaddedVocab, FilesHoldTheTrueRowsOnly) {
   for (WeightFormat f : {WeightFormat::Dpt, WeightFormat::Hf}) {
     const std::string file = path(f == WeightFormat::Hf ? "hf.safetensors" : "dpt.safetensors");
     save_weights(*padded, file, f);
-    SafetensorsReader r(file);
+    SafetensorsSet r(file);
     const TensorSpec* wte = r.find(f == WeightFormat::Hf ? "wte.weight" : "transformer.wte.weight");
     ASSERT_NE(wte, nullptr);
     EXPECT_EQ(wte->shape, (std::vector<int64_t>{40, 8}));

@@ -244,8 +244,8 @@ TEST_F(SafetensorsTest, CorruptHeadersAreIoErrors) {
   expect_corrupt(make_file(entry("F32", "[12]", R"(["0","48"])"), w12), "data_offsets");
   expect_corrupt(make_file(entry("F32", "[-12]", "[0,48]"), w12), "shape entry");
   expect_corrupt(make_file(entry("F32", "[1.5]", "[0,48]"), w12), "shape entry");
-  expect_corrupt(make_file(entry("F16", "[4,3]", "[0,24]"), w12.substr(0, 24)),
-                 "tensor '0.weight' has dtype F16, which is not supported");
+  expect_corrupt(make_file(entry("I16", "[4,3]", "[0,24]"), w12.substr(0, 24)),
+                 "tensor '0.weight' has dtype I16, which is not supported (supported: F32, BF16, F16)");
   expect_corrupt(make_file(entry("I64", "[4,3]", "[0,96]"), w12 + w12), "dtype I64");
   expect_corrupt(make_file(entry("F32", "[4,3]", "[0,40]"), w12.substr(0, 40)),
                  "tensor '0.weight' has shape [4, 3] (12 elements) but 40 bytes of F32 data");

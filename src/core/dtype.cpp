@@ -5,7 +5,7 @@
 
 namespace dpt {
 
-const char* dtype_name(DType t) { return t == DType::F32 ? "F32" : "BF16"; }
+const char* dtype_name(DType t) { return t == DType::F32 ? "F32" : t == DType::BF16 ? "BF16" : "F16"; }
 
 const char* precision_name(DType t) { return t == DType::F32 ? "fp32" : "bf16"; }
 
@@ -18,7 +18,8 @@ DType parse_precision(const std::string& name, const char* flag) {
 DType dtype_from_name(const std::string& name) {
   if (name == "F32") return DType::F32;
   if (name == "BF16") return DType::BF16;
-  throw InputError(fmt::format("unsupported dtype '{}' (supported: F32, BF16)", name));
+  if (name == "F16") return DType::F16;
+  throw InputError(fmt::format("unsupported dtype '{}' (supported: F32, BF16, F16)", name));
 }
 
 DPT_CPU_CLONES void convert(bf16* out, const float* in, size_t n) {

@@ -1,5 +1,7 @@
 // Element types of flat buffers: fp32, and bf16 for the compute copies of a
-// mixed-precision run (docs/precision.md).
+// mixed-precision run (docs/precision.md). F16 is a file type only: tensors
+// of safetensors files may be F16 (converted to fp32 as they are read, and
+// written from fp32 on request); no buffer, kernel or collective uses it.
 #pragma once
 
 #include <cstddef>
@@ -10,10 +12,10 @@
 
 namespace dpt {
 
-enum class DType { F32, BF16 };
+enum class DType { F32, BF16, F16 };
 
 constexpr size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
-const char* dtype_name(DType t);  // safetensors spelling: "F32", "BF16"
+const char* dtype_name(DType t);  // safetensors spelling: "F32", "BF16", "F16"
 // A run's compute precision as flags spell it: "fp32", "bf16".
 const char* precision_name(DType t);
 // Throws InputError naming `flag` if the name is neither.

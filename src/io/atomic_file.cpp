@@ -18,10 +18,8 @@ AtomicFile::AtomicFile(std::string path)
 }
 
 AtomicFile::~AtomicFile() {
-  if (f_) {
-    std::fclose(f_);
-    std::remove(tmp_.c_str());
-  }
+  if (f_) std::fclose(f_);
+  if (f_ || sealed_) std::remove(tmp_.c_str());
 }
 
 void check_creatable(const std::string& path) {
@@ -30,19 +28,30 @@ void check_creatable(const std::string& path) {
 }
 
 void AtomicFile::write(const void* data, size_t n) {
+  DPT_CHECK(f_, "{}: write() after seal() or commit()", path_);
   if (n && std::fwrite(data, 1, n, f_) != n)
     throw IoError(fmt::format("{}: write failed: {}", path_, std::strerror(errno)));
 }
 
 void AtomicFile::flush() { std::fflush(f_); }
 
-void AtomicFile::commit() {
+void AtomicFile::seal() {
   bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
-  int err = errno;
+  const int err = errno;
   ok = (std::fclose(f_) == 0) && ok;
   f_ = nullptr;
-  if (!ok || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
-    if (ok) err = errno;
+  if (!ok) {
+    std::remove(tmp_.c_str());
+    throw IoError(fmt::format("{}: cannot write file: {}", path_, std::strerror(err)));
+  }
+  sealed_ = true;
+}
+
+void AtomicFile::commit() {
+  if (!sealed_) seal();
+  sealed_ = false;  // renamed, or removed below: nothing left for the destructor
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
     std::remove(tmp_.c_str());
     throw IoError(fmt::format("{}: cannot write file: {}", path_, std::strerror(err)));
   }

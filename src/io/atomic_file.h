@@ -1,7 +1,9 @@
 // A file that appears under its name only once complete: written to
 // "<path>.tmp.<pid>", then flushed, fsynced and renamed by commit(). If the
 // object dies uncommitted (an error, an exception), the temporary is removed
-// and any older file at path is left untouched.
+// and any older file at path is left untouched. Several files that must
+// appear together (a sharded checkpoint, io/safetensors_set.h) are each
+// seal()ed first, so every write has succeeded before any is renamed.
 #pragma once
 
 #include <cstdio>
@@ -19,11 +21,16 @@ class AtomicFile {
   void write(const void* data, size_t n);  // throws IoError
   void write(const std::string& s) { write(s.data(), s.size()); }
   void flush();   // to the OS, so a reader of the temporary sees progress
-  void commit();  // fsync + rename; throws IoError
+  // Flush, fsync and close the temporary, which stays under its temporary
+  // name (removed if this object dies uncommitted); throws IoError, having
+  // removed it. No write() after it.
+  void seal();
+  void commit();  // seal() unless sealed, then rename; throws IoError
 
  private:
   std::string path_, tmp_;
   std::FILE* f_ = nullptr;
+  bool sealed_ = false;  // closed, the temporary complete on disk, not yet renamed
 };
 
 // Fails now, the way AtomicFile would at the end of a run, if `path` cannot

@@ -55,6 +55,40 @@ uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+// IEEE half precision: 1 sign bit, 5 exponent bits (bias 15), 10 fraction
+// bits. Every half is exactly a float.
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, frac = h & 0x3ffu;
+  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (frac << 13));  // infinity, NaN
+  if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112) << 23) | (frac << 13));
+  const float v = std::ldexp(static_cast<float>(frac), -24);  // zero or subnormal: frac x 2^-24
+  return sign ? -v : v;
+}
+
+// Round to nearest even, as PyTorch does; past the largest half (65504,
+// from 65520 up) an infinity, which the writer refuses before it gets here.
+uint16_t float_to_f16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f), a = u & 0x7fffffffu;
+  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  if (a > 0x7f800000u) return sign | 0x7e00u;    // NaN
+  if (a >= 0x477ff000u) return sign | 0x7c00u;   // rounds to 65536 or more
+  if (a < 0x38800000u)  // below 2^-14: a subnormal half, round(|f| x 2^24) (exact scaling, then rint)
+    return sign | static_cast<uint16_t>(std::nearbyint(std::bit_cast<float>(a) * 16777216.0f));
+  uint32_t r = a - (112u << 23);  // the exponent rebiased from 127 to 15
+  r += 0xfffu + ((r >> 13) & 1);
+  return sign | static_cast<uint16_t>(r >> 13);
+}
+
+// A 16-bit file type's conversions.
+using Narrow = uint16_t (*)(float);
+using Widen = float (*)(uint16_t);
+Narrow narrowing(DType t) { return t == DType::BF16 ? float_to_bf16 : float_to_f16; }
+Widen widening(DType t) { return t == DType::BF16 ? bf16_to_float : f16_to_float; }
+
+// Where F16 ends: from here on a value rounds to infinity (65504 is the
+// largest half; values up to this bound round down to it).
+constexpr float kF16Overflow = 65520.0f;
+
 // ---- The header on disk ----
 
 // Compact JSON, tensors in the caller's order, padded with spaces to a
@@ -121,8 +155,10 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
     e.tensor.dtype = DType::F32;
   } else if (dtype == "BF16") {
     e.tensor.dtype = DType::BF16;
+  } else if (dtype == "F16") {
+    e.tensor.dtype = DType::F16;
   } else {
-    throw bad(fmt::format("has dtype {}, which is not supported (supported: F32, BF16)", dtype));
+    throw bad(fmt::format("has dtype {}, which is not supported (supported: F32, BF16, F16)", dtype));
   }
   for (const auto& d : *sh) {
     if (!d.is_number_integer() || d.get<int64_t>() < 0) {
@@ -229,13 +265,15 @@ void SafetensorsWriter::write(const float* values, size_t n) {
   received_ += n;
   while (n > 0 && current_ < tensors_.size()) {
     const uint64_t k = std::min<uint64_t>(n, numels_[current_] - done_);
-    if (tensors_[current_].dtype == DType::F32) {
+    const DType dtype = tensors_[current_].dtype;
+    if (dtype == DType::F32) {
       file_->write(values, k * sizeof(float));
     } else {
+      if (dtype == DType::F16) check_f16_range(values, k);
       std::vector<uint16_t> raw(std::min<uint64_t>(k, kBf16Block));
       for (uint64_t i = 0; i < k; i += raw.size()) {
         const size_t m = std::min<uint64_t>(raw.size(), k - i);
-        std::transform(values + i, values + i + m, raw.begin(), float_to_bf16);
+        std::transform(values + i, values + i + m, raw.begin(), narrowing(dtype));
         file_->write(raw.data(), m * sizeof(uint16_t));
       }
     }
@@ -249,13 +287,35 @@ void SafetensorsWriter::write(const float* values, size_t n) {
   }
 }
 
-void SafetensorsWriter::commit() {
-  DPT_CHECK(file_, "{}: commit() twice", path_);
+void SafetensorsWriter::check_f16_range(const float* values, uint64_t k) {
+  for (uint64_t i = 0; i < k; ++i)
+    if (!(std::fabs(values[i]) < kF16Overflow)) {
+      const TensorSpec& t = tensors_[current_];
+      throw InputError(fmt::format("{}: tensor '{}' holds {} at element {}, beyond F16's largest value 65504: "
+                                   "write it as F32 or BF16",
+                                   path_, t.name, values[i], done_ + i));
+    }
+}
+
+void SafetensorsWriter::seal() {
+  DPT_CHECK(file_, "{}: seal() or commit() after commit()", path_);
+  if (sealed_) return;
   if (received_ != expected_) {
     file_.reset();  // removes the temporary
     throw IoError(fmt::format("{}: {} values were written but the header promises {}", path_,
                               received_, expected_));
   }
+  try {
+    file_->seal();  // on failure it has already removed the temporary
+  } catch (...) {
+    file_.reset();
+    throw;
+  }
+  sealed_ = true;
+}
+
+void SafetensorsWriter::commit() {
+  seal();
   try {
     file_->commit();  // on failure it has already removed the temporary
   } catch (...) {
@@ -371,7 +431,7 @@ void SafetensorsReader::read(const std::string& name, uint64_t begin, uint64_t n
     for (uint64_t i = 0; i < n; i += raw.size()) {
       const size_t m = std::min<uint64_t>(raw.size(), n - i);
       pread_exact(fd_, raw.data(), m * sizeof(uint16_t), offset + (begin + i) * sizeof(uint16_t), path_);
-      std::transform(raw.begin(), raw.begin() + m, out + i, bf16_to_float);
+      std::transform(raw.begin(), raw.begin() + m, out + i, widening(t->dtype));
     }
   }
   // Weights and optimizer state are finite; NaN or infinity in a file means

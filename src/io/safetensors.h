@@ -36,7 +36,7 @@ struct NamedTensor {
   std::string name;
   DType dtype = DType::F32;
   std::vector<int64_t> shape;
-  std::vector<float> data;  // F32 values; BF16 tensors are widened on load
+  std::vector<float> data;  // F32 values; BF16 and F16 tensors are widened on load
 };
 
 struct SafetensorsFile {
@@ -52,22 +52,30 @@ struct SafetensorsFile {
 // the path if it cannot, so a bad output path is caught before any work) and
 // writes the header, so every offset is fixed before any data. write() then
 // takes the values of all tensors, in the order given, in chunks of any size:
-// a chunk may end inside a tensor or span several. BF16 tensors are rounded
-// to nearest even. commit() checks that exactly the promised number of values
-// arrived (IoError otherwise), then fsyncs and renames over path. If commit()
-// fails or never runs, the temporary is removed and nothing appears at path.
+// a chunk may end inside a tensor or span several. BF16 and F16 tensors are
+// rounded to nearest even (an F16 tensor refuses a value that would round
+// to infinity, from 65520 on, InputError naming it). commit() checks that exactly the promised number of
+// values arrived (IoError otherwise), then fsyncs and renames over path. If
+// commit() fails or never runs, the temporary is removed and nothing appears
+// at path. seal() does commit()'s checks and fsync without the rename, for
+// files that must appear together (io/safetensors_set.h).
 class SafetensorsWriter {
  public:
   SafetensorsWriter(const std::string& path, std::vector<TensorSpec> tensors,
                     const std::map<std::string, std::string>& metadata);
-  void write(const float* values, size_t n);  // throws IoError
+  void write(const float* values, size_t n);  // throws IoError, InputError
+  void seal();                                // throws IoError
   void commit();                              // throws IoError
+  const std::string& path() const { return path_; }
 
  private:
+  void check_f16_range(const float* values, uint64_t k);  // of tensors_[current_], from done_
+
   std::string path_;
   std::vector<TensorSpec> tensors_;
   std::vector<uint64_t> numels_;  // of tensors_
   std::optional<AtomicFile> file_;  // empty once committed or failed
+  bool sealed_ = false;
   size_t current_ = 0;      // the tensor the next value belongs to
   uint64_t done_ = 0;       // values of tensors_[current_] already written
   uint64_t received_ = 0;   // all values passed to write(), extras included
@@ -91,8 +99,8 @@ class SafetensorsReader {
   // The tensor with this name, or nullptr.
   const TensorSpec* find(const std::string& name) const;
 
-  // Elements [begin, begin + n) of the flattened tensor, as floats (BF16 is
-  // widened). InputError naming the tensor for an unknown name or a range
+  // Elements [begin, begin + n) of the flattened tensor, as floats (BF16 and
+  // F16 are widened). InputError naming the tensor for an unknown name or a range
   // past its end; IoError if the file cannot be read.
   void read(const std::string& name, uint64_t begin, uint64_t n, float* out) const;
 
@@ -113,8 +121,8 @@ class SafetensorsReader {
 SafetensorsFile load_safetensors(const std::string& path);
 
 // Writes tensors and string metadata, in the order given. F32 tensors are
-// written as is; BF16 ones are rounded (to nearest even) from their float
-// values. Writes to "<path>.tmp.<pid>", fsyncs, then renames over path, so a
+// written as is; BF16 and F16 ones are rounded (to nearest even) from their
+// float values. Writes to "<path>.tmp.<pid>", fsyncs, then renames over path, so a
 // crash never leaves a half-written file. Throws IoError if the directory is
 // not writable, InputError for an empty, reserved or repeated tensor name or a
 // shape that disagrees with the number of values.

@@ -5,8 +5,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/ranges.h>
+
 #include "core/error.h"
+#include "io/safetensors_set.h"
 #include "models/decoder.h"
+#include "models/hf_config.h"
 #include "models/model.h"
 
 namespace dpt {
@@ -69,44 +73,59 @@ WeightNames weight_names(const Model& model, const std::vector<TensorSpec>& tens
   return n;
 }
 
-std::map<std::string, std::string> weight_file_hparams(const std::string& path) {
-  std::map<std::string, std::string> meta = SafetensorsReader(path).metadata();
-  if (meta.count("dpt.model")) return meta;
-  const std::filesystem::path config = std::filesystem::path(path).parent_path() / "config.json";
-  std::ifstream in(config);
-  if (!in) return meta;
-  nlohmann::json j;
-  try {
-    in >> j;
-  } catch (const nlohmann::json::exception&) {
-    throw InputError(fmt::format("{}: not valid JSON", config.string()));
-  }
-  std::map<std::string, std::string> hp = meta;
-  hp["dpt.model"] = "gpt";
+std::map<std::string, std::string> gpt2_hparams_from_config(const nlohmann::json& j, const std::string& where) {
+  std::map<std::string, std::string> hp = {{"dpt.model", "gpt"}};
   // Hugging Face's GPT2Config names, and the engine's.
   for (const auto& [hf, ours] : {std::pair{"n_layer", "n_layer"}, {"n_head", "n_head"}, {"n_embd", "n_embd"},
                                  {"n_positions", "block_size"}, {"vocab_size", "vocab_size"}}) {
     if (!j.contains(hf)) continue;
-    if (!j[hf].is_number_integer())
-      throw InputError(fmt::format("{}: {} is not an integer", config.string(), hf));
+    if (!j[hf].is_number_integer()) throw InputError(fmt::format("{}: {} is not an integer", where, hf));
     hp[ours] = std::to_string(j[hf].get<int64_t>());
   }
   return hp;
 }
 
+std::map<std::string, std::string> weight_file_hparams(const std::string& path) {
+  const SafetensorsSet file(path);
+  std::map<std::string, std::string> hp = file.metadata();
+  if (hp.count("dpt.model")) return hp;
+  const std::filesystem::path config = std::filesystem::path(file.path()).parent_path() / "config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(config, ec)) return hp;
+  for (const auto& [k, v] : read_hf_config(config.string())) hp[k] = v;
+  return hp;
+}
+
+namespace {
+
+// The engine's GPT keys a file's hyper-parameters hold.
+std::vector<std::string> engine_keys(const std::map<std::string, std::string>& hp) {
+  std::vector<std::string> keys;
+  for (const char* k : {"vocab_size", "n_layer", "n_head", "n_embd", "block_size"})
+    if (hp.count(k)) keys.emplace_back(k);
+  return keys;
+}
+
+}  // namespace
+
 std::map<std::string, std::string> hparams_for_file(const std::string& path,
                                                     const std::map<std::string, std::string>& flags) {
-  std::map<std::string, std::string> hp = weight_file_hparams(path);
-  const bool described = hp.count("dpt.model") > 0;
+  const std::map<std::string, std::string> file = weight_file_hparams(path);
+  std::map<std::string, std::string> hp = file;
   for (const auto& [k, v] : flags) hp[k] = v;
   if (!hp.count("dpt.model"))
     throw InputError(fmt::format("{}: no dpt.model in the metadata and no config.json beside it; pass --model", path));
-  if (!described && hp["dpt.model"] == "gpt" && !flags.count("n_head"))
+  // A file the engine wrote says everything; another may lack the head count.
+  if (file.count("dpt.model") || hp["dpt.model"] != "gpt" || hp.count("n_head")) return hp;
+  const std::vector<std::string> has = engine_keys(file);
+  if (has.empty())
     throw InputError(fmt::format("{}: the file carries no hyper-parameters (no engine metadata, no config.json "
                                  "beside it) and a head count cannot be read from shapes; pass --model gpt2 (or "
                                  "gpt2-medium, gpt2-large, gpt2-xl), or --heads with the other sizes",
                                  path));
-  return hp;
+  throw InputError(fmt::format("{}: the file's hyper-parameters give {} but no n_head, and a head count cannot be "
+                               "read from shapes; pass --heads",
+                               path, fmt::join(has, ", ")));
 }
 
 }  // namespace dpt

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "io/safetensors.h"
 
 namespace dpt {
@@ -52,17 +54,24 @@ struct WeightNames {
 // pass no tensors and Dpt or Hf). MLP files are always the engine's.
 WeightNames weight_names(const Model& model, const std::vector<TensorSpec>& tensors, WeightFormat format);
 
-// The hyper-parameters a weight file describes: its __metadata__, and when
-// that lacks the engine's "dpt.model", those of the config.json beside the
-// file if there is one (Hugging Face's n_layer, n_head, n_embd, n_positions,
-// vocab_size, with "dpt.model" = "gpt").
+// The engine's hyper-parameters of GPT-2's config.json (model_type "gpt2"
+// or none): Hugging Face's n_layer, n_head, n_embd, n_positions, vocab_size
+// (those present), with "dpt.model" = "gpt". `where` names the file.
+std::map<std::string, std::string> gpt2_hparams_from_config(const nlohmann::json& config, const std::string& where);
+
+// The hyper-parameters a weight file (a safetensors file, a sharded set's
+// index or a directory: io/safetensors_set.h) describes: its __metadata__,
+// and when that lacks the engine's "dpt.model", those of the config.json
+// beside it if there is one, translated by its model_type (GPT-2's here,
+// the Llama family's in models/hf_config.h) over the metadata.
 std::map<std::string, std::string> weight_file_hparams(const std::string& path);
 
 // The model's hyper-parameters for loading `path`: the file's (see above),
 // then `flags` over them (a --model preset and sizes). InputError, one
-// sentence, when neither says what the model is, or, for a file without the
-// engine's metadata or a config.json, when the flags do not give the head
-// count (which no shape tells).
+// sentence, when neither says what the model is, or, for a GPT whose file
+// has no "dpt.model", when none of the file's metadata, a config.json and
+// the flags gives the head count (which no shape tells); the sentence says
+// which of the engine's keys the file does carry.
 std::map<std::string, std::string> hparams_for_file(const std::string& path,
                                                     const std::map<std::string, std::string>& flags);
 

@@ -23,12 +23,6 @@ void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
     for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
 }
 
-std::vector<TensorSpec> specs_of(const SafetensorsFile& file) {
-  std::vector<TensorSpec> specs;
-  for (const NamedTensor& t : file.tensors) specs.push_back({t.name, t.dtype, t.shape});
-  return specs;
-}
-
 // The sentence for a tensor whose shape is not the model's. In the other
 // layout's shape, the file's layout is the likely mistake, so it says so.
 std::string shape_mismatch(const std::string& path, const std::string& name, const std::vector<int64_t>& got,
@@ -39,11 +33,12 @@ std::string shape_mismatch(const std::string& path, const std::string& name, con
                      swapped ? " (its transpose: is --load-format right? hf stores Conv1D weights [in, out])" : "");
 }
 
-// Checks the model's tensors against a file's header (shapes, missing and
+// Checks the model's tensors against a file's headers (shapes, missing and
 // unexpected names); returns the file name of the tied wte when the file
 // also has an lm_head.weight to compare with it.
-std::optional<std::string> check_names(const Model& model, const std::vector<TensorSpec>& tensors,
-                                       const WeightNames& names, const std::string& path) {
+std::optional<std::string> check_names(const Model& model, const SafetensorsSet& file, const WeightNames& names) {
+  const std::vector<TensorSpec>& tensors = file.tensors();
+  const std::string& path = file.path();
   const Layout& layout = model.layout();
   std::map<std::string, const TensorSpec*> by_name;
   for (const TensorSpec& t : tensors) by_name[t.name] = &t;
@@ -60,7 +55,7 @@ std::optional<std::string> check_names(const Model& model, const std::vector<Ten
     auto it = by_name.find(name);
     if (it == by_name.end()) throw InputError(fmt::format("{}: tensor '{}' is missing", path, name));
     const std::vector<int64_t> want = names.file_shape(s.name, s.whole_shape);  // a slice's whole tensor
-    if (it->second->shape != want) throw InputError(shape_mismatch(path, name, it->second->shape, want));
+    if (it->second->shape != want) throw InputError(shape_mismatch(file.file_of(name), name, it->second->shape, want));
   }
   std::optional<std::string> tied;
   for (const TensorSpec& t : tensors) {
@@ -72,7 +67,8 @@ std::optional<std::string> check_names(const Model& model, const std::vector<Ten
             "{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them", path));
       continue;
     }
-    throw InputError(fmt::format("{}: unexpected tensor '{}' for a {} model", path, t.name, model.kind()));
+    throw InputError(fmt::format("{}: unexpected tensor '{}' for a {} model", file.file_of(t.name), t.name,
+                                 model.kind()));
   }
   return tied;
 }
@@ -80,7 +76,7 @@ std::optional<std::string> check_names(const Model& model, const std::vector<Ten
 // Elements [first, last) of the whole tensor of slot s, in the model's
 // layout, into dst: a transposed HF weight's piece of each stored row, zero
 // past what the file stores (wte's pad rows). rows: scratch.
-void read_tensor_range(const SafetensorsReader& file, const WeightNames& names, const Slot& s, size_t first,
+void read_tensor_range(const SafetensorsSet& file, const WeightNames& names, const Slot& s, size_t first,
                        size_t last, float* dst, std::vector<float>& rows) {
   const std::string name = names.file_name(s.name);
   if (!names.transposed(s.name)) {
@@ -102,7 +98,12 @@ void read_tensor_range(const SafetensorsReader& file, const WeightNames& names, 
 
 }  // namespace
 
-WeightWriter::WeightWriter(const std::string& path, const Model& model, WeightFormat format)
+bool sharded_save(const std::string& path, uint64_t max_shard_bytes) {
+  return max_shard_bytes > 0 || path.ends_with(".safetensors.index.json");
+}
+
+WeightWriter::WeightWriter(const std::string& path, const Model& model, WeightFormat format,
+                           uint64_t max_shard_bytes)
     : model_(model), names_(weight_names(model, {}, format == WeightFormat::Hf ? format : WeightFormat::Dpt)) {
   std::vector<TensorSpec> specs;
   for (const Slot& s : model.layout().slots()) {
@@ -112,7 +113,18 @@ WeightWriter::WeightWriter(const std::string& path, const Model& model, WeightFo
   }
   std::map<std::string, std::string> meta = model.metadata();
   if (names_.hf) meta["format"] = "pt";  // what Hugging Face's loaders look for
-  file_.emplace(path, std::move(specs), meta);
+  if (sharded_save(path, max_shard_bytes))
+    shards_ = std::make_unique<ShardedSafetensorsWriter>(path, std::move(specs), meta,
+                                                         max_shard_bytes > 0 ? max_shard_bytes : kDefaultShardBytes);
+  else
+    file_.emplace(path, std::move(specs), meta);
+}
+
+void WeightWriter::put(const float* values, size_t n) {
+  if (shards_)
+    shards_->write(values, n);
+  else
+    file_->write(values, n);
 }
 
 void WeightWriter::write_unit(int unit, const float* values) {
@@ -126,14 +138,19 @@ void WeightWriter::write_unit(int unit, const float* values) {
       transpose(p, s.shape[0], s.shape[1], scratch_.data());
       p = scratch_.data();
     }
-    file_->write(p, names_.stored(s.name, s.shape, s.numel));  // not wte's pad rows
+    put(p, names_.stored(s.name, s.shape, s.numel));  // not wte's pad rows
   }
 }
 
-void WeightWriter::commit() { file_->commit(); }
+void WeightWriter::commit() {
+  if (shards_)
+    shards_->commit();
+  else
+    file_->commit();
+}
 
-void save_weights(const Model& model, const std::string& path, WeightFormat format) {
-  WeightWriter w(path, model, format);
+void save_weights(const Model& model, const std::string& path, WeightFormat format, uint64_t max_shard_bytes) {
+  WeightWriter w(path, model, format, max_shard_bytes);
   std::vector<float> host;  // a GPU model's unit, downloaded
   for (size_t u = 0; u < model.layout().units().size(); ++u) {
     const Unit& unit = model.layout().units()[u];
@@ -148,43 +165,22 @@ void save_weights(const Model& model, const std::string& path, WeightFormat form
   w.commit();
 }
 
-void load_weights(Model& model, const SafetensorsFile& file, const std::string& path, WeightFormat format) {
-  const std::vector<TensorSpec> specs = specs_of(file);
-  const WeightNames names = weight_names(model, specs, format);
-  const auto tied = check_names(model, specs, names, path);
+void load_weights(Model& model, const SafetensorsSet& file, WeightFormat format) {
+  check_weight_file(model, file, format);
   // A GPU model's weights are put together on the host, then uploaded once.
   std::vector<float> host(model.device() == Device::CPU ? 0 : model.param_count());
   float* params = host.empty() ? model.params() : host.data();
-  for (const Slot& s : model.layout().slots()) {
-    const NamedTensor* t = file.find(names.file_name(s.name));
-    if (s.slice.parts > 1) {
-      // A tensor-parallel slice: its elements picked from the whole tensor
-      // ([O, I], stored [I, O] when transposed), zero past what the file
-      // stores (a vocabulary-parallel wte's pad rows; wte is never transposed).
-      const size_t I = static_cast<size_t>(s.whole_shape.back()), O = static_cast<size_t>(s.whole_shape[0]);
-      for (size_t i = 0; i < s.numel; ++i) {
-        const size_t e = s.slice.whole_index(i);
-        const size_t at = names.transposed(s.name) ? e % I * O + e / I : e;
-        params[s.offset + i] = at < t->data.size() ? t->data[at] : 0.0f;
-      }
-      continue;
-    }
-    if (names.transposed(s.name))
-      transpose(t->data.data(), s.shape[1], s.shape[0], params + s.offset);
-    else
-      std::memcpy(params + s.offset, t->data.data(), sizeof(float) * t->data.size());
-    // wte's pad rows (a padded vocabulary) are not in the file: zero.
-    std::fill(params + s.offset + t->data.size(), params + s.offset + s.numel, 0.0f);
-  }
+  load_weight_range(model, file, 0, model.param_count(), params, format);
   if (!host.empty()) model.upload_params(0, host.size(), host.data());
-  if (tied && file.find("lm_head.weight")->data != file.find(*tied)->data)
-    throw InputError(fmt::format("{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them",
-                                 path));
 }
 
-void check_weight_file(const Model& model, const SafetensorsReader& file, WeightFormat format) {
+void load_weights(Model& model, const std::string& path, WeightFormat format) {
+  load_weights(model, SafetensorsSet(path), format);
+}
+
+void check_weight_file(const Model& model, const SafetensorsSet& file, WeightFormat format) {
   const WeightNames names = weight_names(model, file.tensors(), format);
-  const auto tied = check_names(model, file.tensors(), names, file.path());
+  const auto tied = check_names(model, file, names);
   if (!tied) return;
   const uint64_t numel = file.find(*tied)->numel();
   constexpr size_t kPiece = 1 << 16;
@@ -199,7 +195,7 @@ void check_weight_file(const Model& model, const SafetensorsReader& file, Weight
   }
 }
 
-void load_weight_range(const Model& model, const SafetensorsReader& file, size_t begin, size_t n, float* out,
+void load_weight_range(const Model& model, const SafetensorsSet& file, size_t begin, size_t n, float* out,
                        WeightFormat format) {
   const WeightNames names = weight_names(model, file.tensors(), format);
   const size_t end = begin + n;
@@ -224,7 +220,7 @@ void load_weight_range(const Model& model, const SafetensorsReader& file, size_t
 std::unique_ptr<Model> model_from_file(const std::string& path,
                                        const std::map<std::string, std::string>& overrides, WeightFormat format) {
   auto model = make_model(hparams_for_file(path, overrides));
-  load_weights(*model, load_safetensors(path), path, format);
+  load_weights(*model, path, format);
   return model;
 }
 

@@ -22,7 +22,7 @@ LocalStrategy::LocalStrategy(const StrategyOptions& options, Model& model, comm:
                              const StrategyInit& init, uint64_t seed_offset)
     : options_(options), model_(model), pg_(pg) {
   if (!init.load.empty())
-    load_weights(model_, load_safetensors(init.load), init.load, init.load_format);
+    load_weights(model_, init.load, init.load_format);
   else
     model_.init_params(init.seed + seed_offset);
   model_.set_store(nullptr);

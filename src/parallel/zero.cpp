@@ -114,7 +114,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
   // and the masters of a mixed run).
   if (!sharded_params()) {
     if (!init.load.empty())
-      load_weights(model_, load_safetensors(init.load), init.load, init.load_format);
+      load_weights(model_, init.load, init.load_format);
     else
       model_.init_params(init.seed);
   } else if (!masters_offloaded()) {
@@ -122,7 +122,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     // Filled on the host (a GPU run's shards uploaded at the end).
     const bool host = model_.device() == Device::CPU;
     std::vector<float> staged(host ? 0 : shard_numel_);
-    std::optional<SafetensorsReader> file;
+    std::optional<SafetensorsSet> file;
     if (!init.load.empty()) file.emplace(init.load);
     for (size_t u = 0; u < U; ++u)
       init_shard(static_cast<int>(u), init, file ? &*file : nullptr,
@@ -143,7 +143,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     if (masters_offloaded()) {
       // Each unit's masters made in a unit-sized buffer, written to the
       // tier and published from there: the shard is never whole in RAM.
-      std::optional<SafetensorsReader> file;
+      std::optional<SafetensorsSet> file;
       if (!init.load.empty()) file.emplace(init.load);
       std::vector<float> unit_masters;
       for (size_t u = 0; u < U; ++u) {
@@ -205,7 +205,7 @@ nlohmann::json ZeroStrategy::detail() const {
           {"prefetch", prefetch_name(options_.prefetch)}};
 }
 
-void ZeroStrategy::init_shard(int u, const StrategyInit& init, const SafetensorsReader* file, float* out) {
+void ZeroStrategy::init_shard(int u, const StrategyInit& init, const SafetensorsSet* file, float* out) {
   const size_t begin = unit(u).offset + shards_[static_cast<size_t>(u)].begin, n = shards_[static_cast<size_t>(u)].n;
   if (file) {  // each rank reads only its shards' bytes
     if (u == 0) check_weight_file(model_, *file, init.load_format);

@@ -37,7 +37,7 @@
 
 namespace dpt {
 
-class SafetensorsReader;
+class SafetensorsSet;
 
 // Buffers handed out and taken back: a request gets the smallest free
 // buffer that holds it, else a new buffer of exactly its size. ZeroStrategy
@@ -123,7 +123,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   // (one more state tensor), not in param_shard_ (mixed precision only).
   bool masters_offloaded() const { return options_.offload.what == Offload::Params; }
   // Fills unit u's master shard from the seed or the weights file (init).
-  void init_shard(int u, const StrategyInit& init, const SafetensorsReader* file, float* out);
+  void init_shard(int u, const StrategyInit& init, const SafetensorsSet* file, float* out);
   float* param_shard(int u);  // the rank's chunk of unit u's (master) parameters
   bf16* compute_chunk(int u);  // mixed: where the rank's chunk of unit u's bf16 copy lives
   // Mixed: unit u's master shard converted into its bf16 chunk (from
