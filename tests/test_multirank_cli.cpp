@@ -260,7 +260,7 @@ TEST_F(MultirankCliTest, LaunchRefusesWhatTrainWouldBeforeAnyRankStarts) {
   const std::string train = q(dpt_bin()) + " train --synthetic --steps 2 --threads 1 --quiet";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"-n 4 -- " + train + " --model gpt --tp 3", "4 ranks do not split into --tp 3 x --pp 1 (a multiple of 3 is needed)"},
-      {"-n 2 -- " + train + " --model mlp --pp 2", "--pp splits a GPT's blocks into stages; the mlp model has none"},
+      {"-n 2 -- " + train + " --model mlp --pp 2", "--pp splits a transformer's blocks into stages; the mlp model has none"},
       {"-n 3 -- " + train + " --model mlp --batch 16", "global batch 16 does not split into 3 ranks x 1 equal micro-batches"},
       {"-n 2 -- " + train + " --model mlp --shard-group 2", "--shard-group is hsdp's; --strategy ddp has no shard groups"},
       {"-n 2 -- " + train + " --model mlp --bogus", "The following argument was not expected: --bogus"},

@@ -417,7 +417,7 @@ TEST_F(PlanCliTest, ImpossibleMeshesAreRefused) {
   const std::string plan = "plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 ";
   for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
            {"--ranks 3 --tp 2", "3 ranks do not split into --tp 2 x --pp 1"},
-           {"--ranks 4 --tp 4", "--tp 4 does not divide the GPT's 2 attention heads"},
+           {"--ranks 4 --tp 4", "--tp 4 does not divide the model's 2 attention heads"},
            {"--ranks 4 --pp 4", "--pp 4 needs at least one block per stage, and the model has 3"},
            {"--ranks 4 --tp 2 --micro-batches 3", "global batch 4 does not split into 2 data-parallel replicas x 3"},
            {"--ranks 2 --pp 2 --micro-batches 2 --grad-accum 4", "one setting under two names"},

@@ -96,6 +96,9 @@ class Decoder : public Model {
   bool tied() const { return config_.tied; }
   // The embedding's and the untied head's names: vocabulary rows.
   static bool vocab_matrix(const std::string& name);
+  std::string embedding_name() const {
+    return config_.family == "gpt" ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  }
   bool whole() const { return stage_.first == 0 && stage_.last == config_.layers && stage_.embed && stage_.head; }
   const DecoderTp& tp() const { return tp_; }
   // Tensor parallelism: the sum over the TP group, in place, of the row-
@@ -114,6 +117,11 @@ class Decoder : public Model {
   // A TP rank counts a tensor it holds whole as 1/size of its squares, so
   // the sum over the TP group counts every element of the model once.
   double grad_squares(const float* g, size_t begin, size_t n) const override;
+
+  // The logits of a batch, [B*T, vocab] row-major, on the host: a forward
+  // that stops before the loss (the whole model on one rank; not
+  // vocabulary-parallel). The batch's targets are not read.
+  std::vector<float> logits(const Batch& batch);
 
   // Pipeline stages. A stage keeps several micro-batches' activations at
   // once, one arena per slot; use_slot(i) makes slot i's the one forward
@@ -276,6 +284,7 @@ class Decoder : public Model {
   std::vector<Arena> arenas_{1};
   int slot_ = 0;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  bool stop_at_logits_ = false;  // logits(): forward ends with the packed logits
   int head_ = -1;  // an untied head's slot (lm_head.weight), on the last stage
   Widths w_;
   std::vector<float> inv_freq_;  // rotary: [hd/2] (nn/rope.h)

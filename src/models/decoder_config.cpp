@@ -105,7 +105,13 @@ DecoderConfig DecoderConfig::from(const std::map<std::string, std::string>& hp) 
   c.width = hparam_int(hp, "n_embd", c.width);
   c.context = hparam_int(hp, "block_size", c.context);
   c.padded_vocab = hparam_int(hp, "padded_vocab_size", c.vocab);
-  if (c.family == "llama") read_llama(hp, c);
+  if (c.family == "llama") {
+    read_llama(hp, c);
+  } else {
+    for (const char* key : {"n_kv_head", "head_dim", "intermediate_size", "rope_theta", "rms_norm_eps", "rope_scaling"})
+      if (find(hp, key))
+        throw InputError(fmt::format("model setting {} is for the llama family, not {}", key, c.family));
+  }
   check(c);
   return c;
 }

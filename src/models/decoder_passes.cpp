@@ -116,6 +116,24 @@ ForwardStats Decoder::forward(const Batch& batch) {
   return precision_ == DType::BF16 ? forward_as<bf16>(B, T) : forward_as<float>(B, T);
 }
 
+std::vector<float> Decoder::logits(const Batch& batch) {
+  if (!whole() || tp_.size > 1)
+    throw InputError("logits are computed by the whole model on one rank (no --tp, no --pp)");
+  Batch b = batch;
+  b.targets.assign(b.tokens.size(), 0);  // not read: the forward stops before the loss
+  stop_at_logits_ = true;
+  try {
+    forward(b);
+  } catch (...) {
+    stop_at_logits_ = false;
+    throw;
+  }
+  stop_at_logits_ = false;
+  std::vector<float> out(static_cast<size_t>(b.B * b.T * config_.vocab));
+  k().download(out.data(), act_.logits, out.size() * sizeof(float));
+  return out;
+}
+
 template <typename CT>
 void Decoder::embed_forward(int64_t B, int64_t T) {
   const int64_t C = config_.width, N = B * T;
@@ -167,6 +185,7 @@ ForwardStats Decoder::forward_as(int64_t B, int64_t T) {
     return st;
   }
   pack_logits(N);
+  if (stop_at_logits_) return st;
   st.loss = k().cross_entropy_forward(act_.logits, act_.logits, tgt(), N, V, &st.correct);
   return st;
 }

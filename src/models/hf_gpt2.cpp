@@ -45,21 +45,23 @@ bool WeightNames::transposed(const std::string& slot) const {
 }
 
 std::vector<int64_t> WeightNames::file_shape(const std::string& slot, const std::vector<int64_t>& shape) const {
-  if (wte_rows > 0 && slot == "transformer.wte.weight") return {wte_rows, shape[1]};
+  if (wte_rows > 0 && Decoder::vocab_matrix(slot)) return {wte_rows, shape[1]};
   return transposed(slot) ? std::vector<int64_t>{shape[1], shape[0]} : shape;
 }
 
 size_t WeightNames::stored(const std::string& slot, const std::vector<int64_t>& shape, size_t numel) const {
-  if (wte_rows > 0 && slot == "transformer.wte.weight") return static_cast<size_t>(wte_rows * shape[1]);
+  if (wte_rows > 0 && Decoder::vocab_matrix(slot)) return static_cast<size_t>(wte_rows * shape[1]);
   return numel;
 }
 
 WeightNames weight_names(const Model& model, const std::vector<TensorSpec>& tensors, WeightFormat format) {
   WeightNames n;
-  if (model.kind() != "gpt") return n;
-  const DecoderConfig& g = dynamic_cast<const Decoder&>(model).config();
+  const auto* decoder = dynamic_cast<const Decoder*>(&model);
+  if (!decoder) return n;
+  const DecoderConfig& g = decoder->config();
   if (g.rows() != g.vocab) n.wte_rows = g.vocab;
-  if (format == WeightFormat::Dpt) return n;
+  // The Llama family's names are Hugging Face's: one layout.
+  if (format == WeightFormat::Dpt || g.family != "gpt") return n;
   // The engine writes every name with the prefix; a file without it is HF's.
   n.prefix = find(tensors, "transformer.wte.weight") ? kPrefix : "";
   if (format == WeightFormat::Hf || n.prefix.empty()) {

@@ -60,11 +60,11 @@ std::optional<std::string> check_names(const Model& model, const SafetensorsSet&
   std::optional<std::string> tied;
   for (const TensorSpec& t : tensors) {
     if (expected.count(t.name) || is_known_buffer(t.name)) continue;
-    if (t.name == "lm_head.weight" && model.kind() == "gpt") {
-      tied = names.file_name("transformer.wte.weight");
-      if (t.shape != by_name[*tied]->shape)
-        throw InputError(fmt::format(
-            "{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them", path));
+    const auto* decoder = dynamic_cast<const Decoder*>(&model);
+    if (t.name == "lm_head.weight" && decoder && decoder->tied()) {
+      tied = names.file_name(decoder->embedding_name());
+      if (!by_name.count(*tied) || t.shape != by_name[*tied]->shape)
+        throw InputError(fmt::format("{}: lm_head.weight differs from {}, but this model ties them", path, *tied));
       continue;
     }
     throw InputError(fmt::format("{}: unexpected tensor '{}' for a {} model", file.file_of(t.name), t.name,
@@ -190,8 +190,7 @@ void check_weight_file(const Model& model, const SafetensorsSet& file, WeightFor
     file.read("lm_head.weight", at, n, a.data());
     file.read(*tied, at, n, b.data());
     if (std::memcmp(a.data(), b.data(), n * sizeof(float)) != 0)
-      throw InputError(fmt::format(
-          "{}: lm_head.weight differs from transformer.wte.weight, but this GPT ties them", file.path()));
+      throw InputError(fmt::format("{}: lm_head.weight differs from {}, but this model ties them", file.path(), *tied));
   }
 }
 

@@ -17,10 +17,11 @@ namespace dpt {
 struct ModelFlags {
   std::string model;
   std::string sizes;                                  // mlp
-  int64_t vocab = 0, padded_vocab = 0, layers = 0, heads = 0, width = 0, context = 0;  // gpt
+  int64_t vocab = 0, padded_vocab = 0, layers = 0, heads = 0, width = 0, context = 0;  // gpt, llama
+  int64_t kv_heads = 0, head_dim = 0, intermediate = 0;                                // llama
   void add(CLI::App* cmd);
   std::map<std::string, std::string> hparams() const;  // a preset's, then those given
-  std::string kind() const;  // mlp or gpt ("gpt" for a preset), or "" when --model is not given
+  std::string kind() const;  // mlp, gpt or llama (a preset's family), or "" when --model is not given
 };
 
 // --gemm onednn|openblas on train and eval: the GEMM backend (nn/gemm.h).

@@ -7,11 +7,12 @@
 namespace dpt {
 
 void ModelFlags::add(CLI::App* cmd) {
-  std::vector<std::string> names = {"mlp", "gpt"};
-  for (const std::string& p : gpt_preset_names()) names.push_back(p);
+  std::vector<std::string> names = {"mlp", "gpt", "llama"};
+  for (const std::string& p : model_preset_names()) names.push_back(p);
   cmd->add_option("--model", model,
-                  "mlp (W-MLP), gpt (W-GPT), or a GPT-2 shape: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl "
-                  "(vocabulary 50257 held as 50304 rows, context 1024; other flags override)")
+                  "mlp (W-MLP), gpt (W-GPT), llama (W-LLAMA), a GPT-2 shape: gpt2 (124M), gpt2-medium, "
+                  "gpt2-large, gpt2-xl (vocabulary 50257 held as 50304 rows, context 1024), or a Llama-family "
+                  "one: smollm2-135m, llama-3.2-1b, qwen2.5-0.5b, w-llama (docs/models.md); other flags override")
       ->check(CLI::IsMember(names));
   cmd->add_option("--sizes", sizes, "mlp: layer sizes, inputs to classes (784,1024,1024,10)");
   cmd->add_option("--vocab", vocab, "gpt: vocabulary size (256)")->check(positive());
@@ -23,10 +24,13 @@ void ModelFlags::add(CLI::App* cmd) {
   cmd->add_option("--heads", heads, "gpt: attention heads (4)")->check(positive());
   cmd->add_option("--width", width, "gpt: embedding width (256)")->check(positive());
   cmd->add_option("--context", context, "gpt: context length (128)")->check(positive());
+  cmd->add_option("--kv-heads", kv_heads, "llama: key/value heads, dividing --heads (2)")->check(positive());
+  cmd->add_option("--head-dim", head_dim, "llama: channels per head (width / heads)")->check(positive());
+  cmd->add_option("--intermediate", intermediate, "llama: SwiGLU's inner width (704)")->check(positive());
 }
 
 std::map<std::string, std::string> ModelFlags::hparams() const {
-  std::map<std::string, std::string> hp = gpt_preset(model).value_or(std::map<std::string, std::string>{});
+  std::map<std::string, std::string> hp = model_preset(model).value_or(std::map<std::string, std::string>{});
   if (!model.empty() && hp.empty()) hp["dpt.model"] = model;
   if (!sizes.empty()) hp["sizes"] = sizes;
   auto put = [&hp](const char* key, int64_t v) {
@@ -38,10 +42,16 @@ std::map<std::string, std::string> ModelFlags::hparams() const {
   put("n_head", heads);
   put("n_embd", width);
   put("block_size", context);
+  put("n_kv_head", kv_heads);
+  put("head_dim", head_dim);
+  put("intermediate_size", intermediate);
   return hp;
 }
 
-std::string ModelFlags::kind() const { return gpt_preset(model) ? "gpt" : model; }
+std::string ModelFlags::kind() const {
+  const auto preset = model_preset(model);
+  return preset ? preset->at("dpt.model") : model;
+}
 
 void add_gemm_flag(CLI::App* cmd, std::string& gemm) {
   // Checked by set_gemm_flag, not CLI11, so a bad name is the engine's usual

@@ -29,10 +29,12 @@ void wait(std::shared_ptr<comm::Work>& w) {
 
 std::vector<DecoderStage> gpt_stages(const DecoderConfig& c, int pp, const std::string& split) {
   const int64_t C = c.width, V = c.rows();
-  // Parameters held: the embedding (wte, wpe) on the first stage, ln_f and
-  // the head's copy of wte on the last.
+  // Parameters held: the embedding (and learned positions) on the first
+  // stage, the final norm and the head (or the head's copy of the tied
+  // embedding) on the last.
+  const int64_t norm = c.norm == NormKind::LayerNorm ? 2 * C : C;
   const std::vector<int64_t> counts =
-      pipe_split(split, pp, c.layers, V * C + c.context * C, 12 * C * C + 13 * C, V * C + 2 * C);
+      pipe_split(split, pp, c.layers, V * C + (c.rotary ? 0 : c.context * C), c.block_params(), V * C + norm);
   std::vector<DecoderStage> stages;
   int64_t first = 0;
   for (size_t s = 0; s < counts.size(); ++s) {
@@ -53,12 +55,13 @@ PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Decoder
   // The head's copy of wte is in the compute type: the head's GEMM reads
   // it as one process reads its own compute copy of wte.
   const DType compute = model_.precision();
-  if (last()) {
+  // An untied head is the last stage's own parameter: nothing to share.
+  if (last() && model_.tied()) {
     tied_w_ = FlatBuffer(wte_numel(), compute);
     tied_g_ = FlatBuffer(wte_numel());
     model_.set_tied_head(tied_w_.f32(), tied_g_.f32());
   }
-  if (first()) {
+  if (first() && model_.tied()) {
     tied_g_ = FlatBuffer(wte_numel());
     embed_unit_ = FlatBuffer(model_.layout().units()[0].numel);
     if (compute != DType::F32) tied_w_ = FlatBuffer(wte_numel(), compute);
@@ -79,7 +82,7 @@ PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Decoder
 }
 
 size_t pipeline_buffer_bytes(const Decoder& stage, int pp, int s) {
-  if (pp == 1) return 0;
+  if (pp == 1 || !stage.tied()) return 0;
   const size_t wte = static_cast<size_t>(stage.wte_rows() * stage.config().width);
   const size_t copy = dtype_size(stage.precision()) * wte;
   if (s == 0)
@@ -92,6 +95,7 @@ size_t PipelineExecutor::wte_numel() const {
 }
 
 void PipelineExecutor::sync_tied_weights() {
+  if (!model_.tied()) return;
   const DType compute = model_.precision();
   if (first()) {
     strategy_.gather_unit(0, embed_unit_.f32());  // wte is the unit's first slot (the fp32 masters)
@@ -164,7 +168,7 @@ void PipelineExecutor::backward_op(size_t k, int64_t step, StepBreakdown& t, Tim
   // The head's part of wte's gradient, before the embedding's backward of
   // the step's last micro-batch (the last stage sent it after its own last
   // backward).
-  if (first() && final) {
+  if (first() && final && model_.tied()) {
     groups_.pp().recv(tied_g_.f32(), wte_numel(), DType::F32, mesh_.pp - 1);
     model_.set_tied_grad_in(tied_g_.f32());
   }
@@ -173,7 +177,7 @@ void PipelineExecutor::backward_op(size_t k, int64_t step, StepBreakdown& t, Tim
   model_.set_tied_grad_in(nullptr);
   if (!first())
     sends_[static_cast<size_t>(slot)] = groups_.gradients().send_async(model_.input_grad(), n, DType::F32, s - 1);
-  if (last() && final) tied_send_ = groups_.pp().send_async(tied_g_.f32(), wte_numel(), DType::F32, 0);
+  if (last() && final && model_.tied()) tied_send_ = groups_.pp().send_async(tied_g_.f32(), wte_numel(), DType::F32, 0);
   const auto te = Clock::now();
   t.comm_wait_ms += ms(tb, tc);
   t.backward_ms += ms(tc, te);
@@ -184,7 +188,7 @@ void PipelineExecutor::backward_op(size_t k, int64_t step, StepBreakdown& t, Tim
 }
 
 double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
-  if (last()) tied_g_.zero();
+  if (last() && model_.tied()) tied_g_.zero();
   tied_send_.reset();
   grad_recv_.reset();
   grad_recv_micro_ = -1;

@@ -66,8 +66,10 @@ CommPlan pipeline_comm(const StrategyOptions& so, const Decoder& gpt, const Mesh
   const uint64_t Mu = static_cast<uint64_t>(M);
   if (s + 1 < mesh.pp) c.forward += Mu * boundary;
   if (s > 0) c.backward += Mu * boundary;
-  if (s + 1 == mesh.pp) c.backward += wte;
-  if (s == 0) {
+  // A tied embedding's gradient goes back to the first stage, its new
+  // values forward to the last (an untied head shares nothing).
+  if (gpt.tied() && s + 1 == mesh.pp) c.backward += wte;
+  if (gpt.tied() && s == 0) {
     // The head's copy goes in the compute type (bf16: the rounded masters).
     c.optimizer += wte / sizeof(float) * dtype_size(gpt.precision());
     if (so.strategy->zero_stage == 3 && mesh.dp > 1)

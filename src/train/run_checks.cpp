@@ -19,8 +19,8 @@ namespace dpt {
 
 void apply_defaults(TrainOptions& o) {
   const bool mlp = o.model == "mlp";
-  if (o.model != "mlp" && o.model != "gpt")
-    throw InputError(fmt::format("unknown model '{}' (expected mlp or gpt)", o.model));
+  if (o.model != "mlp" && o.model != "gpt" && o.model != "llama")
+    throw InputError(fmt::format("unknown model '{}' (expected mlp, gpt or llama)", o.model));
   if (o.batch == 0) o.batch = mlp ? 256 : 16;
   if (o.optimizer.name.empty()) o.optimizer.name = mlp ? "sgd" : "adamw";
   if (o.schedule.lr <= 0.0f) o.schedule.lr = o.optimizer.name == "sgd" ? 0.05f : 3e-4f;
@@ -94,15 +94,21 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
     return;
   }
   const std::string not_yet = fmt::format("with --tp {}", mesh.tp);
-  if (o.model != "gpt")
-    throw InputError(fmt::format("--tp splits a GPT's attention heads and MLP; the {} model has none", o.model));
+  if (o.model == "mlp")
+    throw InputError(fmt::format("--tp splits a transformer's attention heads and MLP; the {} model has none", o.model));
   check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
   const DecoderConfig c = DecoderConfig::from(model_hparams(o));
   if (c.heads % mesh.tp != 0)
-    throw InputError(fmt::format("--tp {} does not divide the GPT's {} attention heads (a TP rank holds whole "
-                                 "heads, and with them 4C/tp of the MLP's {} columns)",
-                                 mesh.tp, c.heads, 4 * c.width));
+    throw InputError(fmt::format("--tp {} does not divide the model's {} attention heads (a TP rank holds whole "
+                                 "heads, and with them 1/tp of the MLP's {} columns)",
+                                 mesh.tp, c.heads, c.ffn()));
+  if (c.kv() % mesh.tp != 0)
+    throw InputError(fmt::format("--tp {} does not divide the model's {} key/value heads (a TP rank holds whole "
+                                 "key/value heads, those its query heads read)",
+                                 mesh.tp, c.kv()));
+  if (c.ffn() % mesh.tp != 0)
+    throw InputError(fmt::format("--tp {} does not divide the model's MLP width {}", mesh.tp, c.ffn()));
 }
 
 void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
@@ -111,8 +117,8 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
     return;
   }
   const std::string not_yet = fmt::format("with --pp {}", mesh.pp);
-  if (o.model != "gpt")
-    throw InputError(fmt::format("--pp splits a GPT's blocks into stages; the {} model has none", o.model));
+  if (o.model == "mlp")
+    throw InputError(fmt::format("--pp splits a transformer's blocks into stages; the {} model has none", o.model));
   check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
   gpt_stages(DecoderConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be

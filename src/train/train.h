@@ -27,7 +27,7 @@ namespace dpt {
 enum class TpEmbedding { Replicated, Vocab };
 
 struct TrainOptions {
-  std::string model = "mlp";                 // "mlp" or "gpt"
+  std::string model = "mlp";                 // "mlp", "gpt" or "llama"
   std::map<std::string, std::string> hparams;  // model sizes as flags give them (see make_model)
   // The model's whole configuration, resolved once (resolve_model in
   // train/rank_setup.h): the flags over what --load's file says, with the

@@ -470,7 +470,7 @@ TEST_F(TpCliTest, ImpossibleLayoutsAreRefused) {
   };
   const std::string gpt = kGpt + " --batch 4 --steps 2";
   const std::vector<Case> cases = {
-      {4, gpt + " --tp 4", "--tp 4 does not divide the GPT's 6 attention heads"},
+      {4, gpt + " --tp 4", "--tp 4 does not divide the model's 6 attention heads"},
       {3, gpt + " --tp 2", "3 ranks do not split into --tp 2 x --pp 1"},
       {2, "--model mlp --batch 4 --steps 2 --tp 2", "the mlp model has none"},
       {2, gpt + " --tp 2 --strategy dp", "--strategy dp keeps its replicas in threads of one process and does not run with --tp 2"},
