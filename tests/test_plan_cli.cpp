@@ -44,7 +44,24 @@ struct Net {
 // with momentum).
 const Net kGpt{"gpt", "--model gpt --layers 3 --width 64 --heads 2 --context 32 --vocab 2048 --batch 4"};
 const Net kMlp{"mlp", "--model mlp --sizes 784,128,64,10 --batch 8"};
+// A Llama configuration of the same sizes: grouped-query attention (4 query
+// heads, 2 key/value heads of 16 channels: K and V half Q's rows), SwiGLU's
+// three matrices of 96, RMSNorm, an untied head (the plan's meshes add a
+// tied one).
+const Net kLlama{"llama",
+                 "--model llama --layers 3 --width 64 --heads 4 --kv-heads 2 --intermediate 96 --context 32 "
+                 "--vocab 2048 --batch 4"};
 constexpr int64_t kSteps = 3;  // only the last is logged (--log-every 100)
+
+// A mesh run to hold against the plan (MeshRowsMatchRuns).
+struct MeshCase {
+  int ranks;
+  const char* strategy;
+  std::string flags;
+  bool ckpt;
+  const char* precision = "fp32";
+  const char* offload = "none";
+};
 
 class PlanCliTest : public ::testing::Test {
  protected:
@@ -83,6 +100,8 @@ class PlanCliTest : public ::testing::Test {
     EXPECT_EQ(r.code, 0) << r.all();
     return r.code == 0 ? json::parse(test::read_file(summary)) : json();
   }
+
+  static void expect_mesh_row_matches(const std::string& model, const MeshCase& c);
 
   static inline fs::path dir_;
 };
@@ -130,7 +149,7 @@ TEST_P(PlanMatchesRun, BytesPerCategoryAndPerStep) {
       // The MLP's units are single layers: checkpointing drops nothing, so
       // the plan has no such row, and the run must account what the plain
       // row says.
-      const json* row = find_row(p, strategy, ckpt && net == &kGpt, precision);
+      const json* row = find_row(p, strategy, ckpt && net != &kMlp, precision);
       ASSERT_NE(row, nullptr) << what;
       if (net == &kMlp) {
         EXPECT_EQ(find_row(p, strategy, true, precision), nullptr) << "a checkpointing row that changes nothing";
@@ -182,7 +201,7 @@ TEST_F(PlanCliTest, OffloadRowsMatchRuns) {
   };
   for (const Case& c : {Case{&kGpt, "ddp", false, "fp32", "optimizer"}, Case{&kMlp, "zero2", false, "fp32", "optimizer"},
                         Case{&kGpt, "zero3", true, "bf16", "optimizer"}, Case{&kGpt, "zero1", false, "bf16", "params"},
-                        Case{&kGpt, "zero3", true, "bf16", "params"}}) {
+                        Case{&kGpt, "zero3", true, "bf16", "params"}, Case{&kLlama, "zero3", true, "bf16", "params"}}) {
     const std::string what = fmt::format("{} {} {}{} +offload {}", c.net->name, c.strategy, c.precision,
                                          c.ckpt ? " +ckpt" : "", c.offload);
     const json p = plan(*c.net);
@@ -227,7 +246,7 @@ TEST_F(PlanCliTest, ProbesTheOffloadDisk) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, PlanMatchesRun,
-                         ::testing::Combine(::testing::Values(&kGpt, &kMlp),
+                         ::testing::Combine(::testing::Values(&kGpt, &kMlp, &kLlama),
                                             ::testing::Values("ddp", "zero1", "zero2", "zero3")),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)->name) + "_" + std::get<1>(info.param);
@@ -297,83 +316,127 @@ TEST_F(PlanCliTest, RecommendsFromTheMemoryGiven) {
 // stage's parameters and activation arenas, held to each planned stage,
 // and the last stage's copy of wte and its gradient to that stage's
 // pipeline buffers.
-TEST_F(PlanCliTest, MeshRowsMatchRuns) {
-  struct Case {
-    int ranks;
-    const char* strategy;
-    std::string flags;
-    bool ckpt;
-    const char* precision = "fp32";
-    const char* offload = "none";
-  };
-  const std::string model = kGpt.flags.substr(0, kGpt.flags.find(" --batch"));
-  for (const Case& c : {Case{2, "local", "--batch 4 --tp 2 --micro-batches 2", false},
-                        Case{2, "local", "--batch 4 --tp 2 --micro-batches 2", true},
-                        // vocabulary-parallel: wte's rows, the embedding's and the loss's sums
-                        Case{2, "local", "--batch 4 --tp 2 --micro-batches 2 --tp-embedding vocab", false},
-                        Case{8, "zero3", "--batch 4 --tp 2 --pp 2 --tp-embedding vocab", false},
-                        Case{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule gpipe", false},
-                        Case{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule 1f1b", false},
-                        Case{4, "zero3", "--batch 4 --tp 2", false},
-                        Case{4, "zero1", "--batch 4 --pp 2 --micro-batches 2", false},
-                        Case{4, "zero3", "--batch 4 --pp 2", false},
-                        Case{4, "zero3", "--batch 4 --pp 2 --micro-batches 2", false},
-                        Case{4, "zero3", "--batch 8 --pp 2 --micro-batches 4 --pp-schedule gpipe", false},
-                        Case{4, "zero3", "--batch 8 --pp 2 --micro-batches 4 --pp-schedule 1f1b", false},
-                        // bf16 under --pp: the head's wte copy and its send in bf16.
-                        Case{2, "local", "--batch 4 --pp 2 --micro-batches 2", false, "bf16"},
-                        Case{4, "zero3", "--batch 4 --pp 2 --micro-batches 2", false, "bf16"},
-                        Case{4, "zero3", "--batch 4 --pp 2 --micro-batches 2", false, "bf16", "params"},
-                        Case{2, "local", "--batch 4 --pp 2 --micro-batches 2", false, "fp32", "optimizer"}}) {
-    const std::string what = fmt::format("{} ranks {} {}{} {} offload {}", c.ranks, c.strategy, c.flags,
-                                         c.ckpt ? " +ckpt" : "", c.precision, c.offload);
-    SCOPED_TRACE(what);
-    const RunResult planned = dpt(fmt::format("plan {} {} --ranks {} --json --gemm-gflops 10 --copy-gbs 2 "
-                                              "--disk-gbs 1 --memory 1T",
-                                              model, c.flags, c.ranks));
-    ASSERT_EQ(planned.code, 0) << planned.err;
-    const json p = json::parse(planned.out);
-    const json* row = find_row(p, c.strategy, c.ckpt, c.precision, c.offload);
-    ASSERT_NE(row, nullptr);
-    const fs::path summary = dir_ / "mesh.json";
-    const std::string offload =
-        std::string(c.offload) == "none" ? "" : fmt::format("--offload {} --offload-dir {}", c.offload, q(dir_));
-    const RunResult r = dpt(fmt::format("launch -n {} -- {} train {} {} --strategy {} {} --precision {} {} --synthetic "
-                                        "--steps {} --log-every 100 --threads 1 --quiet --summary-out {}",
-                                        c.ranks, q(dpt_bin()), model, c.flags, c.strategy,
-                                        c.ckpt ? "--checkpoint-activations" : "", c.precision, offload, kSteps,
-                                        q(summary)));
-    ASSERT_EQ(r.code, 0) << r.all();
-    const json s = json::parse(test::read_file(summary));
-    const json& stages = row->at("stages");
-    expect_row_matches(stages.at(0), s, what);
-    if (!s.contains("pipeline")) {
-      EXPECT_EQ(stages.size(), 1u);
-      continue;
-    }
-    const json& ran = s.at("pipeline").at("stages");
-    ASSERT_EQ(ran.size(), stages.size());
-    for (size_t k = 0; k < ran.size(); ++k) {
-      const json &st = stages.at(k), &got = ran.at(k);
-      EXPECT_EQ(got.at("arenas").get<int64_t>(), st.at("arenas").get<int64_t>()) << "stage " << k;
-      EXPECT_EQ(got.at("arena_bytes").get<uint64_t>(), st.at("arena_bytes").get<uint64_t>()) << "stage " << k;
-      EXPECT_EQ(got.at("activation_bytes").get<uint64_t>(), st.at("bytes").at("activations").get<uint64_t>())
+void PlanCliTest::expect_mesh_row_matches(const std::string& model, const MeshCase& c) {
+  const std::string what = fmt::format("{} ranks {} {}{} {} offload {}", c.ranks, c.strategy, c.flags,
+                                       c.ckpt ? " +ckpt" : "", c.precision, c.offload);
+  SCOPED_TRACE(what);
+  const RunResult planned = dpt(fmt::format("plan {} {} --ranks {} --json --gemm-gflops 10 --copy-gbs 2 "
+                                            "--disk-gbs 1 --memory 1T",
+                                            model, c.flags, c.ranks));
+  ASSERT_EQ(planned.code, 0) << planned.err;
+  const json p = json::parse(planned.out);
+  const json* row = find_row(p, c.strategy, c.ckpt, c.precision, c.offload);
+  ASSERT_NE(row, nullptr);
+  const fs::path summary = dir_ / "mesh.json";
+  const std::string offload =
+      std::string(c.offload) == "none" ? "" : fmt::format("--offload {} --offload-dir {}", c.offload, q(dir_));
+  const RunResult r = dpt(fmt::format("launch -n {} -- {} train {} {} --strategy {} {} --precision {} {} --synthetic "
+                                      "--steps {} --log-every 100 --threads 1 --quiet --summary-out {}",
+                                      c.ranks, q(dpt_bin()), model, c.flags, c.strategy,
+                                      c.ckpt ? "--checkpoint-activations" : "", c.precision, offload, kSteps,
+                                      q(summary)));
+  ASSERT_EQ(r.code, 0) << r.all();
+  const json s = json::parse(test::read_file(summary));
+  const json& stages = row->at("stages");
+  expect_row_matches(stages.at(0), s, what);
+  if (!s.contains("pipeline")) {
+    EXPECT_EQ(stages.size(), 1u);
+    return;
+  }
+  const json& ran = s.at("pipeline").at("stages");
+  ASSERT_EQ(ran.size(), stages.size());
+  for (size_t k = 0; k < ran.size(); ++k) {
+    const json &st = stages.at(k), &got = ran.at(k);
+    EXPECT_EQ(got.at("arenas").get<int64_t>(), st.at("arenas").get<int64_t>()) << "stage " << k;
+    EXPECT_EQ(got.at("arena_bytes").get<uint64_t>(), st.at("arena_bytes").get<uint64_t>()) << "stage " << k;
+    EXPECT_EQ(got.at("activation_bytes").get<uint64_t>(), st.at("bytes").at("activations").get<uint64_t>())
+        << "stage " << k;
+    if (std::string(c.strategy) != "zero3") {  // replicated parameters: the stage's whole count
+      // (in the compute type: under bf16 the masters count as optimizer state)
+      const uint64_t width = std::string(c.precision) == "bf16" ? 2 : 4;
+      EXPECT_EQ(width * got.at("params").get<uint64_t>(), st.at("bytes").at("parameters").get<uint64_t>())
           << "stage " << k;
-      if (std::string(c.strategy) != "zero3") {  // replicated parameters: the stage's whole count
-        // (in the compute type: under bf16 the masters count as optimizer state)
-        const uint64_t width = std::string(c.precision) == "bf16" ? 2 : 4;
-        EXPECT_EQ(width * got.at("params").get<uint64_t>(), st.at("bytes").at("parameters").get<uint64_t>())
-            << "stage " << k;
-      }
-      if (k + 1 == ran.size()) {
-        EXPECT_EQ(got.at("tied_copy_bytes").get<uint64_t>(), st.at("bytes").at("pipeline").get<uint64_t>());
-      }
     }
-    // The row is the stage that needs the most; the pipeline's bubble.
-    uint64_t most = 0;
-    for (const json& st : stages) most = std::max(most, st.at("bytes").at("total").get<uint64_t>());
-    EXPECT_EQ(row->at("bytes").at("total").get<uint64_t>(), most);
-    EXPECT_DOUBLE_EQ(row->at("bubble").get<double>(), s.at("pipeline").at("bubble_formula").get<double>());
+    if (k + 1 == ran.size()) {
+      EXPECT_EQ(got.at("tied_copy_bytes").get<uint64_t>(), st.at("bytes").at("pipeline").get<uint64_t>());
+    }
+  }
+  // The row is the stage that needs the most; the pipeline's bubble.
+  uint64_t most = 0;
+  for (const json& st : stages) most = std::max(most, st.at("bytes").at("total").get<uint64_t>());
+  EXPECT_EQ(row->at("bytes").at("total").get<uint64_t>(), most);
+  EXPECT_DOUBLE_EQ(row->at("bubble").get<double>(), s.at("pipeline").at("bubble_formula").get<double>());
+}
+
+TEST_F(PlanCliTest, MeshRowsMatchRuns) {
+  const std::string model = kGpt.flags.substr(0, kGpt.flags.find(" --batch"));
+  for (const MeshCase& c : {MeshCase{2, "local", "--batch 4 --tp 2 --micro-batches 2", false},
+                            MeshCase{2, "local", "--batch 4 --tp 2 --micro-batches 2", true},
+                            // vocabulary-parallel: wte's rows, the embedding's and the loss's sums
+                            MeshCase{2, "local", "--batch 4 --tp 2 --micro-batches 2 --tp-embedding vocab", false},
+                            MeshCase{8, "zero3", "--batch 4 --tp 2 --pp 2 --tp-embedding vocab", false},
+                            MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule gpipe", false},
+                            MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule 1f1b", false},
+                            MeshCase{4, "zero3", "--batch 4 --tp 2", false},
+                            MeshCase{4, "zero1", "--batch 4 --pp 2 --micro-batches 2", false},
+                            MeshCase{4, "zero3", "--batch 4 --pp 2", false},
+                            MeshCase{4, "zero3", "--batch 4 --pp 2 --micro-batches 2", false},
+                            MeshCase{4, "zero3", "--batch 8 --pp 2 --micro-batches 4 --pp-schedule gpipe", false},
+                            MeshCase{4, "zero3", "--batch 8 --pp 2 --micro-batches 4 --pp-schedule 1f1b", false},
+                            // bf16 under --pp: the head's wte copy and its send in bf16.
+                            MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 2", false, "bf16"},
+                            MeshCase{4, "zero3", "--batch 4 --pp 2 --micro-batches 2", false, "bf16"},
+                            MeshCase{4, "zero3", "--batch 4 --pp 2 --micro-batches 2", false, "bf16", "params"},
+                            MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 2", false, "fp32", "optimizer"}})
+    expect_mesh_row_matches(model, c);
+}
+
+// The same for the Llama configuration: tp 2 (each rank 2 query heads and
+// their key/value head, half of SwiGLU; both embedding modes, the untied
+// head's rows split with the embedding's), both schedules, ZeRO-3 over
+// dp 2, bf16; and the tied head under --pp 2, whose last stage holds the
+// embedding's copy (the untied head's last stage holds none).
+TEST_F(PlanCliTest, LlamaMeshRowsMatchRuns) {
+  const std::string model = kLlama.flags.substr(0, kLlama.flags.find(" --batch"));
+  for (const MeshCase& c : {MeshCase{2, "local", "--batch 4 --tp 2 --micro-batches 2", false},
+                            MeshCase{2, "local", "--batch 4 --tp 2 --micro-batches 2", true},
+                            MeshCase{2, "local", "--batch 4 --tp 2 --micro-batches 2 --tp-embedding vocab", false},
+                            MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule gpipe", false},
+                            MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule 1f1b", false},
+                            MeshCase{4, "zero3", "--batch 4 --tp 2", false},
+                            MeshCase{4, "zero3", "--batch 4 --pp 2 --micro-batches 2", false, "bf16"},
+                            MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 2 --tie-embeddings", false},
+                            MeshCase{4, "zero3", "--batch 4 --pp 2 --micro-batches 2 --tie-embeddings", false, "bf16"}})
+    expect_mesh_row_matches(model, c);
+}
+
+// The plan's parameters for a Llama configuration are its formula's: the
+// embedding and the untied head (V x C each), per block the two RMSNorm
+// weights, q_proj (heads x head_dim rows), k_proj and v_proj (kv_heads x
+// head_dim rows each: GQA's smaller K/V), o_proj, SwiGLU's gate, up and
+// down (C x I each), the final norm; 4 bytes each, and as many gradient
+// bytes; AdamW's two moments; the activations, the arena the decoder lays
+// out for the run's batch (a run's summary). Tied: one V x C fewer.
+TEST_F(PlanCliTest, LlamaPlanHoldsTheFormula) {
+  const int64_t V = 2048, C = 64, L = 3, H = 4, KV = 2, D = 16, I = 96;
+  const int64_t block = 2 * C + (H + 2 * KV) * D * C + H * D * C + 3 * C * I;
+  for (const bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const int64_t params = (tied ? 1 : 2) * V * C + L * block + C;
+    const Net net{tied ? "llama_tied" : "llama", kLlama.flags + (tied ? " --tie-embeddings" : "")};
+    const json p = plan(net);
+    ASSERT_FALSE(p.is_null());
+    EXPECT_EQ(p.at("params").get<int64_t>(), params);
+    const json* row = find_row(p, "ddp", false);
+    ASSERT_NE(row, nullptr);
+    const json& bytes = row->at("bytes");
+    EXPECT_EQ(bytes.at("parameters").get<int64_t>(), 4 * params);
+    EXPECT_EQ(bytes.at("gradients").get<int64_t>(), 4 * params);
+    EXPECT_EQ(bytes.at("optimizer").get<int64_t>(), 8 * params);  // AdamW's m and v
+    const json s = train(net, "ddp", false);
+    ASSERT_FALSE(s.is_null());
+    EXPECT_EQ(s.at("params").get<int64_t>(), params);
+    EXPECT_EQ(bytes.at("activations"), s.at("bytes").at("activations"));
   }
 }
 

@@ -440,13 +440,15 @@ double Decoder::grad_squares(const float* g, size_t begin, size_t n) const {
 }
 
 std::vector<int> Decoder::unit_order() const {
-  // forward(): the token embedding, the blocks, ln_f, the tied projection.
-  // A stage opens only its own units (a last stage's head copy is no unit).
+  // forward(): the token embedding, the blocks, ln_f (with an untied head,
+  // which is ln_f's unit), the tied projection (the embedding's unit opened
+  // again). A stage opens only its own units (a last stage's head copy is
+  // no unit).
   std::vector<int> order;
   if (stage_.embed) order.push_back(embed_unit_);
   for (size_t l = 0; l < blocks_.size(); ++l) order.push_back(block_unit0_ + static_cast<int>(l));
   if (stage_.head) order.push_back(lnf_unit_);
-  if (stage_.head && stage_.embed) order.push_back(embed_unit_);
+  if (stage_.head && stage_.embed && config_.tied) order.push_back(embed_unit_);
   return order;
 }
 

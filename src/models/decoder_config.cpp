@@ -108,7 +108,8 @@ DecoderConfig DecoderConfig::from(const std::map<std::string, std::string>& hp) 
   if (c.family == "llama") {
     read_llama(hp, c);
   } else {
-    for (const char* key : {"n_kv_head", "head_dim", "intermediate_size", "rope_theta", "rms_norm_eps", "rope_scaling"})
+    for (const char* key : {"n_kv_head", "head_dim", "intermediate_size", "rope_theta", "rms_norm_eps", "rope_scaling",
+                            "tie_word_embeddings"})
       if (find(hp, key))
         throw InputError(fmt::format("model setting {} is for the llama family, not {}", key, c.family));
   }

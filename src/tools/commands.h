@@ -19,6 +19,7 @@ struct ModelFlags {
   std::string sizes;                                  // mlp
   int64_t vocab = 0, padded_vocab = 0, layers = 0, heads = 0, width = 0, context = 0;  // gpt, llama
   int64_t kv_heads = 0, head_dim = 0, intermediate = 0;                                // llama
+  int tie = 0;  // llama: --tie-embeddings +1, --untie-embeddings -1, neither 0 (the preset's or untied)
   void add(CLI::App* cmd);
   std::map<std::string, std::string> hparams() const;  // a preset's, then those given
   std::string kind() const;  // mlp, gpt or llama (a preset's family), or "" when --model is not given

@@ -27,6 +27,9 @@ void ModelFlags::add(CLI::App* cmd) {
   cmd->add_option("--kv-heads", kv_heads, "llama: key/value heads, dividing --heads (2)")->check(positive());
   cmd->add_option("--head-dim", head_dim, "llama: channels per head (width / heads)")->check(positive());
   cmd->add_option("--intermediate", intermediate, "llama: SwiGLU's inner width (704)")->check(positive());
+  cmd->add_flag("--tie-embeddings,!--untie-embeddings", tie,
+                "llama: the head is the embedding's transpose (no lm_head), or an lm_head of its own (untied: "
+                "w-llama's default; the other presets are tied)");
 }
 
 std::map<std::string, std::string> ModelFlags::hparams() const {
@@ -45,6 +48,7 @@ std::map<std::string, std::string> ModelFlags::hparams() const {
   put("n_kv_head", kv_heads);
   put("head_dim", head_dim);
   put("intermediate_size", intermediate);
+  if (tie != 0) hp["tie_word_embeddings"] = tie > 0 ? "1" : "0";
   return hp;
 }
 
