@@ -404,5 +404,27 @@ TEST_F(LlamaCli, SaveFormatHfWritesConfigJsonThatRebuildsTheModel) {
   EXPECT_TRUE(test::bitwise_equal(rebuilt->params(), model->params(), model->param_count()));
 }
 
+TEST_F(LlamaCli, SaveFormatHfRefusesUpFrontAModelItsConfigCannotSay) {
+  // A llama with q/k/v biases but none on o_proj: a llama config.json's
+  // attention_bias covers all four, so no config.json could say it.
+  DecoderConfig c = DecoderConfig::llama();
+  c.vocab = 32;
+  c.layers = 1;
+  c.width = 16;
+  c.intermediate = 24;
+  c.context = 8;
+  c.qkv_bias = true;
+  Decoder model(c);
+  model.init_params(1);
+  const fs::path weights = dir_ / "w.safetensors", saved = dir_ / "out.safetensors";
+  save_weights(model, weights.string());
+  const test::RunResult r = dpt(fmt::format("train --load {} --synthetic --steps 1 --threads 1 --save {} --save-format hf",
+                                            test::q(weights), test::q(saved)));
+  EXPECT_EQ(r.code, 1) << r.all();
+  EXPECT_NE(r.err.find("qkv_bias 1 with o_bias 0"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("step"), std::string::npos) << "refused before any step: " << r.out;
+  EXPECT_FALSE(fs::exists(saved));
+}
+
 }  // namespace
 }  // namespace dpt

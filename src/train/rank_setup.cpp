@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "models/hf_config.h"
 #include "models/weights.h"
 #include "parallel/tensor_parallel.h"
 #include "train/pipeline_executor.h"
@@ -47,6 +48,10 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
     model = make_model(hp);
     model->init_params(seed);
   }
+  // --save-format hf writes a llama model's config.json after training: a
+  // model its model_type cannot describe is refused now, before any step.
+  if (!o.save.empty() && parse_weight_format(o.save_format) == WeightFormat::Hf && model->kind() == "llama")
+    hf_config_from_hparams(model->metadata());
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
   return model;
@@ -74,6 +79,10 @@ RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optiona
     model = std::make_unique<Decoder>(DecoderConfig::from(hparams), DecoderStage{}, tp);
   else
     model = make_model(hparams);
+  // --save-format hf writes a llama model's config.json after training: a
+  // model its model_type cannot describe is refused now, before any step.
+  if (!o.save.empty() && parse_weight_format(o.save_format) == WeightFormat::Hf && model->kind() == "llama")
+    hf_config_from_hparams(model->metadata());
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
   model->set_device(o.device);
