@@ -1,5 +1,6 @@
 // Finite-difference gradient checks of whole models: every parameter slot of
-// a small MLP and a small GPT, through the real forward and backward.
+// a small MLP, a small GPT and small Llama-family decoders, through the real
+// forward and backward.
 #include <cmath>
 #include <vector>
 
@@ -83,6 +84,66 @@ TEST(ModelGrad, GptShorterSequenceThanContext) {
   check_model(model, batch);
   const Slot& wpe = model.layout().slot(model.layout().find("transformer.wpe.weight"));
   for (size_t i = 4 * 8; i < wpe.numel; ++i) EXPECT_EQ(model.grads()[wpe.offset + i], 0.0f);
+}
+
+// The Llama family at tiny sizes (RMSNorm, rotary positions, SwiGLU): four
+// query heads of size 4 over two key/value heads (GQA), a head size that is
+// not width / heads, 5 positions.
+DecoderConfig tiny_llama() {
+  DecoderConfig c = DecoderConfig::llama();
+  c.vocab = 11;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.width = 8;
+  c.head_size = 4;
+  c.intermediate = 12;
+  c.context = 5;
+  return c;
+}
+
+void check_llama(const DecoderConfig& c, uint64_t seed) {
+  set_threads(1);
+  Decoder model(c);
+  model.init_params(seed);
+  roughen(model);
+  Batch batch;
+  fill_synthetic(model, 3, 13, batch);
+  check_model(model, batch);
+}
+
+TEST(ModelGrad, LlamaGqaUntied) {
+  DecoderConfig c = tiny_llama();
+  ASSERT_FALSE(c.tied);
+  check_llama(c, 5);
+}
+
+TEST(ModelGrad, LlamaTiedWithQkvBiasesAsQwen2) {
+  DecoderConfig c = tiny_llama();
+  c.tied = true;
+  c.qkv_bias = true;
+  c.o_bias = false;
+  c.rope_theta = 1e6f;
+  check_llama(c, 6);
+}
+
+TEST(ModelGrad, LlamaWithLlama3RopeScaling) {
+  // Head size 8 and theta 100: four frequencies, wavelengths 6.3, 19.9,
+  // 62.8 and 199 positions; with an original context of 32 (wavelengths 8
+  // and 32 the bounds) the first is kept, the second smoothed and the
+  // others divided by the factor: every branch of the scaling.
+  DecoderConfig c = tiny_llama();
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.head_size = 8;
+  c.rope_theta = 100.0f;
+  RopeLlama3Scaling s;
+  s.factor = 8.0f;
+  s.low_freq_factor = 1.0f;
+  s.high_freq_factor = 4.0f;
+  s.original_max_position_embeddings = 32;
+  c.rope_scaling = s;
+  check_llama(c, 7);
 }
 
 }  // namespace

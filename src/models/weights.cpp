@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "models/decoder.h"
+#include "models/hf_config.h"
 
 namespace dpt {
 
@@ -112,7 +113,9 @@ WeightWriter::WeightWriter(const std::string& path, const Model& model, WeightFo
     specs.push_back({names_.file_name(s.name), DType::F32, names_.file_shape(s.name, s.shape)});
   }
   std::map<std::string, std::string> meta = model.metadata();
-  if (names_.hf) meta["format"] = "pt";  // what Hugging Face's loaders look for
+  // What Hugging Face's loaders look for (transformers refuses a file
+  // without it): every file in their layout, GPT-2's or the Llama family's.
+  if (names_.hf || format == WeightFormat::Hf) meta["format"] = "pt";
   if (sharded_save(path, max_shard_bytes))
     shards_ = std::make_unique<ShardedSafetensorsWriter>(path, std::move(specs), meta,
                                                          max_shard_bytes > 0 ? max_shard_bytes : kDefaultShardBytes);
@@ -214,6 +217,10 @@ void load_weight_range(const Model& model, const SafetensorsSet& file, size_t be
       i = run_end;
     }
   }
+}
+
+void save_hf_config(const Model& model, const std::string& path, WeightFormat format) {
+  if (format == WeightFormat::Hf && model.kind() == "llama") write_hf_config(path, model.metadata());
 }
 
 std::unique_ptr<Model> model_from_file(const std::string& path,

@@ -86,6 +86,13 @@ void check_weight_file(const Model& model, const SafetensorsSet& file, WeightFor
 void load_weight_range(const Model& model, const SafetensorsSet& file, size_t begin, size_t n, float* out,
                        WeightFormat format = WeightFormat::Auto);
 
+// What a Hugging Face save writes beside a "llama" model's weights (at
+// path: a file, an index or a directory): its config.json
+// (models/hf_config.h, write_hf_config), so the directory loads in
+// transformers as a checkpoint of theirs does. Nothing for another model
+// or for format Dpt.
+void save_hf_config(const Model& model, const std::string& path, WeightFormat format);
+
 // Builds the model the file describes (hparams_for_file: its metadata, or a
 // config.json beside it; flags in `overrides` win) and loads its weights.
 std::unique_ptr<Model> model_from_file(const std::string& path,

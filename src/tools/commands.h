@@ -68,7 +68,7 @@ class EvalCommand {
  private:
   CLI::App* cmd_;
   ModelFlags model_;
-  std::string weights_, data_, format_, load_format_;
+  std::string weights_, data_, format_, load_format_, logits_out_;
   int64_t batch_ = 0;
   int threads_ = 0;
   std::string gemm_, precision_ = "fp32", device_ = "cpu";

@@ -86,7 +86,9 @@ void TrainCommand::add_output_flags() {
                    "weights [in, out]); default: told by names and shapes")
       ->check(CLI::IsMember({"dpt", "hf"}));
   cmd_->add_option("--save", o.save, "write the trained weights (safetensors)");
-  cmd_->add_option("--save-format", o.save_format, "--save's layout: dpt (default) or hf (Hugging Face GPT-2)")
+  cmd_->add_option("--save-format", o.save_format,
+                   "--save's layout: dpt (default) or hf (Hugging Face's: GPT-2's Conv1D weights; llama: "
+                   "config.json beside them)")
       ->check(CLI::IsMember({"dpt", "hf"}));
   cmd_->add_option("--checkpoint-dir", o.checkpoint_dir,
                    "write checkpoints here (every --checkpoint-every steps, and when SIGTERM or SIGINT stops the run)");

@@ -150,7 +150,10 @@ void finish_dp_run(const TrainOptions& o, Replicas& reps, int64_t micro, const D
   if (o.model != "mlp") r.tokens_per_s = r.samples_per_s * static_cast<double>(master.positions());
   r.gflops = master.train_flops(o.batch) / (r.step_ms_median * 1e-3) / 1e9;
   // Saved before anything else can fail: evaluation, the summary.
-  if (!o.save.empty()) save_weights(master, o.save, parse_weight_format(o.save_format));
+  if (!o.save.empty()) {
+    save_weights(master, o.save, parse_weight_format(o.save_format));
+    save_hf_config(master, o.save, parse_weight_format(o.save_format));
+  }
   if (reps.data[0]->evaluable()) {
     EvalResult ev = reps.data[0]->evaluate(*reps.models[0], micro, o.eval_windows, 0, 1);
     r.eval_loss = ev.loss();

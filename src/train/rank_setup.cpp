@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "models/hf_config.h"
 #include "models/weights.h"
 #include "parallel/tensor_parallel.h"
 #include "train/pipeline_executor.h"
@@ -37,6 +38,17 @@ StrategyOptions strategy_options(const TrainOptions& o) {
   return so;
 }
 
+namespace {
+
+// --save-format hf writes a llama model's config.json after training: a
+// model its model_type cannot describe is refused now, before any step.
+void check_hf_save(const TrainOptions& o, const Model& model) {
+  if (!o.save.empty() && parse_weight_format(o.save_format) == WeightFormat::Hf && model.kind() == "llama")
+    hf_config_from_hparams(model.metadata());
+}
+
+}  // namespace
+
 std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
   std::map<std::string, std::string> hp = o.hparams;
   hp["dpt.model"] = o.model;
@@ -47,6 +59,7 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
     model = make_model(hp);
     model->init_params(seed);
   }
+  check_hf_save(o, *model);
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
   return model;
@@ -74,6 +87,7 @@ RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optiona
     model = std::make_unique<Decoder>(DecoderConfig::from(hparams), DecoderStage{}, tp);
   else
     model = make_model(hparams);
+  check_hf_save(o, *model);
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
   model->set_device(o.device);
