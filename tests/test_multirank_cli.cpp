@@ -561,6 +561,29 @@ TEST_F(MultirankCliTest, TraceShowsEveryRanksStepsAndBuckets) {
   }
 }
 
+// Held-out windows split unevenly: 5 windows over 2 ranks of 2 sequences
+// each are 3 + 2, so rank 0 needs two forward passes and rank 1 one. Under
+// ZeRO-3 every forward gathers parameters with every rank, so rank 1 must
+// run a second pass too (its result not counted); before it did, rank 0
+// waited in that gather until the collective timeout. The loss is the one
+// process's, over the same 5 windows.
+TEST_F(MultirankCliTest, Zero3EvaluatesAnUnevenShareOfWindowsInStep) {
+  const fs::path text = dir_ / "uneven.txt", one = dir_ / "uneven_one.json", two = dir_ / "uneven_two.json";
+  {
+    std::ofstream f(text);
+    for (int i = 0; i < 400; ++i) f << "every rank runs as many passes as the others " << i << "\n";
+  }
+  const std::string gpt = fmt::format("train --model gpt --layers 1 --width 16 --heads 2 --context 16 --batch 4 "
+                                      "--steps 2 --quiet --data {} --eval-windows 5",
+                                      q(text));
+  RunResult a = dpt(fmt::format("{} --summary-out {}", gpt, q(one)));
+  ASSERT_EQ(a.code, 0) << a.all();
+  RunResult b = launch2(fmt::format("{} --strategy zero3 --summary-out {}", gpt, q(two)), 30);
+  ASSERT_EQ(b.code, 0) << b.all();
+  const json s1 = json::parse(read_file(one)), s2 = json::parse(read_file(two));
+  EXPECT_NEAR(s2["val_loss"].get<double>(), s1["val_loss"].get<double>(), 1e-5 * s1["val_loss"].get<double>());
+}
+
 TEST_F(MultirankCliTest, TraceOfOneProcessHasNoCommunication) {
   const fs::path trace = dir_ / "trace_local.json";
   RunResult r = dpt(fmt::format("train --model mlp --synthetic --steps 3 --sizes {} --quiet --trace-out {} "
