@@ -1,7 +1,10 @@
 #!/usr/bin/python3
 """Times the reference training workloads in PyTorch on the CPU.
 
-Usage: /usr/bin/python3 bench/torch_workloads.py --workload mlp|gpt
+Usage: /usr/bin/python3 bench/torch_workloads.py --workload mlp|gpt|llama
+(llama: Hugging Face transformers' LlamaForCausalLM at W-LLAMA's shape; run
+it with a Python that has transformers, e.g. the venv of
+scripts/make_hf_fixtures.py)
            --threads N --steps S [--warmup W] [--json FILE]
 
 W-MLP: 784-1024-1024-10 ReLU MLP, cross-entropy, SGD (lr 0.05, momentum 0.9),
@@ -104,9 +107,47 @@ def setup_gpt():
     return model, opt, step_loss, flops, tokens
 
 
+# W-LLAMA (shared/WORKLOADS.md), as transformers configures it.
+LLAMA_CONFIG = dict(vocab_size=256, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                    rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                    attention_bias=False, mlp_bias=False, hidden_act="silu")
+
+
+def llama_flops(c, context, tokens):
+    """The engine's count (Decoder::train_flops): 6 FLOPs per GEMM parameter
+    per token (q, k, v, o, gate, up, down and the head) plus 12 * layers * T *
+    (heads x head size) per token for attention's two products."""
+    C, L, H = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
+    hd, KV, F = C // H, c["num_key_value_heads"], c["intermediate_size"]
+    layer = (H + 2 * KV) * hd * C + H * hd * C + 3 * C * F
+    return 6 * (L * layer + c["vocab_size"] * C) * tokens + 12 * L * context * H * hd * tokens
+
+
+def setup_llama():
+    """Returns (model, optimizer, step_loss(i), flops per step, tokens per step)."""
+    from transformers import LlamaConfig, LlamaForCausalLM  # only this workload needs it
+    cfg = LlamaConfig(**LLAMA_CONFIG, attn_implementation="eager")
+    model = LlamaForCausalLM(cfg)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                            lr=3e-4, betas=(0.9, 0.95))
+    T = LLAMA_CONFIG["max_position_embeddings"]
+    data = torch.randint(0, LLAMA_CONFIG["vocab_size"], (N_BATCHES, GPT_BATCH, T + 1))
+
+    def step_loss(i):
+        seq = data[i % N_BATCHES]
+        logits = model(seq[:, :-1]).logits
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), seq[:, 1:].reshape(-1))
+
+    tokens = GPT_BATCH * T
+    return model, opt, step_loss, llama_flops(LLAMA_CONFIG, T, tokens), tokens
+
+
 def main():
     ap = argparse.ArgumentParser(description="Time the reference workloads in PyTorch (CPU).")
-    ap.add_argument("--workload", choices=["mlp", "gpt"], required=True)
+    ap.add_argument("--workload", choices=["mlp", "gpt", "llama"], required=True)
     ap.add_argument("--threads", type=int, required=True, help="torch intra-op threads")
     ap.add_argument("--steps", type=int, default=60, help="total steps, warmup included")
     ap.add_argument("--warmup", type=int, default=20, help="leading steps not measured")
@@ -124,7 +165,7 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    setup = setup_mlp if args.workload == "mlp" else setup_gpt
+    setup = {"mlp": setup_mlp, "gpt": setup_gpt, "llama": setup_llama}[args.workload]
     model, opt, step_loss, flops, per_step = setup()
     model.train()
 

@@ -59,7 +59,9 @@ void check_fits(const StrategyOptions& options, const Model& model, size_t activ
   };
   const size_t mine = need(*options.strategy);
   if (fits_on_host(mine, ranks_here, available)) return;
-  std::string advice = "no strategy fits: add ranks on other hosts, or shrink the model or batch";
+  std::string advice =
+      "no strategy fits as configured: `dpt plan` with these flags lists what fits with bf16, activation "
+      "checkpointing or offload; or add ranks on other hosts, or shrink the model or batch";
   for (const StrategyRecord* s : data_parallel_strategies())
     if (fits_on_host(need(*s), ranks_here, available)) {
       advice = fmt::format("--strategy {} would fit (about {} per rank)", s->name, human_bytes(need(*s)));
