@@ -40,6 +40,6 @@ void gather_slices(const Decoder& model, const Decoder& whole, comm::ProcessGrou
 // then replica 0's TP ranks gather its slices (gather_slices: no rank holds
 // more than one unit of the whole model) and `lead` writes it.
 void save_tensor_parallel(Strategy& strategy, const Decoder& model, const Mesh& mesh, comm::ProcessGroup& tp,
-                          const std::string& path, WeightFormat format, bool lead);
+                          const std::string& path, WeightFormat format, uint64_t shard_bytes, bool lead);
 
 }  // namespace dpt

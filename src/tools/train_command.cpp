@@ -90,6 +90,13 @@ void TrainCommand::add_output_flags() {
                    "--save's layout: dpt (default) or hf (Hugging Face's: GPT-2's Conv1D weights; llama: "
                    "config.json beside them)")
       ->check(CLI::IsMember({"dpt", "hf"}));
+  cmd_->add_option_function<double>(
+          "--save-shard-mb",
+          [&o](double mb) { o.save_shard_bytes = static_cast<uint64_t>(mb * 1e6); },
+          "--save as a sharded set, as published models ship (model-0000k-of-0000n.safetensors and an "
+          "index .json), of at most this many MB of tensors per file; a --save path ending in "
+          ".safetensors.index.json shards at 5000 MB without it")
+      ->check(CLI::PositiveNumber);
   cmd_->add_option("--checkpoint-dir", o.checkpoint_dir,
                    "write checkpoints here (every --checkpoint-every steps, and when SIGTERM or SIGINT stops the run)");
   cmd_->add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: only on a signal)")

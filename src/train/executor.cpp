@@ -57,19 +57,21 @@ double SequentialExecutor::grad_norm_squared() {
   return sum_in_rank_order(*tp_, mine, norm_parts_);
 }
 
-void SequentialExecutor::save(const std::string& path, WeightFormat format) {
+void SequentialExecutor::save(const std::string& path, WeightFormat format, uint64_t shard_bytes) {
   if (tp_)
-    save_tensor_parallel(strategy_, dynamic_cast<const Decoder&>(model_), mesh_, *tp_, path, format, pg_.rank() == 0);
+    save_tensor_parallel(strategy_, dynamic_cast<const Decoder&>(model_), mesh_, *tp_, path, format, shard_bytes,
+                         pg_.rank() == 0);
   else
-    save_model(strategy_, model_, path, format, pg_.rank() == 0);
+    save_model(strategy_, model_, path, format, shard_bytes, pg_.rank() == 0);
 }
 
 // Under zero3 no rank ever holds more than one unit: the tensors of a unit
 // are consecutive in the file, as in the buffer.
-void save_model(Strategy& strategy, const Model& model, const std::string& path, WeightFormat format, bool lead) {
+void save_model(Strategy& strategy, const Model& model, const std::string& path, WeightFormat format,
+                uint64_t shard_bytes, bool lead) {
   const Layout& layout = model.layout();
   std::optional<WeightWriter> file;
-  if (lead) file.emplace(path, model, format);
+  if (lead) file.emplace(path, model, format, shard_bytes);
   size_t max_unit = 0;
   for (const Unit& u : layout.units()) max_unit = std::max(max_unit, u.numel);
   FlatBuffer unit(max_unit);

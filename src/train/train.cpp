@@ -123,7 +123,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // The weights are written before anything else can fail (evaluation, the
   // summary), so a finished run is never lost.
   if (!o.save.empty()) {
-    run.executor->save(o.save, parse_weight_format(o.save_format));
+    run.executor->save(o.save, parse_weight_format(o.save_format), o.save_shard_bytes);
     if (pg.rank() == 0) save_hf_config(*run.model, o.save, parse_weight_format(o.save_format));
   }
   out.metrics.reset();

@@ -96,6 +96,7 @@ struct TrainOptions {
   std::string load;         // safetensors to start from
   std::string load_format;  // its layout: dpt or hf; empty: told by names and shapes (models/hf_gpt2.h)
   std::string save;         // safetensors to write at the end
+  uint64_t save_shard_bytes = 0;    // --save-shard-mb: a sharded set of files this big at most (0: one file)
   std::string save_format = "dpt";  // dpt (the engine's layout) or hf (Hugging Face GPT-2's)
   std::string metrics_out;  // one JSON line per logged step
   std::string summary_out;  // one JSON object at the end

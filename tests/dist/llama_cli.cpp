@@ -300,6 +300,37 @@ TEST_F(LlamaCliTest, CheckpointsReshardAcrossLayouts) {
   }
 }
 
+// --save-shard-mb writes a sharded set as published models ship (shards of
+// at most the cap, an index); it loads under ZeRO-3 (each rank reads its
+// shard's bytes across files) and under --tp 2, and a run on it saves what a
+// run on the single file saves, bit for bit.
+TEST_F(LlamaCliTest, ShardedSaveLoadsUnderEveryLayoutBitwise) {
+  const std::string args = kLlama + kSgd + " --batch 8 --steps 2";
+  const fs::path set = dir_ / "sharded";
+  fs::create_directories(set);
+  const RunResult made = train(1, args + " --save-format hf --save-shard-mb 0.03 --save " + q(set / "model.safetensors"));
+  ASSERT_EQ(made.code, 0) << made.err;
+  int shards = 0;
+  for (const auto& e : fs::directory_iterator(set)) {
+    if (e.path().extension() != ".safetensors") continue;
+    ++shards;
+    EXPECT_LE(fs::file_size(e.path()), 30000u + 8000u) << e.path();  // the cap, plus a header
+  }
+  EXPECT_GE(shards, 3);
+  ASSERT_TRUE(fs::exists(set / "model.safetensors.index.json"));
+  ASSERT_TRUE(fs::exists(set / "config.json"));
+  const fs::path single = run_ok(1, "single_source", args);
+  const std::string more = kLlama + kSgd + " --batch 8 --steps 3 --load ";
+  const fs::path from_single = run_ok(1, "from_single", more + q(single.string() + ".st"));
+  for (const Layout& l : std::vector<Layout>{{1, "one_from_set", ""}, {2, "zero3_from_set", " --strategy zero3"},
+                                             {2, "tp2_from_set", " --tp 2"}}) {
+    SCOPED_TRACE(l.name);
+    const fs::path run = run_ok(l.ranks, l.name, more + q(set) + l.flags);
+    if (l.ranks == 1) expect_bitwise(run, from_single);
+    else expect_within(run, from_single, 1e-5);
+  }
+}
+
 // A TP rank holds the embedding, the untied head, the norms whole; 1/tp
 // of q_proj (heads x head_dim rows), k_proj and v_proj (kv_heads x
 // head_dim rows each: GQA's smaller K/V), o_proj, and SwiGLU's gate, up
