@@ -103,14 +103,16 @@ bool sharded_save(const std::string& path, uint64_t max_shard_bytes) {
   return max_shard_bytes > 0 || path.ends_with(".safetensors.index.json");
 }
 
-WeightWriter::WeightWriter(const std::string& path, const Model& model, WeightFormat format,
-                           uint64_t max_shard_bytes)
-    : model_(model), names_(weight_names(model, {}, format == WeightFormat::Hf ? format : WeightFormat::Dpt)) {
+WeightWriter::WeightWriter(const std::string& path, const Model& model, const SaveOptions& options)
+    : model_(model),
+      names_(weight_names(model, {}, options.format == WeightFormat::Hf ? options.format : WeightFormat::Dpt)) {
+  const WeightFormat format = options.format;
+  const uint64_t max_shard_bytes = options.shard_bytes;
   std::vector<TensorSpec> specs;
   for (const Slot& s : model.layout().slots()) {
     DPT_CHECK(s.slice.parts == 1, "{} is a tensor-parallel slice: write the whole model (parallel/tensor_parallel.h)",
               s.name);
-    specs.push_back({names_.file_name(s.name), DType::F32, names_.file_shape(s.name, s.shape)});
+    specs.push_back({names_.file_name(s.name), options.dtype, names_.file_shape(s.name, s.shape)});
   }
   std::map<std::string, std::string> meta = model.metadata();
   // What Hugging Face's loaders look for (transformers refuses a file
@@ -153,7 +155,11 @@ void WeightWriter::commit() {
 }
 
 void save_weights(const Model& model, const std::string& path, WeightFormat format, uint64_t max_shard_bytes) {
-  WeightWriter w(path, model, format, max_shard_bytes);
+  save_weights(model, path, SaveOptions{format, max_shard_bytes, DType::F32});
+}
+
+void save_weights(const Model& model, const std::string& path, const SaveOptions& options) {
+  WeightWriter w(path, model, options);
   std::vector<float> host;  // a GPU model's unit, downloaded
   for (size_t u = 0; u < model.layout().units().size(); ++u) {
     const Unit& unit = model.layout().units()[u];

@@ -33,12 +33,23 @@ namespace dpt {
 // "5GB"): what a sharded save uses when no cap is given.
 inline constexpr uint64_t kDefaultShardBytes = 5'000'000'000;
 
+// How weights are written: their layout, a cap on each file's tensor bytes
+// (a sharded set; 0: one file unless the path names an index), and the
+// tensors' type (bf16 or fp16 halve the files; loading converts any of the
+// three to fp32).
+struct SaveOptions {
+  WeightFormat format = WeightFormat::Dpt;
+  uint64_t shard_bytes = 0;
+  DType dtype = DType::F32;
+};
+
 // Writes the model's weights to path: one file, or, when max_shard_bytes is
 // not 0 or path names an index ("<stem>.safetensors.index.json"), a sharded
 // set of files of at most max_shard_bytes of data each (kDefaultShardBytes
 // when 0), named as Hugging Face names them (io/safetensors_set.h).
 void save_weights(const Model& model, const std::string& path, WeightFormat format = WeightFormat::Dpt,
                   uint64_t max_shard_bytes = 0);
+void save_weights(const Model& model, const std::string& path, const SaveOptions& options);
 
 // True when save_weights(path, max_shard_bytes) writes a sharded set.
 bool sharded_save(const std::string& path, uint64_t max_shard_bytes);
@@ -51,7 +62,9 @@ bool sharded_save(const std::string& path, uint64_t max_shard_bytes);
 // before any work.
 class WeightWriter {
  public:
-  WeightWriter(const std::string& path, const Model& model, WeightFormat format, uint64_t max_shard_bytes = 0);
+  WeightWriter(const std::string& path, const Model& model, WeightFormat format, uint64_t max_shard_bytes = 0)
+      : WeightWriter(path, model, SaveOptions{format, max_shard_bytes, DType::F32}) {}
+  WeightWriter(const std::string& path, const Model& model, const SaveOptions& options);
   // Units in order, each once.
   void write_unit(int unit, const float* values);
   void commit();

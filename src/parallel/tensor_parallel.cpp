@@ -65,7 +65,7 @@ void gather_slices(const Decoder& model, const Decoder& whole, comm::ProcessGrou
 }
 
 void save_tensor_parallel(Strategy& strategy, const Decoder& model, const Mesh& mesh, comm::ProcessGroup& tp,
-                          const std::string& path, WeightFormat format, uint64_t shard_bytes, bool lead) {
+                          const std::string& path, const SaveOptions& options, bool lead) {
   const Decoder whole(model.config(), model.stage());  // the file's layout; never allocated
   size_t unit_max = 0, whole_max = 0;
   for (size_t u = 0; u < model.layout().units().size(); ++u) {
@@ -74,7 +74,7 @@ void save_tensor_parallel(Strategy& strategy, const Decoder& model, const Mesh& 
   }
   FlatBuffer unit(unit_max), out(whole_max), scratch;
   std::optional<WeightWriter> file;
-  if (lead) file.emplace(path, whole, format, shard_bytes);
+  if (lead) file.emplace(path, whole, options);
   for (size_t u = 0; u < model.layout().units().size(); ++u) {
     strategy.gather_unit(static_cast<int>(u), unit.f32());
     if (mesh.dp_rank != 0) continue;  // replica 0's TP group writes; the others hold the same

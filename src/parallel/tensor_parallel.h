@@ -9,6 +9,7 @@
 #include "comm/process_group.h"
 #include "models/decoder.h"
 #include "models/hf_gpt2.h"
+#include "models/weights.h"
 #include "parallel/mesh.h"
 #include "parallel/strategy.h"
 #include "tensor/flat_buffer.h"
@@ -40,6 +41,6 @@ void gather_slices(const Decoder& model, const Decoder& whole, comm::ProcessGrou
 // then replica 0's TP ranks gather its slices (gather_slices: no rank holds
 // more than one unit of the whole model) and `lead` writes it.
 void save_tensor_parallel(Strategy& strategy, const Decoder& model, const Mesh& mesh, comm::ProcessGroup& tp,
-                          const std::string& path, WeightFormat format, uint64_t shard_bytes, bool lead);
+                          const std::string& path, const SaveOptions& options, bool lead);
 
 }  // namespace dpt

@@ -14,6 +14,14 @@
 
 namespace dpt {
 
+namespace {
+
+DType parse_save_dtype(const std::string& t) {
+  return t == "bf16" ? DType::BF16 : t == "fp16" ? DType::F16 : DType::F32;
+}
+
+}  // namespace
+
 TrainCommand::TrainCommand(CLI::App& app) {
   cmd_ = app.add_subcommand("train", "train a model: one process, or one rank of a job under a launcher (dpt launch)");
   model_.add(cmd_);
@@ -97,6 +105,11 @@ void TrainCommand::add_output_flags() {
           "index .json), of at most this many MB of tensors per file; a --save path ending in "
           ".safetensors.index.json shards at 5000 MB without it")
       ->check(CLI::PositiveNumber);
+  cmd_->add_option_function<std::string>(
+          "--save-dtype", [&o](const std::string& t) { o.save_dtype = parse_save_dtype(t); },
+          "--save's tensors: fp32 (default), bf16 or fp16 (half the bytes; rounded to nearest even, fp16 "
+          "refusing a value beyond its range; loading converts any of them to fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   cmd_->add_option("--checkpoint-dir", o.checkpoint_dir,
                    "write checkpoints here (every --checkpoint-every steps, and when SIGTERM or SIGINT stops the run)");
   cmd_->add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: only on a signal)")

@@ -57,21 +57,20 @@ double SequentialExecutor::grad_norm_squared() {
   return sum_in_rank_order(*tp_, mine, norm_parts_);
 }
 
-void SequentialExecutor::save(const std::string& path, WeightFormat format, uint64_t shard_bytes) {
+void SequentialExecutor::save(const std::string& path, const SaveOptions& options) {
   if (tp_)
-    save_tensor_parallel(strategy_, dynamic_cast<const Decoder&>(model_), mesh_, *tp_, path, format, shard_bytes,
-                         pg_.rank() == 0);
+    save_tensor_parallel(strategy_, dynamic_cast<const Decoder&>(model_), mesh_, *tp_, path, options, pg_.rank() == 0);
   else
-    save_model(strategy_, model_, path, format, shard_bytes, pg_.rank() == 0);
+    save_model(strategy_, model_, path, options, pg_.rank() == 0);
 }
 
 // Under zero3 no rank ever holds more than one unit: the tensors of a unit
 // are consecutive in the file, as in the buffer.
-void save_model(Strategy& strategy, const Model& model, const std::string& path, WeightFormat format,
-                uint64_t shard_bytes, bool lead) {
+void save_model(Strategy& strategy, const Model& model, const std::string& path, const SaveOptions& options,
+                bool lead) {
   const Layout& layout = model.layout();
   std::optional<WeightWriter> file;
-  if (lead) file.emplace(path, model, format, shard_bytes);
+  if (lead) file.emplace(path, model, options);
   size_t max_unit = 0;
   for (const Unit& u : layout.units()) max_unit = std::max(max_unit, u.numel);
   FlatBuffer unit(max_unit);

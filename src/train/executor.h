@@ -21,6 +21,7 @@
 #include <string>
 
 #include "models/hf_gpt2.h"
+#include "models/weights.h"
 #include "models/model.h"
 #include "parallel/mesh.h"
 #include "parallel/strategy.h"
@@ -44,9 +45,7 @@ class Executor {
   virtual double grad_norm_squared() = 0;
   virtual void after_step() {}
   // Writes the whole model's weights (collective over every rank).
-  // shard_bytes: at most that much data per file, as a sharded set (0: one
-  // file unless path names an index; models/weights.h).
-  virtual void save(const std::string& path, WeightFormat format, uint64_t shard_bytes) = 0;
+  virtual void save(const std::string& path, const SaveOptions& options) = 0;
   // Spans run() adds to a timeline per step at most.
   virtual size_t trace_spans() const = 0;
   // Bytes of activations this rank holds at most (every arena).
@@ -70,7 +69,7 @@ class SequentialExecutor : public Executor {
   // Under TP, each rank's share summed over the TP group (models/model.h's
   // grad_squares counts the replicated tensors once in that sum).
   double grad_norm_squared() override;
-  void save(const std::string& path, WeightFormat format, uint64_t shard_bytes) override;
+  void save(const std::string& path, const SaveOptions& options) override;
   size_t trace_spans() const override;
   size_t activation_bytes() const override { return model_.activation_bytes(); }
 
@@ -89,7 +88,7 @@ class SequentialExecutor : public Executor {
 
 // Writes the weights a unit at a time: every rank takes part in each unit's
 // gather, the lead streams it into the file.
-void save_model(Strategy& strategy, const Model& model, const std::string& path, WeightFormat format,
-                uint64_t shard_bytes, bool lead);
+void save_model(Strategy& strategy, const Model& model, const std::string& path, const SaveOptions& options,
+                bool lead);
 
 }  // namespace dpt

@@ -151,7 +151,7 @@ void finish_dp_run(const TrainOptions& o, Replicas& reps, int64_t micro, const D
   r.gflops = master.train_flops(o.batch) / (r.step_ms_median * 1e-3) / 1e9;
   // Saved before anything else can fail: evaluation, the summary.
   if (!o.save.empty()) {
-    save_weights(master, o.save, parse_weight_format(o.save_format), o.save_shard_bytes);
+    save_weights(master, o.save, save_options(o));
     save_hf_config(master, o.save, parse_weight_format(o.save_format));
   }
   if (reps.data[0]->evaluable()) {

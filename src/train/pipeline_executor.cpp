@@ -264,7 +264,7 @@ void PipelineExecutor::after_step() {
   sync_tied_weights();
 }
 
-void PipelineExecutor::save(const std::string& path, WeightFormat format, uint64_t shard_bytes) {
+void PipelineExecutor::save(const std::string& path, const SaveOptions& options) {
   // Each stage's parameters gathered over its data-parallel group (and its
   // slices over its TP group); replica 0's stages (their TP rank 0) send
   // theirs to the first, which writes the whole model (it holds all of it
@@ -303,7 +303,7 @@ void PipelineExecutor::save(const std::string& path, WeightFormat format, uint64
     pp.recv(theirs.f32(), stage.param_count(), DType::F32, s);
     place(stage.layout(), theirs.f32());
   }
-  WeightWriter file(path, whole, format, shard_bytes);
+  WeightWriter file(path, whole, options);
   for (size_t u = 0; u < whole.layout().units().size(); ++u)
     file.write_unit(static_cast<int>(u), all.data() + whole.layout().units()[u].offset);
   file.commit();

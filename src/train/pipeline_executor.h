@@ -60,7 +60,7 @@ class PipelineExecutor : public Executor {
   double run(int64_t step, StepBreakdown& t, Timeline* tl) override;
   double grad_norm_squared() override;
   void after_step() override;
-  void save(const std::string& path, WeightFormat format, uint64_t shard_bytes) override;
+  void save(const std::string& path, const SaveOptions& options) override;
   // Per micro-batch: forward, backward and the waits before each; the
   // wait at the end.
   size_t trace_spans() const override { return 4 * static_cast<size_t>(options_.micro_batches) + 1; }

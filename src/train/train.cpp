@@ -82,6 +82,10 @@ bool stopped_after(const TrainOptions& o, RankSetup& run, comm::ProcessGroup& pg
 
 }  // namespace
 
+SaveOptions save_options(const TrainOptions& o) {
+  return SaveOptions{parse_weight_format(o.save_format), o.save_shard_bytes, o.save_dtype};
+}
+
 TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const Mesh mesh = checked_mesh(o, pg);
   if (o.strategy->in_threads()) return run_dp_training(o);
@@ -123,7 +127,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   // The weights are written before anything else can fail (evaluation, the
   // summary), so a finished run is never lost.
   if (!o.save.empty()) {
-    run.executor->save(o.save, parse_weight_format(o.save_format), o.save_shard_bytes);
+    run.executor->save(o.save, save_options(o));
     if (pg.rank() == 0) save_hf_config(*run.model, o.save, parse_weight_format(o.save_format));
   }
   out.metrics.reset();

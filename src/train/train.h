@@ -13,6 +13,7 @@
 
 #include "comm/process_group.h"
 #include "models/model.h"
+#include "models/weights.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "parallel/reducer.h"
@@ -97,6 +98,7 @@ struct TrainOptions {
   std::string load_format;  // its layout: dpt or hf; empty: told by names and shapes (models/hf_gpt2.h)
   std::string save;         // safetensors to write at the end
   uint64_t save_shard_bytes = 0;    // --save-shard-mb: a sharded set of files this big at most (0: one file)
+  DType save_dtype = DType::F32;     // --save-dtype: the saved tensors' type
   std::string save_format = "dpt";  // dpt (the engine's layout) or hf (Hugging Face GPT-2's)
   std::string metrics_out;  // one JSON line per logged step
   std::string summary_out;  // one JSON object at the end
@@ -175,6 +177,9 @@ struct TrainResult {
 
 // Runs training on the group's ranks (a group of one for a single process);
 // throws Error subclasses for bad input and CommError when a peer fails.
+// --save's layout, cap per file and tensor type, from the flags.
+SaveOptions save_options(const TrainOptions& o);
+
 TrainResult run_training(TrainOptions opts, comm::ProcessGroup& pg);
 // The same on a fresh world of one.
 TrainResult run_training(TrainOptions opts);

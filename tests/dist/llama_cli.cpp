@@ -58,6 +58,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -329,6 +330,32 @@ TEST_F(LlamaCliTest, ShardedSaveLoadsUnderEveryLayoutBitwise) {
     if (l.ranks == 1) expect_bitwise(run, from_single);
     else expect_within(run, from_single, 1e-5);
   }
+}
+
+// --save-dtype bf16: the file holds BF16 tensors (about half the bytes),
+// each value the fp32 weight rounded to nearest even, and a run loads it.
+TEST_F(LlamaCliTest, SaveDtypeBf16RoundsEachWeightAndLoads) {
+  const std::string args = kLlama + kSgd + " --batch 8 --steps 2";
+  const fs::path f32 = run_ok(1, "save_f32", args);
+  const fs::path b16 = run_ok(1, "save_b16", args + " --save-dtype bf16");
+  EXPECT_LT(fs::file_size(b16.string() + ".st"), fs::file_size(f32.string() + ".st") * 55 / 100);
+  EXPECT_NE(read_file(b16.string() + ".st").find("\"BF16\""), std::string::npos);
+  const SafetensorsFile a = load_safetensors(f32.string() + ".st"), b = load_safetensors(b16.string() + ".st");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const NamedTensor& ta : a.tensors) {
+    const NamedTensor* tb = b.find(ta.name);
+    ASSERT_NE(tb, nullptr) << ta.name;
+    for (size_t i = 0; i < ta.data.size(); ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &ta.data[i], 4);
+      bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;  // round to nearest even
+      float want;
+      std::memcpy(&want, &bits, 4);
+      ASSERT_EQ(tb->data[i], want) << ta.name << "[" << i << "]";
+    }
+  }
+  const RunResult r = train(1, args + " --load " + q(b16.string() + ".st"));
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 // A TP rank holds the embedding, the untied head, the norms whole; 1/tp
