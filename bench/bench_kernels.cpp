@@ -42,6 +42,8 @@
 #include "nn/activations.h"
 #include "nn/gemm.h"
 #include "nn/attention.h"
+#include "nn/flash_attention.h"
+#include "nn/gqa_attention.h"
 #include "nn/cross_entropy.h"
 #include "nn/layernorm.h"
 #include "nn/linear.h"
@@ -433,5 +435,37 @@ void BM_sgd_step(benchmark::State& state) {
   report_bytes(state, 6 * n * kF32);
 }
 BENCHMARK(BM_sgd_step)->ArgNames({"threads", "zeroed"})->ArgsProduct({{1, 2}, {0, 1}})->UseRealTime();
+
+// ---------------------------------------------------------------- long-context attention
+
+// Causal grouped-query attention forward + backward at W-LLAMA's heads (4
+// query heads, 2 key/value heads of 64), one sequence of T tokens: the
+// unfused layer (probabilities kept, T x T per head) against the fused one
+// (log-sum-exp kept). Arg: T; one thread.
+void attention_case(benchmark::State& state, bool fused) {
+  dpt::set_threads(1);
+  const int64_t T = state.range(0), NH = 4, NKV = 2, hd = 64, ld = (NH + 2 * NKV) * hd;
+  auto qkv = random_buffer(T * ld, 1), dout = random_buffer(T * NH * hd, 2);
+  auto out = zero_buffer(T * NH * hd), dqkv = zero_buffer(T * ld);
+  auto saved = zero_buffer(fused ? NH * T : NH * T * T);
+  for (auto _ : state) {
+    if (fused) {
+      dpt::flash_attention_forward(out.f32(), saved.f32(), qkv.f32(), 1, T, NH, NKV, hd);
+      dpt::flash_attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), out.f32(), saved.f32(), 1, T, NH, NKV, hd);
+    } else {
+      dpt::gqa_attention_forward(out.f32(), saved.f32(), qkv.f32(), 1, T, NH, NKV, hd);
+      dpt::gqa_attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), saved.f32(), 1, T, NH, NKV, hd);
+    }
+    benchmark::DoNotOptimize(dqkv.f32());
+  }
+  state.counters["saved_MiB"] = static_cast<double>(saved.bytes()) / (1 << 20);
+  // Causal: about half of the 4 T^2 hd multiply-adds of each of the 2
+  // forward and 5 backward products (QK^T, PV; recompute, dV, dP, dQ, dK).
+  report_flops(state, 2.0 * NH * T * T * hd * 7.0 / 2.0);
+}
+void BM_attention_unfused(benchmark::State& state) { attention_case(state, false); }
+void BM_attention_fused(benchmark::State& state) { attention_case(state, true); }
+BENCHMARK(BM_attention_unfused)->ArgName("T")->Arg(128)->Arg(512)->Arg(2048)->UseRealTime();
+BENCHMARK(BM_attention_fused)->ArgName("T")->Arg(128)->Arg(512)->Arg(2048)->Arg(8192)->UseRealTime();
 
 }  // namespace
