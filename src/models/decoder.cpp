@@ -216,6 +216,7 @@ void Decoder::use_slot(int slot) {
     std::swap(seq_, a.seq);
     std::swap(planned_checkpoint_, a.planned_checkpoint);
     std::swap(planned_precision_, a.planned_precision);
+    std::swap(planned_fused_, a.planned_fused);
   };
   swap_with(arenas_[static_cast<size_t>(slot_)]);
   swap_with(arenas_[static_cast<size_t>(slot)]);
@@ -312,7 +313,7 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
     take_stats(b.ln1_mean, b.ln1_rstd);
     b.qkv = take(N * w.qkv);
     b.atty = take_operand(N * w.att);
-    b.att = take(B * w.heads * T * T);
+    b.att = take(B * w.heads * (fused_attention_ ? T : T * T));
     b.res2 = take(N * C);
     b.ln2 = take_operand(N * C);
     take_stats(b.ln2_mean, b.ln2_rstd);
@@ -360,7 +361,9 @@ size_t Decoder::activation_bytes_for(int64_t B) const {
 }
 
 void Decoder::plan_activations(int64_t B, int64_t T) {
-  if (B == batch_ && T == seq_ && checkpoint_ == planned_checkpoint_ && precision_ == planned_precision_) return;
+  if (B == batch_ && T == seq_ && checkpoint_ == planned_checkpoint_ && precision_ == planned_precision_ &&
+      fused_attention_ == planned_fused_)
+    return;
   Acts counted;
   const int64_t total = lay_out(B, T, nullptr, counted);
   acts_.reserve(static_cast<size_t>(total));
@@ -374,6 +377,7 @@ void Decoder::plan_activations(int64_t B, int64_t T) {
   seq_ = T;
   planned_checkpoint_ = checkpoint_;
   planned_precision_ = precision_;
+  planned_fused_ = fused_attention_;
 }
 
 void Decoder::fill_rope_tables(int64_t T) {

@@ -94,6 +94,11 @@ class Decoder : public Model {
   const DecoderStage& stage() const { return stage_; }
   // The whole model (not one pipeline stage of it).
   bool tied() const { return config_.tied; }
+  // Fused causal attention (nn/flash_attention.h): a log-sum-exp per row
+  // kept for backward instead of every head's T x T probabilities. fp32 on
+  // the CPU; InputError, one sentence, otherwise (checked at forward).
+  void set_fused_attention(bool on) { fused_attention_ = on; }
+  bool fused_attention() const { return fused_attention_; }
   // The embedding's and the untied head's names: vocabulary rows.
   static bool vocab_matrix(const std::string& name);
   std::string embedding_name() const {
@@ -166,7 +171,8 @@ class Decoder : public Model {
   // point to one scratch block shared by all blocks, refilled by
   // recomputation before each block's backward.
   struct BlockActs {
-    float *ln1_mean, *ln1_rstd, *qkv, *att, *res2;  // mean: LayerNorm only
+    float *ln1_mean, *ln1_rstd, *qkv, *res2;  // mean: LayerNorm only
+    float* att;  // the probabilities [B, heads, T, T]; fused attention: the log-sum-exp [B, heads, T]
     float *ln2_mean, *ln2_rstd, *fch, *res3;
     void *ln1, *atty, *ln2, *fch_gelu;
   };
@@ -280,11 +286,13 @@ class Decoder : public Model {
     int64_t batch = 0, seq = 0;
     bool planned_checkpoint = false;
     DType planned_precision = DType::F32;
+    bool planned_fused = false;
   };
   std::vector<Arena> arenas_{1};
   int slot_ = 0;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
-  bool stop_at_logits_ = false;  // logits(): forward ends with the packed logits
+  bool stop_at_logits_ = false;
+  bool fused_attention_ = false;  // logits(): forward ends with the packed logits
   int head_ = -1;  // an untied head's slot (lm_head.weight), on the last stage
   Widths w_;
   std::vector<float> inv_freq_;  // rotary: [hd/2] (nn/rope.h)
@@ -294,6 +302,7 @@ class Decoder : public Model {
   int64_t batch_ = 0, seq_ = 0;  // the arena's layout (B, T)
   bool planned_checkpoint_ = false;  // ... whether it was planned for checkpointing
   DType planned_precision_ = DType::F32;  // ... and for which compute type
+  bool planned_fused_ = false;             // ... and attention
   Acts act_;
   std::vector<int32_t> tokens_, targets_;
   FlatBuffer ids_;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "models/decoder.h"
+#include "nn/flash_attention.h"
 #include "nn/vocab_parallel.h"
 
 namespace dpt {
@@ -57,7 +58,9 @@ void Decoder::attention_forward(const BlockSlots& s, const BlockActs& a, int64_t
   // Attention computes in fp32 (its softmax needs the range); a bf16 run
   // converts its output for the output projection.
   float* out = std::is_same_v<CT, float> ? reinterpret_cast<float*>(a.atty) : act_.atty32;
-  if (config_.grouped())
+  if (fused_attention_)
+    flash_attention_forward(out, a.att, a.qkv, B, T, w.heads, w.kv, w.hd);
+  else if (config_.grouped())
     k().gqa_attention_forward(out, a.att, a.qkv, B, T, w.heads, w.kv, w.hd);
   else
     k().attention_forward(out, a.att, a.qkv, B, T, w.att, w.heads);
@@ -103,6 +106,8 @@ ForwardStats Decoder::forward(const Batch& batch) {
     throw InputError(fmt::format("sequence length {} is outside the model's 1..{}", T, config_.context));
   if (static_cast<int64_t>(batch.tokens.size()) < N || static_cast<int64_t>(batch.targets.size()) < N)
     throw InputError(fmt::format("a batch of {}x{} needs {} tokens and targets", B, T, N));
+  if (fused_attention_ && (precision_ != DType::F32 || device_ != Device::CPU))
+    throw InputError("--attention fused runs in fp32 on the CPU (not yet with --precision bf16 or --device cuda)");
   plan_activations(B, T);
   std::copy(batch.tokens.begin(), batch.tokens.begin() + N, tokens_.begin());
   std::copy(batch.targets.begin(), batch.targets.begin() + N, targets_.begin());
@@ -242,7 +247,10 @@ void Decoder::attention_backward(const BlockSlots& s, const BlockActs& b, int64_
   k().linear_backward(a.dC, grad(s.proj_w), grad_or_null(s.proj_b), operand<CT>(k(), a.dres, N * C, a.dout16),
                       as<CT>(b.atty), weight<CT>(s.proj_w), N, w.att, C, a.dres);
   slots_ready(s.proj_w, last_of(s.proj_w, s.proj_b));
-  if (config_.grouped())
+  if (fused_attention_)
+    flash_attention_backward(a.d3C, a.dC, b.qkv, reinterpret_cast<const float*>(b.atty), b.att, B, T, w.heads, w.kv,
+                             w.hd);
+  else if (config_.grouped())
     k().gqa_attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, w.heads, w.kv, w.hd);
   else
     k().attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, w.att, w.heads);

@@ -156,6 +156,7 @@ int PlanCommand::run() {
   r.offload_dir = offload_dir_;
   r.disk_free = check_offload_dir(offload_dir_, 0);  // one sentence for a directory the tier would refuse
   auto model = make_model(model_hparams(opts_));
+  set_attention(opts_, *model);
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const int threads = threads_ > 0 ? threads_ : std::max(1, cores / r.ranks_here);
   const bool measured = gemm_gflops_ <= 0 || copy_gbs_ <= 0;

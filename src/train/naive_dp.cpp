@@ -88,6 +88,7 @@ Replicas make_replicas(const TrainOptions& o, int R, int64_t micro) {
     if (i > 0) {
       reps.models.push_back(make_model(master.metadata()));
       reps.models.back()->set_checkpoint_activations(o.checkpoint_activations);
+      set_attention(o, *reps.models.back());
       std::memcpy(reps.models.back()->params(), master.params(), master.param_count() * sizeof(float));
     }
     reps.data.push_back(std::make_unique<DataSource>(o, *reps.models.back(), sets, micro, i, R));

@@ -273,6 +273,7 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
   const std::vector<DecoderStage> split = pp > 1 ? gpt_stages(config, pp, run.pp_split) : std::vector<DecoderStage>{DecoderStage{}};
   for (const DecoderStage& st : split) {
     m.built.push_back(std::make_unique<Decoder>(config, st, DecoderTp{tp, 0, run.tp_embedding == TpEmbedding::Vocab}));
+    set_attention(run, *m.built.back());
     m.stages.push_back(m.built.back().get());
   }
   return m;
@@ -324,6 +325,7 @@ Plan make_plan(const PlanRequest& r, Model& model) {
             const PlanPoint point{s, precision, ckpt, offload, m.mesh.tp, m.mesh.pp};
             if ((ckpt && !ckpt_helps) || !offload_makes_sense(offload, s, precision) || !mesh_runs(r, m.mesh, point))
               continue;
+            if (precision == "bf16" && r.run.fused_attention) continue;  // fused attention runs in fp32
             for (Model* stage : m.stages) {
               stage->set_checkpoint_activations(ckpt);
               stage->set_precision(parse_precision(precision));

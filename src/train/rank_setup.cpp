@@ -49,6 +49,10 @@ void check_hf_save(const TrainOptions& o, const Model& model) {
 
 }  // namespace
 
+void set_attention(const TrainOptions& o, Model& model) {
+  if (auto* d = dynamic_cast<Decoder*>(&model)) d->set_fused_attention(o.fused_attention);
+}
+
 std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
   std::map<std::string, std::string> hp = o.hparams;
   hp["dpt.model"] = o.model;
@@ -62,6 +66,7 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
   check_hf_save(o, *model);
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
+  set_attention(o, *model);
   return model;
 }
 
@@ -90,6 +95,7 @@ RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optiona
   check_hf_save(o, *model);
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
+  set_attention(o, *model);
   model->set_device(o.device);
   return {std::move(model), std::move(stages)};
 }

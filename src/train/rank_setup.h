@@ -41,6 +41,10 @@ StrategyOptions strategy_options(const TrainOptions& o);
 // initialised from `seed` (naive DP's replicas).
 std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
 
+// --attention on a transformer (nothing on the MLP, whose flag check
+// refuses it).
+void set_attention(const TrainOptions& o, Model& model);
+
 // This rank's model: its stage under --pp (with every stage, cut as the
 // flags ask), its slice of every block under --tp, else the whole model;
 // its shape that of the checkpoint it resumes (saved), set up as the flags

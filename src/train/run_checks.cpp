@@ -128,6 +128,14 @@ namespace {
 
 // What --device cuda runs today (docs/gpu.md). The rest is refused before
 // anything starts.
+// --attention fused (nn/flash_attention.h) is built for fp32 on the CPU.
+void check_attention(const TrainOptions& o) {
+  if (!o.fused_attention) return;
+  if (o.model == "mlp") throw InputError("--attention is a transformer's setting; the mlp model has no attention");
+  if (o.precision != DType::F32) throw InputError("--attention fused runs in fp32 (not yet with --precision bf16)");
+  if (o.device != Device::CPU) throw InputError("--attention fused runs on the CPU (not yet with --device cuda)");
+}
+
 void check_placement(const TrainOptions& o) {
   if (o.device == Device::CPU) return;
   if (o.strategy->in_threads())
@@ -150,6 +158,7 @@ Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg)
   check_tensor_parallel(o, mesh);
   if (pg) check_outputs(o, *pg);
   check_placement(o);
+  check_attention(o);
   check_shard_group(o.strategy, o.shard_group);
   if (!o.load.empty() && !o.resume.empty())
     throw InputError("--load and --resume both give the starting weights; give one");

@@ -52,6 +52,7 @@ struct TrainOptions {
   // Keep only each unit's input in forward and recompute the unit in
   // backward: less activation memory for about one more forward (docs/memory.md).
   bool checkpoint_activations = false;
+  bool fused_attention = false;  // --attention fused (models/decoder.h)
   // Compute precision (docs/precision.md): F32, or BF16 (bf16 compute copies
   // of the parameters, fp32 master weights, fp32 gradients and reductions).
   DType precision = DType::F32;
