@@ -22,8 +22,10 @@ struct Shape {
 
 // One query tile [i0, i0 + ni) of head h against every key tile up to the
 // diagonal, into out's rows; lse of its rows.
-void forward_tile(const Shape& s, const float* q, const float* k, const float* v, float* o, float* lse, int64_t i0,
-                  int64_t ni, float scale, std::vector<float>& scratch) {
+// (Compiled twice, as the kernels are: its exp and rescaling loops are
+// most of the fused kernel's non-GEMM time.)
+DPT_CPU_CLONES void forward_tile(const Shape& s, const float* q, const float* k, const float* v, float* o,
+                                 float* lse, int64_t i0, int64_t ni, float scale, std::vector<float>& scratch) {
   const int64_t ld = s.ld(), ldo = s.ldo(), Bk = kFlashTile;
   scratch.resize(static_cast<size_t>(ni * Bk + 2 * ni));
   float *S = scratch.data(), *m = S + ni * Bk, *l = m + ni;
@@ -66,9 +68,9 @@ struct BackScratch {
 
 // Query tile [i0, i0 + ni) of one head against key tile [j0, j0 + nj):
 // the probabilities again from lse, then dV, dQ and dK of the pair.
-void backward_pair(const Shape& s, const float* q, const float* k, const float* v, const float* dout, const float* lse,
-                   const float* D, float* dq, float* dk, float* dv, int64_t i0, int64_t ni, int64_t j0, int64_t nj,
-                   float scale, BackScratch& w) {
+DPT_CPU_CLONES void backward_pair(const Shape& s, const float* q, const float* k, const float* v,
+                                  const float* dout, const float* lse, const float* D, float* dq, float* dk, float* dv,
+                                  int64_t i0, int64_t ni, int64_t j0, int64_t nj, float scale, BackScratch& w) {
   const int64_t ld = s.ld(), ldo = s.ldo(), Bk = kFlashTile;
   float *P = w.P.data(), *dP = w.dP.data();
   gemm(Op::N, Op::T, ni, nj, s.hd, scale, q + i0 * ld, ld, k + j0 * ld, ld, 0.0f, P, Bk);
