@@ -1,0 +1,40 @@
+#include "models/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+namespace dpt {
+
+Generation generate(Decoder& m, const std::vector<int32_t>& prompt, int64_t max_new, TokenSampler& sampler,
+                    const std::vector<int32_t>& eos, const std::function<void(int32_t, bool)>& on_token) {
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  Generation g;
+  Clock::time_point t0 = Clock::now();
+  std::vector<float> logits = m.prefill(prompt);
+  g.prompt_s = since(t0);
+  t0 = Clock::now();
+  const int64_t V = m.config().vocab, T = m.config().context;
+  while (static_cast<int64_t>(g.tokens.size()) < max_new) {
+    const int32_t t = sampler.next(logits.data(), V);
+    g.tokens.push_back(t);
+    const bool end = std::find(eos.begin(), eos.end(), t) != eos.end();
+    if (on_token) on_token(t, end);
+    if (end) {
+      g.stop = fmt::format("at end-of-sequence token {}", t);
+      break;
+    }
+    if (static_cast<int64_t>(g.tokens.size()) == max_new) break;
+    if (m.cached() == T) {
+      g.stop = fmt::format("at the model's context of {} positions", T);
+      break;
+    }
+    logits = m.step(t);
+  }
+  g.generate_s = since(t0);
+  return g;
+}
+
+}  // namespace dpt
