@@ -405,6 +405,20 @@ TEST_F(GenerateCli, GenerationConfigEosListEndsGeneration) {
   EXPECT_EQ(r.out, ids_text({ref.generated.begin(), first + 1}) + "\n");
 }
 
+TEST_F(GenerateCli, NoCacheGivesTheSameTokens) {
+  // A full forward per token instead of the cache: the same greedy ids as
+  // transformers', and the same sampled ones for a seed.
+  const Reference ref = reference("gpt2");
+  const std::string args = fmt::format("--weights {} --prompt-ids {} --output ids --max-new-tokens 64",
+                                       test::q(fixture("gpt2")), test::q(ids_text(ref.prompt)));
+  const test::RunResult greedy = dpt(args + " --greedy --no-cache");
+  ASSERT_EQ(greedy.code, 0) << greedy.all();
+  EXPECT_EQ(greedy.out, ids_text(ref.generated) + "\n");
+  const test::RunResult cached = dpt(args + " --seed 3"), full = dpt(args + " --seed 3 --no-cache");
+  ASSERT_EQ(full.code, 0) << full.all();
+  EXPECT_EQ(cached.out, full.out);
+}
+
 TEST_F(GenerateCli, TheSameSeedGivesTheSameTextAndAnotherSeedOther) {
   const std::string args = fmt::format("--weights {} --prompt 'Once upon' --max-new-tokens 40 --top-k 50 --top-p 0.95",
                                        test::q(fixture("gpt2")));

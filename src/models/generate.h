@@ -21,10 +21,13 @@ struct Generation {
 };
 
 // Up to max_new tokens after `prompt`: ends early after a token of `eos`
-// (which it includes) or when the cache holds the model's context.
-// on_token(id, is_eos), when set, sees each token as it is sampled.
+// (which it includes) or when the sequence fills the model's context.
+// on_token(id, is_eos), when set, sees each token as it is sampled. With
+// no_cache every token's logits come from a full forward over the whole
+// sequence so far (Decoder::logits) instead of the cache: what generation
+// costs without one, for comparison (dpt generate --no-cache).
 Generation generate(Decoder& model, const std::vector<int32_t>& prompt, int64_t max_new, TokenSampler& sampler,
                     const std::vector<int32_t>& eos = {},
-                    const std::function<void(int32_t, bool)>& on_token = nullptr);
+                    const std::function<void(int32_t, bool)>& on_token = nullptr, bool no_cache = false);
 
 }  // namespace dpt

@@ -98,7 +98,7 @@ class GenerateCommand {
   int64_t max_new_ = 128;
   SamplingOptions sampling_;
   uint64_t seed_ = 1337;
-  bool ignore_eos_ = false;
+  bool ignore_eos_ = false, no_cache_ = false;
   int threads_ = 0;
   std::string gemm_, precision_ = "fp32";
 };

@@ -130,6 +130,9 @@ GenerateCommand::GenerateCommand(CLI::App& app) {
   cmd_->add_flag("--greedy", sampling_.greedy, "the most likely token every time (no sampling)");
   cmd_->add_option("--seed", seed_, "the sampler's seed (1337): the same seed, the same text");
   cmd_->add_flag("--ignore-eos", ignore_eos_, "do not stop at the model's end-of-sequence tokens");
+  cmd_->add_flag("--no-cache", no_cache_,
+                 "a full forward over the whole sequence for every token instead of the key/value cache (for "
+                 "comparison: same tokens, slower)");
   cmd_->add_option("--threads", threads_, "threads (default: all cores)")->check(non_negative());
   add_gemm_flag(cmd_, gemm_);
   add_precision_flag(cmd_, precision_);
@@ -181,7 +184,7 @@ int GenerateCommand::run() {
   TokenSampler sampler(sampling_, seed_);
   TokenWriter out(tok ? &*tok : nullptr, output_ == "ids");
   const Generation g =
-      generate(*decoder, ids, max_new_, sampler, eos, [&out](int32_t t, bool end) { out.put(t, end); });
+      generate(*decoder, ids, max_new_, sampler, eos, [&out](int32_t t, bool end) { out.put(t, end); }, no_cache_);
   out.finish();
   report(g, static_cast<int64_t>(ids.size()));
   return 0;
