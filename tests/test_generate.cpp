@@ -487,5 +487,44 @@ TEST_F(GenerateCli, AnMlpIsRefused) {
   EXPECT_NE(r.err.find("needs a gpt or llama one"), std::string::npos) << r.err;
 }
 
+// ---- dpt train --sample-every ----
+
+TEST_F(GenerateCli, TrainPrintsSamplesAtThoseStepsTheSameForASeed) {
+  const std::string train = fmt::format("{}/dpt train --model gpt --synthetic --steps 4 --layers 1 --width 32 --heads 2 "
+                                        "--context 32 --batch 2 --threads 1 --sample-every 2 --sample-tokens 16",
+                                        DPT_BINARY_DIR);
+  const test::RunResult a = test::run_shell(train, dir_, 120), b = test::run_shell(train, dir_, 120);
+  ASSERT_EQ(a.code, 0) << a.all();
+  for (const char* step : {"sample after step 2: ", "sample after step 4: "})
+    EXPECT_NE(a.out.find(step), std::string::npos) << a.out;
+  EXPECT_EQ(a.out.find("sample after step 1: "), std::string::npos) << a.out;
+  EXPECT_EQ(a.out.find("sample after step 3: "), std::string::npos) << a.out;
+  // The same seed, the same samples (the lines, timing apart).
+  const auto samples = [](const std::string& out) {
+    std::string lines;
+    for (size_t at = out.find("sample after"); at != std::string::npos; at = out.find("sample after", at + 1))
+      lines += out.substr(at, out.find('\n', at) - at) + "\n";
+    return lines;
+  };
+  EXPECT_EQ(samples(a.out), samples(b.out));
+  EXPECT_FALSE(samples(a.out).empty());
+}
+
+TEST_F(GenerateCli, TrainSamplesAreRefusedWhereTheyAreNotBuilt) {
+  const std::string train = fmt::format("{}/dpt train --synthetic --steps 2 --threads 1 --sample-every 1 ", DPT_BINARY_DIR);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--model mlp", "samples a gpt or llama model's text"},
+      {"--model gpt --strategy zero3", "one-rank runs of local or ddp"},
+      {"--model gpt --vocab 300", "needs a byte-level model (vocabulary 256)"},
+      {"--model gpt --sample-prompt ''", "--sample-prompt is empty"},
+      {"--model gpt --context 8 --sample-prompt 12345678", "do not fit below the model's context of 8"},
+  };
+  for (const auto& [args, want] : cases) {
+    const test::RunResult r = test::run_shell(train + args, dir_, 120);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.all();
+    EXPECT_NE(r.err.find(want), std::string::npos) << args << "\n" << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace dpt
