@@ -97,4 +97,27 @@ void append(std::string& out, char32_t cp) {
   }
 }
 
+namespace {
+
+// Whether s[i..] is the start of a multi-byte sequence that lacks bytes.
+bool incomplete_tail(std::string_view s, size_t i) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  const size_t len = b >= 0xC2 && b < 0xE0 ? 2 : b >= 0xE0 && b < 0xF0 ? 3 : b >= 0xF0 && b < 0xF5 ? 4 : 0;
+  if (len == 0 || s.size() - i >= len) return false;
+  for (size_t j = i + 1; j < s.size(); ++j)
+    if ((static_cast<unsigned char>(s[j]) & 0xC0) != 0x80) return false;
+  return true;
+}
+
+}  // namespace
+
+size_t complete_prefix(std::string_view s) {
+  size_t i = 0;
+  while (true) {
+    i += valid_prefix(s.substr(i));
+    if (i == s.size() || incomplete_tail(s, i)) return i;
+    ++i;  // an invalid byte goes out as it is
+  }
+}
+
 }  // namespace dpt::utf8

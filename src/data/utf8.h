@@ -13,6 +13,13 @@ namespace dpt::utf8 {
 size_t valid_prefix(std::string_view s);
 inline bool valid(std::string_view s) { return valid_prefix(s) == s.size(); }
 
+// The bytes of s that can be written out now, for text that arrives in
+// pieces (a generated token's bytes at a time): all of s but a trailing
+// sequence that is incomplete yet could still become valid (a lead byte
+// and fewer continuation bytes than it announces). Invalid bytes are not
+// held (they are written as they are).
+size_t complete_prefix(std::string_view s);
+
 // s with each maximal invalid subsequence replaced by U+FFFD, exactly as
 // Python's s.decode("utf-8", errors="replace").encode() (the Unicode
 // standard's "maximal subpart" practice).

@@ -128,6 +128,22 @@ class Decoder : public Model {
   // vocabulary-parallel). The batch's targets are not read.
   std::vector<float> logits(const Batch& batch);
 
+  // Generation (docs/generate.md): incremental decoding over a key/value
+  // cache, one forward per new token over the cache instead of one over the
+  // whole sequence. prefill empties the cache and runs `tokens` through it
+  // (chunks of up to kPrefillChunk tokens, each one pass); step appends one
+  // token. Each returns the logits [vocab] (the pad columns of a padded
+  // vocabulary dropped) of the position after the last token given: what a
+  // full forward (logits()) gives at that position, within rounding. The
+  // whole model on one rank, on the CPU, in the model's precision (fp32, or
+  // bf16 with its bf16 compute copies); anything else, a token outside the
+  // vocabulary or more positions than the context is an InputError.
+  std::vector<float> prefill(const std::vector<int32_t>& tokens);
+  std::vector<float> step(int32_t token);
+  // Positions the cache holds.
+  int64_t cached() const { return infer_.pos; }
+  static constexpr int64_t kPrefillChunk = 256;
+
   // Pipeline stages. A stage keeps several micro-batches' activations at
   // once, one arena per slot; use_slot(i) makes slot i's the one forward
   // and backward work on (slot 0 is the one a model starts with).
@@ -252,6 +268,30 @@ class Decoder : public Model {
   // GEMM parameters of one whole block (q/k/v, o and the MLP's matrices).
   double layer_gemm_params() const;
 
+  // Generation's state (decoder_infer.cpp): the key/value cache and the
+  // activations of one chunk of new tokens, apart from the training arena.
+  // GEMM operands (ln, atty16, act) hold the compute type in float storage.
+  struct Infer {
+    std::vector<float> k, v;               // [layers, context, kv hd] each
+    std::vector<float> rope_cos, rope_sin;  // rotary: [context, hd/2]
+    std::vector<float> x, ln, mean, rstd, qkv, atty, atty16, res, fch, act, logits;
+    int64_t pos = 0;                        // positions cached
+    int64_t n = 0;                          // rows the buffers hold
+  };
+  // Runs tokens[0, n) at positions pos .. pos + n - 1 into the cache and
+  // returns the last one's next-token logits [vocab].
+  std::vector<float> extend(const int32_t* tokens, int64_t n);
+  void check_generation() const;
+  void size_infer(int64_t n);
+  template <typename CT>
+  void extend_as(const int32_t* tokens, int64_t n);
+  template <typename CT>
+  void infer_attention(size_t l, int64_t n);
+  template <typename CT>
+  void infer_block(size_t l, int64_t n);
+  template <typename CT>
+  void infer_head(int64_t n);
+
   // The arena moves with the model: forget its layout so the next forward
   // lays it out again (pointers into the new memory, ids_ reserved).
   void place_buffers(Device d) override {
@@ -306,6 +346,7 @@ class Decoder : public Model {
   Acts act_;
   std::vector<int32_t> tokens_, targets_;
   FlatBuffer ids_;
+  Infer infer_;
 };
 
 }  // namespace dpt

@@ -34,6 +34,10 @@ void Decoder::norm_forward(CT* out, float* mean, float* rstd, const float* x, in
     k().rmsnorm_forward(out, rstd, x, param(w), N, config_.width, config_.norm_eps);
 }
 
+// Generation's pass (decoder_infer.cpp) calls it too.
+template void Decoder::norm_forward<float>(float*, float*, float*, const float*, int, int, int64_t);
+template void Decoder::norm_forward<bf16>(bf16*, float*, float*, const float*, int, int, int64_t);
+
 void Decoder::norm_backward(const float* dout, const float* x, int w, int b, const float* mean, const float* rstd,
                             int64_t N) {
   // dres is the gradient of the residual stream; every norm's backward

@@ -369,4 +369,41 @@ void write_hf_config(const std::string& weights_path, const std::map<std::string
   file.commit();
 }
 
+// ---- Generation ----
+
+namespace {
+
+// eos_token_id of one file, as ids.
+std::vector<int32_t> eos_ids(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw IoError(fmt::format("{}: cannot open", path.string()));
+  json j;
+  try {
+    in >> j;
+  } catch (const json::exception&) {
+    throw InputError(fmt::format("{}: not valid JSON", path.string()));
+  }
+  const json* v = j.is_object() && j.contains("eos_token_id") ? &j["eos_token_id"] : nullptr;
+  if (!v || v->is_null()) return {};
+  const json list = v->is_array() ? *v : json::array({*v});
+  std::vector<int32_t> ids;
+  for (const json& id : list) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      throw InputError(fmt::format("{}: eos_token_id {} is not a token id or a list of them", path.string(),
+                                   v->dump()));
+    ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+  }
+  return ids;
+}
+
+}  // namespace
+
+std::vector<int32_t> hf_eos_token_ids(const std::string& weights_path) {
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(weights_path, ec) ? fs::path(weights_path) : fs::path(weights_path).parent_path();
+  for (const char* name : {"generation_config.json", "config.json"})
+    if (fs::exists(dir / name, ec)) return eos_ids(dir / name);
+  return {};
+}
+
 }  // namespace dpt

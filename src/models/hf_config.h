@@ -15,6 +15,7 @@
 // InputError, one sentence that starts with the file and names the key.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,5 +60,14 @@ nlohmann::json hf_config_from_hparams(const std::map<std::string, std::string>& 
 // Writes hf_config_from_hparams(hparams) as config.json in the directory of
 // weights_path (a file, an index, or a directory itself), atomically.
 void write_hf_config(const std::string& weights_path, const std::map<std::string, std::string>& hparams);
+
+// The end-of-sequence token ids of the model whose weights are at
+// weights_path (a file, an index or a directory): eos_token_id in the
+// generation_config.json beside them when there is one (as transformers'
+// generate reads it: that file's value, absent meaning none), else in the
+// config.json, else none. One id or a list of ids; null is none. IoError
+// for a file that cannot be read, InputError naming the file for a value
+// that is not an id >= 0 or a list of them, or a file that is not JSON.
+std::vector<int32_t> hf_eos_token_ids(const std::string& weights_path);
 
 }  // namespace dpt

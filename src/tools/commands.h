@@ -5,9 +5,12 @@
 #include <CLI/CLI.hpp>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "data/bpe_tokenizer.h"
+#include "models/sampling.h"
 #include "tools/run_flags.h"
 #include "train/train.h"
 
@@ -72,6 +75,32 @@ class EvalCommand {
   int64_t batch_ = 0;
   int threads_ = 0;
   std::string gemm_, precision_ = "fp32", device_ = "cpu";
+};
+
+// `dpt generate`: text from saved weights over the decoder's key/value
+// cache (docs/generate.md).
+class GenerateCommand {
+ public:
+  explicit GenerateCommand(CLI::App& app);
+  bool chosen() const { return cmd_->parsed(); }
+  int run();
+
+ private:
+  // The tokenizer (none: raw bytes or ids) and the prompt's ids, or the
+  // one-sentence refusal.
+  std::optional<BpeTokenizer> tokenizer(int64_t vocab) const;
+  std::vector<int32_t> prompt(const BpeTokenizer* tok) const;
+
+  CLI::App* cmd_;
+  CLI::Option *prompt_opt_ = nullptr, *prompt_file_opt_ = nullptr, *prompt_ids_opt_ = nullptr;
+  ModelFlags model_;
+  std::string weights_, load_format_, tokenizer_, prompt_, prompt_file_, prompt_ids_, output_ = "text";
+  int64_t max_new_ = 128;
+  SamplingOptions sampling_;
+  uint64_t seed_ = 1337;
+  bool ignore_eos_ = false, no_cache_ = false;
+  int threads_ = 0;
+  std::string gemm_, precision_ = "fp32";
 };
 
 // `dpt tokens`: llm.c-format shards from text or uint16 tokens.

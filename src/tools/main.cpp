@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   dpt::TrainCommand train(app);
   dpt::EvalCommand eval(app);
+  dpt::GenerateCommand generate(app);
   dpt::TokensCommand tokens(app);
   dpt::LaunchCommand launch(app);
   dpt::PlanCommand plan(app);
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   try {
     if (train.chosen()) return train.run();
     if (eval.chosen()) return eval.run();
+    if (generate.chosen()) return generate.run();
     if (tokens.chosen()) return tokens.run();
     if (launch.chosen()) return launch.run();
     if (plan.chosen()) return plan.run();

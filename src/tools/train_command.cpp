@@ -85,6 +85,11 @@ void TrainCommand::add_output_flags() {
       ->check(fraction(0.0, 0.99));
   cmd_->add_option("--eval-every", o.eval_every, "steps between evaluations (0: at the end only)")
       ->check(non_negative());
+  cmd_->add_option("--sample-every", o.sample_every,
+                   "print a sample of the model's text every N steps (0: never; a byte-level model on one rank)")
+      ->check(non_negative());
+  cmd_->add_option("--sample-prompt", o.sample_prompt, "the samples' prompt (a newline)");
+  cmd_->add_option("--sample-tokens", o.sample_tokens, "tokens per sample (64)")->check(positive());
   cmd_->add_option("--eval-windows", o.eval_windows, "gpt: validation windows per evaluation (0: all)")
       ->check(non_negative());
   cmd_->add_option("--log-every", o.log_every, "steps between progress updates")->check(positive());

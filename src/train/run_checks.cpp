@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "io/atomic_file.h"
+#include "models/decoder_config.h"
 #include "optim/file_tier.h"
 #include "parallel/catalog.h"
 #include "parallel/rank_bytes.h"
@@ -148,6 +149,26 @@ void check_placement(const TrainOptions& o) {
 
 }  // namespace
 
+void check_samples(const TrainOptions& o, const Mesh& mesh) {
+  if (o.sample_every == 0) return;
+  const auto it = o.model_config.find("dpt.model");
+  const std::string model = it == o.model_config.end() ? o.model : it->second;
+  if (model != "gpt" && model != "llama")
+    throw InputError(fmt::format("--sample-every samples a gpt or llama model's text, and this is an {}", model));
+  if (mesh.world > 1 || o.strategy->zero_stage > 0 || o.strategy->in_threads())
+    throw InputError("--sample-every is built for one-rank runs of local or ddp for now (no dpt launch, zero or dp)");
+  if (o.device != Device::CPU) throw InputError("--sample-every generates on the CPU only for now (--device cpu)");
+  const DecoderConfig c = DecoderConfig::from(o.model_config);
+  if (c.vocab != 256)
+    throw InputError(fmt::format("--sample-every writes bytes, so it needs a byte-level model (vocabulary 256), and "
+                                 "this one has {} tokens",
+                                 c.vocab));
+  if (o.sample_prompt.empty()) throw InputError("--sample-prompt is empty");
+  if (static_cast<int64_t>(o.sample_prompt.size()) >= c.context)
+    throw InputError(fmt::format("--sample-prompt's {} bytes do not fit below the model's context of {}",
+                                 o.sample_prompt.size(), c.context));
+}
+
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg) {
   apply_defaults(o);
   const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp);
@@ -168,6 +189,7 @@ Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg)
                         .checkpoints = !o.checkpoint_dir.empty() || !o.resume.empty(), .trace = !o.trace_out.empty(),
                         .offload = o.offload != Offload::None});
   if (o.model_config.empty()) resolve_model(o);
+  check_samples(o, mesh);
   return mesh;
 }
 

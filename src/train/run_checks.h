@@ -34,6 +34,10 @@ int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
 // refusals (its catalog record's). The model's configuration is resolved on
 // the way (--load's file read once). Returns the mesh.
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg);
+// --sample-every's refusals, one sentence each: not a gpt or llama model,
+// more than one rank or a strategy other than local and ddp, a GPU, a
+// vocabulary other than bytes, a prompt that leaves no room in the context.
+void check_samples(const TrainOptions& o, const Mesh& mesh);
 
 // checked_flags on this rank of pg.
 Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg);

@@ -20,6 +20,7 @@
 #include "train/resume.h"
 #include "train/run_checks.h"
 #include "train/run_report.h"
+#include "train/sample.h"
 #include "train/step.h"
 #include "train/stop_signal.h"
 #include "train/trace_file.h"
@@ -110,6 +111,8 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     if (o.verify_every > 0 && pg.size() > 1 && (step + 1) % o.verify_every == 0) run.strategy->verify(step + 1);
     std::optional<EvalResult> ev;
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < run.steps) ev = evaluate(o, run, pg);
+    if (o.sample_every > 0 && (step + 1) % o.sample_every == 0 && pg.rank() == 0)
+      out.progress.line(fmt::format("sample after step {}: {}", step + 1, sample_text(o, *run.model, step + 1)));
     double loss = s.loss;
     if (log_step || ev)
       loss = log_step_out(run.groups->dp(), out.progress, out.metrics.get(), mlp,

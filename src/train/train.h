@@ -93,6 +93,12 @@ struct TrainOptions {
   uint64_t seed = 0;
   double val_fraction = 0.1;  // gpt: held-out tail of the corpus
   int64_t eval_every = 0;     // steps between evaluations; 0 = only at the end
+  // --sample-every: steps between printed samples (docs/generate.md); 0 =
+  // none. A byte-level gpt or llama model on one rank (local or ddp) for
+  // now; the prompt's bytes, then sample_tokens tokens at temperature 1.
+  int64_t sample_every = 0;
+  std::string sample_prompt = "\n";
+  int64_t sample_tokens = 64;
   int64_t eval_windows = 256; // gpt: windows per periodic evaluation (0 = all)
   int64_t log_every = 10;
   std::string load;         // safetensors to start from
