@@ -426,7 +426,7 @@ double Decoder::recompute_flops(int64_t B) const {
 
 void Decoder::tensor_sum(float* x, size_t n, TpReduce op) const {
   if (tp_.size == 1) return;
-  DPT_CHECK(tp_reduce_ != nullptr, "a tensor-parallel GPT computes without its TP group's sum");
+  DPT_CHECK(tp_reduce_ != nullptr, "a tensor-parallel decoder computes without its TP group's sum");
   tp_reduce_(x, n, op);
 }
 

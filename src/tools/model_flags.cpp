@@ -15,15 +15,15 @@ void ModelFlags::add(CLI::App* cmd) {
                   "one: smollm2-135m, llama-3.2-1b, qwen2.5-0.5b, w-llama (docs/models.md); other flags override")
       ->check(CLI::IsMember(names));
   cmd->add_option("--sizes", sizes, "mlp: layer sizes, inputs to classes (784,1024,1024,10)");
-  cmd->add_option("--vocab", vocab, "gpt: vocabulary size (256)")->check(positive());
+  cmd->add_option("--vocab", vocab, "gpt, llama: vocabulary size (256)")->check(positive());
   cmd->add_option("--padded-vocab", padded_vocab,
                   "gpt: embedding rows held in memory, >= --vocab (the gpt2 presets: 50304, a multiple of 64); "
                   "the pad rows are never trained nor saved")
       ->check(positive());
-  cmd->add_option("--layers", layers, "gpt: transformer blocks (4)")->check(positive());
-  cmd->add_option("--heads", heads, "gpt: attention heads (4)")->check(positive());
-  cmd->add_option("--width", width, "gpt: embedding width (256)")->check(positive());
-  cmd->add_option("--context", context, "gpt: context length (128)")->check(positive());
+  cmd->add_option("--layers", layers, "gpt, llama: transformer blocks (4)")->check(positive());
+  cmd->add_option("--heads", heads, "gpt, llama: attention (query) heads (4)")->check(positive());
+  cmd->add_option("--width", width, "gpt, llama: embedding width (256)")->check(positive());
+  cmd->add_option("--context", context, "gpt, llama: context length (128)")->check(positive());
   cmd->add_option("--kv-heads", kv_heads, "llama: key/value heads, dividing --heads (2)")->check(positive());
   cmd->add_option("--head-dim", head_dim, "llama: channels per head (width / heads)")->check(positive());
   cmd->add_option("--intermediate", intermediate, "llama: SwiGLU's inner width (704)")->check(positive());
