@@ -197,7 +197,7 @@ TEST_F(KvCache, ASliceOfTheModelIsRefused) {
   Decoder tp(c, {}, DecoderTp{2, 0});
   tp.init_params(1);
   EXPECT_THROW(tp.prefill({1, 2}), InputError);
-  Decoder stage(c, DecoderStage{0, 1, true, false});
+  Decoder stage(c, DecoderStage{{{0, 1}}, true, false});
   stage.init_params(1);
   EXPECT_THROW(stage.prefill({1, 2}), InputError);
 }

@@ -123,10 +123,11 @@ EdgeSlots build(const Builder& b, std::vector<Decoder::BlockSlots>* blocks) {
     e.wte = b.add_vocab(gpt ? "transformer.wte.weight" : "model.embed_tokens.weight");
     if (!b.c.rotary) e.wpe = b.add("transformer.wpe.weight", {b.c.context, C}, true);
   }
-  for (int64_t l = b.st.first; l < b.st.last; ++l) {
-    const Decoder::BlockSlots s = gpt ? b.gpt_block(l) : b.llama_block(l);
-    if (blocks) blocks->push_back(s);
-  }
+  for (const BlockRange& r : b.st.chunks)
+    for (int64_t l = r.first; l < (r.last < 0 ? b.c.layers : r.last); ++l) {
+      const Decoder::BlockSlots s = gpt ? b.gpt_block(l) : b.llama_block(l);
+      if (blocks) blocks->push_back(s);
+    }
   if (b.st.head) {
     b.layout.begin_unit(gpt ? "transformer.ln_f" : "model.norm");
     e.lnf_w = b.add(gpt ? "transformer.ln_f.weight" : "model.norm.weight", {C}, false);
@@ -155,10 +156,19 @@ Decoder::Decoder(DecoderConfig config, DecoderStage stage, DecoderTp tp) : confi
   if (config_.rows() < config_.vocab)
     throw InputError(fmt::format("padded vocabulary {} is smaller than the vocabulary {}", config_.rows(),
                                  config_.vocab));
-  if (stage_.last < 0) stage_.last = config_.layers;
-  if (stage_.first < 0 || stage_.first > stage_.last || stage_.last > config_.layers)
-    throw InputError(fmt::format("stage of blocks [{}, {}) is outside the model's {} blocks", stage_.first,
-                                 stage_.last, config_.layers));
+  if (stage_.chunks.empty()) throw InputError("a pipeline stage holds one chunk of blocks at least");
+  int64_t after = 0;  // chunks in increasing block order, not overlapping
+  for (BlockRange& r : stage_.chunks) {
+    if (r.last < 0) r.last = config_.layers;
+    if (r.first < after || r.first > r.last || r.last > config_.layers)
+      throw InputError(fmt::format("stage of blocks [{}, {}) is outside the model's {} blocks or overlaps another "
+                                   "chunk",
+                                   r.first, r.last, config_.layers));
+    if (stage_.chunks.size() > 1 && r.first == r.last)
+      throw InputError(fmt::format("chunk of blocks [{}, {}) holds no block (each chunk needs one at least)", r.first,
+                                   r.last));
+    after = r.last;
+  }
   check_split(config_, tp_);
   // Initial values are drawn at each element's place in the model as
   // configured (`config`), so padding the embedding's rows below moves
@@ -176,8 +186,10 @@ Decoder::Decoder(DecoderConfig config, DecoderStage stage, DecoderTp tp) : confi
   embed_unit_ = stage_.embed ? 0 : -1;
   block_unit0_ = stage_.embed ? 1 : 0;
   lnf_unit_ = stage_.head ? block_unit0_ + static_cast<int>(blocks_.size()) : -1;
+  chunk_first_ = {0};
+  for (const BlockRange& r : stage_.chunks) chunk_first_.push_back(chunk_first_.back() + static_cast<size_t>(r.last - r.first));
   Layout whole;
-  const DecoderStage all{0, config_.layers, true, true};
+  const DecoderStage all;
   const DecoderTp one;
   build(Builder{whole, config_, all, one, drawn_rows}, nullptr);
   for (const Slot& s : layout_.slots()) whole_offset_.push_back(whole.slot(whole.find(s.name)).offset);
@@ -194,17 +206,21 @@ Decoder::Decoder(DecoderConfig config, DecoderStage stage, DecoderTp tp) : confi
 }
 
 void Decoder::set_tied_head(const void* wte, float* tied_grad) {
-  DPT_CHECK(stage_.head && !stage_.embed, "a tied head copy is for a last stage without the embedding");
+  DPT_CHECK(stage_.head && (!stage_.embed || chunks() > 1),
+            "a tied head copy is for a head whose chunk has no embedding");
   if (device_ != Device::CPU) throw InputError("a pipeline's tied head is built for the CPU only");
   tied_w_ = wte;
   tied_dtype_ = precision_;
   tied_g_ = tied_grad;
 }
 
-void Decoder::use_slot(int slot) {
-  DPT_CHECK(slot >= 0, "slot {} is negative", slot);
-  if (slot == slot_) return;
-  if (static_cast<size_t>(slot) >= arenas_.size()) arenas_.resize(static_cast<size_t>(slot) + 1);
+void Decoder::use_slot(int slot, int chunk) {
+  DPT_CHECK(slot >= 0 && chunk >= 0 && chunk < chunks(), "slot {} of chunk {} is outside the stage's {} chunks", slot,
+            chunk, chunks());
+  chunk_ = chunk;
+  const int index = slot * chunks() + chunk;
+  if (index == slot_) return;
+  if (static_cast<size_t>(index) >= arenas_.size()) arenas_.resize(static_cast<size_t>(index) + 1);
   // Park the current arena in its slot, then take the new one out of its.
   auto swap_with = [&](Arena& a) {
     std::swap(acts_, a.acts);
@@ -217,10 +233,25 @@ void Decoder::use_slot(int slot) {
     std::swap(planned_checkpoint_, a.planned_checkpoint);
     std::swap(planned_precision_, a.planned_precision);
     std::swap(planned_fused_, a.planned_fused);
+    std::swap(planned_split_, a.planned_split);
   };
   swap_with(arenas_[static_cast<size_t>(slot_)]);
-  swap_with(arenas_[static_cast<size_t>(slot)]);
-  slot_ = slot;
+  swap_with(arenas_[static_cast<size_t>(index)]);
+  slot_ = index;
+}
+
+const float* Decoder::stage_output_of(int slot, int chunk) const {
+  const int index = slot * chunks() + chunk;
+  const Acts& a = index == slot_ ? act_ : arenas_.at(static_cast<size_t>(index)).act;
+  DPT_CHECK(!a.blocks.empty(), "slot {} of chunk {} holds no activations", slot, chunk);
+  return a.blocks.back().res3;
+}
+
+float* Decoder::output_grad_of(int slot, int chunk) {
+  const int index = slot * chunks() + chunk;
+  float* g = index == slot_ ? act_.dres : arenas_.at(static_cast<size_t>(index)).act.dres;
+  DPT_CHECK(g != nullptr, "slot {} of chunk {} holds no activations", slot, chunk);
+  return g;
 }
 
 int Decoder::arenas_held() const {
@@ -287,7 +318,7 @@ CT* as(void* p) {
 
 }  // namespace
 
-int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
+int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) const {
   const int64_t C = config_.width, N = B * T;
   const Widths& w = w_;  // this rank's widths
   const bool b16 = precision_ == DType::BF16, layer_norm = config_.norm == NormKind::LayerNorm;
@@ -305,8 +336,9 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
     mean = layer_norm ? take(N) : nullptr;
     rstd = take(N);
   };
+  const bool head = stage_.head && chunk + 1 == chunks();
   a.encoded = take(N * C);
-  a.blocks.assign(blocks_.size(), BlockActs{});
+  a.blocks.assign(chunk_blocks(chunk), BlockActs{});
   // A block's activations but its output (res3).
   auto lay_out_block = [&](BlockActs& b) {
     b.ln1 = take_operand(N * C);
@@ -335,9 +367,19 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
       b.res3 = take(N * C);
     }
   }
-  // Only the last stage has the head; a stage without it keeps its output
+  // A split backward keeps each block's output gradients for W.
+  if (split_backward_)
+    for (auto& b : a.blocks) {
+      b.w_dy2 = take(N * C);
+      b.w_d4C = take(N * w.fc);
+      b.w_dC2 = take(N * C);
+      b.w_dy1 = take(N * C);
+      b.w_d3C = take(N * w.qkv);
+      b.w_dC1 = take(N * C);
+    }
+  // Only the last chunk has the head; a chunk without it keeps its output
   // in its last block's res3.
-  if (stage_.head) {
+  if (head) {
     a.lnf = take_operand(N * C);
     take_stats(a.lnf_mean, a.lnf_rstd);
     a.logits = take(N * wte_rows());
@@ -348,7 +390,7 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
   a.d3C = take(N * w.qkv);
   a.d4C = take(N * w.fc);
   a.atty32 = b16 ? take(N * w.att) : nullptr;
-  a.dout16 = b16 ? take_operand(N * std::max({C, w.qkv, w.fc, stage_.head ? wte_rows() : 0})) : nullptr;
+  a.dout16 = b16 ? take_operand(N * std::max({C, w.qkv, w.fc, head ? wte_rows() : 0})) : nullptr;
   a.dI = config_.mlp == MlpKind::SwiGlu ? take(N * w.inner) : nullptr;
   a.rope_cos = config_.rotary ? take(T * w.hd / 2) : nullptr;
   a.rope_sin = config_.rotary ? take(T * w.hd / 2) : nullptr;
@@ -356,18 +398,23 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
 }
 
 size_t Decoder::activation_bytes_for(int64_t B) const {
-  Acts counted;
-  return static_cast<size_t>(lay_out(B, config_.context, nullptr, counted)) * sizeof(float);
+  // One micro-batch through every chunk: an arena each.
+  int64_t floats = 0;
+  for (int c = 0; c < chunks(); ++c) {
+    Acts counted;
+    floats += lay_out(B, config_.context, nullptr, counted, c);
+  }
+  return static_cast<size_t>(floats) * sizeof(float);
 }
 
 void Decoder::plan_activations(int64_t B, int64_t T) {
   if (B == batch_ && T == seq_ && checkpoint_ == planned_checkpoint_ && precision_ == planned_precision_ &&
-      fused_attention_ == planned_fused_)
+      fused_attention_ == planned_fused_ && split_backward_ == planned_split_)
     return;
   Acts counted;
-  const int64_t total = lay_out(B, T, nullptr, counted);
+  const int64_t total = lay_out(B, T, nullptr, counted, chunk_);
   acts_.reserve(static_cast<size_t>(total));
-  lay_out(B, T, acts_.f32(), act_);
+  lay_out(B, T, acts_.f32(), act_, chunk_);
   const int64_t N = B * T;
   tokens_.resize(static_cast<size_t>(N));
   targets_.resize(static_cast<size_t>(N));
@@ -378,6 +425,7 @@ void Decoder::plan_activations(int64_t B, int64_t T) {
   planned_checkpoint_ = checkpoint_;
   planned_precision_ = precision_;
   planned_fused_ = fused_attention_;
+  planned_split_ = split_backward_;
 }
 
 void Decoder::fill_rope_tables(int64_t T) {
@@ -452,7 +500,7 @@ std::vector<int> Decoder::unit_order() const {
   if (stage_.embed) order.push_back(embed_unit_);
   for (size_t l = 0; l < blocks_.size(); ++l) order.push_back(block_unit0_ + static_cast<int>(l));
   if (stage_.head) order.push_back(lnf_unit_);
-  if (stage_.head && stage_.embed && config_.tied) order.push_back(embed_unit_);
+  if (stage_.head && stage_.embed && config_.tied && chunks() == 1) order.push_back(embed_unit_);
   return order;
 }
 

@@ -35,16 +35,22 @@
 
 namespace dpt {
 
-// The part of the model one pipeline stage holds (parallel/pipeline.h):
-// blocks [first, last), the embedding on the first stage, the final
-// LayerNorm, the head and the loss on the last. The default is the whole
-// model. Names stay the whole model's ("transformer.h.5" on a stage that
-// starts at block 4), and init_range gives every element the value it has
-// in the whole model, so every split starts from the same weights.
+// The part of the model one pipeline rank holds (train/pipeline_executor.h):
+// one or more chunks of consecutive blocks (a schedule with virtual stages
+// gives a rank several: docs/pipeline.md), in increasing block order, the
+// embedding if the rank has the model's first chunk, the final norm, the
+// head and the loss if it has the last. The default is the whole model.
+// Names stay the whole model's ("transformer.h.5" on a rank that starts at
+// block 4), and init_range gives every element the value it has in the
+// whole model, so every split starts from the same weights.
+struct BlockRange {
+  int64_t first = 0, last = -1;  // blocks [first, last); -1: to the last block
+  bool operator==(const BlockRange&) const = default;
+};
 struct DecoderStage {
-  int64_t first = 0, last = -1;  // -1: to the last block
-  bool embed = true;             // wte and wpe (the first stage)
-  bool head = true;              // ln_f, the tied head and the loss (the last)
+  std::vector<BlockRange> chunks = {BlockRange{}};
+  bool embed = true;  // wte and wpe (with the rank's first chunk)
+  bool head = true;   // the final norm, the head and the loss (with its last)
 };
 
 // The slice of the model one tensor-parallel rank holds (Megatron-LM;
@@ -104,7 +110,11 @@ class Decoder : public Model {
   std::string embedding_name() const {
     return config_.family == "gpt" ? "transformer.wte.weight" : "model.embed_tokens.weight";
   }
-  bool whole() const { return stage_.first == 0 && stage_.last == config_.layers && stage_.embed && stage_.head; }
+  bool whole() const {
+    return stage_.chunks.size() == 1 && stage_.chunks[0] == BlockRange{0, config_.layers} && stage_.embed &&
+           stage_.head;
+  }
+  int chunks() const { return static_cast<int>(stage_.chunks.size()); }
   const DecoderTp& tp() const { return tp_; }
   // Tensor parallelism: the sum over the TP group, in place, of the row-
   // parallel projections' partial outputs (forward) and the column-parallel
@@ -145,24 +155,42 @@ class Decoder : public Model {
   static constexpr int64_t kPrefillChunk = 256;
 
   // Pipeline stages. A stage keeps several micro-batches' activations at
-  // once, one arena per slot; use_slot(i) makes slot i's the one forward
-  // and backward work on (slot 0 is the one a model starts with).
-  void use_slot(int slot);
+  // once, one arena per (chunk, slot); use_slot(slot, chunk) makes that
+  // arena the one forward and backward work on, over that chunk's blocks
+  // (slot 0 of chunk 0 is the one a model starts with).
+  void use_slot(int slot, int chunk = 0);
+  int chunk() const { return chunk_; }
   // Lays the current slot's arena out for B x T (forward does it too).
   void prepare(int64_t B, int64_t T) { plan_activations(B, T); }
+  // The backward split in two (zero-bubble schedules, docs/pipeline.md):
+  // backward_input (B) computes the gradient of the chunk's input and
+  // keeps, per block, each linear's output gradient and each norm's for
+  // backward_weights (W), which later computes the blocks' parameter
+  // gradients from them with the very kernels backward() runs, in the same
+  // order, and reports them ready. The embedding and the head do all of
+  // their backward in B. Set before the first forward (the arenas hold
+  // what W needs: activation_bytes_for counts it).
+  void set_split_backward(bool on) { split_backward_ = on; }
+  bool split_backward() const { return split_backward_; }
+  void backward_input(float loss_scale);
+  void backward_weights();
   // Without the embedding, forward reads its input (the residual stream
   // entering block `first`, B x T x C) from stage_input(); without the head,
   // backward reads the gradient of its output from output_grad(). After
   // them: stage_output() is the output of forward, input_grad() the
   // gradient of the input after backward. All in the current slot.
   float* stage_input() { return act_.encoded; }
-  const float* stage_output() const { return act_.blocks.back().res3; }
+  const float* stage_output() const { return act_.blocks.back().res3; }  // (a chunk has a block at least)
   float* output_grad() { return act_.dres; }
   const float* input_grad() const { return act_.dres; }
-  // A head without the embedding computes with this copy of wte, which
-  // the pipeline keeps in the compute type (fp32, or bf16 in a bf16 run:
-  // what the head's GEMM reads), and adds its gradient into tied_grad
-  // (fp32, as every weight gradient). Call after set_precision.
+  // Another arena's stage_output() and output_grad() (a pipeline passes
+  // between two chunks of one rank by copying).
+  const float* stage_output_of(int slot, int chunk) const;
+  float* output_grad_of(int slot, int chunk);
+  // A head without the embedding in its chunk computes with this copy of
+  // wte, which the pipeline keeps in the compute type (fp32, or bf16 in a
+  // bf16 run: what the head's GEMM reads), and adds its gradient into
+  // tied_grad (fp32, as every weight gradient). Call after set_precision.
   void set_tied_head(const void* wte, float* tied_grad);
   // The embedding's backward adds this gradient into wte's before its own
   // (the head's contribution, computed on the last stage), when set.
@@ -191,6 +219,11 @@ class Decoder : public Model {
     float* att;  // the probabilities [B, heads, T, T]; fused attention: the log-sum-exp [B, heads, T]
     float *ln2_mean, *ln2_rstd, *fch, *res3;
     void *ln1, *atty, *ln2, *fch_gelu;
+    // A split backward's keep for W: the output gradients of the MLP's
+    // projection (dy2) and first linear (d4C), of the attention's
+    // projection (dy1) and q/k/v (d3C), and of the two norms (dC2, dC1).
+    float *w_dy2 = nullptr, *w_d4C = nullptr, *w_dC2 = nullptr, *w_dy1 = nullptr, *w_d3C = nullptr,
+          *w_dC1 = nullptr;
   };
   // Every pointer into the arena for one (B, T).
   struct Acts {
@@ -216,7 +249,17 @@ class Decoder : public Model {
   // Lays the arena out for (B, T) from base, or only counts when base is
   // null; returns the floats it takes. The one description of the arena:
   // activation_bytes_for asks it too.
-  int64_t lay_out(int64_t B, int64_t T, float* base, Acts& a) const;
+  int64_t lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) const;
+  // The current chunk: whether it has the embedding or the head, its
+  // blocks (indices into blocks_), and its block l's slots and unit.
+  bool embeds() const { return stage_.embed && chunk_ == 0; }
+  bool heads() const { return stage_.head && chunk_ + 1 == chunks(); }
+  size_t chunk_blocks(int c) const { return chunk_first_[static_cast<size_t>(c) + 1] - chunk_first_[static_cast<size_t>(c)]; }
+  const BlockSlots& slots_of(size_t l) const { return blocks_[chunk_first_[static_cast<size_t>(chunk_)] + l]; }
+  int unit_of(size_t l) const { return block_unit0_ + static_cast<int>(chunk_first_[static_cast<size_t>(chunk_)] + l); }
+  // A pass's part for the store (UnitStore::begin_pass): a forward and a
+  // backward of chunk c are part c, a split backward's W part chunks + c.
+  int part(bool weights = false) const { return weights ? chunks() + chunk_ : chunk_; }
   void plan_activations(int64_t B, int64_t T);
   // With a padded vocabulary the head's GEMM writes [N, padded_vocab]
   // logits; the loss reads [N, vocab]: pack_logits drops the pad columns in
@@ -229,6 +272,16 @@ class Decoder : public Model {
   ForwardStats forward_as(int64_t B, int64_t T);
   template <typename CT>
   void backward_as(float loss_scale);
+  template <typename CT>
+  void backward_input_as(float loss_scale);
+  template <typename CT>
+  void backward_weights_as();
+  // A split backward's halves of one block (B: from dres to the block
+  // input's gradient, keeping what W needs; W: the parameter gradients).
+  template <typename CT>
+  void block_backward_input(size_t l, const float* x, int64_t B, int64_t T);
+  template <typename CT>
+  void block_backward_weights(size_t l, const float* x, int64_t N);
   // The embedding's forward (token rows, learned positions) and backward.
   template <typename CT>
   void embed_forward(int64_t B, int64_t T);
@@ -327,6 +380,7 @@ class Decoder : public Model {
     bool planned_checkpoint = false;
     DType planned_precision = DType::F32;
     bool planned_fused = false;
+    bool planned_split = false;
   };
   std::vector<Arena> arenas_{1};
   int slot_ = 0;
@@ -338,7 +392,12 @@ class Decoder : public Model {
   std::vector<float> inv_freq_;  // rotary: [hd/2] (nn/rope.h)
   int embed_unit_ = -1, lnf_unit_ = -1;  // -1: not on this stage
   int block_unit0_ = 0;                 // block i of the stage is unit block_unit0_ + i
-  std::vector<BlockSlots> blocks_;
+  std::vector<BlockSlots> blocks_;  // every chunk's, in order
+  std::vector<size_t> chunk_first_;  // chunk c: blocks_[chunk_first_[c], chunk_first_[c + 1])
+  int chunk_ = 0;
+  bool split_backward_ = false;
+  bool planned_split_ = false;
+  std::vector<float> norm_sink_;  // B: a norm's parameter gradients, discarded (W computes them)
   int64_t batch_ = 0, seq_ = 0;  // the arena's layout (B, T)
   bool planned_checkpoint_ = false;  // ... whether it was planned for checkpointing
   DType planned_precision_ = DType::F32;  // ... and for which compute type

@@ -93,7 +93,7 @@ void Decoder::mlp_forward(const BlockSlots& s, const BlockActs& a, int64_t N) {
 template <typename CT>
 void Decoder::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
   const int64_t N = B * T, C = config_.width;
-  const BlockSlots& s = blocks_[l];
+  const BlockSlots& s = slots_of(l);
   const BlockActs& a = act_.blocks[l];
   norm_forward(as<CT>(a.ln1), a.ln1_mean, a.ln1_rstd, x, s.ln1_w, s.ln1_b, N);
   attention_forward<CT>(s, a, B, T);
@@ -161,26 +161,26 @@ void Decoder::embed_forward(int64_t B, int64_t T) {
 template <typename CT>
 ForwardStats Decoder::forward_as(int64_t B, int64_t T) {
   const int64_t C = config_.width, V = config_.vocab, Vp = wte_rows(), N = B * T;
-  begin(Pass::Forward);
-  // A stage without the embedding finds its input in encoded (stage_input).
-  if (stage_.embed) embed_forward<CT>(B, T);
+  begin(Pass::Forward, part());
+  // A chunk without the embedding finds its input in encoded (stage_input).
+  if (embeds()) embed_forward<CT>(B, T);
   const float* x = act_.encoded;  // the residual stream entering each block
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    open(block_unit0_ + static_cast<int>(l));
+  for (size_t l = 0; l < act_.blocks.size(); ++l) {
+    open(unit_of(l));
     block_forward<CT>(l, x, B, T);
-    close(block_unit0_ + static_cast<int>(l));
+    close(unit_of(l));
     x = act_.blocks[l].res3;
   }
-  if (!stage_.head) return {};
+  if (!heads()) return {};
   CT* lnf = as<CT>(act_.lnf);
   open(lnf_unit_);
   norm_forward(lnf, act_.lnf_mean, act_.lnf_rstd, x, lnf_w_, lnf_b_, N);
   if (!config_.tied) k().linear_forward(act_.logits, lnf, weight<CT>(head_), nullptr, N, C, Vp);
   close(lnf_unit_);
   // A tied output projection: logits = lnf @ wte^T. The embedding's unit
-  // is opened a second time for it; a last stage without the embedding
-  // computes with the pipeline's copy of wte.
-  if (config_.tied && stage_.embed) {
+  // is opened a second time for it; a head without the embedding in its
+  // chunk computes with the pipeline's copy of wte.
+  if (config_.tied && !tied_w_) {
     open(embed_unit_);
     k().linear_forward(act_.logits, lnf, weight<CT>(wte_), nullptr, N, C, Vp);
     close(embed_unit_);
@@ -271,13 +271,13 @@ template <typename CT>
 void Decoder::backward_as(float loss_scale) {
   const int64_t B = batch_, T = seq_, N = B * T;
   const Acts& a = act_;
-  begin(Pass::Backward);
-  if (stage_.head) head_backward<CT>(loss_scale);
+  begin(Pass::Backward, part());
+  if (heads()) head_backward<CT>(loss_scale);
   // Without the head, dres holds the output's gradient (output_grad).
-  for (size_t l = blocks_.size(); l-- > 0;) {
-    const BlockSlots& s = blocks_[l];
+  for (size_t l = a.blocks.size(); l-- > 0;) {
+    const BlockSlots& s = slots_of(l);
     const BlockActs& b = a.blocks[l];
-    open(block_unit0_ + static_cast<int>(l));
+    open(unit_of(l));
     const float* x = l > 0 ? a.blocks[l - 1].res3 : a.encoded;
     // Checkpointing: refill the scratch block from the block's saved input,
     // inside the same open as its backward, so a sharded strategy gathers
@@ -290,10 +290,10 @@ void Decoder::backward_as(float loss_scale) {
     norm_backward(a.dC, b.res2, s.ln2_w, s.ln2_b, b.ln2_mean, b.ln2_rstd, N);
     attention_backward<CT>(s, b, B, T);
     norm_backward(a.dC, x, s.ln1_w, s.ln1_b, b.ln1_mean, b.ln1_rstd, N);
-    close(block_unit0_ + static_cast<int>(l));
+    close(unit_of(l));
   }
   // Without the embedding, dres is the input's gradient (input_grad).
-  if (stage_.embed) embed_backward(B, T);
+  if (embeds()) embed_backward(B, T);
 }
 
 void Decoder::embed_backward(int64_t B, int64_t T) {
@@ -330,7 +330,7 @@ void Decoder::head_backward(float loss_scale) {
   // In a bf16 run each output gradient is converted once for its GEMMs
   // (operand); the bias gradients are summed from the fp32 gradient.
   const CT* dlogits = operand<CT>(k(), a.logits, N * Vp, a.dout16);
-  if (config_.tied && stage_.embed) {
+  if (config_.tied && !tied_w_) {
     open(embed_unit_);
     k().linear_backward(a.dC, grad(wte_), nullptr, dlogits, as<CT>(a.lnf), weight<CT>(wte_), N, C, Vp, nullptr);
     close(embed_unit_);
@@ -347,7 +347,7 @@ void Decoder::head_backward(float loss_scale) {
   if (vocab_parallel()) tensor_sum(a.dC, static_cast<size_t>(N * C));
   if (config_.tied) open(lnf_unit_);
   k().zero(a.dres, sizeof(float) * static_cast<size_t>(N * C));
-  const float* last = blocks_.empty() ? a.encoded : a.blocks.back().res3;
+  const float* last = a.blocks.empty() ? a.encoded : a.blocks.back().res3;
   norm_backward(a.dC, last, lnf_w_, lnf_b_, a.lnf_mean, a.lnf_rstd, N);
   close(lnf_unit_);
 }

@@ -109,12 +109,12 @@ const float* Model::param(int slot) const {
   return vectors_.f32() + vector_at_[static_cast<size_t>(slot)];
 }
 
-void Model::begin(Pass pass) {
+void Model::begin(Pass pass, int part) {
   pass_ = pass;
   unit_params_.assign(layout_.units().size(), nullptr);
   unit_params16_.assign(layout_.units().size(), nullptr);
   unit_grads_.assign(layout_.units().size(), nullptr);
-  store_->begin_pass(pass);
+  store_->begin_pass(pass, part);
 }
 
 void Model::open(int unit) {

@@ -53,8 +53,11 @@ enum class Pass { Forward, Backward };
 class UnitStore {
  public:
   virtual ~UnitStore() = default;
-  // Called as forward or backward starts.
-  virtual void begin_pass(Pass) {}
+  // Called as forward or backward starts. `part` names which pass of the
+  // model it is where one model runs several different ones (a pipeline
+  // rank's chunks, a split backward's input and weight passes: each opens
+  // its own units in its own order); 0 for a model with one of each.
+  virtual void begin_pass(Pass, int /*part*/) {}
   virtual const float* acquire(int unit) = 0;
   // A bf16 run's acquire: the unit's bf16 compute copy of its parameters
   // (docs/precision.md). Stores that do not hold one throw InternalError.
@@ -183,7 +186,7 @@ class Model {
   // Unit boundaries, called by forward and backward: open(u) before a
   // unit's parameters are read (in backward: and its gradients written),
   // close(u) after. begin(pass) as forward or backward starts.
-  void begin(Pass pass);
+  void begin(Pass pass, int part = 0);
   void open(int unit);
   void close(int unit);
   void grads_ready(size_t offset, size_t numel) { store_->grads_ready(offset, numel); }

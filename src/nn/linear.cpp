@@ -50,8 +50,10 @@ DPT_CPU_CLONES void linear_backward_bias(float* dbias, const float* dout, int64_
 template <typename T>
 void linear_backward(float* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t N, int64_t C, int64_t OC, const float* dout_bias) {
+  // A split backward (models/decoder_split.cpp) asks for the input's
+  // gradient alone (no dweight) or the parameters' alone (no dinp).
   if (dinp) linear_backward_input(dinp, dout, weight, N, C, OC);
-  linear_backward_weight(dweight, dout, inp, N, C, OC, 0, OC);
+  if (dweight) linear_backward_weight(dweight, dout, inp, N, C, OC, 0, OC);
   if (!dbias) return;
   if constexpr (std::is_same_v<T, float>) {
     linear_backward_bias(dbias, dout_bias ? dout_bias : dout, N, OC);

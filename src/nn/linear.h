@@ -39,7 +39,8 @@ void linear_backward_weight(float* dweight, const T* dout, const T* inp, int64_t
 void linear_backward_bias(float* dbias, const float* dout, int64_t N, int64_t OC);
 
 // All of it: dinp (skipped when nullptr: the first layer of a model needs no
-// input gradient), dweight (all rows), dbias (skipped when nullptr) from
+// input gradient, nor a split backward's W), dweight (all rows; skipped
+// when nullptr: a split backward's B), dbias (skipped when nullptr) from
 // dout_bias: dout itself in fp32; a bf16 run passes the fp32 gradient that
 // dout was converted from.
 template <typename T>

@@ -138,7 +138,88 @@ std::string check_structure(const PipeProgram& p) {
   return "";
 }
 
+// Messages of one kind from one rank to another arrive in the order sent.
+std::string check_link_order(const PipeProgram& p) {
+  const int S = p.chunks();
+  auto rank_of = [&](int c) { return p.rank_of_chunk[static_cast<size_t>(c)]; };
+  // For each (kind, from, to): the messages in the sender's order, then
+  // checked against the receiver's order. Kind 0: an F's output to the next
+  // chunk; kind 1: a B's (or BW's) input gradient to the previous chunk.
+  std::vector<std::vector<std::pair<int, int>>> sent(static_cast<size_t>(2 * p.pp * p.pp));
+  auto link = [&](int kind, int from, int to) -> auto& {
+    return sent[static_cast<size_t>((kind * p.pp + from) * p.pp + to)];
+  };
+  for (size_t r = 0; r < p.ranks.size(); ++r)
+    for (const PipeAction& a : p.ranks[r]) {
+      if (a.kind == Kind::F && a.chunk + 1 < S && rank_of(a.chunk + 1) != static_cast<int>(r))
+        link(0, static_cast<int>(r), rank_of(a.chunk + 1)).push_back({a.chunk + 1, a.micro});
+      if ((a.kind == Kind::B || a.kind == Kind::BW) && a.chunk > 0 && rank_of(a.chunk - 1) != static_cast<int>(r))
+        link(1, static_cast<int>(r), rank_of(a.chunk - 1)).push_back({a.chunk - 1, a.micro});
+    }
+  std::vector<size_t> next(sent.size(), 0);
+  for (size_t r = 0; r < p.ranks.size(); ++r)
+    for (const PipeAction& a : p.ranks[r]) {
+      const bool from_before = a.kind == Kind::F && a.chunk > 0 && rank_of(a.chunk - 1) != static_cast<int>(r);
+      const bool from_after =
+          (a.kind == Kind::B || a.kind == Kind::BW) && a.chunk + 1 < S && rank_of(a.chunk + 1) != static_cast<int>(r);
+      if (!from_before && !from_after) continue;
+      const int kind = from_before ? 0 : 1, from = rank_of(from_before ? a.chunk - 1 : a.chunk + 1);
+      auto& list = link(kind, from, static_cast<int>(r));
+      size_t& i = next[static_cast<size_t>((kind * p.pp + from) * p.pp + static_cast<int>(r))];
+      if (i >= list.size() || list[i] != std::pair{a.chunk, a.micro})
+        return fmt::format("rank {} receives for {} out of the order rank {} sends in ({} are received in the order "
+                           "they are sent)",
+                           r, pipe_action_name(a), from, kind == 0 ? "activations" : "gradients");
+      ++i;
+    }
+  return "";
+}
+
 }  // namespace
+
+int PipeSlots::local(int chunk) const {
+  const auto it = std::find(chunks.begin(), chunks.end(), chunk);
+  DPT_CHECK(it != chunks.end(), "chunk {} is not on this rank", chunk);
+  return static_cast<int>(it - chunks.begin());
+}
+
+PipeSlots pipe_slot_table(const PipeProgram& p, int rank) {
+  PipeSlots t;
+  for (int c = 0; c < p.chunks(); ++c)
+    if (p.rank_of_chunk[static_cast<size_t>(c)] == rank) t.chunks.push_back(c);
+  const size_t n = t.chunks.size(), M = static_cast<size_t>(p.micro_batches);
+  t.of.assign(n, std::vector<int>(M, -1));
+  t.free_at.assign(n, std::vector<int>(M, -1));
+  t.count.assign(n, 0);
+  std::vector<std::vector<int>> freed_by(n);  // per local chunk: for each slot, the op that last freed it
+  std::vector<std::vector<char>> busy(n);
+  const auto& ops = p.ranks[static_cast<size_t>(rank)];
+  const bool split = std::any_of(ops.begin(), ops.end(), [](const PipeAction& a) { return a.kind == Kind::W; });
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const PipeAction& a = ops[k];
+    const auto i = static_cast<size_t>(t.local(a.chunk));
+    const auto m = static_cast<size_t>(a.micro);
+    if (a.kind == Kind::F) {
+      size_t s = 0;
+      while (s < busy[i].size() && busy[i][s]) ++s;
+      if (s == busy[i].size()) busy[i].push_back(0), freed_by[i].push_back(-1);
+      busy[i][s] = 1;
+      t.of[i][m] = static_cast<int>(s);
+      t.free_at[i][m] = freed_by[i][s];
+      t.count[i] = std::max(t.count[i], static_cast<int>(s) + 1);
+    } else if (a.kind == Kind::W || a.kind == Kind::BW || (a.kind == Kind::B && !split)) {
+      const auto s = static_cast<size_t>(t.of[i][m]);
+      busy[i][s] = 0;
+      freed_by[i][s] = static_cast<int>(k);
+    }
+  }
+  return t;
+}
+
+int pipe_arenas(const PipeProgram& p, int rank) {
+  const PipeSlots t = pipe_slot_table(p, rank);
+  return t.count.empty() ? 0 : *std::max_element(t.count.begin(), t.count.end());
+}
 
 std::string pipe_action_name(const PipeAction& a) {
   return fmt::format("{}(chunk {}, micro {})", kind_name(a.kind), a.chunk, a.micro);
@@ -147,6 +228,7 @@ std::string pipe_action_name(const PipeAction& a) {
 PipeCheck check_pipe_program(const PipeProgram& p) {
   PipeCheck out;
   out.error = check_structure(p);
+  if (out.error.empty()) out.error = check_link_order(p);
   if (out.error.empty()) out.error = run(p, PipeCosts{}, nullptr);
   for (const auto& ops : p.ranks) {
     int held = 0, waiting = 0, peak_held = 0, peak_w = 0;

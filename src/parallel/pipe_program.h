@@ -1,8 +1,6 @@
-// Pipeline schedules as data (issue 32's first part): every rank's list of
-// operations for one optimizer step, a validator of such lists, and a
-// simulator of the bubble they leave. Pure functions: the executor that
-// runs any list is the next step (train/pipeline_executor.h runs gpipe and
-// 1f1b today, through pipe_ops).
+// Pipeline schedules as data: every rank's list of operations for one
+// optimizer step, a validator of such lists, and a simulator of the bubble
+// they leave. Pure functions; train/pipeline_executor.h runs any valid list.
 //
 // The model's blocks are cut into S = pp x v chunks, chunk c holding the
 // c-th range of blocks; chunk 0 has the embedding, chunk S - 1 the head.
@@ -62,6 +60,9 @@ struct PipeProgram {
 // M not a multiple of pp, v < 2 for interleaved, v != 2 for zb-v).
 std::vector<std::string> pipe_program_names();
 PipeProgram pipe_program(const std::string& schedule, int pp, int v, int micro_batches);
+// Chunks per rank for --virtual-stages v (0: the schedule's own: 2 for
+// interleaved and zb-v, 1 for the rest).
+int pipe_virtual_stages(const std::string& schedule, int v);
 
 // What a list implies, or why it cannot run.
 struct PipeCheck {
@@ -72,9 +73,30 @@ struct PipeCheck {
 // Checks every chunk's F, and BW or B and W, appear once each on the
 // chunk's rank; on each rank F before B (or BW) before W; every send (an
 // F to the next chunk's rank, a B to the previous chunk's) has its
-// receiving operation; and a run of the lists completes (no cycle of
-// waits). The first problem found is one sentence naming the operation.
+// receiving operation; the messages from one rank to another of one kind
+// (activations, gradients) are received in the order they are sent (a
+// link delivers them in order, and they are all the same size: a
+// mismatch would be read silently into the wrong micro-batch); and a run
+// of the lists completes (no cycle of waits). The first problem found is
+// one sentence naming the operation.
 PipeCheck check_pipe_program(const PipeProgram& p);
+
+// Where a rank keeps each micro-batch's activations: the rank's chunks in
+// increasing order (`chunks`), and for local chunk i the arena slot of each
+// micro-batch (of[i][m]: the lowest slot free when its F runs; a slot is
+// free again after the micro-batch's BW or W) and the slots it needs
+// (count[i]). free_at[i][m]: the index in the rank's list of the operation
+// after which of[i][m] was last freed (-1: never used before).
+struct PipeSlots {
+  std::vector<int> chunks;
+  std::vector<std::vector<int>> of, free_at;
+  std::vector<int> count;
+  int local(int chunk) const;  // the index of a chunk of this rank in chunks
+};
+PipeSlots pipe_slot_table(const PipeProgram& p, int rank);
+// The arenas a rank holds at most for one chunk (exact for one chunk per
+// rank: gpipe M, 1f1b min(M, pp - r), zb-h1 its F-to-W window).
+int pipe_arenas(const PipeProgram& p, int rank);
 
 // Per chunk costs of its operations and of a transfer between ranks (any
 // unit); BW costs b + w.

@@ -164,6 +164,11 @@ PipeProgram zero_bubble(const std::string& name, int pp, int v, int M) {
 
 }  // namespace
 
+int pipe_virtual_stages(const std::string& schedule, int v) {
+  if (v > 0) return v;
+  return schedule == "interleaved" || schedule == "zb-v" ? 2 : 1;
+}
+
 std::vector<std::string> pipe_program_names() { return {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"}; }
 
 PipeProgram pipe_program(const std::string& schedule, int pp, int v, int M) {

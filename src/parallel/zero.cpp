@@ -458,9 +458,27 @@ MemoryBytes ZeroStrategy::bytes() const {
 
 // ---------------------------------------------------------------- the model's units
 
-void ZeroStrategy::begin_pass(Pass pass) {
+void ZeroStrategy::begin_pass(Pass pass, int part) {
+  // A part's first pass has ended: its order is recorded.
+  if (key_ >= 2 && !order_[key_].empty()) done_[key_] = 1;
   pass_ = pass;
   pos_ = 0;
+  key_ = 2 * static_cast<size_t>(part) + (pass == Pass::Forward ? 0 : 1);
+  if (key_ >= order_.size()) {
+    order_.resize(key_ + 1);
+    done_.resize(key_ + 1, 0);
+  }
+  if (part > 0) multi_part_ = true;
+  if (key_ >= 2 || multi_part_) {
+    // Several parts: the next pass is the schedule's choice, so what is
+    // still gathered from the last one (but this pass's first unit) is freed.
+    const int first = recorded() && !order_[key_].empty() ? order_[key_][0] : -1;
+    if (stage_ == 3)
+      for (size_t u = 0; u < gathered_.size(); ++u)
+        if (gathered_[u].buf >= 0 && gathered_[u].refs == 0 && static_cast<int>(u) != first)
+          free_gathered(static_cast<int>(u));
+    if (key_ >= 2) return;
+  }
   if (pass != Pass::Forward) return;
   // The first forward after a backward has both orders recorded; until
   // then a forward restarts its recording (an evaluation may come first).
@@ -472,15 +490,15 @@ void ZeroStrategy::begin_pass(Pass pass) {
   }
   // Units still gathered from the last pass (kept, or prefetched for a
   // backward that an evaluation's forward never ran) are freed.
-  if (stage_ == 3)
+  if (stage_ == 3 && !multi_part_)
     for (size_t u = 0; u < gathered_.size(); ++u)
       if (gathered_[u].buf >= 0 && gathered_[u].refs == 0) free_gathered(static_cast<int>(u));
 }
 
 int ZeroStrategy::next_unit() const {
-  const auto& order = order_[pass_ == Pass::Forward ? 0 : 1];
+  const auto& order = order_[key_];
   if (pos_ < order.size()) return order[pos_];
-  if (pass_ == Pass::Forward && !order_[1].empty()) return order_[1][0];
+  if (key_ == 0 && !multi_part_ && !order_[1].empty()) return order_[1][0];
   return -1;
 }
 
@@ -512,8 +530,7 @@ void ZeroStrategy::free_gathered(int u) {
 const bf16* ZeroStrategy::acquire_bf16(int u) {
   DPT_CHECK(mixed_, "bf16 parameters asked of an fp32 {} run", options_.strategy.name());
   if (stage_ < 3) {
-    if (!recorded_) order_[pass_ == Pass::Forward ? 0 : 1].push_back(u);
-    ++pos_;
+    record_open(u);
     wait_param_gather(u);
     return params16_.b16() + unit(u).offset;
   }
@@ -521,8 +538,7 @@ const bf16* ZeroStrategy::acquire_bf16(int u) {
 }
 
 const float* ZeroStrategy::acquire(int u) {
-  if (!recorded_) order_[pass_ == Pass::Forward ? 0 : 1].push_back(u);
-  ++pos_;
+  record_open(u);
   if (stage_ < 3) {
     wait_param_gather(u);
     return model_.params() + unit(u).offset;
@@ -535,9 +551,9 @@ const float* ZeroStrategy::acquire(int u) {
   }
   ++g.refs;
   // Prefetch: the next unit's all-gather runs while this one computes.
-  if (recorded_) {
+  if (recorded()) {
     const int next = next_unit();
-    const bool in_forward = pass_ == Pass::Forward && pos_ < order_[0].size();
+    const bool in_forward = pass_ == Pass::Forward && pos_ < order_[key_].size();
     const Prefetch p = options_.prefetch;
     const bool allowed = p == Prefetch::Both || (p == Prefetch::Forward && in_forward) ||
                          (p == Prefetch::Backward && !in_forward);
@@ -551,7 +567,7 @@ void ZeroStrategy::release(int u) {
   Gathered& g = gathered_[static_cast<size_t>(u)];
   DPT_CHECK(g.refs > 0, "unit {} released more often than acquired", u);
   if (--g.refs > 0) return;
-  const bool keep = (pass_ == Pass::Forward && !options_.reshard_after_forward) || (recorded_ && next_unit() == u);
+  const bool keep = (pass_ == Pass::Forward && !options_.reshard_after_forward) || (recorded() && next_unit() == u);
   if (!keep) free_gathered(u);
 }
 

@@ -100,7 +100,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
 
  private:
   // UnitStore: what the model sees.
-  void begin_pass(Pass pass) override;
+  void begin_pass(Pass pass, int part) override;
   const float* acquire(int unit) override;
   const bf16* acquire_bf16(int unit) override;
   void release(int unit) override;
@@ -184,11 +184,22 @@ class ZeroStrategy : public Strategy, private UnitStore {
   std::vector<Gathered> gathered_;  // stage 3
   BufferPool gather_pool_;
   // The order the model opens units in each pass, recorded on the first
-  // micro-step and replayed for prefetching.
-  std::vector<int> order_[2];
-  bool recorded_ = false;
+  // micro-step and replayed for prefetching: order_[0] forward, order_[1]
+  // backward for a model's part 0 (the only part of most models). A model
+  // with several parts (a pipeline rank's chunks, a split backward) has an
+  // order per (pass, part) beyond those, each recorded in its first pass.
+  std::vector<std::vector<int>> order_ = std::vector<std::vector<int>>(2);
+  std::vector<char> done_ = std::vector<char>(2, 0);  // parts > 0: recorded
+  bool recorded_ = false;  // part 0
+  bool multi_part_ = false;
   Pass pass_ = Pass::Forward;
+  size_t key_ = 0;  // 2 x part + (backward ? 1 : 0)
   size_t pos_ = 0;
+  bool recorded() const { return key_ < 2 ? recorded_ : done_[key_] != 0; }
+  void record_open(int u) {
+    if (!recorded()) order_[key_].push_back(u);
+    ++pos_;
+  }
 
   std::vector<double> norm_parts_;  // every rank's sum of squares (no allocation in a step)
   double gather_wait_s_ = 0.0;

@@ -62,12 +62,12 @@ void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, cons
   if (r.all_meshes)
     std::printf("meshes: every tp x pp of %d ranks that dpt train runs for this model (rows tpN ppN; dp = ranks / "
                 "(tp x pp)); pipelines %s over %lld micro-batches; a pipeline's figures are its largest stage's\n",
-                r.world, pipe_schedule_name(r.run.pp_schedule), static_cast<long long>(r.grad_accum));
+                r.world, r.run.pp_schedule.c_str(), static_cast<long long>(r.grad_accum));
   else if (r.run.tp > 1 || r.run.pp > 1)
     std::printf("mesh: pp %d x dp %d x tp %d%s; a pipeline's figures are its largest stage's (--json: every "
                 "stage's)\n",
                 r.run.pp, r.world / (r.run.tp * r.run.pp), r.run.tp,
-                r.run.pp > 1 ? fmt::format(", {} over {} micro-batches, bubble {:.1f}%", pipe_schedule_name(r.run.pp_schedule),
+                r.run.pp > 1 ? fmt::format(", {} over {} micro-batches, bubble {:.1f}%", r.run.pp_schedule,
                                            r.grad_accum, 100.0 * pipe_bubble(r.run.pp, static_cast<int>(r.grad_accum)))
                                    .c_str()
                              : "");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "parallel/pipe_program.h"
 #include "tools/flag_checks.h"
 
 namespace dpt {
@@ -43,8 +44,14 @@ void RunFlags::add(CLI::App* cmd, TrainOptions& o) {
       ->check(CLI::IsMember({"replicated", "vocab"}));
   cmd->add_option("--pp", o.pp, "pipeline stages (gpt): each holds consecutive blocks; data parallelism over world / pp")
       ->check(positive());
-  cmd->add_option("--pp-schedule", pp_schedule_, "--pp: gpipe or 1f1b (default; fewer micro-batches held)")
-      ->check(CLI::IsMember({"gpipe", "1f1b"}));
+  cmd->add_option("--pp-schedule", o.pp_schedule,
+                  "--pp: gpipe, 1f1b (default), interleaved (--virtual-stages chunks per rank), zb-h1 or zb-v (zero "
+                  "bubble: each backward split in two, the weight gradients moved into the bubble; docs/pipeline.md)")
+      ->check(CLI::IsMember(pipe_program_names()));
+  cmd->add_option("--virtual-stages", o.virtual_stages,
+                  "--pp-schedule interleaved: chunks of blocks per rank (default 2; zb-v has 2); --pp-split then "
+                  "counts blocks per chunk")
+      ->check(positive());
   cmd->add_option("--pp-split", o.pp_split, "--pp: blocks per stage, e.g. 2,1,1 (default: balanced by parameter count)");
   cmd->add_option("--attention", attention_,
                   "causal attention: unfused (default: every head's T x T probabilities kept for backward) or fused "
@@ -66,7 +73,6 @@ void RunFlags::apply(const CLI::App* cmd, TrainOptions& o) const {
   o.zero_accumulate_locally = zero_accumulate_ == "local";
   o.ddp.reduce_dtype = parse_precision(reduce_dtype_, "--reduce-dtype");
   o.tp_embedding = parse_tp_embedding(tp_embedding_);
-  o.pp_schedule = parse_pipe_schedule(pp_schedule_);
   o.offload_chunk_bytes = static_cast<size_t>(offload_chunk_mb_ * (1 << 20));
   o.fused_attention = attention_ == "fused";
 }

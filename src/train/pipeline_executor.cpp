@@ -1,5 +1,6 @@
 #include "train/pipeline_executor.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -27,67 +28,164 @@ void wait(std::shared_ptr<comm::Work>& w) {
 
 }  // namespace
 
-std::vector<DecoderStage> gpt_stages(const DecoderConfig& c, int pp, const std::string& split) {
+std::vector<DecoderStage> pipe_stages(const DecoderConfig& c, const PipeProgram& program, const std::string& split) {
   const int64_t C = c.width, V = c.rows();
-  // Parameters held: the embedding (and learned positions) on the first
-  // stage, the final norm and the head (or the head's copy of the tied
-  // embedding) on the last.
+  // Parameters held: the embedding (and learned positions) with chunk 0,
+  // the final norm and the head (or the head's copy of the tied embedding)
+  // with the last.
   const int64_t norm = c.norm == NormKind::LayerNorm ? 2 * C : C;
+  const int S = program.chunks();
   const std::vector<int64_t> counts =
-      pipe_split(split, pp, c.layers, V * C + (c.rotary ? 0 : c.context * C), c.block_params(), V * C + norm);
-  std::vector<DecoderStage> stages;
+      pipe_split(split, S, c.layers, V * C + (c.rotary ? 0 : c.context * C), c.block_params(), V * C + norm);
+  std::vector<DecoderStage> stages(static_cast<size_t>(program.pp));
+  for (auto& st : stages) st = DecoderStage{{}, false, false};
   int64_t first = 0;
-  for (size_t s = 0; s < counts.size(); ++s) {
-    stages.push_back({first, first + counts[s], s == 0, s + 1 == counts.size()});
-    first += counts[s];
+  for (int k = 0; k < S; ++k) {
+    DecoderStage& st = stages[static_cast<size_t>(program.rank_of_chunk[static_cast<size_t>(k)])];
+    st.chunks.push_back({first, first + counts[static_cast<size_t>(k)]});
+    st.embed = st.embed || k == 0;
+    st.head = st.head || k == S - 1;
+    first += counts[static_cast<size_t>(k)];
   }
   return stages;
+}
+
+PipeProgram run_program(const TrainOptions& o, int pp) {
+  return pipe_program(o.pp_schedule, pp, pipe_virtual_stages(o.pp_schedule, o.virtual_stages),
+                      static_cast<int>(o.grad_accum));
+}
+
+std::vector<DecoderStage> gpt_stages(const DecoderConfig& c, int pp, const std::string& split) {
+  return pipe_stages(c, pipe_program("1f1b", pp, 1, 1), split);
 }
 
 PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Decoder& model, Strategy& strategy,
                                    DataSource& data, float loss_scale, PipelineOptions options)
     : mesh_(mesh), groups_(groups), model_(model), strategy_(strategy), data_(data), loss_scale_(loss_scale),
-      options_(std::move(options)) {
-  const int M = options_.micro_batches;
-  ops_ = pipe_ops(options_.schedule, mesh_.pp, mesh_.pp_rank, M);
-  slots_ = pipe_slots(options_.schedule, mesh_.pp, mesh_.pp_rank, M);
-  sends_.resize(static_cast<size_t>(slots_));
+      options_(std::move(options)), program_(options_.program) {
+  const PipeCheck check = check_pipe_program(program_);
+  if (!check.error.empty())
+    throw InputError(fmt::format("the {} pipeline schedule cannot run: {}", program_.schedule, check.error));
+  ops_ = program_.ranks[static_cast<size_t>(me())];
+  slots_ = pipe_slot_table(program_, me());
+  head_rank_ = rank_of(chunks() - 1);
+  const int M = program_.micro_batches;
+  batches_.resize(static_cast<size_t>(M));
+  have_batch_.assign(static_cast<size_t>(M), 0);
+  int arenas = 0;
+  for (int c : slots_.count) arenas = std::max(arenas, c);
+  sends_.resize(static_cast<size_t>(arenas) * slots_.chunks.size());
+  recvs_.resize(ops_.size());
+  const bool split = std::any_of(ops_.begin(), ops_.end(), [](const PipeAction& a) { return a.kind == PipeAction::W; });
+  if (split && model_.checkpoint_activations())
+    throw InputError(fmt::format("--pp-schedule {} splits each backward in two and keeps every block's activations "
+                                 "for the second half; it does not run with --checkpoint-activations yet",
+                                 program_.schedule));
+  model_.set_split_backward(split);
+  make_links();
   // The head's copy of wte is in the compute type: the head's GEMM reads
-  // it as one process reads its own compute copy of wte.
+  // it as one process reads its own compute copy of wte. An untied head is
+  // the last chunk's own parameter: nothing to share.
   const DType compute = model_.precision();
-  // An untied head is the last stage's own parameter: nothing to share.
-  if (last() && model_.tied()) {
-    tied_w_ = FlatBuffer(wte_numel(), compute);
-    tied_g_ = FlatBuffer(wte_numel());
-    model_.set_tied_head(tied_w_.f32(), tied_g_.f32());
-  }
-  if (first() && model_.tied()) {
-    tied_g_ = FlatBuffer(wte_numel());
-    embed_unit_ = FlatBuffer(model_.layout().units()[0].numel);
-    if (compute != DType::F32) tied_w_ = FlatBuffer(wte_numel(), compute);
+  if (model_.tied()) {
+    if (holds_head() || first()) tied_g_ = FlatBuffer(wte_numel());
+    if (first()) {
+      embed_unit_ = FlatBuffer(model_.layout().units()[0].numel);
+      if (compute != DType::F32) tied_w_ = FlatBuffer(wte_numel(), compute);
+    } else if (holds_head()) {
+      tied_w_ = FlatBuffer(wte_numel(), compute);
+    }
+    if (holds_head()) {
+      // On rank 0 (a V) the head reads wte where the gather put it (the
+      // unit's first slot), or its rounded copy.
+      const void* copy = !first() || compute != DType::F32 ? static_cast<const void*>(tied_w_.f32()) : embed_unit_.f32();
+      model_.set_tied_head(copy, tied_g_.f32());
+    }
   }
   sync_tied_weights();
   eval_forward_ = [this](const Batch& b) {
-    // One batch at a time, in slot 0 (between steps every arena is free).
-    model_.use_slot(0);
-    const size_t n = static_cast<size_t>(b.B * b.T * model_.config().width);
-    if (!first()) {
-      model_.prepare(b.B, b.T);
-      groups_.activations().recv(model_.stage_input(), n, DType::F32, mesh_.pp_rank - 1);
+    // One batch at a time through the rank's chunks in order, each in its
+    // slot 0 (between steps every arena is free).
+    ForwardStats stats;
+    const size_t n = activation_elements(b);
+    for (size_t i = 0; i < slots_.chunks.size(); ++i) {
+      const int c = slots_.chunks[i];
+      model_.use_slot(0, static_cast<int>(i));
+      if (c > 0) {
+        model_.prepare(b.B, b.T);
+        if (rank_of(c - 1) == me()) {
+          model_.k().copy(model_.stage_input(), model_.stage_output_of(0, slots_.local(c - 1)), n * sizeof(float));
+        } else {
+          const Link l = link(0, rank_of(c - 1), me());
+          l.group->recv(model_.stage_input(), n, DType::F32, l.peer);
+        }
+      }
+      const ForwardStats st = model_.forward(b);
+      if (c == chunks() - 1) stats = st;
+      if (c + 1 < chunks() && rank_of(c + 1) != me()) {
+        const Link l = link(0, me(), rank_of(c + 1));
+        l.group->send(model_.stage_output(), n, DType::F32, l.peer);
+      }
     }
-    const ForwardStats st = model_.forward(b);
-    if (!last()) groups_.activations().send(model_.stage_output(), n, DType::F32, mesh_.pp_rank + 1);
-    return st;
+    return stats;
   };
 }
 
-size_t pipeline_buffer_bytes(const Decoder& stage, int pp, int s) {
+PipelineExecutor::~PipelineExecutor() {
+  // Nothing may still read or write an arena when the model outlives us.
+  for (auto& w : sends_)
+    if (w) w->wait();
+  for (auto& w : recvs_)
+    if (w) w->wait();
+}
+
+void PipelineExecutor::make_links() {
+  if (program_.v == 1) return;  // one chunk per rank: MeshGroups' two groups
+  // Every (kind, from, to) the program sends on, in the same order on every
+  // rank (the program is the same everywhere): one split of the PP group
+  // each, the sender ranked first.
+  const int P = program_.pp;
+  links_.assign(static_cast<size_t>(2 * P * P), Link{});
+  std::vector<char> used(links_.size(), 0);
+  for (size_t r = 0; r < program_.ranks.size(); ++r)
+    for (const PipeAction& a : program_.ranks[r]) {
+      const int from = static_cast<int>(r);
+      if (a.kind == PipeAction::F && a.chunk + 1 < chunks() && rank_of(a.chunk + 1) != from)
+        used[static_cast<size_t>((0 * P + from) * P + rank_of(a.chunk + 1))] = 1;
+      if ((a.kind == PipeAction::B || a.kind == PipeAction::BW) && a.chunk > 0 && rank_of(a.chunk - 1) != from)
+        used[static_cast<size_t>((1 * P + from) * P + rank_of(a.chunk - 1))] = 1;
+    }
+  for (int kind = 0; kind < 2; ++kind)
+    for (int from = 0; from < P; ++from)
+      for (int to = 0; to < P; ++to) {
+        const auto i = static_cast<size_t>((kind * P + from) * P + to);
+        if (!used[i]) continue;
+        const bool member = me() == from || me() == to;
+        auto g = groups_.pp().split(member ? 0 : 1 + me(), me() == from ? 0 : 1,
+                                    fmt::format("pp {} {}->{}", kind == 0 ? "activations" : "gradients", from, to));
+        if (!member) continue;
+        links_[i] = Link{g.get(), me() == from ? 1 : 0};
+        link_groups_.push_back(std::move(g));
+      }
+}
+
+PipelineExecutor::Link PipelineExecutor::link(int kind, int from, int to) {
+  if (program_.v == 1) {
+    comm::ProcessGroup& g = kind == 0 ? groups_.activations() : groups_.gradients();
+    return Link{&g, from == me() ? to : from};
+  }
+  const Link l = links_[static_cast<size_t>((kind * program_.pp + from) * program_.pp + to)];
+  DPT_CHECK(l.group != nullptr, "no {} link from pp rank {} to {}", kind == 0 ? "activation" : "gradient", from, to);
+  return l;
+}
+
+size_t pipeline_buffer_bytes(const Decoder& stage, int pp) {
   if (pp == 1 || !stage.tied()) return 0;
   const size_t wte = static_cast<size_t>(stage.wte_rows() * stage.config().width);
   const size_t copy = dtype_size(stage.precision()) * wte;
-  if (s == 0)
+  if (stage.stage().embed)
     return sizeof(float) * (wte + stage.layout().units()[0].numel) + (stage.precision() == DType::F32 ? 0 : copy);
-  return s + 1 == pp ? sizeof(float) * wte + copy : 0;
+  return stage.stage().head ? sizeof(float) * wte + copy : 0;
 }
 
 size_t PipelineExecutor::wte_numel() const {
@@ -105,8 +203,8 @@ void PipelineExecutor::sync_tied_weights() {
       convert(tied_w_.b16(), embed_unit_.f32(), wte_numel());
       values = tied_w_.b16();
     }
-    groups_.pp().send(values, wte_numel(), compute, mesh_.pp - 1);
-  } else if (last()) {
+    if (!holds_head()) groups_.pp().send(values, wte_numel(), compute, head_rank_);
+  } else if (holds_head()) {
     groups_.pp().recv(tied_w_.f32(), wte_numel(), compute, 0);
   }
 }
@@ -115,101 +213,193 @@ void PipelineExecutor::set_phase(const char* phase) {
   for (auto* g : {&groups_.activations(), &groups_.gradients(), &groups_.pp(), &groups_.dp(), &groups_.world(),
                   groups_.tp()})
     if (g) g->set_phase(phase);
+  for (auto& g : link_groups_) g->set_phase(phase);
+}
+
+size_t PipelineExecutor::arena(size_t k) const {
+  const PipeAction& a = ops_[k];
+  const auto i = static_cast<size_t>(slots_.local(a.chunk));
+  return static_cast<size_t>(slots_.of[i][static_cast<size_t>(a.micro)]) * slots_.chunks.size() + i;
+}
+
+void PipelineExecutor::use(size_t k) {
+  const PipeAction& a = ops_[k];
+  const int i = slots_.local(a.chunk);
+  model_.use_slot(slots_.of[static_cast<size_t>(i)][static_cast<size_t>(a.micro)], i);
+}
+
+bool PipelineExecutor::receives(const PipeAction& a) const {
+  if (a.kind == PipeAction::F) return a.chunk > 0 && rank_of(a.chunk - 1) != me();
+  if (a.kind == PipeAction::W) return false;
+  return a.chunk + 1 < chunks() && rank_of(a.chunk + 1) != me();
+}
+
+void PipelineExecutor::post_receive(size_t k) {
+  if (k >= ops_.size() || recvs_[k] || !receives(ops_[k])) return;
+  const PipeAction& a = ops_[k];
+  const auto i = static_cast<size_t>(slots_.local(a.chunk));
+  const auto m = static_cast<size_t>(a.micro);
+  const Batch& b = batches_[0];
+  if (a.kind == PipeAction::F) {
+    // Its arena must be free already: freed by an operation before the
+    // one about to run (k - 1), and laid out for the batch.
+    if (slots_.free_at[i][m] >= static_cast<int>(k) - 1 || b.B == 0) return;
+  }
+  use(k);
+  float* into;
+  if (a.kind == PipeAction::F) {
+    model_.prepare(b.B, b.T);
+    into = model_.stage_input();
+  } else {
+    into = model_.output_grad();
+  }
+  const Link l = a.kind == PipeAction::F ? link(0, rank_of(a.chunk - 1), me()) : link(1, rank_of(a.chunk + 1), me());
+  recvs_[k] = l.group->recv_async(into, activation_elements(b), DType::F32, l.peer);
+  use(k - 1);  // back to the operation about to run
+}
+
+void PipelineExecutor::wait_receive(size_t k) {
+  if (!receives(ops_[k])) return;
+  if (!recvs_[k]) {
+    const PipeAction& a = ops_[k];
+    const Link l = a.kind == PipeAction::F ? link(0, rank_of(a.chunk - 1), me()) : link(1, rank_of(a.chunk + 1), me());
+    float* into = a.kind == PipeAction::F ? model_.stage_input() : model_.output_grad();
+    l.group->recv(into, activation_elements(batches_[static_cast<size_t>(a.micro)]), DType::F32, l.peer);
+    return;
+  }
+  wait(recvs_[k]);
 }
 
 double PipelineExecutor::forward_op(size_t k, int64_t step, StepBreakdown& t, Timeline* tl) {
-  const PipeOp& op = ops_[k];
-  const int slot = pipe_slot(op.micro, slots_), s = mesh_.pp_rank;
+  const PipeAction& a = ops_[k];
+  const auto m = static_cast<size_t>(a.micro);
   const auto td = Clock::now();
-  data_.next(batch_);  // every stage reads the replica's batch: the first its tokens, the last its targets
-  const auto tf = Clock::now();
-  const size_t n = activation_elements();
-  // (Not this forward's own backward: its arena is laid out by the forward.)
-  if (!last() && k + 1 < ops_.size() && !ops_[k + 1].forward && ops_[k + 1].micro != op.micro) {
-    grad_recv_micro_ = ops_[k + 1].micro;
-    model_.use_slot(pipe_slot(grad_recv_micro_, slots_));
-    grad_recv_ = groups_.gradients().recv_async(model_.output_grad(), n, DType::F32, s + 1);
-    model_.use_slot(slot);
+  // Every rank reads the replica's batches (rank 0 for the tokens, the
+  // head's rank for the targets), in micro-batch order: the rank's first
+  // chunk's forwards come in that order.
+  if (!have_batch_[m]) {
+    data_.next(batches_[m]);
+    have_batch_[m] = 1;
   }
+  const Batch& batch = batches_[m];
+  const auto tf = Clock::now();
+  const size_t n = activation_elements(batch);
+  use(k);
+  wait(sends_[arena(k)]);  // the arena's last micro-batch's sends read it
   set_phase("forward");
   fault_point("forward", step + 1, groups_.world().rank());
-  if (!first()) {
-    model_.prepare(batch_.B, batch_.T);
-    groups_.activations().recv(model_.stage_input(), n, DType::F32, s - 1);
+  if (a.chunk > 0) {
+    model_.prepare(batch.B, batch.T);
+    if (rank_of(a.chunk - 1) == me()) {
+      const int prev = slots_.local(a.chunk - 1);
+      model_.k().copy(model_.stage_input(), model_.stage_output_of(slots_.of[static_cast<size_t>(prev)][m], prev),
+                      n * sizeof(float));
+    } else {
+      wait_receive(k);
+    }
   }
   const auto tc = Clock::now();  // waits before it are the bubble (and the transfer)
-  const double loss = model_.forward(batch_).loss;
-  if (!last())
-    sends_[static_cast<size_t>(slot)] = groups_.activations().send_async(model_.stage_output(), n, DType::F32, s + 1);
+  post_receive(k + 1);
+  const double loss = model_.forward(batch).loss;
+  if (a.chunk + 1 < chunks() && rank_of(a.chunk + 1) != me()) {
+    const Link l = link(0, me(), rank_of(a.chunk + 1));
+    sends_[arena(k)] = l.group->send_async(model_.stage_output(), n, DType::F32, l.peer);
+  }
   const auto te = Clock::now();
   t.data_ms += ms(td, tf);
   t.comm_wait_ms += ms(tf, tc);
   t.forward_ms += ms(tc, te);
   if (tl) {
-    if (!first()) tl->add(Timeline::CommWait, step, op.micro, 0, tf, tc);
-    tl->add(Timeline::Forward, step, op.micro, 0, tc, te);
+    if (a.chunk > 0) tl->add(Timeline::CommWait, step, a.micro, 0, tf, tc);
+    tl->add(Timeline::Forward, step, a.micro, 0, tc, te);
   }
   return loss;
 }
 
 void PipelineExecutor::backward_op(size_t k, int64_t step, StepBreakdown& t, Timeline* tl) {
-  const PipeOp& op = ops_[k];
-  const int slot = pipe_slot(op.micro, slots_), s = mesh_.pp_rank;
+  const PipeAction& a = ops_[k];
+  const auto m = static_cast<size_t>(a.micro);
   const auto tb = Clock::now();
-  const bool final = op.micro == options_.micro_batches - 1;
-  const size_t n = activation_elements();
+  const bool final = a.micro == program_.micro_batches - 1;
+  const size_t n = activation_elements(batches_[m]);
+  use(k);
   set_phase("backward");
   fault_point("backward", step + 1, groups_.world().rank());
-  strategy_.begin_micro_step(final);  // the reductions start in the last backward
-  if (grad_recv_micro_ == op.micro)
-    wait(grad_recv_);
-  else if (!last())
-    groups_.gradients().recv(model_.output_grad(), n, DType::F32, s + 1);
+  strategy_.begin_micro_step(final);  // the reductions start with the last micro-batch's
+  // (From a chunk of this rank, the gradient is in place already.)
+  wait_receive(k);
   // The head's part of wte's gradient, before the embedding's backward of
-  // the step's last micro-batch (the last stage sent it after its own last
-  // backward).
-  if (first() && final && model_.tied()) {
-    groups_.pp().recv(tied_g_.f32(), wte_numel(), DType::F32, mesh_.pp - 1);
+  // the step's last micro-batch (the head's rank sent it after its own).
+  const bool tied_in = a.chunk == 0 && final && model_.tied();
+  if (tied_in) {
+    if (!holds_head()) groups_.pp().recv(tied_g_.f32(), wte_numel(), DType::F32, head_rank_);
     model_.set_tied_grad_in(tied_g_.f32());
   }
   const auto tc = Clock::now();
-  model_.backward(loss_scale_);
+  post_receive(k + 1);
+  if (a.kind == PipeAction::BW)
+    model_.backward(loss_scale_);
+  else
+    model_.backward_input(loss_scale_);
   model_.set_tied_grad_in(nullptr);
-  if (!first())
-    sends_[static_cast<size_t>(slot)] = groups_.gradients().send_async(model_.input_grad(), n, DType::F32, s - 1);
-  if (last() && final && model_.tied()) tied_send_ = groups_.pp().send_async(tied_g_.f32(), wte_numel(), DType::F32, 0);
+  if (a.chunk > 0) {
+    if (rank_of(a.chunk - 1) == me()) {
+      // Into the previous chunk's arena, whose backward is still to come.
+      const int prev = slots_.local(a.chunk - 1);
+      model_.k().copy(model_.output_grad_of(slots_.of[static_cast<size_t>(prev)][m], prev), model_.input_grad(),
+                      n * sizeof(float));
+    } else {
+      const Link l = link(1, me(), rank_of(a.chunk - 1));
+      sends_[arena(k)] = l.group->send_async(model_.input_grad(), n, DType::F32, l.peer);
+    }
+  }
+  if (a.chunk == chunks() - 1 && final && model_.tied() && !first())
+    tied_send_ = groups_.pp().send_async(tied_g_.f32(), wte_numel(), DType::F32, 0);
   const auto te = Clock::now();
   t.comm_wait_ms += ms(tb, tc);
   t.backward_ms += ms(tc, te);
   if (tl) {
-    if (!last() || (first() && final)) tl->add(Timeline::CommWait, step, op.micro, 0, tb, tc);
-    tl->add(Timeline::Backward, step, op.micro, 0, tc, te);
+    if (a.chunk + 1 < chunks() || tied_in) tl->add(Timeline::CommWait, step, a.micro, 0, tb, tc);
+    tl->add(Timeline::Backward, step, a.micro, 0, tc, te);
   }
 }
 
+void PipelineExecutor::weights_op(size_t k, int64_t step, StepBreakdown& t, Timeline* tl) {
+  const PipeAction& a = ops_[k];
+  use(k);
+  set_phase("backward");
+  fault_point("backward", step + 1, groups_.world().rank());
+  strategy_.begin_micro_step(a.micro == program_.micro_batches - 1);
+  const auto tc = Clock::now();
+  post_receive(k + 1);
+  model_.backward_weights();
+  const auto te = Clock::now();
+  t.backward_ms += ms(tc, te);
+  if (tl) tl->add(Timeline::Backward, step, a.micro, 1, tc, te);  // bytes 1: a W (the trace tells it apart)
+}
+
 double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
-  if (last() && model_.tied()) tied_g_.zero();
+  if (holds_head() && model_.tied()) tied_g_.zero();
   tied_send_.reset();
-  grad_recv_.reset();
-  grad_recv_micro_ = -1;
+  std::fill(have_batch_.begin(), have_batch_.end(), 0);
+  for (auto& r : recvs_) r.reset();
   double loss = 0.0;
   for (size_t k = 0; k < ops_.size(); ++k) {
-    const int slot = pipe_slot(ops_[k].micro, slots_);
-    model_.use_slot(slot);
-    wait(sends_[static_cast<size_t>(slot)]);  // the slot's arena is about to be rewritten
-    if (ops_[k].forward)
-      loss += forward_op(k, step, t, tl);
-    else
-      backward_op(k, step, t, tl);
+    switch (ops_[k].kind) {
+      case PipeAction::F: loss += forward_op(k, step, t, tl); break;
+      case PipeAction::B:
+      case PipeAction::BW: backward_op(k, step, t, tl); break;
+      case PipeAction::W: weights_op(k, step, t, tl); break;
+    }
   }
   // The wait for the last transfers and the loss: the end of the bubble
-  // (the last stage is done long before the first one's last backward).
+  // (the head's rank is done long before rank 0's last backward).
   const auto tw = Clock::now();
   for (auto& w : sends_) wait(w);
   wait(tied_send_);
-  // The loss is the last stage's; every stage reports it.
-  double mean = loss / static_cast<double>(options_.micro_batches);
-  groups_.pp().broadcast(&mean, 2, DType::F32, mesh_.pp - 1);  // a double as two floats' bytes
+  // The loss is the head's rank's; every rank reports it.
+  double mean = loss / static_cast<double>(program_.micro_batches);
+  groups_.pp().broadcast(&mean, 2, DType::F32, head_rank_);  // a double as two floats' bytes
   const auto tend = Clock::now();
   t.comm_wait_ms += ms(tw, tend);
   if (tl) tl->add(Timeline::CommWait, step, tw, tend);
@@ -236,26 +426,33 @@ double PipelineExecutor::grad_norm_squared() {
 
 nlohmann::json PipelineExecutor::detail() {
   constexpr size_t kFields = 5;
-  const auto s = static_cast<size_t>(mesh_.pp_rank);
+  const auto s = static_cast<size_t>(me());
   std::vector<double> all(kFields * static_cast<size_t>(mesh_.pp), 0.0);
   all[kFields * s] = static_cast<double>(model_.param_count());
   all[kFields * s + 1] = static_cast<double>(model_.arenas_held());
   all[kFields * s + 2] = static_cast<double>(model_.arena_bytes_held());
-  all[kFields * s + 3] = static_cast<double>(model_.activation_bytes_for(batch_.B));
-  all[kFields * s + 4] = static_cast<double>(last() ? tied_w_.bytes() + tied_g_.bytes() : 0);
+  all[kFields * s + 3] = static_cast<double>(model_.activation_bytes_for(batches_[0].B));
+  all[kFields * s + 4] = static_cast<double>(holds_head() && !first() ? tied_w_.bytes() + tied_g_.bytes() : 0);
   groups_.pp().all_gather(all.data(), all.size() * 2, DType::F32);
   nlohmann::json stages = nlohmann::json::array();
   for (size_t k = 0; k < static_cast<size_t>(mesh_.pp); ++k) {
     const DecoderStage& st = options_.stages[k];
-    stages.push_back({{"first_block", st.first}, {"last_block", st.last - 1}, {"embedding", st.embed},
-                      {"head", st.head}, {"params", static_cast<int64_t>(all[kFields * k])},
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const BlockRange& r : st.chunks) chunks.push_back({r.first, r.last - 1});
+    stages.push_back({{"first_block", st.chunks.front().first}, {"last_block", st.chunks.back().last - 1},
+                      {"chunks", chunks}, {"embedding", st.embed}, {"head", st.head},
+                      {"params", static_cast<int64_t>(all[kFields * k])},
                       {"arenas", static_cast<int64_t>(all[kFields * k + 1])},
                       {"activation_bytes", static_cast<int64_t>(all[kFields * k + 2])},
                       {"arena_bytes", static_cast<int64_t>(all[kFields * k + 3])},
                       {"tied_copy_bytes", static_cast<int64_t>(all[kFields * k + 4])}});
   }
-  return {{"pp", mesh_.pp}, {"dp", mesh_.dp}, {"tp", mesh_.tp}, {"schedule", pipe_schedule_name(options_.schedule)},
-          {"micro_batches", options_.micro_batches}, {"bubble_formula", pipe_bubble(mesh_.pp, options_.micro_batches)},
+  const int M = program_.micro_batches;
+  return {{"pp", mesh_.pp}, {"dp", mesh_.dp}, {"tp", mesh_.tp}, {"schedule", program_.schedule},
+          {"virtual_stages", program_.v}, {"micro_batches", M},
+          {"bubble_formula", program_.v > 1 && program_.schedule == "interleaved"
+                                 ? static_cast<double>(mesh_.pp - 1) / (program_.v * M + mesh_.pp - 1)
+                                 : pipe_bubble(mesh_.pp, M)},
           {"stages", stages}};
 }
 
@@ -270,7 +467,7 @@ void PipelineExecutor::save(const std::string& path, const SaveOptions& options)
   // theirs to the first, which writes the whole model (it holds all of it
   // for the while: a GPT that needs a pipeline to train still fits one
   // rank's memory as weights alone).
-  const Decoder held = stage_model(mesh_.pp_rank);  // the stage, its tensors whole
+  const Decoder held = stage_model(me());  // the stage, its tensors whole
   FlatBuffer mine(held.param_count());
   comm::ProcessGroup* tp = groups_.tp();
   FlatBuffer unit(tp ? model_.param_count() : 0), scratch;

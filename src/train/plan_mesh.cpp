@@ -130,7 +130,8 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
   const int64_t M = r.grad_accum;
   st.bytes = rank_bytes(so, model, mesh.dp);
   st.arena = model.activation_bytes_for(micro);
-  st.arenas = mesh.pp > 1 ? pipe_slots(r.run.pp_schedule, mesh.pp, s, static_cast<int>(M)) : 1;
+  const PipeProgram program = run_program(r.run, std::max(mesh.pp, 1));
+  st.arenas = mesh.pp > 1 ? pipe_arenas(program, s) : 1;
   st.activations = static_cast<size_t>(st.arenas) * st.arena;
   st.comm = planned_comm(so, model, mesh.dp, 0, M);
   if (mesh.pp > 1 && so.strategy->zero_stage == 3 && so.reshard_after_forward) {
@@ -140,17 +141,19 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
     const std::vector<int> order = model.unit_order();
     const uint64_t last = RingSends{mesh.dp, 0}.ag(model.layout().units()[static_cast<size_t>(order.back())].numel,
                                                    dtype_size(model.precision()));
-    const KeptGathers k =
-        kept_gathers(pipe_ops(r.run.pp_schedule, mesh.pp, s, static_cast<int>(M)), so.prefetch);
+    std::vector<PipeOp> ops;  // the rank's forwards and backwards (a W opens its units again: not counted)
+    for (const PipeAction& a : program.ranks[static_cast<size_t>(s)])
+      if (a.kind != PipeAction::W) ops.push_back({a.kind == PipeAction::F, a.micro});
+    const KeptGathers k = kept_gathers(ops, so.prefetch);
     st.comm.backward += static_cast<uint64_t>(M) * last - k.skipped * last + k.wasted * last;
     st.comm.first_step = (k.skipped - k.skipped_first - k.wasted + k.wasted_first) * last;
   }
   if (const auto* gpt = dynamic_cast<const Decoder*>(&model)) {
-    const DecoderStage& g = gpt->stage();
-    const int64_t blocks = (g.last < 0 ? gpt->config().layers : g.last) - g.first;
+    int64_t blocks = 0;
+    for (const BlockRange& c : gpt->stage().chunks) blocks += (c.last < 0 ? gpt->config().layers : c.last) - c.first;
     st.comm += tensor_parallel_comm(*gpt, mesh, blocks, micro, M);
     st.comm += pipeline_comm(so, *gpt, mesh, s, micro, M);
-    st.pipeline = pipeline_buffer_bytes(*gpt, mesh.pp, s);
+    st.pipeline = pipeline_buffer_bytes(*gpt, mesh.pp);
   }
   st.need = st.bytes.total() + st.activations + st.pipeline;
   return st;

@@ -270,7 +270,8 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
     return m;
   }
   const DecoderConfig config = DecoderConfig::from(model_hparams(run));
-  const std::vector<DecoderStage> split = pp > 1 ? gpt_stages(config, pp, run.pp_split) : std::vector<DecoderStage>{DecoderStage{}};
+  const std::vector<DecoderStage> split =
+      pp > 1 ? pipe_stages(config, run_program(run, pp), run.pp_split) : std::vector<DecoderStage>{DecoderStage{}};
   for (const DecoderStage& st : split) {
     m.built.push_back(std::make_unique<Decoder>(config, st, DecoderTp{tp, 0, run.tp_embedding == TpEmbedding::Vocab}));
     set_attention(run, *m.built.back());
@@ -396,7 +397,7 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
                          {"disk_read_gbs", r.machine.disk_read_gbs},
                          {"threads", r.machine.threads}, {"runtime_bytes", r.machine.runtime_bytes}}},
             {"mesh", {{"tp", r.run.tp}, {"pp", r.run.pp}, {"dp", r.world / (r.run.tp * r.run.pp)},
-                      {"pp_schedule", r.run.pp > 1 || r.all_meshes ? pipe_schedule_name(r.run.pp_schedule) : ""},
+                      {"pp_schedule", r.run.pp > 1 || r.all_meshes ? r.run.pp_schedule : ""},
                       {"all", r.all_meshes}}},
             {"rows", rows}, {"reason", plan.reason}, {"tie_margin", kTieMargin}};
   j["recommended"] = plan.best < 0 ? json(nullptr) : json(plan.best);

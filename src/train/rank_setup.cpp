@@ -82,7 +82,7 @@ std::map<std::string, std::string> resumed_hparams(const TrainOptions& o, const 
 RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optional<CheckpointInfo>& saved) {
   const std::map<std::string, std::string> hparams = saved ? resumed_hparams(o, *saved) : model_hparams(o);
   std::vector<DecoderStage> stages;
-  if (mesh.pp > 1) stages = gpt_stages(DecoderConfig::from(hparams), mesh.pp, o.pp_split);
+  if (mesh.pp > 1) stages = pipe_stages(DecoderConfig::from(hparams), run_program(o, mesh.pp), o.pp_split);
   if (saved && o.tp_embedding == TpEmbedding::Vocab) check_vocab_rows(DecoderConfig::from(hparams), mesh.tp);
   std::unique_ptr<Model> model;
   const DecoderTp tp{mesh.tp, mesh.tp_rank, o.tp_embedding == TpEmbedding::Vocab};
@@ -116,7 +116,7 @@ std::unique_ptr<Executor> make_executor(const TrainOptions& o, comm::ProcessGrou
   if (mesh.pp > 1)
     return std::make_unique<PipelineExecutor>(
         mesh, groups, dynamic_cast<Decoder&>(model), strategy, data, loss_scale,
-        PipelineOptions{o.pp_schedule, static_cast<int>(o.grad_accum), stages});
+        PipelineOptions{run_program(o, mesh.pp), stages});
   return std::make_unique<SequentialExecutor>(o, pg, model, strategy, data, loss_scale, mesh, groups.tp());
 }
 

@@ -115,6 +115,7 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
 void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
   if (mesh.pp == 1) {
     if (!o.pp_split.empty()) throw InputError("--pp-split needs --pp 2 or more");
+    if (o.virtual_stages > 0) throw InputError("--virtual-stages needs --pp 2 or more");
     return;
   }
   const std::string not_yet = fmt::format("with --pp {}", mesh.pp);
@@ -122,7 +123,11 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
     throw InputError(fmt::format("--pp splits a transformer's blocks into stages; the {} model has none", o.model));
   check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
-  gpt_stages(DecoderConfig::from(model_hparams(o)), mesh.pp, o.pp_split);  // throws for a split that cannot be
+  const PipeProgram program = run_program(o, mesh.pp);  // throws for a schedule that cannot be
+  const PipeCheck valid = check_pipe_program(program);
+  if (!valid.error.empty())
+    throw InputError(fmt::format("the {} pipeline schedule cannot run: {}", program.schedule, valid.error));
+  pipe_stages(DecoderConfig::from(model_hparams(o)), program, o.pp_split);  // throws for a split that cannot be
 }
 
 namespace {
@@ -221,8 +226,8 @@ void check_rank_memory(const TrainOptions& o, const StrategyOptions& so, const M
   std::string too_big;
   try {
     check_memory(o, so, model, micro, dpg,
-                 pipe_slots(o.pp_schedule, mesh.pp, mesh.pp_rank, static_cast<int>(o.grad_accum)),
-                 pg.size(), pipeline_buffer_bytes(dynamic_cast<const Decoder&>(model), mesh.pp, mesh.pp_rank));
+                 pipe_arenas(run_program(o, mesh.pp), mesh.pp_rank), pg.size(),
+                 pipeline_buffer_bytes(dynamic_cast<const Decoder&>(model), mesh.pp));
   } catch (const InputError& e) {
     too_big = e.what();
   }

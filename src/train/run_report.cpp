@@ -38,11 +38,14 @@ std::vector<double> gather(comm::ProcessGroup& pg, const std::vector<double>& mi
 void print_pipeline(const TrainOptions& o, const Mesh& mesh, const Model& model) {
   const DecoderConfig& c = dynamic_cast<const Decoder&>(model).config();
   std::string blocks;
-  for (const DecoderStage& st : gpt_stages(c, mesh.pp, o.pp_split))
-    blocks += fmt::format("{}{}-{}", blocks.empty() ? "" : " | ", st.first, st.last - 1);
+  for (const DecoderStage& st : pipe_stages(c, run_program(o, mesh.pp), o.pp_split)) {
+    std::string chunks;
+    for (const BlockRange& r : st.chunks) chunks += fmt::format("{}{}-{}", chunks.empty() ? "" : "+", r.first, r.last - 1);
+    blocks += fmt::format("{}{}", blocks.empty() ? "" : " | ", chunks);
+  }
   const int M = static_cast<int>(o.grad_accum);
   std::printf("pipeline: %s, %s, %d micro-batches per step, blocks %s; bubble (pp-1)/(M+pp-1) = %.0f%%%s\n",
-              mesh.describe().c_str(), pipe_schedule_name(o.pp_schedule), M, blocks.c_str(), 100.0 * pipe_bubble(mesh.pp, M),
+              mesh.describe().c_str(), o.pp_schedule.c_str(), M, blocks.c_str(), 100.0 * pipe_bubble(mesh.pp, M),
               M < mesh.pp ? " (fewer micro-batches than stages: mostly bubble)" : "");
 }
 

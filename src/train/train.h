@@ -67,12 +67,14 @@ struct TrainOptions {
   // The mesh (parallel/mesh.h): tensor- and pipeline-parallel degrees; the
   // data-parallel degree is what is left of the world. Pipeline stages run
   // their grad_accum micro-batches (--micro-batches) in pp_schedule's order
-  // (gpipe or 1f1b), with blocks per stage from pp_split ("2,1,1"; empty:
+  // (gpipe, 1f1b, interleaved, zb-h1, zb-v; run_program), with blocks per
+  // chunk from pp_split ("2,1,1"; empty:
   // balanced by parameters). docs/pipeline.md.
   int tp = 1;
   TpEmbedding tp_embedding = TpEmbedding::Replicated;  // or Vocab: wte's rows split over the TP group
   int pp = 1;
-  PipeSchedule pp_schedule = PipeSchedule::OneFOneB;
+  std::string pp_schedule = "1f1b";  // parallel/pipe_program.h's names
+  int virtual_stages = 0;            // chunks per rank; 0: the schedule's (interleaved, zb-v: 2; else 1)
   std::string pp_split;
   // Bytes the ranks on this host may use together; 0: the host's available
   // memory (MemAvailable). A run whose estimate exceeds it is refused.
