@@ -72,12 +72,19 @@ Reducer::~Reducer() {
 }
 
 void Reducer::prepare(bool sync) {
-  sync_ = sync;
-  next_launch_ = 0;
-  for (Bucket& b : buckets_) {
-    b.pending = b.numel;
-    b.work.reset();
+  // The buckets count down from the step's first synchronising backward to
+  // finish(). A pipeline rank with several chunks calls prepare before each
+  // chunk's backward, the last micro-batch's of one chunk (sync) between
+  // earlier ones of another (not): those neither count nor restart the count.
+  if (sync && !counting_) {
+    counting_ = true;
+    next_launch_ = 0;
+    for (Bucket& b : buckets_) {
+      b.pending = b.numel;
+      b.work.reset();
+    }
   }
+  sync_ = sync;
 }
 
 void Reducer::on_grads_ready(size_t offset, size_t numel) {
@@ -115,6 +122,7 @@ double Reducer::finish() {
     DPT_CHECK(b.pending == 0, "bucket {}..{} still waits for {} gradients after backward", b.offset,
               b.offset + b.numel, b.pending);
   launch_ready();
+  counting_ = false;
   auto t0 = std::chrono::steady_clock::now();
   for (Bucket& b : buckets_) b.work->wait();
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -47,7 +47,9 @@ class Reducer {
   ~Reducer();
 
   // Before each micro-step's backward. sync = false accumulates gradients
-  // locally without communicating (PyTorch's no_sync).
+  // locally without communicating (PyTorch's no_sync). The counts restart
+  // at the first sync = true after finish(), so backwards of several
+  // pipeline chunks can alternate between the two.
   void prepare(bool sync);
   // After the last micro-step's backward: launches what is left and waits
   // for every bucket. Returns the seconds spent waiting (exposed
@@ -79,6 +81,7 @@ class Reducer {
   FlatBuffer wire_{0, DType::BF16};  // reduce_dtype bf16: the whole gradient buffer's bf16 copy
   size_t next_launch_ = 0;
   bool sync_ = true;
+  bool counting_ = false;  // between the step's first synchronising prepare and finish
   bool in_place_ = false;
 };
 

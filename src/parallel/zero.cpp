@@ -286,7 +286,6 @@ void ZeroStrategy::begin_micro_step(bool last) {
   // gradients in scratch are reduced every micro-step.
   sync_ = full_grads() ? last : true;
   if (reducer_) reducer_->prepare(last);
-  for (size_t u = 0; u < grads_.size(); ++u) grads_[u].pending = layout_.units()[u].numel;
 }
 
 double ZeroStrategy::finish_backward() {
@@ -596,6 +595,9 @@ void ZeroStrategy::grads_ready(size_t offset, size_t numel) {
   DPT_CHECK(u >= 0 && offset + numel <= unit(u).offset + unit(u).numel,
             "gradients {}..{} reported ready cross a unit boundary", offset, offset + numel);
   UnitGrads& g = grads_[static_cast<size_t>(u)];
+  // A unit's count restarts with its first report of a micro-step (a
+  // pipeline rank's chunks report their units in backwards of their own).
+  if (g.pending == 0) g.pending = unit(u).numel;
   DPT_CHECK(g.pending >= numel, "gradients {}..{} reported ready twice", offset, offset + numel);
   g.pending -= numel;
   if (g.pending == 0 && sync_) {
