@@ -244,6 +244,8 @@ void PipelineExecutor::post_receive(size_t k) {
     // Its arena must be free already: freed by an operation before the
     // one about to run (k - 1), and laid out for the batch.
     if (slots_.free_at[i][m] >= static_cast<int>(k) - 1 || b.B == 0) return;
+  } else if (arena(k) == arena(k - 1)) {
+    return;  // the backward of the forward about to run: its arena is laid out by that forward
   }
   use(k);
   float* into;
