@@ -399,12 +399,14 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
 
 size_t Decoder::activation_bytes_for(int64_t B) const {
   // One micro-batch through every chunk: an arena each.
-  int64_t floats = 0;
-  for (int c = 0; c < chunks(); ++c) {
-    Acts counted;
-    floats += lay_out(B, config_.context, nullptr, counted, c);
-  }
-  return static_cast<size_t>(floats) * sizeof(float);
+  size_t bytes = 0;
+  for (int c = 0; c < chunks(); ++c) bytes += activation_bytes_for(B, c);
+  return bytes;
+}
+
+size_t Decoder::activation_bytes_for(int64_t B, int chunk) const {
+  Acts counted;
+  return static_cast<size_t>(lay_out(B, config_.context, nullptr, counted, chunk)) * sizeof(float);
 }
 
 void Decoder::plan_activations(int64_t B, int64_t T) {

@@ -95,7 +95,8 @@ class Decoder : public Model {
   double recompute_flops(int64_t B) const override;
   std::vector<int> unit_order() const override;
   int64_t positions() const override { return config_.context; }
-  size_t activation_bytes_for(int64_t B) const override;
+  size_t activation_bytes_for(int64_t B) const override;  // one micro-batch through every chunk
+  size_t activation_bytes_for(int64_t B, int chunk) const;
   const DecoderConfig& config() const { return config_; }
   const DecoderStage& stage() const { return stage_; }
   // The whole model (not one pipeline stage of it).

@@ -216,9 +216,25 @@ PipeSlots pipe_slot_table(const PipeProgram& p, int rank) {
   return t;
 }
 
+double pipe_bubble_of(const PipeProgram& p) {
+  const double pp = p.pp, M = p.micro_batches;
+  if (p.schedule == "gpipe" || p.schedule == "1f1b") return (pp - 1) / (M + pp - 1);
+  if (p.schedule == "interleaved") return (pp - 1) / (p.v * M + pp - 1);
+  return simulate_pipe_program(p, PipeCosts{1.0, 1.0, 1.0, 0.0}).idle[0];
+}
+
+bool pipe_splits_backward(const PipeProgram& p) {
+  for (const auto& ops : p.ranks)
+    for (const PipeAction& a : ops)
+      if (a.kind == Kind::W) return true;
+  return false;
+}
+
 int pipe_arenas(const PipeProgram& p, int rank) {
   const PipeSlots t = pipe_slot_table(p, rank);
-  return t.count.empty() ? 0 : *std::max_element(t.count.begin(), t.count.end());
+  int n = 0;
+  for (int c : t.count) n += c;
+  return n;
 }
 
 std::string pipe_action_name(const PipeAction& a) {

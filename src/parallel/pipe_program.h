@@ -81,6 +81,15 @@ struct PipeCheck {
 // one sentence naming the operation.
 PipeCheck check_pipe_program(const PipeProgram& p);
 
+// The idle fraction of a balanced pipeline under the program, by formula
+// where the schedule has one: (pp - 1) / (M + pp - 1) for gpipe and 1f1b,
+// (pp - 1) / (v M + pp - 1) for interleaved; for the zero-bubble ones the
+// simulator's, with F, B and W of equal cost and free transfers (rank 0's).
+double pipe_bubble_of(const PipeProgram& p);
+
+// Whether the program splits backwards into B and W (zb-h1, zb-v).
+bool pipe_splits_backward(const PipeProgram& p);
+
 // Where a rank keeps each micro-batch's activations: the rank's chunks in
 // increasing order (`chunks`), and for local chunk i the arena slot of each
 // micro-batch (of[i][m]: the lowest slot free when its F runs; a slot is
@@ -94,8 +103,8 @@ struct PipeSlots {
   int local(int chunk) const;  // the index of a chunk of this rank in chunks
 };
 PipeSlots pipe_slot_table(const PipeProgram& p, int rank);
-// The arenas a rank holds at most for one chunk (exact for one chunk per
-// rank: gpipe M, 1f1b min(M, pp - r), zb-h1 its F-to-W window).
+// The arenas a rank holds, over all its chunks (one chunk per rank: gpipe
+// M, 1f1b min(M, pp - r), zb-h1 its F-to-W window).
 int pipe_arenas(const PipeProgram& p, int rank);
 
 // Per chunk costs of its operations and of a transfer between ranks (any

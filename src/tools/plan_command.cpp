@@ -14,6 +14,7 @@
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
 #include "parallel/catalog.h"
+#include "train/pipeline_executor.h"
 #include "train/plan.h"
 #include "train/rank_setup.h"
 #include "train/run_checks.h"
@@ -68,7 +69,7 @@ void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, cons
                 "stage's)\n",
                 r.run.pp, r.world / (r.run.tp * r.run.pp), r.run.tp,
                 r.run.pp > 1 ? fmt::format(", {} over {} micro-batches, bubble {:.1f}%", r.run.pp_schedule,
-                                           r.grad_accum, 100.0 * pipe_bubble(r.run.pp, static_cast<int>(r.grad_accum)))
+                                           r.grad_accum, 100.0 * pipe_bubble_of(run_program(r.run, r.run.pp)))
                                    .c_str()
                              : "");
   std::printf("memory: %s for the %d rank%s on this host; rates %s: GEMM %.1f GFLOP/s per rank (%s, %d thread%s), "

@@ -188,6 +188,14 @@ size_t pipeline_buffer_bytes(const Decoder& stage, int pp) {
   return stage.stage().head ? sizeof(float) * wte + copy : 0;
 }
 
+size_t pipeline_activation_bytes(const Decoder& stage, const PipeProgram& program, int rank, int64_t micro) {
+  const PipeSlots t = pipe_slot_table(program, rank);
+  size_t bytes = 0;
+  for (size_t i = 0; i < t.chunks.size(); ++i)
+    bytes += static_cast<size_t>(t.count[i]) * stage.activation_bytes_for(micro, static_cast<int>(i));
+  return bytes;
+}
+
 size_t PipelineExecutor::wte_numel() const {
   return static_cast<size_t>(model_.wte_rows() * model_.config().width);  // this TP rank's rows
 }
@@ -452,9 +460,7 @@ nlohmann::json PipelineExecutor::detail() {
   const int M = program_.micro_batches;
   return {{"pp", mesh_.pp}, {"dp", mesh_.dp}, {"tp", mesh_.tp}, {"schedule", program_.schedule},
           {"virtual_stages", program_.v}, {"micro_batches", M},
-          {"bubble_formula", program_.v > 1 && program_.schedule == "interleaved"
-                                 ? static_cast<double>(mesh_.pp - 1) / (program_.v * M + mesh_.pp - 1)
-                                 : pipe_bubble(mesh_.pp, M)},
+          {"bubble_formula", pipe_bubble_of(program_)},
           {"stages", stages}};
 }
 

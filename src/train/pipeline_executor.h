@@ -75,6 +75,11 @@ std::vector<DecoderStage> gpt_stages(const DecoderConfig& config, int pp, const 
 // memory check and `dpt plan` count them.
 size_t pipeline_buffer_bytes(const Decoder& stage, int pp);
 
+// The activation arenas a rank holds at most under `program`: per chunk,
+// the slots it needs (pipe_slot_table) times its arena for micro-batches of
+// `micro` (with what a split backward keeps for W).
+size_t pipeline_activation_bytes(const Decoder& stage, const PipeProgram& program, int rank, int64_t micro);
+
 class PipelineExecutor : public Executor {
  public:
   // model: this rank's Decoder; strategy: over groups.dp(). Collective over

@@ -57,25 +57,33 @@ CommPlan tensor_parallel_comm(const Decoder& gpt, const Mesh& mesh, int64_t bloc
 // double as two floats); a logged step's gradient norm gathered over the
 // stages.
 CommPlan pipeline_comm(const StrategyOptions& so, const Decoder& gpt, const Mesh& mesh, int s, int64_t micro,
-                       int64_t M) {
+                       const PipeProgram& program) {
   CommPlan c;
   if (mesh.pp == 1) return c;
   const DecoderConfig& cfg = gpt.config();
   const uint64_t boundary = sizeof(float) * static_cast<uint64_t>(micro * cfg.context * cfg.width);
   const uint64_t wte = sizeof(float) * static_cast<uint64_t>(gpt.wte_rows() * cfg.width);  // this TP rank's rows
-  const uint64_t Mu = static_cast<uint64_t>(M);
-  if (s + 1 < mesh.pp) c.forward += Mu * boundary;
-  if (s > 0) c.backward += Mu * boundary;
-  // A tied embedding's gradient goes back to the first stage, its new
-  // values forward to the last (an untied head shares nothing).
-  if (gpt.tied() && s + 1 == mesh.pp) c.backward += wte;
+  // Each forward whose next chunk is on another rank sends its output,
+  // each backward whose previous chunk is sends its input's gradient.
+  const int S = program.chunks(), head = program.rank_of_chunk.back();
+  auto rank_of = [&](int chunk) { return program.rank_of_chunk[static_cast<size_t>(chunk)]; };
+  for (const PipeAction& a : program.ranks[static_cast<size_t>(s)]) {
+    if (a.kind == PipeAction::F && a.chunk + 1 < S && rank_of(a.chunk + 1) != s) c.forward += boundary;
+    if ((a.kind == PipeAction::B || a.kind == PipeAction::BW) && a.chunk > 0 && rank_of(a.chunk - 1) != s)
+      c.backward += boundary;
+  }
+  // A tied embedding's gradient goes back to rank 0, its new values
+  // forward to the head's rank (an untied head shares nothing; nor does a
+  // head on rank 0).
+  if (gpt.tied() && s == head && head != 0) c.backward += wte;
   if (gpt.tied() && s == 0) {
     // The head's copy goes in the compute type (bf16: the rounded masters).
-    c.optimizer += wte / sizeof(float) * dtype_size(gpt.precision());
+    if (head != 0) c.optimizer += wte / sizeof(float) * dtype_size(gpt.precision());
     if (so.strategy->zero_stage == 3 && mesh.dp > 1)
       c.optimizer += RingSends{mesh.dp, 0}.ag(gpt.layout().units()[0].numel, sizeof(float));
   }
-  if (s != mesh.pp - 2) c.backward += 2 * sizeof(float);
+  // The loss's broadcast from the head's rank: all but the rank before it send.
+  if (s != (head + mesh.pp - 1) % mesh.pp) c.backward += 2 * sizeof(float);
   c.logged_optimizer = RingSends{mesh.pp, s}.ag(2 * static_cast<size_t>(mesh.pp), sizeof(float));
   return c;
 }
@@ -133,6 +141,8 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
   const PipeProgram program = run_program(r.run, std::max(mesh.pp, 1));
   st.arenas = mesh.pp > 1 ? pipe_arenas(program, s) : 1;
   st.activations = static_cast<size_t>(st.arenas) * st.arena;
+  if (const auto* d = dynamic_cast<const Decoder*>(&model); d && mesh.pp > 1)
+    st.activations = pipeline_activation_bytes(*d, program, s, micro);
   st.comm = planned_comm(so, model, mesh.dp, 0, M);
   if (mesh.pp > 1 && so.strategy->zero_stage == 3 && so.reshard_after_forward) {
     // planned_comm counts a forward and its backward back to back: each
@@ -152,7 +162,7 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
     int64_t blocks = 0;
     for (const BlockRange& c : gpt->stage().chunks) blocks += (c.last < 0 ? gpt->config().layers : c.last) - c.first;
     st.comm += tensor_parallel_comm(*gpt, mesh, blocks, micro, M);
-    st.comm += pipeline_comm(so, *gpt, mesh, s, micro, M);
+    st.comm += pipeline_comm(so, *gpt, mesh, s, micro, program);
     st.pipeline = pipeline_buffer_bytes(*gpt, mesh.pp);
   }
   st.need = st.bytes.total() + st.activations + st.pipeline;

@@ -79,7 +79,7 @@ PlanRow make_row(const PlanRequest& r, const std::vector<const Model*>& stages, 
   const MachineRates& m = r.machine;
   PlanRow row;
   row.point = p;
-  row.bubble = mesh.pp > 1 ? pipe_bubble(mesh.pp, static_cast<int>(r.grad_accum)) : 0.0;
+  row.bubble = mesh.pp > 1 ? pipe_bubble_of(run_program(r.run, mesh.pp)) : 0.0;
   const int64_t per_replica = micro * r.grad_accum;
   const bool mixed = stages[0]->precision() == DType::BF16;
   const double rate = mixed && m.gemm_bf16_gflops > 0 ? m.gemm_bf16_gflops : m.gemm_gflops;
@@ -273,7 +273,9 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
   const std::vector<DecoderStage> split =
       pp > 1 ? pipe_stages(config, run_program(run, pp), run.pp_split) : std::vector<DecoderStage>{DecoderStage{}};
   for (const DecoderStage& st : split) {
-    m.built.push_back(std::make_unique<Decoder>(config, st, DecoderTp{tp, 0, run.tp_embedding == TpEmbedding::Vocab}));
+    auto stage = std::make_unique<Decoder>(config, st, DecoderTp{tp, 0, run.tp_embedding == TpEmbedding::Vocab});
+    if (pp > 1) stage->set_split_backward(pipe_splits_backward(run_program(run, pp)));
+    m.built.push_back(std::move(stage));
     set_attention(run, *m.built.back());
     m.stages.push_back(m.built.back().get());
   }

@@ -93,6 +93,8 @@ RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optiona
   else
     model = make_model(hparams);
   check_hf_save(o, *model);
+  // A split backward's arenas keep what W needs (the memory check counts it).
+  if (mesh.pp > 1) dynamic_cast<Decoder&>(*model).set_split_backward(pipe_splits_backward(run_program(o, mesh.pp)));
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
   set_attention(o, *model);

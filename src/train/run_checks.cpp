@@ -225,9 +225,12 @@ void check_rank_memory(const TrainOptions& o, const StrategyOptions& so, const M
   }
   std::string too_big;
   try {
-    check_memory(o, so, model, micro, dpg,
-                 pipe_arenas(run_program(o, mesh.pp), mesh.pp_rank), pg.size(),
-                 pipeline_buffer_bytes(dynamic_cast<const Decoder&>(model), mesh.pp));
+    // The arenas (per chunk, as the schedule holds them) with the
+    // pipeline's buffers.
+    const auto& stage = dynamic_cast<const Decoder&>(model);
+    check_memory(o, so, model, micro, dpg, 0, pg.size(),
+                 pipeline_activation_bytes(stage, run_program(o, mesh.pp), mesh.pp_rank, micro) +
+                     pipeline_buffer_bytes(stage, mesh.pp));
   } catch (const InputError& e) {
     too_big = e.what();
   }

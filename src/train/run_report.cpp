@@ -44,9 +44,13 @@ void print_pipeline(const TrainOptions& o, const Mesh& mesh, const Model& model)
     blocks += fmt::format("{}{}", blocks.empty() ? "" : " | ", chunks);
   }
   const int M = static_cast<int>(o.grad_accum);
-  std::printf("pipeline: %s, %s, %d micro-batches per step, blocks %s; bubble (pp-1)/(M+pp-1) = %.0f%%%s\n",
-              mesh.describe().c_str(), o.pp_schedule.c_str(), M, blocks.c_str(), 100.0 * pipe_bubble(mesh.pp, M),
-              M < mesh.pp ? " (fewer micro-batches than stages: mostly bubble)" : "");
+  const PipeProgram program = run_program(o, mesh.pp);
+  std::printf("pipeline: %s, %s, %d micro-batches per step, blocks %s; bubble %s = %.0f%%%s\n",
+              mesh.describe().c_str(), o.pp_schedule.c_str(), M, blocks.c_str(),
+              program.schedule == "interleaved"    ? "(pp-1)/(vM+pp-1)"
+              : pipe_splits_backward(program) ? "(simulated, F = B = W)"
+                                              : "(pp-1)/(M+pp-1)",
+              100.0 * pipe_bubble_of(program), M < mesh.pp ? " (fewer micro-batches than stages: mostly bubble)" : "");
 }
 
 // Every rank's step medians and peak RSS; the job's throughput from the
