@@ -43,6 +43,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string fixture(const std::string& name) { return DPT_SOURCE_DIR "/tests/fixtures/hf/" + name; }
+constexpr const char* kTokenizer = DPT_SOURCE_DIR "/tests/fixtures/tokenizer/gpt2_style.json";  // 2,000 tokens
 
 Decoder& decoder(Model& m) { return dynamic_cast<Decoder&>(m); }
 
@@ -517,8 +518,10 @@ TEST_F(GenerateCli, TrainSamplesAreRefusedWhereTheyAreNotBuilt) {
   const std::string train = fmt::format("{}/dpt train --synthetic --steps 2 --threads 1 --sample-every 1 ", DPT_BINARY_DIR);
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--model mlp", "samples a gpt or llama model's text"},
-      {"--model gpt --strategy zero3", "one-rank runs of local or ddp"},
-      {"--model gpt --vocab 300", "needs a byte-level model (vocabulary 256)"},
+      {"--model gpt --vocab 300", "--sample-every needs --tokenizer for a model of 300 tokens"},
+      {fmt::format("--model gpt --vocab 1000 --tokenizer {}", test::q(kTokenizer)),
+       "'s 2000 tokens do not fit the model's vocabulary of 1000"},
+      {"--model gpt --vocab 2000 --tokenizer /nonexistent/tokenizer.json", "/nonexistent/tokenizer.json"},
       {"--model gpt --sample-prompt ''", "--sample-prompt is empty"},
       {"--model gpt --context 8 --sample-prompt 12345678", "do not fit below the model's context of 8"},
   };
@@ -526,6 +529,14 @@ TEST_F(GenerateCli, TrainSamplesAreRefusedWhereTheyAreNotBuilt) {
     const test::RunResult r = test::run_shell(train + args, dir_, 120);
     EXPECT_EQ(r.code, 1) << args << "\n" << r.all();
     EXPECT_NE(r.err.find(want), std::string::npos) << args << "\n" << r.err;
+  }
+  // The samples' flags without --sample-every.
+  const std::string alone = fmt::format("{}/dpt train --model gpt --synthetic --steps 2 --threads 1 ", DPT_BINARY_DIR);
+  for (const std::string& flag : {fmt::format("--tokenizer {}", test::q(kTokenizer)), std::string("--sample-prompt hi"),
+                                 std::string("--sample-tokens 3")}) {
+    const test::RunResult r = test::run_shell(alone + flag, dir_, 120);
+    EXPECT_EQ(r.code, 1) << flag << "\n" << r.all();
+    EXPECT_NE(r.err.find("sets the samples of --sample-every, which is not given"), std::string::npos) << r.err;
   }
 }
 

@@ -32,6 +32,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "tensor/flat_buffer.h"
 #include "train/executor.h"
+#include "train/pipeline_gather.h"
 
 namespace dpt {
 
@@ -61,6 +62,9 @@ class PipelineExecutor : public Executor {
   double grad_norm_squared() override;
   void after_step() override;
   void save(const std::string& path, const SaveOptions& options) override;
+  void gather_weights(float* whole) override {
+    gather_pipeline_weights(mesh_, groups_, model_, strategy_, options_.stages, whole);
+  }
   // Per micro-batch: forward, backward and the waits before each; the
   // wait at the end.
   size_t trace_spans() const override { return 4 * static_cast<size_t>(options_.micro_batches) + 1; }
