@@ -14,7 +14,6 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,12 +68,12 @@ TEST(Walkthrough, RunsAsWrittenAtASmallShape) {
   ASSERT_EQ(r.code, 0) << r.all();
   EXPECT_TRUE(fs::exists(dir / "shards" / "fortunes_train_000000.bin"));
   EXPECT_TRUE(fs::exists(dir / "shards" / "fortunes_val_000000.bin"));
-  // dpt eval's lines, before and after; the 2-rank run's samples.
+  // dpt eval's lines, before and after (each right after generate's text,
+  // which a pipe gets without a newline); the 2-rank run's samples.
   std::vector<double> losses;
-  const std::regex eval_line(R"(^loss ([0-9.]+) \([0-9]+ positions\)$)");
-  std::istringstream lines(r.out);
-  for (std::string line; std::getline(lines, line);)
-    if (std::smatch m; std::regex_match(line, m, eval_line)) losses.push_back(std::stod(m[1]));
+  const std::regex eval_line(R"(loss ([0-9.]+) \([0-9]+ positions\)\n)");
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), eval_line); it != std::sregex_iterator(); ++it)
+    losses.push_back(std::stod((*it)[1]));
   ASSERT_EQ(losses.size(), 2u) << r.out;
   EXPECT_NEAR(losses[0], std::log(2000.0), 0.2) << r.out;  // a random model: about uniform
   EXPECT_LT(losses[1], losses[0] - 1.0) << r.out;
