@@ -7,8 +7,8 @@
 //   - that the sample after the last step is what `dpt generate` writes
 //     from the weights that run saved at that step, with the sampler's seed
 //     the run used (counter_bits(seed, step)) and the run's precision.
-// Layouts: zero3 on 2 ranks, tp 2, pp 2 (gpipe, 2 micro-batches), zero1 in
-// bf16 on 2 ranks, naive dp (2 replica threads, one process), and a Llama on
+// Layouts: zero3 on 2 ranks, tp 2, pp 2 (gpipe, 2 micro-batches), tp 2 x
+// pp 2 and hsdp (shard groups of 2) on 4 ranks, zero1 in bf16 on 2 ranks, naive dp (2 replica threads, one process), and a Llama on
 // BPE shards with --tokenizer (its prompt encoded, its samples decoded) at
 // tp 2 in bf16.
 //
@@ -116,6 +116,15 @@ TEST_F(SampleCliTest, TensorParallelTwo) { check(2, corpus(), "tp2", kGpt + " --
 TEST_F(SampleCliTest, PipelineTwoStages) {
   check(2, corpus(), "pp2", kGpt + " --pp 2 --grad-accum 2 --pp-schedule gpipe");
 }
+
+// Four ranks: tp 2 x pp 2 (each stage's slices gathered over its TP group,
+// then the stages to the first), and hsdp in shard groups of 2 replicated
+// twice.
+TEST_F(SampleCliTest, MeshTp2Pp2) {
+  check(4, corpus(), "tp2pp2", kGpt + " --tp 2 --pp 2 --grad-accum 2");
+}
+
+TEST_F(SampleCliTest, HsdpFourRanks) { check(4, corpus(), "hsdp", kGpt + " --strategy hsdp --shard-group 2"); }
 
 TEST_F(SampleCliTest, Zero1Bf16OnTwoRanks) {
   check(2, corpus(), "zero1_bf16", kGpt + " --strategy zero1 --precision bf16", "--precision bf16");
