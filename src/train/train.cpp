@@ -116,6 +116,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < run.steps) ev = evaluate(o, run, pg);
     if (samples && (step + 1) % o.sample_every == 0) {
       const std::string text = samples->sample(*run.executor, pg, step + 1);
+      run.strategy->take_gather_wait();  // the sample's gathers are no step's wait
       if (pg.rank() == 0) out.progress.line(fmt::format("sample after step {}: {}", step + 1, text));
     }
     double loss = s.loss;

@@ -3,7 +3,8 @@
 // the others wait. Each case trains twice, with samples and without, and
 // checks
 //   - that samples change nothing: the saved weights byte for byte and
-//     every logged loss exactly equal;
+//     every logged loss exactly equal, and the bytes sent per step (the
+//     samples' gathers are a phase of their own);
 //   - that the sample after the last step is what `dpt generate` writes
 //     from the weights that run saved at that step, with the sampler's seed
 //     the run used (counter_bits(seed, step)) and the run's precision.
@@ -20,6 +21,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "../cli_run.h"
 #include "core/rng.h"
@@ -56,7 +58,10 @@ class SampleCliTest : public ::testing::Test {
   // and metrics under dir_/name.{st,jsonl}.
   static std::string train(int n, const fs::path& data, const std::string& name, const std::string& args) {
     const fs::path stem = dir_ / name;
-    const std::string metrics = name.starts_with("dp") ? "" : " --metrics-out " + q(stem.string() + ".jsonl");
+    const std::string metrics = name.starts_with("dp") ? ""
+                                                       : fmt::format(" --metrics-out {} --summary-out {}",
+                                                                     q(stem.string() + ".jsonl"),
+                                                                     q(stem.string() + ".json"));
     const RunResult r =
         test::train_ranks(dpt_bin(), n, data, fmt::format("{} --save {}{}", args, q(stem.string() + ".st"), metrics),
                           dir_, 180);
@@ -95,6 +100,10 @@ class SampleCliTest : public ::testing::Test {
     // Naive dp writes no metrics file: its weights say it all.
     if (name != "dp") {
       EXPECT_EQ(test::logged_losses(with).size(), static_cast<size_t>(kSteps)) << name;
+      // The samples' gathers are their own phase, not the step's traffic.
+      const auto summary = [](const fs::path& stem) { return nlohmann::json::parse(read_file(stem.string() + ".json")); };
+      EXPECT_EQ(summary(with)["comm_bytes_per_step"], summary(without)["comm_bytes_per_step"]) << name;
+      EXPECT_FALSE(summary(without)["comm_bytes_per_phase"].contains("sample")) << name;
     }
     for (int64_t s = kEvery; s <= kSteps; s += kEvery)
       EXPECT_NE(out.find(fmt::format("sample after step {}: ", s)), std::string::npos) << name << "\n" << out;
