@@ -27,6 +27,7 @@
 #include "core/rng.h"
 #include "core/threads.h"
 #include "data/bpe_tokenizer.h"
+#include "train/sample.h"
 #include "data/utf8.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
@@ -43,6 +44,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string fixture(const std::string& name) { return DPT_SOURCE_DIR "/tests/fixtures/hf/" + name; }
+constexpr const char* kTokenizer = DPT_SOURCE_DIR "/tests/fixtures/tokenizer/gpt2_style.json";  // 2,000 tokens
 
 Decoder& decoder(Model& m) { return dynamic_cast<Decoder&>(m); }
 
@@ -513,12 +515,14 @@ TEST_F(GenerateCli, TrainPrintsSamplesAtThoseStepsTheSameForASeed) {
   EXPECT_FALSE(samples(a.out).empty());
 }
 
-TEST_F(GenerateCli, TrainSamplesAreRefusedWhereTheyAreNotBuilt) {
+TEST_F(GenerateCli, TrainSamplesRefuseInOneSentence) {
   const std::string train = fmt::format("{}/dpt train --synthetic --steps 2 --threads 1 --sample-every 1 ", DPT_BINARY_DIR);
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"--model mlp", "samples a gpt or llama model's text"},
-      {"--model gpt --strategy zero3", "one-rank runs of local or ddp"},
-      {"--model gpt --vocab 300", "needs a byte-level model (vocabulary 256)"},
+      {"--model gpt --vocab 300", "--sample-every needs --tokenizer for a model of 300 tokens"},
+      {fmt::format("--model gpt --vocab 1000 --tokenizer {}", test::q(kTokenizer)),
+       "'s 2000 tokens do not fit the model's vocabulary of 1000"},
+      {"--model gpt --vocab 2000 --tokenizer /nonexistent/tokenizer.json", "/nonexistent/tokenizer.json"},
       {"--model gpt --sample-prompt ''", "--sample-prompt is empty"},
       {"--model gpt --context 8 --sample-prompt 12345678", "do not fit below the model's context of 8"},
   };
@@ -526,6 +530,41 @@ TEST_F(GenerateCli, TrainSamplesAreRefusedWhereTheyAreNotBuilt) {
     const test::RunResult r = test::run_shell(train + args, dir_, 120);
     EXPECT_EQ(r.code, 1) << args << "\n" << r.all();
     EXPECT_NE(r.err.find(want), std::string::npos) << args << "\n" << r.err;
+  }
+  // The samples' flags without --sample-every.
+  const std::string alone = fmt::format("{}/dpt train --model gpt --synthetic --steps 2 --threads 1 ", DPT_BINARY_DIR);
+  for (const std::string& flag : {fmt::format("--tokenizer {}", test::q(kTokenizer)), std::string("--sample-prompt hi"),
+                                 std::string("--sample-tokens 3")}) {
+    const test::RunResult r = test::run_shell(alone + flag, dir_, 120);
+    EXPECT_EQ(r.code, 1) << flag << "\n" << r.all();
+    EXPECT_NE(r.err.find("sets the samples of --sample-every, which is not given"), std::string::npos) << r.err;
+  }
+}
+
+// Training's memory check counts the model rank 0 holds for samples
+// (train/sample.h's sample_bytes: its parameters, their bf16 copies in a
+// bf16 run, the cache and a prompt chunk's activations): the estimate it
+// refuses with grows by that much, to its 0.1 MiB rounding.
+TEST_F(GenerateCli, TrainsMemoryCheckCountsTheSampleModel) {
+  const std::string train = fmt::format("{}/dpt train --model gpt --layers 2 --width 256 --heads 4 --context 256 "
+                                        "--synthetic --steps 1 --batch 1 --threads 1 --memory-budget-mb 1 ",
+                                        DPT_BINARY_DIR);
+  const auto estimate = [&](const std::string& args) {
+    const test::RunResult r = test::run_shell(train + args, dir_, 120);
+    EXPECT_EQ(r.code, 1) << r.all();
+    const std::string says = "needs about ";
+    const size_t at = r.err.find(says);
+    EXPECT_NE(at, std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(" MiB per rank", at), std::string::npos) << r.err;
+    return at == std::string::npos ? 0.0 : std::stod(r.err.substr(at + says.size()));
+  };
+  const DecoderConfig c{256, 2, 4, 256, 256};
+  for (const DType p : {DType::F32, DType::BF16}) {
+    const std::string precision = p == DType::BF16 ? "--precision bf16 " : "";
+    const double grown = estimate(precision + "--sample-every 1") - estimate(precision);
+    const double mib = static_cast<double>(sample_bytes(c, p)) / (1 << 20);
+    EXPECT_GT(mib, 7.0);  // 1.7 M parameters
+    EXPECT_NEAR(grown, mib, 0.11) << precision;
   }
 }
 

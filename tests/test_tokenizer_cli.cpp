@@ -130,9 +130,47 @@ TEST_F(TokensCli, RefusesInOneSentence) {
   write(dir_ / "binary.txt", std::string("abc\0def", 7));
   test::expect_one_refusal(dpt(fmt::format("--tokenizer {} --input {} --out {}", good, q(dir_ / "binary.txt"),
                                            q(dir_ / "out"))),
-                           "binary.txt: a NUL byte at byte 3: not text");
+                           "binary.txt: not text: its first four bytes are 61 62 63 00 and byte 3 is a NUL; raw "
+                           "uint16 tokens need --from u16 without --tokenizer");
   test::expect_one_refusal(dpt(fmt::format("--tokenizer {} --out {}", q(dir_ / "missing.json"), q(dir_ / "out"))),
                            "missing.json");
+}
+
+// The inputs' kind is checked before anything is written, as dpt tokens
+// --from bytes and dpt train --data check theirs (data/file_kind.h): an
+// llm.c shard (either magic) and raw uint16 tokens are refused in one
+// sentence naming the file and its first four bytes, the first such file of
+// a directory included; invalid UTF-8 without a NUL is text (read as
+// errors="replace" reads it).
+TEST_F(TokensCli, RefusesShardsAndRawTokensBeforeWriting) {
+  const std::string good = q(kFixtures / "gpt2_style.json");
+  const auto refused = [&](const fs::path& input, const std::string& says) {
+    test::expect_one_refusal(
+        dpt(fmt::format("--tokenizer {} --input {} --out {}", good, q(input), q(dir_ / "out"))), says);
+    EXPECT_FALSE(fs::exists(dir_ / "out")) << input;
+  };
+  for (const int32_t magic : {kLlmcMagic, kLlmc32Magic}) {
+    std::vector<int32_t> header(256, 0);
+    header[0] = magic;
+    header[1] = magic == kLlmcMagic ? 1 : 7;
+    header[2] = 2;
+    std::string bytes(reinterpret_cast<const char*>(header.data()), 1024);
+    bytes += std::string("\x05\x00\x07\x00", 4);
+    write(dir_ / "corpus" / "z.bin", bytes);
+    std::string four;
+    for (int i = 0; i < 4; ++i) four += fmt::format("{}{:02x}", i ? " " : "", static_cast<unsigned char>(bytes[i]));
+    refused(dir_ / "corpus" / "z.bin", fmt::format("z.bin: an llm.c shard, not text: its first four bytes are {}", four));
+    write(dir_ / "corpus" / "a.txt", "plain text\n");
+    refused(dir_ / "corpus", "z.bin: an llm.c shard, not text");  // a directory: its shard named
+    fs::remove(dir_ / "corpus" / "z.bin");
+  }
+  // nanoGPT's train.bin: raw uint16 tokens, no header.
+  write(dir_ / "train.bin", std::string("\x48\x00\x65\x00\x6c\x00", 6));
+  refused(dir_ / "train.bin", "train.bin: not text: its first four bytes are 48 00 65 00 and byte 1 is a NUL");
+  // Invalid UTF-8 without a NUL is text.
+  write(dir_ / "latin1.txt", "caf\xe9 cr\xe8me\n");
+  const auto r = dpt(fmt::format("--tokenizer {} --input {} --out {}", good, q(dir_ / "latin1.txt"), q(dir_ / "out")));
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 // llm.c's uint32 shards by hand: the reader widens them, checks them against

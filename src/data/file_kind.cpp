@@ -61,7 +61,45 @@ size_t first_non_text(const std::string& path, std::string& head, bool& nul) {
   return std::string::npos;
 }
 
+// The offset of the first NUL byte of `path` (npos: none); head gets its
+// first four bytes.
+size_t first_nul(const std::string& path, std::string& head) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(fmt::format("{}: cannot open ({})", path, std::strerror(errno)));
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::vector<char> chunk(kChunk);
+  head.clear();
+  for (size_t base = 0;; base += kChunk) {
+    in.read(chunk.data(), static_cast<std::streamsize>(kChunk));
+    const auto got = static_cast<size_t>(in.gcount());
+    if (in.bad()) throw IoError(fmt::format("{}: read failed at byte {}", path, base));
+    if (head.size() < 4) head.append(chunk.data(), std::min(got, 4 - head.size()));
+    const char* zero = std::find(chunk.data(), chunk.data() + got, '\0');
+    if (zero != chunk.data() + got) return base + static_cast<size_t>(zero - chunk.data());
+    if (got < kChunk) return std::string::npos;
+  }
+}
+
 }  // namespace
+
+void check_corpus_files(const std::vector<std::string>& files) {
+  for (const std::string& path : files) {
+    std::string head;
+    const size_t at = first_nul(path, head);
+    int32_t magic = 0;
+    if (head.size() == 4) std::memcpy(&magic, head.data(), 4);
+    if (magic == kLlmcMagic || magic == kLlmc32Magic)
+      throw InputError(fmt::format("{}: an llm.c shard, not text: its first four bytes are {}, llm.c's magic; its "
+                                   "tokens are read as they are by dpt train --data (dpt tokens --tokenizer reads text "
+                                   "files or JSON lines)",
+                                   path, hex_bytes(head)));
+    if (at != std::string::npos)
+      throw InputError(fmt::format("{}: not text: its first four bytes are {} and byte {} is a NUL; raw uint16 tokens "
+                                   "need --from u16 without --tokenizer (dpt tokens --tokenizer reads text files or "
+                                   "JSON lines)",
+                                   path, hex_bytes(head), at));
+  }
+}
 
 FormatFlags data_format_flags() { return {"--data-format u16", "--data-format bytes"}; }
 FormatFlags tokens_from_flags() { return {"--from u16", "--from bytes"}; }

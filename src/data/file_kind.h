@@ -30,6 +30,13 @@ std::vector<std::string> text_input_files(const std::string& spec);
 // is not valid UTF-8. Reads each file in bounded chunks (1 MiB).
 void check_text_files(const std::vector<std::string>& files, const FormatFlags& flags);
 
+// `dpt tokens --tokenizer`'s inputs, documents of text: throws InputError
+// for the first file (in order) that starts with an llm.c magic number (a
+// shard: tokens already) or holds a NUL byte, in one sentence naming the
+// file, its first four bytes and the flags that fit. Invalid UTF-8 without
+// a NUL is text the tokenizer reads as errors="replace" does.
+void check_corpus_files(const std::vector<std::string>& files);
+
 // The format `spec` is read in: `given` when it is not Auto; else Llmc when
 // its first file starts with an llm.c magic number; else Bytes when every
 // file is text (check_text_files); else InputError.

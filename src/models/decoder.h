@@ -153,6 +153,9 @@ class Decoder : public Model {
   std::vector<float> step(int32_t token);
   // Positions the cache holds.
   int64_t cached() const { return infer_.pos; }
+  // Bytes generation allocates for a prompt of `rows` tokens: the cache at
+  // the full context, the rotary tables, a chunk's activations and the logits.
+  size_t generation_bytes(int64_t rows) const;
   static constexpr int64_t kPrefillChunk = 256;
 
   // Pipeline stages. A stage keeps several micro-batches' activations at

@@ -70,6 +70,14 @@ void Decoder::size_infer(int64_t n) {
   s.n = n;
 }
 
+size_t Decoder::generation_bytes(int64_t rows) const {
+  const int64_t n = std::min(std::max<int64_t>(rows, 1), kPrefillChunk), C = config_.width, T = config_.context;
+  int64_t floats = 2 * static_cast<int64_t>(blocks_.size()) * T * w_.kv * w_.hd + wte_rows();
+  if (config_.rotary) floats += T * (w_.hd / 2) * 2;
+  floats += n * (3 * C + 2 + w_.qkv + 2 * w_.att + w_.fc + w_.inner);  // as size_infer lays them out
+  return static_cast<size_t>(floats) * sizeof(float);
+}
+
 std::vector<float> Decoder::extend(const int32_t* tokens, int64_t n) {
   if (infer_.pos + n > config_.context)
     throw InputError(fmt::format("generation ran past the model's context of {} positions", config_.context));

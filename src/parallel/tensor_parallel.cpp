@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <optional>
 
 #include <fmt/format.h>
@@ -64,8 +65,8 @@ void gather_slices(const Decoder& model, const Decoder& whole, comm::ProcessGrou
   }
 }
 
-void save_tensor_parallel(Strategy& strategy, const Decoder& model, const Mesh& mesh, comm::ProcessGroup& tp,
-                          const std::string& path, const SaveOptions& options, bool lead) {
+void gather_whole_units(Strategy& strategy, const Decoder& model, const Mesh& mesh, comm::ProcessGroup& tp,
+                        const std::function<void(int, const float*)>& take) {
   const Decoder whole(model.config(), model.stage());  // the file's layout; never allocated
   size_t unit_max = 0, whole_max = 0;
   for (size_t u = 0; u < model.layout().units().size(); ++u) {
@@ -73,14 +74,22 @@ void save_tensor_parallel(Strategy& strategy, const Decoder& model, const Mesh& 
     whole_max = std::max(whole_max, whole.layout().units()[u].numel);
   }
   FlatBuffer unit(unit_max), out(whole_max), scratch;
-  std::optional<WeightWriter> file;
-  if (lead) file.emplace(path, whole, options);
   for (size_t u = 0; u < model.layout().units().size(); ++u) {
     strategy.gather_unit(static_cast<int>(u), unit.f32());
-    if (mesh.dp_rank != 0) continue;  // replica 0's TP group writes; the others hold the same
+    if (mesh.dp_rank != 0) continue;  // replica 0's TP group gathers; the others hold the same
     gather_slices(model, whole, tp, static_cast<int>(u), unit.f32(), out.f32(), scratch);
-    if (file) file->write_unit(static_cast<int>(u), out.f32());
+    take(static_cast<int>(u), out.f32());
   }
+}
+
+void save_tensor_parallel(Strategy& strategy, const Decoder& model, const Mesh& mesh, comm::ProcessGroup& tp,
+                          const std::string& path, const SaveOptions& options, bool lead) {
+  const Decoder whole(model.config(), model.stage());  // the file's layout; never allocated
+  std::optional<WeightWriter> file;
+  if (lead) file.emplace(path, whole, options);
+  gather_whole_units(strategy, model, mesh, tp, [&](int u, const float* values) {
+    if (file) file->write_unit(u, values);
+  });
   if (file) file->commit();
 }
 

@@ -4,6 +4,7 @@
 // over the TP group, and saving the whole model from its slices.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "comm/process_group.h"
@@ -36,10 +37,16 @@ double sum_in_rank_order(comm::ProcessGroup& g, double mine, std::vector<double>
 void gather_slices(const Decoder& model, const Decoder& whole, comm::ProcessGroup& tp, int unit, const float* mine,
                    float* out, FlatBuffer& scratch);
 
+// Collective over every rank: unit by unit, the whole tensors of each unit
+// of `model`'s stage (the layout of Decoder(config, stage)) handed to
+// take(u, values) on replica 0's ranks. Each unit is gathered over the DP
+// group by the strategy, then replica 0's TP ranks gather its slices
+// (gather_slices: no rank holds more than one unit of the whole model).
+void gather_whole_units(Strategy& strategy, const Decoder& model, const Mesh& mesh, comm::ProcessGroup& tp,
+                        const std::function<void(int, const float*)>& take);
+
 // Collective over every rank: writes the whole model's PyTorch-named file
-// from the slices. Each unit is gathered over the DP group by the strategy,
-// then replica 0's TP ranks gather its slices (gather_slices: no rank holds
-// more than one unit of the whole model) and `lead` writes it.
+// from the slices (gather_whole_units); `lead` writes it.
 void save_tensor_parallel(Strategy& strategy, const Decoder& model, const Mesh& mesh, comm::ProcessGroup& tp,
                           const std::string& path, const SaveOptions& options, bool lead);
 

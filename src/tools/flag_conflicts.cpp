@@ -58,6 +58,16 @@ void refuse_unread_flags(const CLI::App& cmd, const TrainOptions& o) {
     throw InputError("--min-lr contradicts the constant schedule, which never decays; give --schedule cosine");
 }
 
+// Flags that only --sample-every reads.
+void refuse_sample_flags_alone(const CLI::App& cmd) {
+  if (given(cmd, "--sample-every")) return;
+  for (const char* flag : {"--tokenizer", "--sample-prompt", "--sample-tokens"})
+    if (given(cmd, flag))
+      throw InputError(fmt::format("{} sets the samples of --sample-every, which is not given (training reads "
+                                   "token shards already tokenized: dpt tokens --tokenizer makes them)",
+                                   flag));
+}
+
 }  // namespace
 
 void refuse_contradicting_flags(const CLI::App& cmd, const TrainOptions& o) {
@@ -65,6 +75,7 @@ void refuse_contradicting_flags(const CLI::App& cmd, const TrainOptions& o) {
     if (given(cmd, c.a) && given(cmd, c.b))
       throw InputError(fmt::format("{} and {} contradict each other: {}; give one", c.a, c.b, c.why));
   refuse_unread_flags(cmd, o);
+  refuse_sample_flags_alone(cmd);
 }
 
 }  // namespace dpt

@@ -45,6 +45,8 @@ int TokensCommand::run_tokenizer() {
                  static_cast<long long>(p.tokens), p.seconds > 0 ? mb / p.seconds : 0.0, tty ? "" : "\n");
   };
   const CorpusOptions opt{input_.empty() ? kFortunesDir : input_, out_, name_, shard_tokens_, val_tokens_};
+  // Documents of text: a shard or raw tokens are refused before anything is written.
+  check_corpus_files(text_input_files(opt.input));
   const CorpusProgress p = tokenize_corpus(tok, opt, show);
   if (tty) std::fputc('\n', stderr);
   std::printf("%lld documents, %lld tokens (vocabulary %u), %.1f MB in %.3f s (%.1f MB/s) into %zu %s shard%s in %s\n",

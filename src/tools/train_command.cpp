@@ -86,10 +86,15 @@ void TrainCommand::add_output_flags() {
   cmd_->add_option("--eval-every", o.eval_every, "steps between evaluations (0: at the end only)")
       ->check(non_negative());
   cmd_->add_option("--sample-every", o.sample_every,
-                   "print a sample of the model's text every N steps (0: never; a byte-level model on one rank)")
+                   "print a sample of the model's text every N steps (0: never); rank 0 generates from the whole "
+                   "model, gathered, while the other ranks wait")
       ->check(non_negative());
   cmd_->add_option("--sample-prompt", o.sample_prompt, "the samples' prompt (a newline)");
   cmd_->add_option("--sample-tokens", o.sample_tokens, "tokens per sample (64)")->check(positive());
+  cmd_->add_option("--tokenizer", o.sample_tokenizer,
+                   "--sample-every: tokenizer.json (or vocab.json with merges.txt, or their directory) that encodes "
+                   "the prompt and decodes the samples of a model trained on its tokens (dpt tokens --tokenizer); "
+                   "without it the model must be byte-level (vocabulary 256)");
   cmd_->add_option("--eval-windows", o.eval_windows, "gpt: validation windows per evaluation (0: all)")
       ->check(non_negative());
   cmd_->add_option("--log-every", o.log_every, "steps between progress updates")->check(positive());

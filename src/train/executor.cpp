@@ -64,6 +64,26 @@ void SequentialExecutor::save(const std::string& path, const SaveOptions& option
     save_model(strategy_, model_, path, options, pg_.rank() == 0);
 }
 
+void SequentialExecutor::gather_weights(float* whole) {
+  const auto& decoder = dynamic_cast<const Decoder&>(model_);
+  if (tp_) {
+    const Decoder all(decoder.config(), decoder.stage());  // the whole tensors' layout; never allocated
+    gather_whole_units(strategy_, decoder, mesh_, *tp_, [&](int u, const float* values) {
+      if (!whole) return;
+      const Unit& w = all.layout().units()[static_cast<size_t>(u)];
+      std::copy(values, values + w.numel, whole + w.offset);
+    });
+    return;
+  }
+  // Rank 0 gathers each unit in its place; the others into scratch.
+  const Layout& layout = model_.layout();
+  size_t max_unit = 0;
+  for (const Unit& u : layout.units()) max_unit = std::max(max_unit, u.numel);
+  FlatBuffer scratch(whole ? 0 : max_unit);
+  for (size_t u = 0; u < layout.units().size(); ++u)
+    strategy_.gather_unit(static_cast<int>(u), whole ? whole + layout.units()[u].offset : scratch.f32());
+}
+
 // Under zero3 no rank ever holds more than one unit: the tensors of a unit
 // are consecutive in the file, as in the buffer.
 void save_model(Strategy& strategy, const Model& model, const std::string& path, const SaveOptions& options,

@@ -46,6 +46,11 @@ class Executor {
   virtual void after_step() {}
   // Writes the whole model's weights (collective over every rank).
   virtual void save(const std::string& path, const SaveOptions& options) = 0;
+  // Collective over every rank: what save() writes, in memory. The whole
+  // model's current parameters in the layout of Decoder(config) (no stage,
+  // no slice) into `whole` on rank 0 of the job; the other ranks pass
+  // nullptr. Training's samples (train/sample.h) read them.
+  virtual void gather_weights(float* whole) = 0;
   // Spans run() adds to a timeline per step at most.
   virtual size_t trace_spans() const = 0;
   // Bytes of activations this rank holds at most (every arena).
@@ -70,6 +75,7 @@ class SequentialExecutor : public Executor {
   // grad_squares counts the replicated tensors once in that sum).
   double grad_norm_squared() override;
   void save(const std::string& path, const SaveOptions& options) override;
+  void gather_weights(float* whole) override;
   size_t trace_spans() const override;
   size_t activation_bytes() const override { return model_.activation_bytes(); }
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -28,6 +29,7 @@
 #include "train/rank_setup.h"
 #include "train/run_checks.h"
 #include "train/run_report.h"
+#include "train/sample.h"
 #include "train/data_source.h"
 #include "train/progress.h"
 
@@ -178,6 +180,9 @@ TrainResult run_dp_training(const TrainOptions& o) {
   auto opt = make_optimizer(o.optimizer, master.layout(), 0, master.param_count());
   const float loss_scale = 1.0f / static_cast<float>(o.grad_accum * R);
   Progress progress(steps, o.quiet, mlp ? "samples/s" : "tokens/s");
+  // The master replica is the whole model: samples generate on it.
+  std::optional<TrainingSamples> samples;
+  if (o.sample_every > 0) samples.emplace(o, dynamic_cast<const Decoder&>(master).config());
   if (!o.quiet)
     std::printf("dpt train: %s, %zu parameters, %s, dp with %d replica threads, global batch %lld, %lld steps\n",
                 o.model.c_str(), master.param_count(), o.optimizer.name.c_str(), R, static_cast<long long>(o.batch),
@@ -213,6 +218,9 @@ TrainResult run_dp_training(const TrainOptions& o) {
         times.step.push_back(ms_since(t_step));
         if ((step + 1) % o.log_every == 0 || step + 1 == steps)
           progress.update(step + 1, mean, per_step * 1000.0 / times.step.back());
+        if (samples && (step + 1) % o.sample_every == 0)
+          progress.line(fmt::format("sample after step {}: {}", step + 1,
+                                    samples->sample(dynamic_cast<Decoder&>(master), step + 1)));
       }
 #pragma omp barrier
       if (!error.empty()) break;

@@ -470,44 +470,15 @@ void PipelineExecutor::after_step() {
 }
 
 void PipelineExecutor::save(const std::string& path, const SaveOptions& options) {
-  // Each stage's parameters gathered over its data-parallel group (and its
-  // slices over its TP group); replica 0's stages (their TP rank 0) send
-  // theirs to the first, which writes the whole model (it holds all of it
-  // for the while: a GPT that needs a pipeline to train still fits one
-  // rank's memory as weights alone).
-  const Decoder held = stage_model(me());  // the stage, its tensors whole
-  FlatBuffer mine(held.param_count());
-  comm::ProcessGroup* tp = groups_.tp();
-  FlatBuffer unit(tp ? model_.param_count() : 0), scratch;
-  for (size_t u = 0; u < model_.layout().units().size(); ++u) {
-    float* whole_unit = mine.f32() + held.layout().units()[u].offset;
-    if (!tp) {
-      strategy_.gather_unit(static_cast<int>(u), whole_unit);
-      continue;
-    }
-    strategy_.gather_unit(static_cast<int>(u), unit.f32());
-    if (mesh_.dp_rank == 0) gather_slices(model_, held, *tp, static_cast<int>(u), unit.f32(), whole_unit, scratch);
-  }
-  if (mesh_.dp_rank != 0 || mesh_.tp_rank != 0) return;
-  comm::ProcessGroup& pp = groups_.pp();
-  if (!first()) {
-    pp.send(mine.f32(), held.param_count(), DType::F32, 0);
-    return;
-  }
+  // Every rank's parameters gathered to rank 0 (train/pipeline_gather.h),
+  // which writes the whole model (it holds all of it for the while: a
+  // decoder that needs a pipeline to train still fits one rank's memory as
+  // weights alone).
+  const bool writer = me() == 0 && mesh_.dp_rank == 0 && mesh_.tp_rank == 0;
   const Decoder whole(model_.config());
-  std::vector<float> all(whole.param_count());
-  auto place = [&](const Layout& stage, const float* values) {
-    for (const Slot& slot : stage.slots())
-      std::copy(values + slot.offset, values + slot.offset + slot.numel,
-                all.begin() + static_cast<long>(whole.layout().slot(whole.layout().find(slot.name)).offset));
-  };
-  place(held.layout(), mine.f32());
-  for (int s = 1; s < mesh_.pp; ++s) {
-    const Decoder stage = stage_model(s);
-    FlatBuffer theirs(stage.param_count());
-    pp.recv(theirs.f32(), stage.param_count(), DType::F32, s);
-    place(stage.layout(), theirs.f32());
-  }
+  std::vector<float> all(writer ? whole.param_count() : 0);
+  gather_pipeline_weights(mesh_, groups_, model_, strategy_, options_.stages, writer ? all.data() : nullptr);
+  if (!writer) return;
   WeightWriter file(path, whole, options);
   for (size_t u = 0; u < whole.layout().units().size(); ++u)
     file.write_unit(static_cast<int>(u), all.data() + whole.layout().units()[u].offset);

@@ -47,6 +47,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "tensor/flat_buffer.h"
 #include "train/executor.h"
+#include "train/pipeline_gather.h"
 
 namespace dpt {
 
@@ -92,6 +93,9 @@ class PipelineExecutor : public Executor {
   double grad_norm_squared() override;
   void after_step() override;
   void save(const std::string& path, const SaveOptions& options) override;
+  void gather_weights(float* whole) override {
+    gather_pipeline_weights(mesh_, groups_, model_, strategy_, options_.stages, whole);
+  }
   // Per operation: its compute and the wait before it; the wait at the end.
   size_t trace_spans() const override { return 2 * ops_.size() + 1; }
   size_t activation_bytes() const override { return model_.arena_bytes_held(); }
@@ -112,7 +116,6 @@ class PipelineExecutor : public Executor {
   };
   Link link(int kind, int from, int to);
   void make_links();
-  Decoder stage_model(int s) const { return Decoder(model_.config(), options_.stages[static_cast<size_t>(s)]); }
   int me() const { return mesh_.pp_rank; }
   bool first() const { return me() == 0; }
   int rank_of(int chunk) const { return program_.rank_of_chunk[static_cast<size_t>(chunk)]; }

@@ -115,6 +115,9 @@ void Report::print_communication() const {
     const auto it = r.comm_bytes_per_phase.find(phase);
     std::printf(" %s %.2f", phase, it == r.comm_bytes_per_phase.end() ? 0.0 : it->second * kMiB);
   }
+  // --sample-every's gathers, apart from the step's traffic above.
+  if (const auto it = r.comm_bytes_per_phase.find("sample"); it != r.comm_bytes_per_phase.end())
+    std::printf(" (samples %.2f, not in the step's)", it->second * kMiB);
   std::printf("\n");
 }
 

@@ -1,5 +1,6 @@
 #include "train/run_checks.h"
 
+#include <algorithm>
 #include <string>
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 #include "train/pipeline_executor.h"
 #include "train/plan.h"
 #include "train/rank_setup.h"
+#include "train/sample.h"
 
 namespace dpt {
 
@@ -55,11 +57,16 @@ void check_outputs(const TrainOptions& o, comm::ProcessGroup& pg) {
 }
 
 void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
-                  comm::ProcessGroup& pg, int arenas, int world, size_t pipeline_bytes) {
+                  comm::ProcessGroup& pg, int arenas, int world, size_t pipeline_bytes, size_t lead_bytes) {
   const size_t available = o.memory_budget > 0 ? o.memory_budget : host_available_bytes();
   if (available == 0) return;
-  check_fits(so, model, static_cast<size_t>(arenas) * model.activation_bytes_for(micro) + pipeline_bytes, pg.size(),
-             ranks_on_host(world > 0 ? world : pg.size()), available);
+  const auto here = static_cast<size_t>(std::max(1, ranks_on_host(world > 0 ? world : pg.size())));
+  // check_fits multiplies one rank's figure by the host's ranks: the one
+  // rank's extra goes in as its share per rank.
+  check_fits(so, model,
+             static_cast<size_t>(arenas) * model.activation_bytes_for(micro) + pipeline_bytes +
+                 (lead_bytes + here - 1) / here,
+             pg.size(), static_cast<int>(here), available);
 }
 
 void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model& model, comm::ProcessGroup& pg,
@@ -154,24 +161,13 @@ void check_placement(const TrainOptions& o) {
 
 }  // namespace
 
-void check_samples(const TrainOptions& o, const Mesh& mesh) {
+void check_samples(const TrainOptions& o) {
   if (o.sample_every == 0) return;
   const auto it = o.model_config.find("dpt.model");
   const std::string model = it == o.model_config.end() ? o.model : it->second;
   if (model != "gpt" && model != "llama")
     throw InputError(fmt::format("--sample-every samples a gpt or llama model's text, and this is an {}", model));
-  if (mesh.world > 1 || o.strategy->zero_stage > 0 || o.strategy->in_threads())
-    throw InputError("--sample-every is built for one-rank runs of local or ddp for now (no dpt launch, zero or dp)");
-  if (o.device != Device::CPU) throw InputError("--sample-every generates on the CPU only for now (--device cpu)");
-  const DecoderConfig c = DecoderConfig::from(o.model_config);
-  if (c.vocab != 256)
-    throw InputError(fmt::format("--sample-every writes bytes, so it needs a byte-level model (vocabulary 256), and "
-                                 "this one has {} tokens",
-                                 c.vocab));
-  if (o.sample_prompt.empty()) throw InputError("--sample-prompt is empty");
-  if (static_cast<int64_t>(o.sample_prompt.size()) >= c.context)
-    throw InputError(fmt::format("--sample-prompt's {} bytes do not fit below the model's context of {}",
-                                 o.sample_prompt.size(), c.context));
+  sample_text_setup(o, DecoderConfig::from(o.model_config));
 }
 
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg) {
@@ -194,7 +190,7 @@ Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg)
                         .checkpoints = !o.checkpoint_dir.empty() || !o.resume.empty(), .trace = !o.trace_out.empty(),
                         .offload = o.offload != Offload::None});
   if (o.model_config.empty()) resolve_model(o);
-  check_samples(o, mesh);
+  check_samples(o);
   return mesh;
 }
 
@@ -219,18 +215,29 @@ void check_launch(TrainOptions o, int world) {
 // ends the run on every rank, with its sentence.
 void check_rank_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
                        const Mesh& mesh, comm::ProcessGroup& dpg, comm::ProcessGroup& pg) {
-  if (mesh.pp == 1) {
+  const auto* decoder = dynamic_cast<const Decoder*>(&model);
+  const size_t samples = o.sample_every > 0 && pg.rank() == 0 && decoder
+                             ? sample_bytes(decoder->config(), o.precision)
+                             : 0;
+  if (mesh.pp == 1 && o.sample_every == 0) {  // the same branch on every rank
     check_memory(o, so, model, micro, dpg, 1, pg.size());
     return;
   }
+  // Only some ranks hold the extra (a stage's buffers, rank 0's samples):
+  // one that does not fit ends the run on every rank, with its sentence.
   std::string too_big;
   try {
-    // The arenas (per chunk, as the schedule holds them) with the
-    // pipeline's buffers.
-    const auto& stage = dynamic_cast<const Decoder&>(model);
-    check_memory(o, so, model, micro, dpg, 0, pg.size(),
-                 pipeline_activation_bytes(stage, run_program(o, mesh.pp), mesh.pp_rank, micro) +
-                     pipeline_buffer_bytes(stage, mesh.pp));
+    // Under --pp: the arenas (per chunk, as the schedule holds them) with
+    // the pipeline's buffers.
+    if (mesh.pp == 1) {
+      check_memory(o, so, model, micro, dpg, 1, pg.size(), 0, samples);
+    } else {
+      const auto& stage = dynamic_cast<const Decoder&>(model);
+      check_memory(o, so, model, micro, dpg, 0, pg.size(),
+                   pipeline_activation_bytes(stage, run_program(o, mesh.pp), mesh.pp_rank, micro) +
+                       pipeline_buffer_bytes(stage, mesh.pp),
+                   samples);
+    }
   } catch (const InputError& e) {
     too_big = e.what();
   }

@@ -35,9 +35,8 @@ int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
 // the way (--load's file read once). Returns the mesh.
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg);
 // --sample-every's refusals, one sentence each: not a gpt or llama model,
-// more than one rank or a strategy other than local and ddp, a GPU, a
-// vocabulary other than bytes, a prompt that leaves no room in the context.
-void check_samples(const TrainOptions& o, const Mesh& mesh);
+// and sample_text_setup's (train/sample.h: the tokenizer, the prompt).
+void check_samples(const TrainOptions& o);
 
 // checked_flags on this rank of pg.
 Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg);
@@ -70,12 +69,16 @@ void check_outputs(const TrainOptions& o, comm::ProcessGroup& pg);
 // Under --pp, pg is the data-parallel group, `arenas` the micro-batches
 // the stage holds at once, `world` every rank of the job and
 // `pipeline_bytes` the stage's executor buffers (pipeline_buffer_bytes).
+// `lead_bytes`: what one rank of this host holds besides (rank 0's model
+// for --sample-every, sample_bytes), shared out over the host's ranks.
 void check_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
-                  comm::ProcessGroup& pg, int arenas = 1, int world = 0, size_t pipeline_bytes = 0);
+                  comm::ProcessGroup& pg, int arenas = 1, int world = 0, size_t pipeline_bytes = 0,
+                  size_t lead_bytes = 0);
 
 // check_memory for this rank. Under --pp the stages hold different parts of
-// the model, their arenas and the pipeline's buffers: one that does not fit
-// ends the run on every rank, with its sentence.
+// the model, their arenas and the pipeline's buffers, and with
+// --sample-every rank 0 holds the model for samples (sample_bytes): one
+// that does not fit ends the run on every rank, with its sentence.
 void check_rank_memory(const TrainOptions& o, const StrategyOptions& so, const Model& model, int64_t micro,
                        const Mesh& mesh, comm::ProcessGroup& dpg, comm::ProcessGroup& pg);
 

@@ -152,9 +152,14 @@ void count_comm(comm::ProcessGroup& pg, const LedgerMark& mark, const TrainOptio
   const uint64_t normed = o.clip > 0.0f ? n : logged;
   r.planned_comm_bytes_per_step =
       (n * p.per_step() + logged * p.logged_other + normed * p.logged_optimizer + p.first_step) / n;
-  r.comm_bytes_per_step = (pg.ledger().total(comm::Scope::Family).bytes_sent - mark.bytes) / n;
-  for (const auto& [phase, stats] : comm::difference(pg.ledger().phases(comm::Scope::Family), mark.phases))
+  uint64_t sent = pg.ledger().total(comm::Scope::Family).bytes_sent - mark.bytes;
+  for (const auto& [phase, stats] : comm::difference(pg.ledger().phases(comm::Scope::Family), mark.phases)) {
     r.comm_bytes_per_phase[phase] = stats.bytes_sent / n;
+    // --sample-every's gathers are not the step's traffic the plan counts:
+    // reported as their own phase only.
+    if (phase == "sample") sent -= stats.bytes_sent;
+  }
+  r.comm_bytes_per_step = sent / n;
 }
 
 void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& model, const Strategy& strategy,

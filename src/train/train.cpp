@@ -98,6 +98,9 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   RunOutputs out(o, pg, run);
   if (!quiet) print_header(o, *run.model, *run.strategy, mesh, run.micro, run.steps, run.data->evaluable(), r.topology);
 
+  // Every rank reads the tokenizer and prompt; rank 0 makes its model at the first sample.
+  std::optional<TrainingSamples> samples;
+  if (o.sample_every > 0) samples.emplace(o, dynamic_cast<const Decoder&>(*run.model).config());
   StepTimes times(run.steps - run.start);
   const double per_step = static_cast<double>(o.batch * (mlp ? 1 : run.model->positions()));
   StepContext context{o, pg, *run.strategy, *run.executor};
@@ -111,8 +114,11 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     if (o.verify_every > 0 && pg.size() > 1 && (step + 1) % o.verify_every == 0) run.strategy->verify(step + 1);
     std::optional<EvalResult> ev;
     if (o.eval_every > 0 && (step + 1) % o.eval_every == 0 && step + 1 < run.steps) ev = evaluate(o, run, pg);
-    if (o.sample_every > 0 && (step + 1) % o.sample_every == 0 && pg.rank() == 0)
-      out.progress.line(fmt::format("sample after step {}: {}", step + 1, sample_text(o, *run.model, step + 1)));
+    if (samples && (step + 1) % o.sample_every == 0) {
+      const std::string text = samples->sample(*run.executor, pg, step + 1);
+      run.strategy->take_gather_wait();  // the sample's gathers are no step's wait
+      if (pg.rank() == 0) out.progress.line(fmt::format("sample after step {}: {}", step + 1, text));
+    }
     double loss = s.loss;
     if (log_step || ev)
       loss = log_step_out(run.groups->dp(), out.progress, out.metrics.get(), mlp,

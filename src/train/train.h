@@ -96,11 +96,13 @@ struct TrainOptions {
   double val_fraction = 0.1;  // gpt: held-out tail of the corpus
   int64_t eval_every = 0;     // steps between evaluations; 0 = only at the end
   // --sample-every: steps between printed samples (docs/generate.md); 0 =
-  // none. A byte-level gpt or llama model on one rank (local or ddp) for
-  // now; the prompt's bytes, then sample_tokens tokens at temperature 1.
+  // none. A gpt or llama model under any layout: the prompt (its bytes, or
+  // its ids under sample_tokenizer), then sample_tokens tokens at
+  // temperature 1, decoded by sample_tokenizer (a byte-level model: none).
   int64_t sample_every = 0;
   std::string sample_prompt = "\n";
   int64_t sample_tokens = 64;
+  std::string sample_tokenizer;
   int64_t eval_windows = 256; // gpt: windows per periodic evaluation (0 = all)
   int64_t log_every = 10;
   std::string load;         // safetensors to start from
