@@ -30,16 +30,24 @@ void expect_gradients_in_order(const PipeProgram& p) {
       }
 }
 
-TEST(PipeProgram, GpipeAnd1f1bAreTheExecutorsOrders) {
+TEST(PipeProgram, GpipeAnd1f1bOrders) {
+  // gpipe: every forward, then every backward; 1f1b: pp - r - 1 forwards to
+  // fill, then one of each in turn, then the rest.
   for (int pp = 1; pp <= 4; ++pp)
     for (int M = 1; M <= 8; ++M)
-      for (const auto& [name, kind] : {std::pair{"gpipe", PipeSchedule::GPipe}, {"1f1b", PipeSchedule::OneFOneB}}) {
-        const PipeProgram p = pipe_program(name, pp, 1, M);
-        for (int r = 0; r < pp; ++r) {
-          std::vector<PipeAction> want;
-          for (const PipeOp& op : pipe_ops(kind, pp, r, M)) want.push_back({op.forward ? Kind::F : Kind::BW, r, op.micro});
-          EXPECT_EQ(p.ranks[static_cast<size_t>(r)], want) << name << " pp " << pp << " M " << M << " rank " << r;
+      for (int r = 0; r < pp; ++r) {
+        std::vector<PipeAction> gpipe, one;
+        for (int m = 0; m < M; ++m) gpipe.push_back({Kind::F, r, m});
+        for (int m = 0; m < M; ++m) gpipe.push_back({Kind::BW, r, m});
+        const int warm = std::min(pp - r - 1, M);
+        for (int m = 0; m < warm; ++m) one.push_back({Kind::F, r, m});
+        for (int m = 0; m < M - warm; ++m) {
+          one.push_back({Kind::F, r, warm + m});
+          one.push_back({Kind::BW, r, m});
         }
+        for (int m = M - warm; m < M; ++m) one.push_back({Kind::BW, r, m});
+        EXPECT_EQ(pipe_program("gpipe", pp, 1, M).ranks[static_cast<size_t>(r)], gpipe) << pp << " " << M << " " << r;
+        EXPECT_EQ(pipe_program("1f1b", pp, 1, M).ranks[static_cast<size_t>(r)], one) << pp << " " << M << " " << r;
       }
 }
 
@@ -103,14 +111,49 @@ TEST(PipeProgram, ValidatorRefusesBadListsNamingTheOperation) {
   EXPECT_EQ(check_pipe_program(unmatched).error,
             "F(chunk 0, micro 0) sends its output to rank 1, which has no F(chunk 1, micro 0) to receive it");
 
+  // Rank 0 waits for micro-batch 0's gradient before it sends micro-batch
+  // 1's forward, which rank 1 runs before that gradient's backward.
   PipeProgram cycle = pipe_program("gpipe", 2, 1, 2);
   cycle.ranks[0] = {{Kind::F, 0, 0}, {Kind::BW, 0, 0}, {Kind::F, 0, 1}, {Kind::BW, 0, 1}};
-  cycle.ranks[1] = {{Kind::F, 1, 1}, {Kind::BW, 1, 1}, {Kind::F, 1, 0}, {Kind::BW, 1, 0}};
+  cycle.ranks[1] = {{Kind::F, 1, 0}, {Kind::F, 1, 1}, {Kind::BW, 1, 0}, {Kind::BW, 1, 1}};
   EXPECT_NE(check_pipe_program(cycle).error.find("waits forever"), std::string::npos) << check_pipe_program(cycle).error;
+
+  // Messages of one kind between two ranks are received in the order sent
+  // (all the same size: out of order they would be read silently into the
+  // wrong micro-batch).
+  PipeProgram crossed = pipe_program("gpipe", 2, 1, 2);
+  crossed.ranks[1] = {{Kind::F, 1, 1}, {Kind::BW, 1, 1}, {Kind::F, 1, 0}, {Kind::BW, 1, 0}};
+  EXPECT_EQ(check_pipe_program(crossed).error,
+            "rank 0 receives for BW(chunk 0, micro 0) out of the order rank 1 sends in (gradients are received in "
+            "the order they are sent)");
 
   PipeProgram no_w = pipe_program("zb-h1", 2, 1, 2);
   for (auto& ops : no_w.ranks) std::erase_if(ops, [](const PipeAction& a) { return a.kind == Kind::W; });
   EXPECT_NE(check_pipe_program(no_w).error.find("needs one BW, or one B and one W"), std::string::npos);
+}
+
+// Each micro-batch's activations stay in their slot from its F to its BW
+// (or W): the slots a rank needs are the most in flight, per chunk.
+TEST(PipeProgram, SlotTable) {
+  const PipeProgram h1 = pipe_program("zb-h1", 2, 1, 8);
+  EXPECT_TRUE(pipe_splits_backward(h1));
+  EXPECT_FALSE(pipe_splits_backward(pipe_program("interleaved", 2, 2, 8)));
+  for (int r = 0; r < 2; ++r) {
+    const PipeSlots t = pipe_slot_table(h1, r);
+    // In flight from F to W: 1f1b's window plus the W's deferred.
+    int held = 0, most = 0;
+    for (const PipeAction& a : h1.ranks[static_cast<size_t>(r)]) {
+      held += a.kind == Kind::F ? 1 : a.kind == Kind::W ? -1 : 0;
+      most = std::max(most, held);
+    }
+    EXPECT_EQ(t.count[0], most) << "rank " << r;
+    EXPECT_EQ(pipe_arenas(h1, r), most);
+  }
+  // zb-v: rank 0 holds chunks 0 and 3 of 4, each with slots of its own.
+  const PipeSlots v = pipe_slot_table(pipe_program("zb-v", 2, 2, 4), 0);
+  EXPECT_EQ(v.chunks, (std::vector<int>{0, 3}));
+  EXPECT_EQ(v.local(3), 1);
+  EXPECT_EQ(pipe_arenas(pipe_program("zb-v", 2, 2, 4), 0), v.count[0] + v.count[1]);
 }
 
 TEST(PipeProgram, RefusesShapesItCannotRun) {

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "parallel/mesh.h"
+#include "parallel/pipe_program.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace dpt {
@@ -51,26 +52,30 @@ TEST(Mesh, ImpossibleMeshesAreRefused) {
   }
 }
 
-// Every micro-batch forward once and backward once; its backward after its
-// forward; backwards in micro-batch order; the arenas in flight never more
-// than the schedule's slots, and two micro-batches in flight never share one.
-void check_schedule(PipeSchedule schedule, int pp, int stage, int M) {
-  SCOPED_TRACE(testing::Message() << pipe_schedule_name(schedule) << " pp " << pp << " stage " << stage << " M " << M);
-  const std::vector<PipeOp> ops = pipe_ops(schedule, pp, stage, M);
+// gpipe and 1f1b as lists: every micro-batch forward once and backward
+// once, its backward after its forward, backwards in micro-batch order; the
+// arenas the slot table gives never shared by two micro-batches in flight,
+// and as many as the most in flight.
+void check_schedule(const std::string& name, int pp, int stage, int M) {
+  SCOPED_TRACE(testing::Message() << name << " pp " << pp << " stage " << stage << " M " << M);
+  const PipeProgram p = pipe_program(name, pp, 1, M);
+  const std::vector<PipeAction>& ops = p.ranks[static_cast<size_t>(stage)];
   ASSERT_EQ(ops.size(), 2u * static_cast<size_t>(M));
-  const int slots = pipe_slots(schedule, pp, stage, M);
+  const PipeSlots slots = pipe_slot_table(p, stage);
+  ASSERT_EQ(slots.chunks, std::vector<int>{stage});
   std::vector<int> forwarded, backwarded;
   std::set<int> in_flight;
   size_t most = 0;
-  for (const PipeOp& op : ops) {
-    if (op.forward) {
-      for (int other : in_flight) EXPECT_NE(pipe_slot(other, slots), pipe_slot(op.micro, slots)) << op.micro;
-      forwarded.push_back(op.micro);
-      in_flight.insert(op.micro);
+  for (const PipeAction& a : ops) {
+    if (a.kind == PipeAction::F) {
+      for (int other : in_flight) EXPECT_NE(slots.of[0][static_cast<size_t>(other)], slots.of[0][static_cast<size_t>(a.micro)]);
+      forwarded.push_back(a.micro);
+      in_flight.insert(a.micro);
     } else {
-      EXPECT_TRUE(in_flight.count(op.micro)) << "backward " << op.micro << " before its forward";
-      backwarded.push_back(op.micro);
-      in_flight.erase(op.micro);
+      EXPECT_EQ(a.kind, PipeAction::BW);
+      EXPECT_TRUE(in_flight.count(a.micro)) << "backward " << a.micro << " before its forward";
+      backwarded.push_back(a.micro);
+      in_flight.erase(a.micro);
     }
     most = std::max(most, in_flight.size());
   }
@@ -78,27 +83,27 @@ void check_schedule(PipeSchedule schedule, int pp, int stage, int M) {
   for (int m = 0; m < M; ++m) order[static_cast<size_t>(m)] = m;
   EXPECT_EQ(forwarded, order);
   EXPECT_EQ(backwarded, order);
-  EXPECT_EQ(most, static_cast<size_t>(slots));
+  EXPECT_EQ(most, static_cast<size_t>(pipe_arenas(p, stage)));
 }
 
 TEST(PipeSchedule, EveryStageEveryMicroBatch) {
-  for (PipeSchedule s : {PipeSchedule::GPipe, PipeSchedule::OneFOneB})
+  for (const char* s : {"gpipe", "1f1b"})
     for (int pp : {2, 3, 4})
       for (int stage = 0; stage < pp; ++stage)
         for (int M : {1, 2, 3, 4, 8}) check_schedule(s, pp, stage, M);
 }
 
 TEST(PipeSchedule, SlotsHeld) {
-  EXPECT_EQ(pipe_slots(PipeSchedule::GPipe, 4, 0, 8), 8);
-  EXPECT_EQ(pipe_slots(PipeSchedule::GPipe, 4, 3, 8), 8);
-  for (int s = 0; s < 4; ++s) EXPECT_EQ(pipe_slots(PipeSchedule::OneFOneB, 4, s, 8), 4 - s);
-  EXPECT_EQ(pipe_slots(PipeSchedule::OneFOneB, 4, 0, 2), 2);  // fewer micro-batches than stages
+  EXPECT_EQ(pipe_arenas(pipe_program("gpipe", 4, 1, 8), 0), 8);
+  EXPECT_EQ(pipe_arenas(pipe_program("gpipe", 4, 1, 8), 3), 8);
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(pipe_arenas(pipe_program("1f1b", 4, 1, 8), s), 4 - s);
+  EXPECT_EQ(pipe_arenas(pipe_program("1f1b", 4, 1, 2), 0), 2);  // fewer micro-batches than stages
   // 1f1b on the first of 3 stages: 2 forwards to fill, then alternate.
-  const std::vector<PipeOp> ops = pipe_ops(PipeSchedule::OneFOneB, 3, 0, 4);
   std::string seq;
-  for (const PipeOp& op : ops) {
-    seq += op.forward ? 'F' : 'B';
-    seq += std::to_string(op.micro);
+  const PipeProgram p = pipe_program("1f1b", 3, 1, 4);
+  for (const PipeAction& a : p.ranks[0]) {
+    seq += a.kind == PipeAction::F ? 'F' : 'B';
+    seq += std::to_string(a.micro);
     seq += ' ';
   }
   EXPECT_EQ(seq, "F0 F1 F2 B0 F3 B1 B2 B3 ");

@@ -10,42 +10,15 @@
 
 namespace dpt {
 
-PipeSchedule parse_pipe_schedule(const std::string& s) {
-  if (s == "gpipe") return PipeSchedule::GPipe;
-  if (s == "1f1b") return PipeSchedule::OneFOneB;
-  throw InputError(fmt::format("unknown --pp-schedule '{}' (expected gpipe or 1f1b)", s));
-}
-
-const char* pipe_schedule_name(PipeSchedule s) { return s == PipeSchedule::GPipe ? "gpipe" : "1f1b"; }
-
-std::vector<PipeOp> pipe_ops(PipeSchedule schedule, int pp, int stage, int M) {
-  std::vector<PipeOp> ops;
-  ops.reserve(2 * static_cast<size_t>(M));
-  if (schedule == PipeSchedule::GPipe) {
-    for (int m = 0; m < M; ++m) ops.push_back({true, m});
-    for (int m = 0; m < M; ++m) ops.push_back({false, m});
-    return ops;
-  }
-  const int warm = std::min(pp - stage - 1, M);
-  for (int m = 0; m < warm; ++m) ops.push_back({true, m});
-  for (int m = 0; m < M - warm; ++m) {
-    ops.push_back({true, warm + m});
-    ops.push_back({false, m});
-  }
-  for (int m = M - warm; m < M; ++m) ops.push_back({false, m});
-  return ops;
-}
-
-int pipe_slots(PipeSchedule schedule, int pp, int stage, int M) {
-  return schedule == PipeSchedule::GPipe ? M : std::min(M, pp - stage);
-}
-
 double pipe_bubble(int pp, int M) { return static_cast<double>(pp - 1) / static_cast<double>(M + pp - 1); }
 
 std::vector<int64_t> pipe_split(const std::string& split, int pp, int64_t layers, int64_t embed, int64_t block,
-                                int64_t head) {
-  if (layers < pp)
+                                int64_t head, int v) {
+  if (layers < pp && v == 1)
     throw InputError(fmt::format("--pp {} needs at least one block per stage, and the model has {}", pp, layers));
+  if (layers < pp)
+    throw InputError(fmt::format("--pp {} x --virtual-stages {} needs at least one block per chunk, and the model has {}",
+                                 pp / v, v, layers));
   if (!split.empty()) {
     std::vector<int64_t> counts;
     std::stringstream in(split);
@@ -65,8 +38,11 @@ std::vector<int64_t> pipe_split(const std::string& split, int pp, int64_t layers
       sum += n;
     }
     if (static_cast<int>(counts.size()) != pp || sum != layers)
-      throw InputError(fmt::format("--pp-split '{}' must give {} stages' blocks summing to the model's {}", split, pp,
-                                   layers));
+      throw InputError(v == 1 ? fmt::format("--pp-split '{}' must give {} stages' blocks summing to the model's {}",
+                                            split, pp, layers)
+                              : fmt::format("--pp-split '{}' must give {} counts of blocks (one per chunk: --pp x "
+                                            "--virtual-stages {}) summing to the model's {}",
+                                            split, pp, v, layers));
     return counts;
   }
   // best[s][l]: the smallest largest stage over splits of blocks [0, l)

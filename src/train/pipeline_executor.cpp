@@ -36,7 +36,7 @@ std::vector<DecoderStage> pipe_stages(const DecoderConfig& c, const PipeProgram&
   const int64_t norm = c.norm == NormKind::LayerNorm ? 2 * C : C;
   const int S = program.chunks();
   const std::vector<int64_t> counts =
-      pipe_split(split, S, c.layers, V * C + (c.rotary ? 0 : c.context * C), c.block_params(), V * C + norm);
+      pipe_split(split, S, c.layers, V * C + (c.rotary ? 0 : c.context * C), c.block_params(), V * C + norm, program.v);
   std::vector<DecoderStage> stages(static_cast<size_t>(program.pp));
   for (auto& st : stages) st = DecoderStage{{}, false, false};
   int64_t first = 0;

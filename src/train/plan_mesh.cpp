@@ -96,6 +96,10 @@ CommPlan pipeline_comm(const StrategyOptions& so, const Decoder& gpt, const Mesh
 // that covers several backwards, the recorded order goes on past a
 // backward's end with the first unit of the next, which is prefetched
 // there, and wasted when a forward or the step's end comes next.
+struct PipeOp {  // a rank's forward or backward of a micro-batch
+  bool forward = true;
+  int micro = 0;
+};
 struct KeptGathers {
   uint64_t skipped = 0, wasted = 0;              // per step, once recorded
   uint64_t skipped_first = 0, wasted_first = 0;  // in the first step
