@@ -391,6 +391,20 @@ TEST_F(PlanCliTest, MeshRowsMatchRuns) {
     expect_mesh_row_matches(model, c);
 }
 
+// Schedules past 1F1B (docs/pipeline.md): several chunks per rank, each
+// with the slots its list needs, and a split backward's arenas keeping
+// each linear's and norm's output gradient for W; the transfers the lists
+// make (a V sends both ways, none between its two middle chunks).
+TEST_F(PlanCliTest, MeshRowsMatchRunsUnderEverySchedule) {
+  const std::string model = "--model gpt --layers 4 --width 64 --heads 2 --context 32 --vocab 2048";
+  for (const MeshCase& c : {MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule interleaved", false},
+                            MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule zb-h1", false},
+                            MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule zb-v", false},
+                            MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule zb-v", false, "bf16"},
+                            MeshCase{4, "zero1", "--batch 8 --pp 2 --micro-batches 4 --pp-schedule zb-v", false}})
+    expect_mesh_row_matches(model, c);
+}
+
 // The same for the Llama configuration: tp 2 (each rank 2 query heads and
 // their key/value head, half of SwiGLU; both embedding modes, the untied
 // head's rows split with the embedding's), both schedules, ZeRO-3 over
