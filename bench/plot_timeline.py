@@ -5,7 +5,8 @@ Usage: python3 bench/plot_timeline.py TRACE.json OUT.svg [--title TEXT] [--steps
 
 One row per rank and thread ("rank 0 compute", "rank 0 comm", ...), time in
 milliseconds from the first span drawn, one colour per phase (data, forward,
-backward, comm wait, optimizer) and the collectives on the communication rows
+backward, or a split backward's input grad (B) and weight grad (W), comm
+wait, optimizer) and the collectives on the communication rows
 (DDP's all-reduces numbered by bucket, ZeRO's all-gathers and reduce-scatters
 by unit; a pipeline stage's forwards and backwards by micro-batch), so what
 overlaps what can be read off. --steps K
@@ -23,6 +24,8 @@ COLOURS = {
     "data": "#9e9e9e",
     "forward": "#4c78a8",
     "backward": "#f58518",
+    "input grad": "#f58518",
+    "weight grad": "#ffbf79",
     "comm wait": "#e45756",
     "optimizer": "#54a24b",
     "all_reduce": "#b279a2",
@@ -90,7 +93,7 @@ def draw(spans, title):
         out.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{ROW_H}" fill="{COLOURS.get(k, "#333")}" '
                    f'stroke="white" stroke-width="0.5"><title>{escape(tip)}</title></rect>')
         number = e["args"].get("bucket", e["args"].get("unit", e["args"].get("micro_batch")))
-        if (k in COLLECTIVES or k in ("forward", "backward")) and w > 12 and number is not None:
+        if (k in COLLECTIVES or k in ("forward", "backward", "input grad", "weight grad")) and w > 12 and number is not None:
             out.append(f'<text x="{x + w / 2:.1f}" y="{y + ROW_H * 0.68:.1f}" text-anchor="middle" '
                        f'fill="white" font-size="10">{number}</text>')
     # Legend.

@@ -18,7 +18,11 @@ namespace dpt {
 class Timeline {
  public:
   using Clock = std::chrono::steady_clock;
-  enum Kind { Data, Forward, Backward, CommWait, Optimizer, AllReduce, AllGather, ReduceScatter, kKinds };
+  // InputGrad and WeightGrad: a split backward's B and W halves (pipeline
+  // schedules zb-h1 and zb-v); Backward is a whole one.
+  enum Kind {
+    Data, Forward, Backward, CommWait, InputGrad, WeightGrad, Optimizer, AllReduce, AllGather, ReduceScatter, kKinds
+  };
   static bool is_collective(int kind) { return kind >= AllReduce && kind < kKinds; }
 
   // Spans are kept in wall-clock time (the monotonic clock plus its offset

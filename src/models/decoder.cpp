@@ -318,24 +318,58 @@ CT* as(void* p) {
 
 }  // namespace
 
-int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) const {
-  const int64_t C = config_.width, N = B * T;
-  const Widths& w = w_;  // this rank's widths
-  const bool b16 = precision_ == DType::BF16, layer_norm = config_.norm == NormKind::LayerNorm;
+// Buffers handed out of an arena in order (or only counted, without a base).
+struct Decoder::Cursor {
+  float* base;
+  int64_t N;
+  bool b16, layer_norm;
   int64_t used = 0;
-  auto take = [&](int64_t n) {
+  float* take(int64_t n) {
     float* r = base ? base + used : nullptr;
     used += n;
     return r;
-  };
+  }
   // A GEMM operand of n elements: fp32, or bf16 in half as many floats
   // (rounded up to 64 bytes, so the buffers after it stay aligned).
-  auto take_operand = [&](int64_t n) -> void* { return take(b16 ? (n + 31) / 32 * 16 : n); };
+  void* take_operand(int64_t n) { return take(b16 ? (n + 31) / 32 * 16 : n); }
   // A norm's saved statistics: LayerNorm's mean and rstd, RMSNorm's rstd.
-  auto take_stats = [&](float*& mean, float*& rstd) {
+  void take_stats(float*& mean, float*& rstd) {
     mean = layer_norm ? take(N) : nullptr;
     rstd = take(N);
-  };
+  }
+};
+
+void Decoder::lay_out_keep(BlockActs& b, Cursor& c) const {
+  const int64_t C = config_.width, N = c.N;
+  const Widths& w = w_;
+  b.w_dy2 = c.take(N * C);
+  b.w_d4C = c.take(N * w.fc);
+  b.w_dC2 = c.take(N * C);
+  b.w_dy1 = c.take(N * C);
+  b.w_d3C = c.take(N * w.qkv);
+  b.w_dC1 = c.take(N * C);
+  if (checkpoint_) {
+    b.w_ln1 = c.take_operand(N * C);
+    b.w_atty = c.take_operand(N * w.att);
+    b.w_ln2 = c.take_operand(N * C);
+    b.w_fch_gelu = c.take_operand(N * w.inner);
+    b.w_res2 = c.take(N * C);
+    c.take_stats(b.w_ln1_mean, b.w_ln1_rstd);
+    c.take_stats(b.w_ln2_mean, b.w_ln2_rstd);
+  } else {
+    b.w_ln1 = b.ln1, b.w_atty = b.atty, b.w_ln2 = b.ln2, b.w_fch_gelu = b.fch_gelu, b.w_res2 = b.res2;
+    b.w_ln1_mean = b.ln1_mean, b.w_ln1_rstd = b.ln1_rstd, b.w_ln2_mean = b.ln2_mean, b.w_ln2_rstd = b.ln2_rstd;
+  }
+}
+
+int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) const {
+  const int64_t C = config_.width, N = B * T;
+  const Widths& w = w_;  // this rank's widths
+  const bool b16 = precision_ == DType::BF16;
+  Cursor cur{base, N, b16, config_.norm == NormKind::LayerNorm};
+  auto take = [&](int64_t n) { return cur.take(n); };
+  auto take_operand = [&](int64_t n) { return cur.take_operand(n); };
+  auto take_stats = [&](float*& mean, float*& rstd) { cur.take_stats(mean, rstd); };
   const bool head = stage_.head && chunk + 1 == chunks();
   a.encoded = take(N * C);
   a.blocks.assign(chunk_blocks(chunk), BlockActs{});
@@ -367,16 +401,10 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
       b.res3 = take(N * C);
     }
   }
-  // A split backward keeps each block's output gradients for W.
+  // A split backward keeps each block's output gradients for W (and with
+  // checkpointing the recomputed forward tensors W reads).
   if (split_backward_)
-    for (auto& b : a.blocks) {
-      b.w_dy2 = take(N * C);
-      b.w_d4C = take(N * w.fc);
-      b.w_dC2 = take(N * C);
-      b.w_dy1 = take(N * C);
-      b.w_d3C = take(N * w.qkv);
-      b.w_dC1 = take(N * C);
-    }
+    for (auto& b : a.blocks) lay_out_keep(b, cur);
   // Only the last chunk has the head; a chunk without it keeps its output
   // in its last block's res3.
   if (head) {
@@ -394,7 +422,7 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   a.dI = config_.mlp == MlpKind::SwiGlu ? take(N * w.inner) : nullptr;
   a.rope_cos = config_.rotary ? take(T * w.hd / 2) : nullptr;
   a.rope_sin = config_.rotary ? take(T * w.hd / 2) : nullptr;
-  return used;
+  return cur.used;
 }
 
 size_t Decoder::activation_bytes_for(int64_t B) const {

@@ -228,6 +228,12 @@ class Decoder : public Model {
     // projection (dy1) and q/k/v (d3C), and of the two norms (dC2, dC1).
     float *w_dy2 = nullptr, *w_d4C = nullptr, *w_dC2 = nullptr, *w_dy1 = nullptr, *w_d3C = nullptr,
           *w_dC1 = nullptr;
+    // ... and the forward's tensors W reads: the block's own, or with
+    // checkpointing copies B makes of the recomputed scratch block's (the
+    // linears' inputs, the second norm's input and both norms' statistics).
+    void *w_ln1 = nullptr, *w_atty = nullptr, *w_ln2 = nullptr, *w_fch_gelu = nullptr;
+    float *w_res2 = nullptr, *w_ln1_mean = nullptr, *w_ln1_rstd = nullptr, *w_ln2_mean = nullptr,
+          *w_ln2_rstd = nullptr;
   };
   // Every pointer into the arena for one (B, T).
   struct Acts {
@@ -254,6 +260,9 @@ class Decoder : public Model {
   // null; returns the floats it takes. The one description of the arena:
   // activation_bytes_for asks it too.
   int64_t lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) const;
+  struct Cursor;
+  // A split backward's keep for W of one block, from the cursor.
+  void lay_out_keep(BlockActs& b, Cursor& c) const;
   // The current chunk: whether it has the embedding or the head, its
   // blocks (indices into blocks_), and its block l's slots and unit.
   bool embeds() const { return stage_.embed && chunk_ == 0; }

@@ -46,14 +46,30 @@ void Decoder::backward_weights() {
 
 template <typename CT>
 void Decoder::backward_input_as(float loss_scale) {
-  DPT_CHECK(!checkpoint_, "a split backward keeps every block's activations (no checkpointing)");
-  const int64_t B = batch_, T = seq_;
+  const int64_t B = batch_, T = seq_, N = B * T, C = config_.width;
   const Acts& a = act_;
   begin(Pass::Backward, part());
   if (heads()) head_backward<CT>(loss_scale);
   for (size_t l = a.blocks.size(); l-- > 0;) {
+    const BlockActs& b = a.blocks[l];
+    const float* x = l > 0 ? a.blocks[l - 1].res3 : a.encoded;
     open(unit_of(l));
-    block_backward_input<CT>(l, l > 0 ? a.blocks[l - 1].res3 : a.encoded, B, T);
+    // Checkpointing: the scratch block refilled from the block's input (as
+    // backward() does), and what W reads copied out of it.
+    if (checkpoint_) {
+      block_forward<CT>(l, x, B, T);
+      const size_t op = sizeof(CT), f = sizeof(float);
+      k().copy(b.w_ln1, b.ln1, static_cast<size_t>(N * C) * op);
+      k().copy(b.w_atty, b.atty, static_cast<size_t>(N * w_.att) * op);
+      k().copy(b.w_ln2, b.ln2, static_cast<size_t>(N * C) * op);
+      k().copy(b.w_fch_gelu, b.fch_gelu, static_cast<size_t>(N * w_.inner) * op);
+      k().copy(b.w_res2, b.res2, static_cast<size_t>(N * C) * f);
+      if (b.ln1_mean) k().copy(b.w_ln1_mean, b.ln1_mean, static_cast<size_t>(N) * f);
+      if (b.ln2_mean) k().copy(b.w_ln2_mean, b.ln2_mean, static_cast<size_t>(N) * f);
+      k().copy(b.w_ln1_rstd, b.ln1_rstd, static_cast<size_t>(N) * f);
+      k().copy(b.w_ln2_rstd, b.ln2_rstd, static_cast<size_t>(N) * f);
+    }
+    block_backward_input<CT>(l, x, B, T);
     close(unit_of(l));
   }
   if (embeds()) embed_backward(B, T);
@@ -150,19 +166,19 @@ void Decoder::block_backward_weights(size_t l, const float* x, int64_t N) {
   // bias summed from the same gradient gelu_backward sums it from), the
   // second norm, the attention's projection, q/k/v, the first norm.
   k().linear_backward(nullptr, grad(s.fcproj_w), grad_or_null(s.fcproj_b), operand<CT>(k(), b.w_dy2, N * C, a.dout16),
-                      as<CT>(b.fch_gelu), weight<CT>(s.fcproj_w), N, w.inner, C, b.w_dy2);
+                      as<CT>(b.w_fch_gelu), weight<CT>(s.fcproj_w), N, w.inner, C, b.w_dy2);
   slots_ready(s.fcproj_w, last_of(s.fcproj_w, s.fcproj_b));
   k().linear_backward(nullptr, grad(s.fc_w), grad_or_null(s.fc_b), operand<CT>(k(), b.w_d4C, N * w.fc, a.dout16),
-                      as<CT>(b.ln2), weight<CT>(s.fc_w), N, C, w.fc, b.w_d4C);
+                      as<CT>(b.w_ln2), weight<CT>(s.fc_w), N, C, w.fc, b.w_d4C);
   slots_ready(s.fc_w, s.fc_end);
-  norm_weights(b.w_dC2, b.res2, s.ln2_w, s.ln2_b, b.ln2_mean, b.ln2_rstd);
+  norm_weights(b.w_dC2, b.w_res2, s.ln2_w, s.ln2_b, b.w_ln2_mean, b.w_ln2_rstd);
   k().linear_backward(nullptr, grad(s.proj_w), grad_or_null(s.proj_b), operand<CT>(k(), b.w_dy1, N * C, a.dout16),
-                      as<CT>(b.atty), weight<CT>(s.proj_w), N, w.att, C, b.w_dy1);
+                      as<CT>(b.w_atty), weight<CT>(s.proj_w), N, w.att, C, b.w_dy1);
   slots_ready(s.proj_w, last_of(s.proj_w, s.proj_b));
   k().linear_backward(nullptr, grad(s.qkv_w), grad_or_null(s.qkv_b), operand<CT>(k(), b.w_d3C, N * w.qkv, a.dout16),
-                      as<CT>(b.ln1), weight<CT>(s.qkv_w), N, C, w.qkv, b.w_d3C);
+                      as<CT>(b.w_ln1), weight<CT>(s.qkv_w), N, C, w.qkv, b.w_d3C);
   slots_ready(s.qkv_w, s.qkv_end);
-  norm_weights(b.w_dC1, x, s.ln1_w, s.ln1_b, b.ln1_mean, b.ln1_rstd);
+  norm_weights(b.w_dC1, x, s.ln1_w, s.ln1_b, b.w_ln1_mean, b.w_ln1_rstd);
 }
 
 }  // namespace dpt

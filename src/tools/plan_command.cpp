@@ -72,6 +72,15 @@ void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, cons
                                            r.grad_accum, 100.0 * pipe_bubble_of(run_program(r.run, r.run.pp)))
                                    .c_str()
                              : "");
+  if (r.run.pp > 1 && !r.all_meshes) {
+    std::string line;
+    for (const ScheduleIdle& s : pipe_schedule_idles(DecoderConfig::from(model_hparams(r.run)), r.run.pp,
+                                                     static_cast<int>(r.grad_accum)))
+      line += fmt::format("{}{}{} {:.1f}%", line.empty() ? "" : ", ", s.schedule,
+                          s.v > 1 ? fmt::format(" (v {})", s.v) : "", 100.0 * s.idle_first);
+    std::printf("schedules at pp %d, M %lld, rank 0's idle simulated from FLOPs (F, B, W; transfers free): %s\n",
+                r.run.pp, static_cast<long long>(r.grad_accum), line.c_str());
+  }
   std::printf("memory: %s for the %d rank%s on this host; rates %s: GEMM %.1f GFLOP/s per rank (%s, %d thread%s), "
               "bf16 %.1f, memcpy %.2f GB/s per rank; runtime %.1f MiB per rank\n",
               human_bytes(r.available).c_str(), r.ranks_here, r.ranks_here == 1 ? "" : "s",

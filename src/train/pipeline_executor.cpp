@@ -77,10 +77,6 @@ PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Decoder
   sends_.resize(static_cast<size_t>(arenas) * slots_.chunks.size());
   recvs_.resize(ops_.size());
   const bool split = std::any_of(ops_.begin(), ops_.end(), [](const PipeAction& a) { return a.kind == PipeAction::W; });
-  if (split && model_.checkpoint_activations())
-    throw InputError(fmt::format("--pp-schedule {} splits each backward in two and keeps every block's activations "
-                                 "for the second half; it does not run with --checkpoint-activations yet",
-                                 program_.schedule));
   model_.set_split_backward(split);
   make_links();
   // The head's copy of wte is in the compute type: the head's GEMM reads
@@ -186,6 +182,24 @@ size_t pipeline_buffer_bytes(const Decoder& stage, int pp) {
   if (stage.stage().embed)
     return sizeof(float) * (wte + stage.layout().units()[0].numel) + (stage.precision() == DType::F32 ? 0 : copy);
   return stage.stage().head ? sizeof(float) * wte + copy : 0;
+}
+
+std::vector<ScheduleIdle> pipe_schedule_idles(const DecoderConfig& c, int pp, int M) {
+  const double T = static_cast<double>(c.context), a = static_cast<double>(c.heads * c.head_dim());
+  const double C = static_cast<double>(c.width), F = static_cast<double>(c.ffn());
+  const double G = (static_cast<double>(c.heads + 2 * c.kv()) * c.head_dim() + a) * C +
+                   (c.mlp == MlpKind::SwiGlu ? 3.0 : 2.0) * C * F;
+  const PipeCosts costs{2 * G + 4 * T * a, 2 * G + 8 * T * a, 2 * G, 0.0};
+  std::vector<ScheduleIdle> out;
+  for (const std::string& name : pipe_program_names()) {
+    const int v = pipe_virtual_stages(name, 0);
+    if (c.layers < pp * v || (name == "interleaved" && M % pp != 0)) continue;
+    const PipeSimulation sim = simulate_pipe_program(pipe_program(name, pp, v, M), costs);
+    double mean = 0.0;
+    for (double i : sim.idle) mean += i / static_cast<double>(sim.idle.size());
+    out.push_back({name, v, sim.idle[0], mean});
+  }
+  return out;
 }
 
 size_t pipeline_activation_bytes(const Decoder& stage, const PipeProgram& program, int rank, int64_t micro) {
@@ -319,6 +333,7 @@ double PipelineExecutor::forward_op(size_t k, int64_t step, StepBreakdown& t, Ti
   t.data_ms += ms(td, tf);
   t.comm_wait_ms += ms(tf, tc);
   t.forward_ms += ms(tc, te);
+  time_op(PipeAction::F, ms(tc, te), ms(tf, tc));
   if (tl) {
     if (a.chunk > 0) tl->add(Timeline::CommWait, step, a.micro, 0, tf, tc);
     tl->add(Timeline::Forward, step, a.micro, 0, tc, te);
@@ -368,9 +383,10 @@ void PipelineExecutor::backward_op(size_t k, int64_t step, StepBreakdown& t, Tim
   const auto te = Clock::now();
   t.comm_wait_ms += ms(tb, tc);
   t.backward_ms += ms(tc, te);
+  time_op(a.kind, ms(tc, te), ms(tb, tc));
   if (tl) {
     if (a.chunk + 1 < chunks() || tied_in) tl->add(Timeline::CommWait, step, a.micro, 0, tb, tc);
-    tl->add(Timeline::Backward, step, a.micro, 0, tc, te);
+    tl->add(a.kind == PipeAction::BW ? Timeline::Backward : Timeline::InputGrad, step, a.micro, 0, tc, te);
   }
 }
 
@@ -385,10 +401,21 @@ void PipelineExecutor::weights_op(size_t k, int64_t step, StepBreakdown& t, Time
   model_.backward_weights();
   const auto te = Clock::now();
   t.backward_ms += ms(tc, te);
-  if (tl) tl->add(Timeline::Backward, step, a.micro, 1, tc, te);  // bytes 1: a W (the trace tells it apart)
+  time_op(PipeAction::W, ms(tc, te), 0.0);
+  if (tl) tl->add(Timeline::WeightGrad, step, a.micro, 0, tc, te);
+}
+
+void PipelineExecutor::time_op(PipeAction::Kind kind, double busy_ms, double wait_ms) {
+  if (!timing_) return;
+  op_ms_[static_cast<size_t>(kind)] += busy_ms;
+  ++op_count_[static_cast<size_t>(kind)];
+  busy_ms_ += busy_ms;
+  waited_ms_ += wait_ms;
 }
 
 double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
+  if (first_step_ < 0) first_step_ = step;
+  timing_ = step > first_step_;  // the first step allocates and records: not counted
   if (holds_head() && model_.tied()) tied_g_.zero();
   tied_send_.reset();
   std::fill(have_batch_.begin(), have_batch_.end(), 0);
@@ -412,6 +439,7 @@ double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
   groups_.pp().broadcast(&mean, 2, DType::F32, head_rank_);  // a double as two floats' bytes
   const auto tend = Clock::now();
   t.comm_wait_ms += ms(tw, tend);
+  if (timing_) waited_ms_ += ms(tw, tend);
   if (tl) tl->add(Timeline::CommWait, step, tw, tend);
   return mean;
 }
@@ -457,10 +485,39 @@ nlohmann::json PipelineExecutor::detail() {
                       {"arena_bytes", static_cast<int64_t>(all[kFields * k + 3])},
                       {"tied_copy_bytes", static_cast<int64_t>(all[kFields * k + 4])}});
   }
+  // The operations' costs over every rank, and each rank's idle fraction.
+  constexpr size_t kTimes = 10;  // 4 sums, 4 counts, waits, busy
+  std::vector<double> times(kTimes * static_cast<size_t>(mesh_.pp), 0.0);
+  for (size_t k = 0; k < 4; ++k) {
+    times[kTimes * s + k] = op_ms_[k];
+    times[kTimes * s + 4 + k] = static_cast<double>(op_count_[k]);
+  }
+  times[kTimes * s + 8] = waited_ms_;
+  times[kTimes * s + 9] = busy_ms_;
+  groups_.pp().all_gather(times.data(), times.size() * 2, DType::F32);
+  std::array<double, 4> cost{};
+  for (size_t k = 0; k < 4; ++k) {
+    double sum = 0.0, n = 0.0;
+    for (size_t r = 0; r < static_cast<size_t>(mesh_.pp); ++r) sum += times[kTimes * r + k], n += times[kTimes * r + 4 + k];
+    cost[k] = n > 0 ? sum / n : 0.0;
+  }
+  nlohmann::json op_ms = {{"F", cost[PipeAction::F]}, {"B", cost[PipeAction::B]}, {"W", cost[PipeAction::W]},
+                          {"BW", cost[PipeAction::BW]}};
+  // A BW's cost splits evenly for the simulator (it only adds B and W).
+  const bool split = pipe_splits_backward(program_);
+  const PipeCosts costs{cost[PipeAction::F], split ? cost[PipeAction::B] : cost[PipeAction::BW] / 2,
+                        split ? cost[PipeAction::W] : cost[PipeAction::BW] / 2, 0.0};
+  const bool timed = costs.f > 0.0;
+  const PipeSimulation sim = timed ? simulate_pipe_program(program_, costs) : PipeSimulation{};
+  for (size_t k = 0; k < static_cast<size_t>(mesh_.pp); ++k) {
+    const double waited = times[kTimes * k + 8], busy = times[kTimes * k + 9];
+    stages[k]["idle_measured"] = busy + waited > 0 ? waited / (busy + waited) : 0.0;
+    stages[k]["idle_predicted"] = timed ? sim.idle[k] : 0.0;
+  }
   const int M = program_.micro_batches;
   return {{"pp", mesh_.pp}, {"dp", mesh_.dp}, {"tp", mesh_.tp}, {"schedule", program_.schedule},
           {"virtual_stages", program_.v}, {"micro_batches", M},
-          {"bubble_formula", pipe_bubble_of(program_)},
+          {"bubble_formula", pipe_bubble_of(program_)}, {"op_ms", op_ms},
           {"stages", stages}};
 }
 

@@ -37,6 +37,7 @@
 // in fp32 in either precision, so a boundary adds no rounding.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -76,6 +77,18 @@ std::vector<DecoderStage> gpt_stages(const DecoderConfig& config, int pp, const 
 // memory check and `dpt plan` count them.
 size_t pipeline_buffer_bytes(const Decoder& stage, int pp);
 
+// Every schedule that runs at pp and M for this decoder, with the idle
+// fraction the simulator predicts on rank 0 (and its mean over the ranks)
+// from costs by FLOPs: per token and block, F = 2 G + 4 T a, B = 2 G +
+// 8 T a (attention's backward is all input gradient), W = 2 G, G the
+// block's GEMM parameters and a the attention width; transfers free.
+struct ScheduleIdle {
+  std::string schedule;
+  int v = 1;
+  double idle_first = 0.0, idle_mean = 0.0;
+};
+std::vector<ScheduleIdle> pipe_schedule_idles(const DecoderConfig& config, int pp, int micro_batches);
+
 // The activation arenas a rank holds at most under `program`: per chunk,
 // the slots it needs (pipe_slot_table) times its arena for micro-batches of
 // `micro` (with what a split backward keeps for W).
@@ -101,7 +114,11 @@ class PipelineExecutor : public Executor {
   size_t activation_bytes() const override { return model_.arena_bytes_held(); }
   // The schedule and, per rank, its chunks, parameters, the activation
   // arenas it held and the head's copy of wte with its gradient (gathered
-  // over the PP group).
+  // over the PP group); the measured cost of each kind of operation (F, B,
+  // W, BW: the mean over ranks and steps after the first, ms per chunk and
+  // micro-batch) and each rank's idle fraction, measured (its waits over
+  // its operations and waits) beside the simulator's prediction from those
+  // costs (parallel/pipe_program.h, transfers counted as free).
   nlohmann::json detail() override;
   // Each batch through the chunks in order: the last chunk's statistics,
   // zeros on the other ranks (evaluation's combine() sums every rank).
@@ -166,6 +183,14 @@ class PipelineExecutor : public Executor {
   std::shared_ptr<comm::Work> tied_send_;
   ForwardFn eval_forward_;
   std::vector<double> norm_parts_;  // the TP group's sums of squares
+  // Timing after the first step: per kind of operation (F, B, W, BW) its
+  // total ms and count; the rank's waits and its operations' ms.
+  void time_op(PipeAction::Kind kind, double busy_ms, double wait_ms);
+  std::array<double, 4> op_ms_{};
+  std::array<int64_t, 4> op_count_{};
+  double waited_ms_ = 0.0, busy_ms_ = 0.0;
+  bool timing_ = false;  // this step counts
+  int64_t first_step_ = -1;
 };
 
 }  // namespace dpt

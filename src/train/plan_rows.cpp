@@ -374,6 +374,12 @@ nlohmann::json stages_json(const PlanRow& row) {
 
 nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& plan) {
   using nlohmann::json;
+  json schedules = json::array();  // under --pp: every schedule's simulated idle
+  if (r.run.pp > 1 && !r.all_meshes)
+    for (const ScheduleIdle& s :
+         pipe_schedule_idles(DecoderConfig::from(model_hparams(r.run)), r.run.pp, static_cast<int>(r.grad_accum)))
+      schedules.push_back({{"schedule", s.schedule}, {"virtual_stages", s.v}, {"idle_rank0", s.idle_first},
+                           {"idle_mean", s.idle_mean}});
   json rows = json::array();
   for (const PlanRow& row : plan.rows) {
     const MemoryBytes& b = row.bytes;
@@ -400,7 +406,7 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
                          {"threads", r.machine.threads}, {"runtime_bytes", r.machine.runtime_bytes}}},
             {"mesh", {{"tp", r.run.tp}, {"pp", r.run.pp}, {"dp", r.world / (r.run.tp * r.run.pp)},
                       {"pp_schedule", r.run.pp > 1 || r.all_meshes ? r.run.pp_schedule : ""},
-                      {"all", r.all_meshes}}},
+                      {"all", r.all_meshes}, {"schedules", schedules}}},
             {"rows", rows}, {"reason", plan.reason}, {"tie_margin", kTieMargin}};
   j["recommended"] = plan.best < 0 ? json(nullptr) : json(plan.best);
   return j;

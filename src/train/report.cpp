@@ -58,6 +58,7 @@ void Report::print() const {
                 o.baseline.c_str());
   if (world > 1) {
     print_ranks();
+    print_pipeline();
     print_communication();
   }
   if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
@@ -65,6 +66,22 @@ void Report::print() const {
 
 // Each rank's step medians by phase, and the straggler where the comm wait
 // is split.
+void Report::print_pipeline() const {
+  if (pipeline.is_null() || !pipeline.contains("op_ms")) return;
+  const nlohmann::json& c = pipeline["op_ms"];
+  std::string measured, predicted;
+  for (const nlohmann::json& st : pipeline["stages"]) {
+    measured += fmt::format("{}{:.1f}%", measured.empty() ? "" : " / ", 100.0 * st["idle_measured"].get<double>());
+    predicted += fmt::format("{}{:.1f}%", predicted.empty() ? "" : " / ", 100.0 * st["idle_predicted"].get<double>());
+  }
+  const bool split = c["W"].get<double>() > 0.0;
+  std::printf("pipeline idle per rank: measured %s; simulated %s from the measured ms per chunk op (F %.2f, %s), "
+              "transfers free\n",
+              measured.c_str(), predicted.c_str(), c["F"].get<double>(),
+              split ? fmt::format("B {:.2f}, W {:.2f}", c["B"].get<double>(), c["W"].get<double>()).c_str()
+                    : fmt::format("BW {:.2f}", c["BW"].get<double>()).c_str());
+}
+
 void Report::print_ranks() const {
   const TrainResult& r = result;
   const int world = static_cast<int>(ranks.size());

@@ -43,6 +43,8 @@ struct Report {
  private:
   void print_offload() const;
   void print_ranks() const;
+  // Under --pp: each rank's idle fraction, measured and simulated.
+  void print_pipeline() const;
   void print_communication() const;
   std::string mesh_traffic() const;
 };

@@ -11,8 +11,9 @@ namespace dpt {
 
 namespace {
 const char* kind_name(int kind) {
-  static const char* names[] = {"data",       "forward",    "backward",      "comm wait",
-                                "optimizer",  "all_reduce", "all_gather",    "reduce_scatter"};
+  static const char* names[] = {"data",      "forward",    "backward",   "comm wait",  "input grad",
+                                "weight grad", "optimizer", "all_reduce", "all_gather", "reduce_scatter"};
+  static_assert(sizeof(names) / sizeof(names[0]) == Timeline::kKinds);
   return kind >= 0 && kind < Timeline::kKinds ? names[kind] : "?";
 }
 }  // namespace
