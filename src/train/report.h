@@ -42,6 +42,7 @@ struct Report {
 
  private:
   void print_offload() const;
+  void print_step_budget() const;
   void print_ranks() const;
   void print_communication() const;
   std::string mesh_traffic() const;
