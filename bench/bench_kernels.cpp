@@ -219,6 +219,37 @@ void BM_gelu_forward(benchmark::State& state) {
 }
 BENCHMARK(BM_gelu_forward)->Apply(thread_counts);
 
+// The bf16 run's forward: bf16 out (c_proj's GEMM operand), the rational tanh.
+void BM_gelu_forward_bf16(benchmark::State& state) {
+  start(state);
+  const int64_t n = kN * 4 * kC;
+  auto inp = random_buffer(n, 31, -4.0f, 4.0f);
+  std::vector<dpt::bf16> out(static_cast<size_t>(n));
+  for (auto _ : state) {
+    dpt::gelu_forward(out.data(), inp.f32(), n);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  // read inp, write out
+  report_bytes(state, n * kF32 + n * 2);
+}
+BENCHMARK(BM_gelu_forward_bf16)->Apply(thread_counts);
+
+// What memory alone allows for the same traffic: fp32 in, bf16 out.
+void BM_convert_bf16(benchmark::State& state) {
+  start(state);
+  const int64_t n = kN * 4 * kC;
+  auto inp = random_buffer(n, 31, -4.0f, 4.0f);
+  std::vector<dpt::bf16> out(static_cast<size_t>(n));
+  for (auto _ : state) {
+    dpt::convert(out.data(), inp.f32(), static_cast<size_t>(n));
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  report_bytes(state, n * kF32 + n * 2);
+}
+BENCHMARK(BM_convert_bf16)->Apply(thread_counts);
+
 void BM_gelu_backward(benchmark::State& state) {
   start(state);
   const int64_t n = kN * 4 * kC;
@@ -261,6 +292,24 @@ void BM_gelu_backward_bias_bf16_unfused(benchmark::State& state) { gelu_backward
 void BM_gelu_backward_bias_bf16_fused(benchmark::State& state) { gelu_backward_bf16_case(state, true); }
 BENCHMARK(BM_gelu_backward_bias_bf16_unfused)->Apply(thread_counts);
 BENCHMARK(BM_gelu_backward_bias_bf16_fused)->Apply(thread_counts);
+
+// The same fused pass without the fp32 gradient (dinp null): what a bf16
+// run's GEMMs read is the bf16 copy alone.
+void BM_gelu_backward_bias_bf16_only(benchmark::State& state) {
+  start(state);
+  const int64_t N = kN, OC = 4 * kC, n = N * OC;
+  auto inp = random_buffer(n, 32, -4.0f, 4.0f), dout = random_buffer(n, 33);
+  auto dbias = zero_buffer(OC);
+  std::vector<dpt::bf16> dinp16(static_cast<size_t>(n));
+  for (auto _ : state) {
+    dpt::gelu_backward(nullptr, dinp16.data(), dbias.f32(), dout.f32(), inp.f32(), N, OC);
+    benchmark::DoNotOptimize(dinp16.data());
+    benchmark::ClobberMemory();
+  }
+  // read dout and inp, write the bf16 copy
+  report_bytes(state, 2 * n * kF32 + n * 2);
+}
+BENCHMARK(BM_gelu_backward_bias_bf16_only)->Apply(thread_counts);
 
 // ---------------------------------------------------------------- LayerNorm
 // [N, C] = [2048, 256].

@@ -154,6 +154,26 @@ TEST_F(CliTest, SummaryNamesTheGemmBackendAndItsPeak) {
   }
 }
 
+// The step budget: the median step's time inside GEMM calls, on both
+// backends and in bf16; W-MLP's step is nearly all GEMMs, so the share must
+// be large, and it can never exceed the step.
+TEST_F(CliTest, StepBudgetSplitsTheStepIntoGemmsAndTheRest) {
+  for (const char* backend : {"openblas", "onednn"})
+    for (const char* precision : {"fp32", "bf16"}) {
+      SCOPED_TRACE(fmt::format("{} {}", backend, precision));
+      const fs::path f = dir_ / fmt::format("summary_budget_{}_{}.json", backend, precision);
+      RunResult r = run(fmt::format("train --model mlp --steps 6 --threads 1 --synthetic --gemm {} --precision {} "
+                                    "--summary-out {}",
+                                    backend, precision, q(f)));
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_NE(r.out.find("step budget (the median step"), std::string::npos) << r.out;
+      const json j = json::parse(read_file(f));
+      const double gemm = j["step_gemm_ms_median"].get<double>(), step = j["step_ms_median"].get<double>();
+      EXPECT_GT(gemm, 0.3 * step) << "W-MLP's step is mostly its GEMMs";
+      EXPECT_LE(gemm, step);
+    }
+}
+
 TEST_F(CliTest, DeviceAndHsdpAreChecked) {
   // A build without CUDA, or a machine without a GPU, says which; the MLP
   // and the threaded DP never run on GPUs.

@@ -330,9 +330,9 @@ TEST_F(CudaKernels, OptimizersAndNorms) {
   for (bool consume : {false, true}) {
     std::vector<float> p = p0, m = m0, v = v0, gc = g;
     cpu().adamw_update(p.data(), gc.data(), m.data(), v.data(), n, 0.9f, 0.95f, 1e-8f, 1.0f - 3e-4f * 0.1f, 3e-3f,
-                       1.7f, consume);
+                       1.7f, consume, nullptr);
     float *gp = up(p0), *gm = up(m0), *gv = up(v0), *gg = up(g);
-    gk().adamw_update(gp, gg, gm, gv, n, 0.9f, 0.95f, 1e-8f, 1.0f - 3e-4f * 0.1f, 3e-3f, 1.7f, consume);
+    gk().adamw_update(gp, gg, gm, gv, n, 0.9f, 0.95f, 1e-8f, 1.0f - 3e-4f * 0.1f, 3e-3f, 1.7f, consume, nullptr);
     expect_within(down(gp, n), p, kOptim, "adamw params");
     expect_within(down(gm, n), m, kOptim, "adamw exp_avg");
     expect_within(down(gv, n), v, kOptim, "adamw exp_avg_sq");
@@ -341,9 +341,9 @@ TEST_F(CudaKernels, OptimizersAndNorms) {
   for (bool first : {true, false}) {
     for (bool consume : {false, true}) {
       std::vector<float> ps = p0, buf = m0, gs = g;
-      cpu().sgd_update(ps.data(), gs.data(), buf.data(), n, 0.05f, 0.9f, 1e-4f, first, consume);
+      cpu().sgd_update(ps.data(), gs.data(), buf.data(), n, 0.05f, 0.9f, 1e-4f, first, consume, nullptr);
       float *gps = up(p0), *gbuf = up(m0), *ggs = up(g);
-      gk().sgd_update(gps, ggs, gbuf, n, 0.05f, 0.9f, 1e-4f, first, consume);
+      gk().sgd_update(gps, ggs, gbuf, n, 0.05f, 0.9f, 1e-4f, first, consume, nullptr);
       expect_within(down(gps, n), ps, kOptim, first ? "sgd first step" : "sgd");
       expect_within(down(gbuf, n), buf, kOptim, "sgd momentum");
       EXPECT_EQ(down(ggs, n), consume ? zeros : g) << "sgd gradients after the update";

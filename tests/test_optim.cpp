@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "compare.h"
@@ -236,6 +237,41 @@ void expect_zeroed_matches_kept(const std::string& name) {
 
 TEST(GradsAfter, SgdZeroedClearsTheSpanAndUpdatesAsKept) { expect_zeroed_matches_kept("sgd"); }
 TEST(GradsAfter, AdamWZeroedClearsTheSpanAndUpdatesAsKept) { expect_zeroed_matches_kept("adamw"); }
+
+// A bf16 run's compute copy written by the update itself (publish): the
+// parameters, state and gradients bitwise those of an update without it,
+// and the copy exactly the parameters rounded to bf16, every step.
+void expect_copy_is_the_rounded_update(const std::string& name) {
+  Layout l = mixed_layout();
+  const size_t N = l.numel(), begin = 7, n = 900;
+  OptimizerConfig c;
+  c.name = name;
+  c.momentum = 0.9f;
+  c.weight_decay = 0.2f;
+  auto plain = make_optimizer(c, l, begin, n), copying = make_optimizer(c, l, begin, n);
+  std::vector<float> p_plain = random_vector(n, 6), p_copying = p_plain;
+  std::vector<bf16> copy(n), want(n);
+  for (int t = 0; t < 3; ++t) {
+    SCOPED_TRACE(fmt::format("{} step {}", name, t + 1));
+    const std::vector<float> g = random_vector(N, 400 + t);
+    std::vector<float> g_plain = g, g_copying = g;
+    plain->step(p_plain.data(), g_plain.data() + begin, 0.01f, GradsAfter::Zeroed);
+    copying->step(p_copying.data(), g_copying.data() + begin, 0.01f, GradsAfter::Zeroed, copy.data());
+    ASSERT_TRUE(test::bitwise_equal(p_copying.data(), p_plain.data(), n)) << "parameters";
+    ASSERT_EQ(g_copying, g_plain) << "gradients";
+    std::vector<float> a(n), b(n);
+    for (size_t i = 0; i < plain->state_names().size(); ++i) {
+      plain->read_state(i, 0, n, a.data());
+      copying->read_state(i, 0, n, b.data());
+      ASSERT_TRUE(test::bitwise_equal(b.data(), a.data(), n)) << "state " << plain->state_names()[i];
+    }
+    convert(want.data(), p_plain.data(), n);
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(copy[i].bits, want[i].bits) << "bf16 copy " << i;
+  }
+}
+
+TEST(Bf16Copy, SgdWritesTheRoundedParameters) { expect_copy_is_the_rounded_update("sgd"); }
+TEST(Bf16Copy, AdamWWritesTheRoundedParameters) { expect_copy_is_the_rounded_update("adamw"); }
 
 TEST(Sharding, SpanPastTheLayoutIsAnInternalError) {
   Layout l = tiny_layout();

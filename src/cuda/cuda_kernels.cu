@@ -903,19 +903,23 @@ class CudaKernels final : public Kernels {
     move_rows(x, N, width, width, padded);
   }
 
+  // The bf16 copy (p16) by a conversion after the update: on the GPU a
+  // launch that reads p back from device memory, not fused (yet).
   void sgd_update(float* p, float* g, float* buf, size_t n, float lr, float momentum, float decay, bool first,
-                  bool consume) const override {
+                  bool consume, bf16* p16) const override {
     if (!n) return;
     sgd_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(p, g, buf, static_cast<int64_t>(n), lr, momentum, decay,
                                                         first, consume);
     LAUNCHED();
+    if (p16) convert(p16, p, n);
   }
   void adamw_update(float* p, float* g, float* m, float* v, size_t n, float b1, float b2, float eps, float keep,
-                    float step_size, float rc2, bool consume) const override {
+                    float step_size, float rc2, bool consume, bf16* p16) const override {
     if (!n) return;
     adamw_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(p, g, m, v, static_cast<int64_t>(n), b1, b2, eps, keep,
                                                           step_size, rc2, consume);
     LAUNCHED();
+    if (p16) convert(p16, p, n);
   }
   double sum_of_squares(const float* x, size_t n) const override {
     if (!n) return 0.0;

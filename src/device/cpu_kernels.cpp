@@ -184,12 +184,12 @@ class CpuKernels final : public Kernels {
   }
 
   void sgd_update(float* p, float* g, float* buf, size_t n, float lr, float momentum, float decay, bool first,
-                  bool consume) const override {
-    dpt::sgd_update(p, g, buf, n, lr, momentum, decay, first, consume);
+                  bool consume, bf16* p16) const override {
+    dpt::sgd_update(p, g, buf, n, lr, momentum, decay, first, consume, p16);
   }
   void adamw_update(float* p, float* g, float* m, float* v, size_t n, float b1, float b2, float eps, float keep,
-                    float step_size, float rc2, bool consume) const override {
-    dpt::adamw_update(p, g, m, v, n, b1, b2, eps, keep, step_size, rc2, consume);
+                    float step_size, float rc2, bool consume, bf16* p16) const override {
+    dpt::adamw_update(p, g, m, v, n, b1, b2, eps, keep, step_size, rc2, consume, p16);
   }
   double sum_of_squares(const float* x, size_t n) const override { return dpt::sum_of_squares(x, n); }
   void scale(float* x, size_t n, float factor) const override { dpt::scale(x, n, factor); }

@@ -68,6 +68,8 @@ class Kernels {
   virtual void gelu_forward(float* out, const float* inp, int64_t n) const = 0;
   virtual void gelu_forward(bf16* out, const float* inp, int64_t n) const = 0;
   virtual void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) const = 0;
+  // The fused form; on the CPU dinp may be null when dinp16 is given (only
+  // the bf16 copy is written; so swiglu_backward's dgu); CUDA's writes both.
   virtual void gelu_backward(float* dinp, bf16* dinp16, float* dbias, const float* dout, const float* inp, int64_t N,
                              int64_t OC) const = 0;
   // nn/attention.h
@@ -130,14 +132,16 @@ class Kernels {
   // (the update already streams g; a separate memset streams it again).
   // SGD: g' = g + decay * p; with momentum (buf != nullptr)
   // buf = first ? g' : momentum * buf + g', g' = buf; then p -= lr * g'.
+  // With p16 (a bf16 run's compute copy of p) each also writes p rounded to
+  // bf16 as it writes p: the copy costs no pass of its own.
   virtual void sgd_update(float* p, float* g, float* buf, size_t n, float lr, float momentum, float decay,
-                          bool first, bool consume) const = 0;
+                          bool first, bool consume, bf16* p16) const = 0;
   // AdamW in PyTorch's arithmetic order: m = b1 m + (1 - b1) g,
   // v = b2 v + (1 - b2) g^2, p = p * keep - step_size * m / (sqrt(v) * rc2 + eps)
   // with keep = 1 - lr * weight_decay, step_size = lr / (1 - b1^t),
   // rc2 = 1 / sqrt(1 - b2^t).
   virtual void adamw_update(float* p, float* g, float* m, float* v, size_t n, float b1, float b2, float eps,
-                            float keep, float step_size, float rc2, bool consume) const = 0;
+                            float keep, float step_size, float rc2, bool consume, bf16* p16) const = 0;
   // Sum of x^2 in double (returned to the host); x *= factor.
   virtual double sum_of_squares(const float* x, size_t n) const = 0;
   virtual void scale(float* x, size_t n, float factor) const = 0;

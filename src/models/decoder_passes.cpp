@@ -215,6 +215,10 @@ void Decoder::mlp_backward(const BlockSlots& s, const BlockActs& b, int64_t N) {
   // on every TP rank, so is the replicated bias's gradient).
   const CT* dres_op = operand<CT>(k(), a.dres, N * C, a.dout16);
   bf16* d4C16 = std::is_same_v<CT, bf16> ? static_cast<bf16*>(a.dout16) : nullptr;
+  // A bf16 run's GEMMs read only the bf16 copy, and the activation's
+  // backward sums the bias gradient itself: on the CPU the fp32 gradient
+  // is not written at all (nn/activations.h, nn/swiglu.h).
+  float* d4C32 = d4C16 && device_ == Device::CPU ? nullptr : a.d4C;
   const CT* d4C_op;
   if constexpr (std::is_same_v<CT, bf16>)
     d4C_op = d4C16;
@@ -226,7 +230,7 @@ void Decoder::mlp_backward(const BlockSlots& s, const BlockActs& b, int64_t N) {
     slots_ready(s.fcproj_w, last_of(s.fcproj_w, s.fcproj_b));
     // SwiGLU's backward writes gate|up's gradient, and in a bf16 run the
     // GEMMs' bf16 operand, in one pass.
-    k().swiglu_backward(a.d4C, d4C16, a.dI, b.fch, N, w.inner);
+    k().swiglu_backward(d4C32, d4C16, a.dI, b.fch, N, w.inner);
     k().linear_backward(a.dC, grad(s.fc_w), nullptr, d4C_op, as<CT>(b.ln2), weight<CT>(s.fc_w), N, C, w.fc, nullptr);
   } else {
     k().linear_backward(a.d4C, grad(s.fcproj_w), grad(s.fcproj_b), dres_op, as<CT>(b.fch_gelu),
@@ -235,7 +239,7 @@ void Decoder::mlp_backward(const BlockSlots& s, const BlockActs& b, int64_t N) {
     // GELU's backward also sums c_fc's bias gradient and, in a bf16 run,
     // writes the GEMMs' bf16 operand: one pass over the N x 4C gradient
     // instead of three (nn/activations.h).
-    k().gelu_backward(a.d4C, d4C16, grad(s.fc_b), a.d4C, b.fch, N, w.fc);
+    k().gelu_backward(d4C32, d4C16, grad(s.fc_b), a.d4C, b.fch, N, w.fc);
     k().linear_backward(a.dC, grad(s.fc_w), nullptr, d4C_op, as<CT>(b.ln2), weight<CT>(s.fc_w), N, C, w.fc, nullptr);
   }
   slots_ready(s.fc_w, s.fc_end);

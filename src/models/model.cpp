@@ -68,6 +68,20 @@ const bf16* UnitStore::acquire_bf16(int /*unit*/) {
   throw InternalError("this parameter store holds no bf16 compute copies");
 }
 
+bf16* Model::params16_for_update() {
+  if (precision_ != DType::BF16) return nullptr;
+  if (params16_.numel() != layout_.numel()) {
+    params16_.reserve(layout_.numel());
+    converted_version_.assign(layout_.units().size(), 0);
+  }
+  return params16_.b16();
+}
+
+void Model::params16_written() {
+  if (params16_.numel() == layout_.numel())
+    std::fill(converted_version_.begin(), converted_version_.end(), params_version_);
+}
+
 const bf16* Model::own_params16(int unit) {
   const auto u = static_cast<size_t>(unit);
   if (params16_.numel() != layout_.numel()) {

@@ -155,6 +155,12 @@ class Model {
   DType precision() const { return precision_; }
   // Bytes of bf16 compute copies the model's own store holds (0 in fp32).
   size_t compute_copy_bytes() const { return params16_.bytes(); }
+  // The whole bf16 compute copy, for an optimizer that writes it as it
+  // updates the fp32 parameters (Optimizer::step's publish): nullptr in
+  // fp32. After that update has written every element, params16_written()
+  // marks every unit's copy current, so no unit converts it again.
+  bf16* params16_for_update();
+  void params16_written();
 
   // The device the model computes on: its buffers (parameters, gradients,
   // activations, compute copies) live there and every op of its passes runs

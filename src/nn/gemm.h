@@ -63,6 +63,13 @@ void gemm_bias(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const float* A
 void gemm_bias(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda, const bf16* B,
                int64_t ldb, const float* bias, float* C, int64_t ldc);
 
+// Seconds spent in gemm and gemm_bias calls since the process started, by
+// the calling thread outside parallel regions and thread 0 inside them (so
+// at one thread all of it; at several, about the wall time of the GEMMs):
+// the step budget's GEMM time (train/step.cpp takes the difference over a
+// step).
+double gemm_seconds();
+
 // Whether bf16 GEMMs on the current backend run on bf16 kernels (oneDNN on a
 // CPU that has them) rather than through fp32 scratch.
 bool gemm_bf16_native();

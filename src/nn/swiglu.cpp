@@ -2,6 +2,9 @@
 
 #include "core/cpu_level.h"
 #include "nn/fast_exp.h"
+#include "nn/fast_tanh.h"
+
+#include <type_traits>
 
 namespace dpt {
 
@@ -12,8 +15,15 @@ DPT_CPU_CLONES void swiglu_forward(T* out, const float* gu, int64_t N, int64_t I
     const float* g = gu + n * 2 * I;
     const float* u = g + I;
     T* y = out + n * I;
+    // A bf16 output takes the sigmoid from rational_tanh (nn/fast_tanh.h:
+    // within 6e-7, below a bf16 rounding step); fp32 keeps its bits.
+    if constexpr (std::is_same_v<T, bf16>) {
 #pragma omp simd
-    for (int64_t i = 0; i < I; ++i) y[i] = from_f32<T>(g[i] * fast_sigmoid(g[i]) * u[i]);
+      for (int64_t i = 0; i < I; ++i) y[i] = to_bf16(g[i] * rational_sigmoid(g[i]) * u[i]);
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < I; ++i) y[i] = g[i] * fast_sigmoid(g[i]) * u[i];
+    }
   }
 }
 
@@ -27,18 +37,40 @@ DPT_CPU_CLONES void swiglu_backward(float* dgu, bf16* dgu16, const float* dout, 
     const float* g = gu + n * 2 * I;
     const float* u = g + I;
     const float* dy = dout + n * I;
-    float* dg = dgu + n * 2 * I;
-    float* du = dg + I;
+    if (!dgu16) {
+      float* dg = dgu + n * 2 * I;
+      float* du = dg + I;
 #pragma omp simd
-    for (int64_t i = 0; i < I; ++i) {
-      const float s = fast_sigmoid(g[i]);
-      dg[i] = dy[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
-      du[i] = dy[i] * (g[i] * s);
+      for (int64_t i = 0; i < I; ++i) {
+        const float s = fast_sigmoid(g[i]);
+        dg[i] = dy[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
+        du[i] = dy[i] * (g[i] * s);
+      }
+      continue;
     }
-    if (dgu16) {
-      bf16* d16 = dgu16 + n * 2 * I;
+    // The bf16 path: rational_sigmoid, both halves rounded as they are
+    // made, the fp32 gradient written only where the caller wants it.
+    bf16* dg16 = dgu16 + n * 2 * I;
+    bf16* du16 = dg16 + I;
+    if (dgu) {
+      float* dg = dgu + n * 2 * I;
+      float* du = dg + I;
 #pragma omp simd
-      for (int64_t i = 0; i < 2 * I; ++i) d16[i] = to_bf16(dg[i]);
+      for (int64_t i = 0; i < I; ++i) {
+        const float s = rational_sigmoid(g[i]);
+        const float a = dy[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s))), b = dy[i] * (g[i] * s);
+        dg[i] = a;
+        du[i] = b;
+        dg16[i] = to_bf16(a);
+        du16[i] = to_bf16(b);
+      }
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < I; ++i) {
+        const float s = rational_sigmoid(g[i]);
+        dg16[i] = to_bf16(dy[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s))));
+        du16[i] = to_bf16(dy[i] * (g[i] * s));
+      }
     }
   }
 }

@@ -11,7 +11,8 @@
 
 namespace dpt {
 
-// out is float, or bf16 when it feeds a bf16 GEMM (down_proj).
+// out is float, or bf16 when it feeds a bf16 GEMM (down_proj); the bf16
+// output takes its sigmoid from rational_tanh (nn/fast_tanh.h).
 template <typename T>
 void swiglu_forward(T* out, const float* gu, int64_t N, int64_t I);
 
@@ -19,7 +20,9 @@ void swiglu_forward(T* out, const float* gu, int64_t N, int64_t I);
 //   dgate = dout * up * silu'(gate), silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)
 //   dup   = dout * silu(gate)
 // dgu16, when given, receives dgu rounded to bf16 in the same pass (the
-// fused linear's GEMM operand in a bf16 run). dgu must not alias gu.
+// fused linear's GEMM operand in a bf16 run); it then takes the sigmoid from
+// rational_tanh (nn/fast_tanh.h, as the bf16 forward does) and dgu may be
+// null (a bf16 run's GEMMs read the copy alone). dgu must not alias gu.
 void swiglu_backward(float* dgu, bf16* dgu16, const float* dout, const float* gu, int64_t N, int64_t I);
 
 }  // namespace dpt

@@ -30,8 +30,25 @@ DPT_CPU_CLONES void scale(float* x, size_t n, float factor) {
   for (size_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
+// With p16 and without: two copies of each loop, no test of p16 inside, so
+// both stay single vector loops (in the function itself, not a helper, so
+// that its OpenMP body is compiled in both CPU-level copies). The
+// arithmetic is the same in both.
 DPT_CPU_CLONES void sgd_update(float* p, float* g, float* buf, size_t n, float lr, float momentum, float decay,
-                               bool first, bool consume) {
+                               bool first, bool consume, bf16* p16) {
+  if (!p16) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+      float gi = g[i] + decay * p[i];
+      if (consume) g[i] = 0.0f;
+      if (buf) {
+        buf[i] = first ? gi : momentum * buf[i] + gi;
+        gi = buf[i];
+      }
+      p[i] -= lr * gi;
+    }
+    return;
+  }
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
     float gi = g[i] + decay * p[i];
@@ -40,19 +57,34 @@ DPT_CPU_CLONES void sgd_update(float* p, float* g, float* buf, size_t n, float l
       buf[i] = first ? gi : momentum * buf[i] + gi;
       gi = buf[i];
     }
-    p[i] -= lr * gi;
+    const float pi = p[i] - lr * gi;
+    p[i] = pi;
+    p16[i] = to_bf16(pi);
   }
 }
 
 DPT_CPU_CLONES void adamw_update(float* p, float* g, float* m, float* v, size_t n, float b1, float b2, float eps,
-                                 float keep, float step_size, float rc2, bool consume) {
+                                 float keep, float step_size, float rc2, bool consume, bf16* p16) {
+  if (!p16) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) {
+      const float gi = g[i];
+      if (consume) g[i] = 0.0f;
+      m[i] = b1 * m[i] + (1.0f - b1) * gi;
+      v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+      p[i] = p[i] * keep - step_size * m[i] / (std::sqrt(v[i]) * rc2 + eps);
+    }
+    return;
+  }
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
     const float gi = g[i];
     if (consume) g[i] = 0.0f;
     m[i] = b1 * m[i] + (1.0f - b1) * gi;
     v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    p[i] = p[i] * keep - step_size * m[i] / (std::sqrt(v[i]) * rc2 + eps);
+    const float pi = p[i] * keep - step_size * m[i] / (std::sqrt(v[i]) * rc2 + eps);
+    p[i] = pi;
+    p16[i] = to_bf16(pi);
   }
 }
 

@@ -7,15 +7,19 @@
 
 #include <cstddef>
 
+#include "core/dtype.h"
+
 namespace dpt {
 
 // Sum of squares of n values, in double (a stable global gradient norm).
 // Under sharding each rank sums its shard and the sums are all-reduced.
 double sum_of_squares(const float* x, size_t n);
 void scale(float* x, size_t n, float factor);
+// p16, when given, receives the updated p rounded to bf16 in the same pass
+// (a bf16 run's compute copy; null: none).
 void sgd_update(float* p, float* g, float* buf, size_t n, float lr, float momentum, float decay, bool first,
-                bool consume);
+                bool consume, bf16* p16 = nullptr);
 void adamw_update(float* p, float* g, float* m, float* v, size_t n, float b1, float b2, float eps, float keep,
-                  float step_size, float rc2, bool consume);
+                  float step_size, float rc2, bool consume, bf16* p16 = nullptr);
 
 }  // namespace dpt

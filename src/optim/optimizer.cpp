@@ -24,9 +24,9 @@ Optimizer::Optimizer(OptimizerConfig config, const Layout& layout, size_t begin,
 }
 
 void Optimizer::prepare(float* params, float* grads, float lr, bf16* publish, GradsAfter after) {
-  DPT_CHECK(masters_ == (params == nullptr) && masters_ == (publish != nullptr),
-            "an optimizer {} master weights is prepared {} parameters", masters_ ? "keeping" : "without",
-            params ? "with" : "without");
+  DPT_CHECK(masters_ == (params == nullptr) && (!masters_ || publish != nullptr),
+            "an optimizer {} master weights is prepared {} parameters{}", masters_ ? "keeping" : "without",
+            params ? "with" : "without", masters_ && !publish ? " and no bf16 copy to write" : "");
   params_ = params;
   publish_ = publish;
   grads_ = grads;
@@ -40,8 +40,8 @@ size_t state_floats(const OptimizerConfig& config) {
   return config.momentum != 0.0f ? 1 : 0;
 }
 
-void Optimizer::step(float* params, float* grads, float lr, GradsAfter after) {
-  prepare(params, grads, lr, nullptr, after);
+void Optimizer::step(float* params, float* grads, float lr, GradsAfter after, bf16* publish) {
+  prepare(params, grads, lr, publish, after);
   const StateTier::Job j = job();
   tier_->stream(&j, 1);
 }
@@ -80,8 +80,7 @@ void Sgd::update(size_t lo, size_t k, float* const* state) {
     float* buf = momentum ? state[0] + (a - lo) : nullptr;
     float* p = params_at(a, lo, state);
     kern.sgd_update(p, grads_ + a, buf, b - a, lr_, config_.momentum, seg.decay ? config_.weight_decay : 0.0f, first_,
-                    consume_);
-    publish(a, b, p);
+                    consume_, copy_at(a));
   });
 }
 
@@ -104,13 +103,8 @@ void AdamW::update(size_t lo, size_t k, float* const* state) {
     const float keep = 1.0f - lr_ * (seg.decay ? config_.weight_decay : 0.0f);
     float* p = params_at(a, lo, state);
     kern.adamw_update(p, grads_ + a, state[0] + (a - lo), state[1] + (a - lo), b - a, config_.beta1, config_.beta2,
-                      config_.eps, keep, step_size_, rc2_, consume_);
-    publish(a, b, p);
+                      config_.eps, keep, step_size_, rc2_, consume_, copy_at(a));
   });
-}
-
-void Optimizer::publish(size_t a, size_t b, const float* p) const {
-  if (publish_) kernels(tier_->device()).convert(publish_ + a, p, b - a);
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& config, const Layout& layout,

@@ -47,14 +47,17 @@ class Optimizer : private ChunkKernel {
   // With `masters`, the span's fp32 master weights are one more tensor of
   // the state, after the optimizer's own (`--offload params`: they live in
   // the tier, not in RAM); then prepare() takes no params and each update
-  // writes its bf16 copy to `publish` (docs/memory.md, "Offload").
+  // writes its bf16 copy to `publish` (docs/memory.md, "Offload"). Without
+  // masters, `publish` is optional: given, the update writes it the same way.
   Optimizer(OptimizerConfig config, const Layout& layout, size_t begin, size_t n, size_t tensors,
             StateTier* tier, bool masters = false);
   ~Optimizer() override = default;
 
   // One update of params[begin, begin + n) from grads over the same range
-  // (both pointers are to the start of the span, not of the buffer).
-  void step(float* params, float* grads, float lr, GradsAfter after = GradsAfter::Kept);
+  // (both pointers are to the start of the span, not of the buffer). With
+  // `publish` (the span's bf16 compute copy in a bf16 run), the update
+  // writes the copy as it writes the parameters: no conversion pass after.
+  void step(float* params, float* grads, float lr, GradsAfter after = GradsAfter::Kept, bf16* publish = nullptr);
   // The same for several optimizers as one pass of their shared tier
   // (step_prepared): each is prepared with its span's pointers first.
   void prepare(float* params, float* grads, float lr, bf16* publish = nullptr, GradsAfter after = GradsAfter::Kept);
@@ -110,7 +113,8 @@ class Optimizer : private ChunkKernel {
   float* params_at(size_t a, size_t lo, float* const* state) const {
     return masters_ ? state[tensors_ - 1] + (a - lo) : params_ + a;
   }
-  void publish(size_t a, size_t b, const float* p) const;
+  // Where element a of the span's bf16 copy goes (nullptr: no copy).
+  bf16* copy_at(size_t a) const { return publish_ ? publish_ + a : nullptr; }
   float* params_ = nullptr;
   float* grads_ = nullptr;
   bool consume_ = false;  // GradsAfter::Zeroed

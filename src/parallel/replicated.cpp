@@ -44,8 +44,13 @@ double LocalStrategy::grad_norm_squared() { return model_.grad_squares(model_.gr
 
 void LocalStrategy::scale_grads(float factor) { model_.k().scale(model_.grads(), model_.param_count(), factor); }
 
+// In a bf16 run the update writes the model's bf16 compute copy as it writes
+// the fp32 parameters, instead of each unit converting them again when it
+// next opens.
 void LocalStrategy::step(float lr) {
-  opt_->step(model_.params(), model_.grads(), lr, GradsAfter::Zeroed);
+  bf16* copy = model_.params16_for_update();
+  opt_->step(model_.params(), model_.grads(), lr, GradsAfter::Zeroed, copy);
+  if (copy) model_.params16_written();
   grads_zero_ = true;
 }
 

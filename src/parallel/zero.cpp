@@ -361,16 +361,16 @@ void ZeroStrategy::scale_grads(float factor) {
 void ZeroStrategy::step(float lr) {
   for (size_t u = 0; u < shards_.size(); ++u) {
     const int ui = static_cast<int>(u);
-    if (masters_offloaded())  // masters from the tier; each chunk's bf16 copy written as it is updated
+    // bf16: each chunk's copy is written by the update as it writes the
+    // masters (from the tier when offloaded), no conversion pass after.
+    if (masters_offloaded())
       opts_[u]->prepare(nullptr, grad_shard(ui), lr, compute_chunk(ui));
     else
-      opts_[u]->prepare(param_shard(ui), grad_shard(ui), lr);
+      opts_[u]->prepare(param_shard(ui), grad_shard(ui), lr, mixed_ ? compute_chunk(ui) : nullptr);
   }
   step_prepared(opts_);  // one pass of the tier: an offloaded unit's state is read while the last is updated
-  if (masters_offloaded())
+  if (masters_offloaded() || mixed_)
     for (size_t u = 0; u < shards_.size(); ++u) start_param_gather(static_cast<int>(u));
-  else if (mixed_)
-    for (size_t u = 0; u < shards_.size(); ++u) publish(static_cast<int>(u));
   if (stage_ == 3 || mixed_) return;
   // Stages 1, 2: every rank's updated chunk of each unit goes to every rank,
   // in place. Nothing waits here: the next forward waits for each unit as

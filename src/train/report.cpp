@@ -31,10 +31,12 @@ void Report::print() const {
     std::printf(", no evaluation (--val-fraction 0 holds no text out)");
   }
   std::printf("\nthroughput: %.0f %s (median step %.2f ms after step %zu), %.1f GFLOP/s = %.0f%% of "
-              "measured %s GEMM peak %.1f GFLOP/s (%d rank%s, %s; elementwise kernels %s)\n",
+              "measured %s GEMM peak %.1f GFLOP/s%s (%d rank%s, %s; elementwise kernels %s)\n",
               mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s", r.step_ms_median,
-              skipped_steps, r.gflops, 100.0 * r.mfu, gemm_backend_name(gemm_backend()), r.gemm_gflops, world,
-              world == 1 ? "" : "s", gemm_backend_detail().c_str(), cpu_kernel_level());
+              skipped_steps, r.gflops, 100.0 * r.mfu, gemm_backend_name(gemm_backend()), r.gemm_gflops,
+              o.precision == DType::BF16 ? " with bf16 inputs" : "", world, world == 1 ? "" : "s",
+              gemm_backend_detail().c_str(), cpu_kernel_level());
+  print_step_budget();
   const MemoryBytes& m = r.memory;
   std::printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, ", m.parameters * kMiB,
               m.gradients * kMiB, m.optimizer * kMiB);
@@ -62,6 +64,25 @@ void Report::print() const {
     print_communication();
   }
   if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
+}
+
+// Where this rank's median step went: inside GEMM calls (nn/gemm.h's
+// gemm_seconds) or anything else, and the rate the GEMMs ran at: the
+// model's FLOPs per rank over the GEMM time, against the same measured peak
+// as the utilisation above. A step at the peak's rate needs both: GEMMs at
+// the peak and nothing else.
+void Report::print_step_budget() const {
+  const TrainResult& r = result;
+  const StepBreakdown& b = r.breakdown;
+  if (b.step_ms <= 0 || b.gemm_ms <= 0) return;
+  const auto world = static_cast<double>(ranks.size());
+  const double flops_per_rank = r.gflops * 1e9 * r.step_ms_median * 1e-3 / world;
+  const double gemm_rate = flops_per_rank / (b.gemm_ms * 1e-3) / 1e9, peak = r.gemm_gflops / world;
+  const double other = std::max(0.0, b.step_ms - b.gemm_ms);
+  std::printf("step budget (%s median step %.2f ms): GEMMs %.2f ms (%.0f%%) at %.1f GFLOP/s = %.0f%% of the "
+              "peak; everything else %.2f ms (%.0f%%)\n",
+              world > 1 ? "rank 0's" : "the", b.step_ms, b.gemm_ms, 100.0 * b.gemm_ms / b.step_ms, gemm_rate,
+              peak > 0 ? 100.0 * gemm_rate / peak : 0.0, other, 100.0 * other / b.step_ms);
 }
 
 // Each rank's step medians by phase, and the straggler where the comm wait
@@ -210,6 +231,7 @@ nlohmann::json Report::json() const {
             {"precision", precision_name(o.precision)}, {"reduce_dtype", precision_name(o.ddp.reduce_dtype)},
             {"params", model.param_count()}, {"first_loss", r.first_loss}, {"final_loss", r.final_loss},
             {"step_ms_median", r.step_ms_median}, {"step_cpu_ms_median", r.step_cpu_ms_median},
+            {"step_gemm_ms_median", r.step_gemm_ms_median},
             {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
             {"gemm", gemm_backend_name(gemm_backend())}, {"gemm_gflops", r.gemm_gflops}, {"mfu", r.mfu}, {"seconds", seconds},
             {"synthetic", o.synthetic}, {"ranks", per_rank},

@@ -42,6 +42,7 @@ struct Report {
 
  private:
   void print_offload() const;
+  void print_step_budget() const;
   void print_ranks() const;
   // Under --pp: each rank's idle fraction, measured and simulated.
   void print_pipeline() const;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/fault.h"
+#include "nn/gemm.h"
 #include "optim/optimizer.h"
 
 namespace dpt {
@@ -32,7 +33,7 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   StepOutcome out;
   StepBreakdown& t = out.t;
   auto t0 = Clock::now();
-  const double cpu0 = process_cpu_ms();
+  const double cpu0 = process_cpu_ms(), gemm0 = gemm_seconds();
   c.strategy.begin_step();
   out.loss = c.executor.run(step, t, tl);
   auto tw = Clock::now();
@@ -62,6 +63,7 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   }
   t.step_ms = since_ms(t0);
   t.cpu_ms = process_cpu_ms() - cpu0;
+  t.gemm_ms = (gemm_seconds() - gemm0) * 1e3;
   if (!std::isfinite(out.loss))
     throw InputError(fmt::format("training diverged: loss is {} at step {}", out.loss, step));
   return out;

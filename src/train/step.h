@@ -55,14 +55,14 @@ class StepTimes {
   }
   void add(const StepBreakdown& t) {
     const double values[] = {t.data_ms,      t.forward_ms, t.backward_ms, t.gather_ms, t.comm_wait_ms,
-                             t.optimizer_ms, t.step_ms,    t.cpu_ms,      t.busy_ms};
+                             t.optimizer_ms, t.step_ms,    t.cpu_ms,      t.busy_ms,     t.gemm_ms};
     size_t i = 0;
     for (auto* v : all()) v->push_back(values[i++]);
   }
   StepBreakdown medians() const {  // see core/stats.h
     return {steady_median(data_), steady_median(fwd_), steady_median(bwd_),  steady_median(gather_),
             steady_median(wait_), steady_median(opt_), steady_median(step_), steady_median(cpu_),
-            steady_median(busy_)};
+            steady_median(busy_), steady_median(gemm_)};
   }
   size_t size() const { return step_.size(); }
   // The last steady steps (at most kLockstepSteps) as the lock-step split
@@ -80,10 +80,10 @@ class StepTimes {
   }
 
  private:
-  std::array<std::vector<double>*, 9> all() {
-    return {&data_, &fwd_, &bwd_, &gather_, &wait_, &opt_, &step_, &cpu_, &busy_};
+  std::array<std::vector<double>*, 10> all() {
+    return {&data_, &fwd_, &bwd_, &gather_, &wait_, &opt_, &step_, &cpu_, &busy_, &gemm_};
   }
-  std::vector<double> data_, fwd_, bwd_, gather_, wait_, opt_, step_, cpu_, busy_;
+  std::vector<double> data_, fwd_, bwd_, gather_, wait_, opt_, step_, cpu_, busy_, gemm_;
 };
 
 }  // namespace dpt

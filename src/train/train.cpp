@@ -146,6 +146,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   }
   r.breakdown = times.medians();
   r.step_cpu_ms_median = r.breakdown.cpu_ms;
+  r.step_gemm_ms_median = r.breakdown.gemm_ms;
   report_run(o, pg, *run.model, *run.strategy, *run.executor, run.data->evaluable(), times, baseline, total_s, quiet,
              r);
   return r;

@@ -145,6 +145,9 @@ struct StepBreakdown {
   // Lock-step ranks compare it (train/lockstep.h): ranks leave a collective
   // together, they need not start a step together.
   double busy_ms = 0;
+  // Of step_ms, the time inside GEMM calls (nn/gemm.h's gemm_seconds): the
+  // summary's step budget, GEMMs against everything else.
+  double gemm_ms = 0;
 };
 
 struct TrainResult {
@@ -170,6 +173,7 @@ struct TrainResult {
   double eval_loss = 0.0, eval_accuracy = 0.0;  // final evaluation (not synthetic)
   double step_ms_median = 0.0;  // steady state: steps after the first 20 (or after 1)
   double step_cpu_ms_median = 0.0;  // this rank's, the same steps (StepBreakdown::cpu_ms)
+  double step_gemm_ms_median = 0.0;  // this rank's, the same steps (StepBreakdown::gemm_ms)
   double samples_per_s = 0.0;   // images (mlp) or sequences (gpt)
   double tokens_per_s = 0.0;    // gpt
   double gflops = 0.0, mfu = 0.0, gemm_gflops = 0.0;  // the GEMM backend's peak, measured
