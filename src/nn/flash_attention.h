@@ -8,12 +8,15 @@
 // sum (with its maximum), not the probabilities: O(B NH T) floats where the
 // unfused layer keeps B NH T^2.
 //
-// Queries and keys go in tiles of kFlashTile rows; each tile pair is two
-// small GEMMs, and the tiles above the diagonal are never computed. Backward
-// recomputes each tile's probabilities from lse.
+// Queries and keys go in tiles of kFlashTile rows; each tile pair is a few
+// register-blocked products on packed copies of the tiles, and the keys a
+// block of queries cannot see (above the diagonal) are never computed.
+// Backward recomputes each tile's probabilities from lse.
 #pragma once
 
 #include <cstdint>
+
+#include "core/dtype.h"
 
 namespace dpt {
 
@@ -23,9 +26,14 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B
                              int64_t NKV, int64_t hd);
 
 // dqkv written (as gqa_attention_backward's). Each (batch, key/value head)
-// pair is one thread's work, its group's query heads in order: a given
-// thread count gives the same bits on every run.
+// pair is one thread's work, its group's query heads in order: the bits do
+// not depend on the thread count.
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd);
+// The same with the forward's output held in bf16 (a bf16 run keeps the
+// attention output only as its projection's bf16 input): it enters only
+// D = rowsum(dout * out), the softmax backward's correction.
+void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const bf16* out, const float* lse,
                               int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd);
 
 }  // namespace dpt
