@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/cpu_level.h"
-#include "core/dtype.h"
 #include "nn/fast_exp.h"
 
 namespace dpt {
@@ -30,7 +29,6 @@ constexpr int64_t kMR = 4;  // rows per register block: 4 x 4 vectors of accumul
 constexpr int64_t kTile = kFlashTile;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-inline float to_f32(float x) { return x; }
 
 // C[m][0 .. 16 NV) (+)= sum over k in [k0, k1) of A(m, k) B[k][...], for
 // the kMR rows m of a block; A(m, k) = A[m sam + k sak], so A may be read
@@ -76,12 +74,11 @@ __attribute__((always_inline)) inline void block_cols(int64_t nv, float* C, int6
 // Rows [0, n) of a head's slice (hd channels at stride ld) into dst
 // [rows][hdp], times `scale`; the padding (channels hd.., rows n..rows)
 // zero.
-template <typename T>
-__attribute__((always_inline)) inline void pack_rows(float* dst, const T* src, int64_t ld, int64_t n, int64_t rows,
+__attribute__((always_inline)) inline void pack_rows(float* dst, const float* src, int64_t ld, int64_t n, int64_t rows,
                                                      int64_t hd, int64_t hdp, float scale) {
   for (int64_t r = 0; r < n; ++r) {
     float* d = dst + r * hdp;
-    for (int64_t c = 0; c < hd; ++c) d[c] = to_f32(src[r * ld + c]) * scale;
+    for (int64_t c = 0; c < hd; ++c) d[c] = src[r * ld + c] * scale;
     std::fill(d + hd, d + hdp, 0.0f);
   }
   std::fill(dst + n * hdp, dst + rows * hdp, 0.0f);
@@ -176,8 +173,7 @@ struct BackScratch {
 // and dV summed over the query tiles at or below it (FlashAttention-2's
 // order), dQ over the head's key tiles; the group's first head writes dk and
 // dv, the others add to them.
-template <typename TO>
-DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const float* dout, const TO* out,
+DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const float* dout, const float* out,
                                    const float* lse, float* dbase, int64_t g, float scale, BackScratch& w) {
   const int64_t T = s.T, ld = s.ld(), ldo = s.ldo(), hd = s.hd, hdp = s.hdp(), nv = hdp / kV;
   const int64_t Tp = round_up(T, kTile), NH = s.NH, NKV = s.NKV;
@@ -203,9 +199,9 @@ DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const floa
     pack_rows(dO, dout + h * hd, ldo, T, Tp, hd, hdp, 1.0f);
     std::fill(w.dq.begin(), w.dq.end(), 0.0f);
     for (int64_t t = 0; t < T; ++t) {  // D = rowsum(dO * O)
-      const TO* o = out + t * ldo + h * hd;
+      const float* o = out + t * ldo + h * hd;
       float d = 0.0f;
-      for (int64_t c = 0; c < hd; ++c) d += dO[t * hdp + c] * to_f32(o[c]);
+      for (int64_t c = 0; c < hd; ++c) d += dO[t * hdp + c] * o[c];
       w.D[static_cast<size_t>(t)] = d;
       w.L[static_cast<size_t>(t)] = lse[(h)*T + t];
     }
@@ -262,9 +258,10 @@ DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const floa
   }
 }
 
-template <typename TO>
-void backward(float* dqkv, const float* dout, const float* qkv, const TO* out, const float* lse, int64_t B, int64_t T,
-              int64_t NH, int64_t NKV, int64_t hd) {
+}  // namespace
+
+void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
   const Shape s{B, T, NH, NKV, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 #pragma omp parallel
@@ -277,8 +274,6 @@ void backward(float* dqkv, const float* dout, const float* qkv, const TO* out, c
                        dqkv + b * T * s.ld(), g, scale, w);
   }
 }
-
-}  // namespace
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                              int64_t hd) {
@@ -300,16 +295,6 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B
                        w);
         }
   }
-}
-
-void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
-  backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hd);
-}
-
-void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const bf16* out, const float* lse,
-                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
-  backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hd);
 }
 
 }  // namespace dpt

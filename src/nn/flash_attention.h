@@ -16,8 +16,6 @@
 
 #include <cstdint>
 
-#include "core/dtype.h"
-
 namespace dpt {
 
 inline constexpr int64_t kFlashTile = 64;
@@ -29,11 +27,6 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B
 // pair is one thread's work, its group's query heads in order: the bits do
 // not depend on the thread count.
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd);
-// The same with the forward's output held in bf16 (a bf16 run keeps the
-// attention output only as its projection's bf16 input): it enters only
-// D = rowsum(dout * out), the softmax backward's correction.
-void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const bf16* out, const float* lse,
                               int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd);
 
 }  // namespace dpt

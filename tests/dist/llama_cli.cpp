@@ -378,8 +378,17 @@ TEST_F(LlamaCliTest, FusedAttentionUnderEveryLayout) {
   EXPECT_EQ(summary(one)["bytes"]["activations"].get<int64_t>() -
                 summary(dir_ / "fused_one")["bytes"]["activations"].get<int64_t>(),
             probabilities);
-  test::expect_one_refusal(train(1, args + " --attention fused --precision bf16"),
-                     "--attention fused runs in fp32 (not yet with --precision bf16)");
+  // bf16: every layout fused against one unfused bf16 process, within
+  // bf16's 1.6e-2.
+  const fs::path one16 = run_ok(1, "unfused_one_bf16", args + " --precision bf16");
+  for (const Layout& l : std::vector<Layout>{{1, "fused_one_bf16", ""},
+                                             {2, "fused_zero3_bf16", " --strategy zero3"},
+                                             {2, "fused_tp2_bf16", " --tp 2"},
+                                             {2, "fused_pp2_bf16", " --pp 2"},
+                                             {1, "fused_ckpt_bf16", " --checkpoint-activations"}}) {
+    SCOPED_TRACE(l.name);
+    expect_within(run_ok(l.ranks, l.name, args + " --precision bf16 --attention fused" + l.flags), one16, 1.6e-2);
+  }
 }
 
 // A TP rank holds the embedding, the untied head, the norms whole; 1/tp
