@@ -131,7 +131,7 @@ namespace {
 // anything starts.
 // --attention fused (nn/flash_attention.h) is built for the CPU (fp32 and bf16).
 void check_attention(const TrainOptions& o) {
-  if (!o.fused_attention) return;
+  if (o.attention != "fused") return;  // the default is unfused where fused is not built
   if (o.model == "mlp") throw InputError("--attention is a transformer's setting; the mlp model has no attention");
   if (o.device != Device::CPU) throw InputError("--attention fused runs on the CPU (not yet with --device cuda)");
 }
