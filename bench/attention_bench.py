@@ -54,7 +54,8 @@ def kernels(a, contexts):
             runs = json.load(f)["benchmarks"]
     out = {}
     for r in runs:
-        if r.get("aggregate_name") != "median":
+        # Repeated: the median; once: the run itself (no aggregates).
+        if r.get("aggregate_name") != "median" and not (a.repeat == 1 and r.get("run_type") == "iteration"):
             continue
         name = r["run_name"]  # BM_attention_fused/T:128/heads:4/kv:2/real_time
         parts = dict(p.split(":") for p in name.split("/")[1:4])
@@ -141,7 +142,7 @@ def main():
     for shape, rows in result["attention_alone"].items():
         for T, row in sorted(rows.items(), key=lambda x: int(x[0])):
             u, f = row["unfused"], row["fused"]
-            print(f"{shape} T {T}: unfused {u['ms'] if u['ms'] is not None else '-'} ms "
+            print(f"{shape} T {T}: unfused {'-' if u['ms'] is None else format(u['ms'], '.3f')} ms "
                   f"(keeps {u['kept_bytes']} B), fused {f['ms']:.3f} ms (keeps {f['kept_bytes']} B)")
     if not a.no_steps:
         steps = {}

@@ -41,9 +41,12 @@ struct Case {
 
 TEST(FlashAttention, MatchesTheUnfusedLayerForwardAndBackward) {
   set_threads(2);
+  // Head dims 8 and 16 (padded to one vector), 64 (four), 80 and 128 (more
+  // than the four vectors of one register block).
   for (const Case& c : {Case{2, 1, 4, 2, 16}, Case{2, 7, 4, 4, 16}, Case{2, 64, 4, 2, 16}, Case{2, 129, 4, 1, 8},
-                        Case{1, 1000, 2, 1, 16}}) {
-    SCOPED_TRACE(::testing::Message() << "T " << c.T << " heads " << c.NH << "/" << c.NKV);
+                        Case{1, 1000, 2, 1, 16}, Case{1, 129, 2, 1, 64}, Case{1, 200, 2, 2, 80},
+                        Case{1, 130, 2, 1, 128}}) {
+    SCOPED_TRACE(::testing::Message() << "T " << c.T << " heads " << c.NH << "/" << c.NKV << " of " << c.hd);
     Rng rng(static_cast<uint64_t>(c.T));
     const int64_t ld = (c.NH + 2 * c.NKV) * c.hd, rows = c.B * c.T;
     const auto qkv = random_vector(static_cast<size_t>(rows * ld), rng);
@@ -57,8 +60,8 @@ TEST(FlashAttention, MatchesTheUnfusedLayerForwardAndBackward) {
                              c.hd);
     EXPECT_LE(rel_diff(out, out0), 1e-5);
     EXPECT_LE(rel_diff(dqkv, dqkv0), 1e-5);
-    std::printf("[ measure  ] T %lld: out %.2e, dqkv %.2e\n", static_cast<long long>(c.T), rel_diff(out, out0),
-                rel_diff(dqkv, dqkv0));
+    std::printf("[ measure  ] T %lld hd %lld: out %.2e, dqkv %.2e\n", static_cast<long long>(c.T),
+                static_cast<long long>(c.hd), rel_diff(out, out0), rel_diff(dqkv, dqkv0));
     std::vector<float> again(qkv.size());
     flash_attention_backward(again.data(), dout.data(), qkv.data(), out.data(), lse.data(), c.B, c.T, c.NH, c.NKV,
                              c.hd);
