@@ -39,7 +39,18 @@ struct Case {
   int64_t B, T, NH, NKV, hd;
 };
 
-TEST(FlashAttention, MatchesTheUnfusedLayerForwardAndBackward) {
+void matches_the_unfused_layer();
+
+TEST(FlashAttention, MatchesTheUnfusedLayerForwardAndBackward) { matches_the_unfused_layer(); }
+
+// The products in 8-float vectors, as on a CPU without AVX-512.
+TEST(FlashAttention, NarrowVectorsMatchTheUnfusedLayerToo) {
+  set_flash_attention_narrow_for_testing(true);
+  matches_the_unfused_layer();
+  set_flash_attention_narrow_for_testing(false);
+}
+
+void matches_the_unfused_layer() {
   set_threads(2);
   // Head dims 8 and 16 (padded to one vector), 64 (four), 80 and 128 (more
   // than the four vectors of one register block).

@@ -1,6 +1,7 @@
 #include "nn/flash_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,35 +18,69 @@ namespace {
 // each is a library call whose fixed cost (oneDNN's primitive lookup,
 // OpenBLAS's packing) was most of the kernel's time at T <= 512 (1.43x the
 // unfused layer at T 128). They run here as register-blocked loops over
-// 16-float vectors (GCC's vector extension: one AVX-512 register in the
-// x86-64-v4 clone, two AVX2 ones in the default), on operands packed into
-// per-thread scratch padded with zeros to whole vectors, so no product has
-// a ragged edge, and the causal mask is skipped a row block at a time
-// rather than a tile at a time.
+// GCC's vector extension, on operands packed into per-thread scratch padded
+// with zeros to whole 16-float vectors, so no product has a ragged edge,
+// and the causal mask is skipped a row block at a time rather than a tile
+// at a time. The registers: with AVX-512 (the x86-64-v4 clone), 4 rows x 4
+// vectors of 16 floats of accumulators; without it, 4 rows x 2 vectors of 8
+// (a 16-float vector type there is lowered piece by piece through memory:
+// 27-35x slower, measured).
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
-constexpr int64_t kV = 16;  // floats per vector
-constexpr int64_t kMR = 4;  // rows per register block: 4 x 4 vectors of accumulators
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
+template <typename V>
+struct Unaligned;
+template <>
+struct Unaligned<v16> {
+  using type = v16u;
+};
+template <>
+struct Unaligned<v8> {
+  using type = v8u;
+};
+constexpr int64_t kV = 16;  // floats per padded vector
+constexpr int64_t kMR = 4;  // rows per register block
 constexpr int64_t kTile = kFlashTile;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// C[m][0 .. 16 NV) (+)= sum over k in [k0, k1) of A(m, k) B[k][...], for
-// the kMR rows m of a block; A(m, k) = A[m sam + k sak], so A may be read
-// as stored (sak = 1) or transposed (sam = 1).
-template <int NV>
+std::atomic<bool> force_narrow{false};
+
+// Whether this copy of the code runs 16-float vectors in registers: the
+// x86-64-v4 clone, which the loader picks exactly on CPUs with these
+// (core/cpu_level.h); without clones, what the build targets.
+bool wide_vectors() {
+  if (force_narrow.load(std::memory_order_relaxed)) return false;
+#if defined(DPT_CPU_CLONES_ON)
+  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+                           __builtin_cpu_supports("avx512vl");
+  return wide;
+#elif defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// C[m][0 .. NV vectors) (+)= sum over k in [k0, k1) of A(m, k) B[k][...],
+// for the kMR rows m of a block; A(m, k) = A[m sam + k sak], so A may be
+// read as stored (sak = 1) or transposed (sam = 1).
+template <typename V, int NV>
 __attribute__((always_inline)) inline void block(float* C, int64_t ldc, const float* A, int64_t sam, int64_t sak,
                                                  const float* B, int64_t ldb, int64_t k0, int64_t k1, bool acc) {
-  v16 c[kMR][NV];
+  using VU = typename Unaligned<V>::type;
+  constexpr int64_t kL = sizeof(V) / sizeof(float);
+  V c[kMR][NV];
 #pragma GCC unroll 4
   for (int m = 0; m < kMR; ++m)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v)
-      c[m][v] = acc ? *reinterpret_cast<const v16u*>(C + m * ldc + v * kV) : v16{};
+    for (int v = 0; v < NV; ++v) c[m][v] = acc ? *reinterpret_cast<const VU*>(C + m * ldc + v * kL) : V{};
   for (int64_t k = k0; k < k1; ++k) {
-    v16 b[NV];
+    V b[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) b[v] = *reinterpret_cast<const v16u*>(B + k * ldb + v * kV);
+    for (int v = 0; v < NV; ++v) b[v] = *reinterpret_cast<const VU*>(B + k * ldb + v * kL);
 #pragma GCC unroll 4
     for (int m = 0; m < kMR; ++m) {
       const float a = A[m * sam + k * sak];
@@ -56,18 +91,23 @@ __attribute__((always_inline)) inline void block(float* C, int64_t ldc, const fl
 #pragma GCC unroll 4
   for (int m = 0; m < kMR; ++m)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) *reinterpret_cast<v16u*>(C + m * ldc + v * kV) = c[m][v];
+    for (int v = 0; v < NV; ++v) *reinterpret_cast<VU*>(C + m * ldc + v * kL) = c[m][v];
 }
 
-// The same over nv vectors of columns, four at a time.
-__attribute__((always_inline)) inline void block_cols(int64_t nv, float* C, int64_t ldc, const float* A, int64_t sam,
-                                                      int64_t sak, const float* B, int64_t ldb, int64_t k0, int64_t k1,
-                                                      bool acc) {
+// The same over nv 16-float vectors of columns: four at a time in 16-float
+// registers (wide), else one at a time in two 8-float ones.
+__attribute__((always_inline)) inline void block_cols(bool wide, int64_t nv, float* C, int64_t ldc, const float* A,
+                                                      int64_t sam, int64_t sak, const float* B, int64_t ldb,
+                                                      int64_t k0, int64_t k1, bool acc) {
+  if (!wide) {
+    for (int64_t v0 = 0; v0 < nv; ++v0, C += kV, B += kV) block<v8, 2>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc);
+    return;
+  }
   for (int64_t v0 = 0; v0 < nv; v0 += 4, C += 4 * kV, B += 4 * kV) switch (std::min<int64_t>(4, nv - v0)) {
-      case 1: block<1>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
-      case 2: block<2>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
-      case 3: block<3>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
-      default: block<4>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
+      case 1: block<v16, 1>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
+      case 2: block<v16, 2>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
+      case 3: block<v16, 3>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
+      default: block<v16, 4>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
     }
 }
 
@@ -114,7 +154,7 @@ struct ForwardScratch {
 // One query tile [i0, i0 + ni) of head h against every key tile up to the
 // diagonal, into out's rows; lse of its rows.
 DPT_CPU_CLONES void forward_tile(const Shape& s, const float* q, const float* k, const float* v, float* out,
-                                 float* lse, int64_t i0, int64_t ni, float scale, ForwardScratch& w) {
+                                 float* lse, int64_t i0, int64_t ni, float scale, bool wide, ForwardScratch& w) {
   const int64_t ld = s.ld(), ldo = s.ldo(), hd = s.hd, hdp = s.hdp(), nv = hdp / kV;
   w.q.resize(static_cast<size_t>(kTile * hdp));
   w.kt.resize(static_cast<size_t>(hd * kTile));
@@ -131,7 +171,7 @@ DPT_CPU_CLONES void forward_tile(const Shape& s, const float* q, const float* k,
     pack_transposed(Kt, k + j0 * ld, ld, nj, hd);
     pack_rows(V, v + j0 * ld, ld, nj, kTile, hd, hdp, 1.0f);
     for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // S = (scale Q) K^T, the live columns of each row block
-      block_cols(round_up(live_keys(i0, r0, j0, nj), kV) / kV, S + r0 * kTile, kTile, Q + r0 * hdp, hdp, 1, Kt,
+      block_cols(wide, round_up(live_keys(i0, r0, j0, nj), kV) / kV, S + r0 * kTile, kTile, Q + r0 * hdp, hdp, 1, Kt,
                  kTile, 0, hd, false);
     for (int64_t r = 0; r < ni; ++r) {  // the online softmax: P = e^(S - m), O and l rescaled to the new m
       float* row = S + r * kTile;
@@ -154,7 +194,7 @@ DPT_CPU_CLONES void forward_tile(const Shape& s, const float* q, const float* k,
       w.m[r] = mx;
     }
     for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // O += P V
-      block_cols(nv, O + r0 * hdp, hdp, S + r0 * kTile, kTile, 1, V, hdp, 0, live_keys(i0, r0, j0, nj), true);
+      block_cols(wide, nv, O + r0 * hdp, hdp, S + r0 * kTile, kTile, 1, V, hdp, 0, live_keys(i0, r0, j0, nj), true);
   }
   for (int64_t r = 0; r < ni; ++r) {
     const float inv = 1.0f / w.l[r];
@@ -174,7 +214,7 @@ struct BackScratch {
 // order), dQ over the head's key tiles; the group's first head writes dk and
 // dv, the others add to them.
 DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const float* dout, const float* out,
-                                   const float* lse, float* dbase, int64_t g, float scale, BackScratch& w) {
+                                   const float* lse, float* dbase, int64_t g, float scale, bool wide, BackScratch& w) {
   const int64_t T = s.T, ld = s.ld(), ldo = s.ldo(), hd = s.hd, hdp = s.hdp(), nv = hdp / kV;
   const int64_t Tp = round_up(T, kTile), NH = s.NH, NKV = s.NKV;
   w.q.resize(static_cast<size_t>(Tp * hdp));
@@ -218,8 +258,8 @@ DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const floa
         const float* dOi = dO + i0 * hdp;
         for (int64_t r0 = 0; r0 < nip; r0 += kMR) {  // S = (scale Q) K^T and dP = dO V^T, live columns
           const int64_t cols = round_up(live_keys(i0, r0, j0, nj), kV) / kV;
-          block_cols(cols, P + r0 * kTile, kTile, Qi + r0 * hdp, hdp, 1, Kt, kTile, 0, hd, false);
-          block_cols(cols, dS + r0 * kTile, kTile, dOi + r0 * hdp, hdp, 1, Vt, kTile, 0, hd, false);
+          block_cols(wide, cols, P + r0 * kTile, kTile, Qi + r0 * hdp, hdp, 1, Kt, kTile, 0, hd, false);
+          block_cols(wide, cols, dS + r0 * kTile, kTile, dOi + r0 * hdp, hdp, 1, Vt, kTile, 0, hd, false);
         }
         for (int64_t r = 0; r < nip; ++r) {  // P = e^(S - lse); dS = P (dP - D)
           float *p = P + r * kTile, *ds = dS + r * kTile;
@@ -237,11 +277,11 @@ DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const floa
         // block of keys (row r sees key c when i0 + r >= j0 + c).
         for (int64_t c0 = 0; c0 < nj; c0 += kMR) {
           const int64_t r_first = std::clamp<int64_t>(j0 + c0 - i0, 0, ni);
-          block_cols(nv, dV + c0 * hdp, hdp, P + c0, 1, kTile, dOi, hdp, r_first, ni, true);
-          block_cols(nv, dK + c0 * hdp, hdp, dS + c0, 1, kTile, Qi, hdp, r_first, ni, true);
+          block_cols(wide, nv, dV + c0 * hdp, hdp, P + c0, 1, kTile, dOi, hdp, r_first, ni, true);
+          block_cols(wide, nv, dK + c0 * hdp, hdp, dS + c0, 1, kTile, Qi, hdp, r_first, ni, true);
         }
         for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // dQ += dS K (its scale applied once, at the end)
-          block_cols(nv, dQ + (i0 + r0) * hdp, hdp, dS + r0 * kTile, kTile, 1, K, hdp, 0,
+          block_cols(wide, nv, dQ + (i0 + r0) * hdp, hdp, dS + r0 * kTile, kTile, 1, K, hdp, 0,
                      live_keys(i0, r0, j0, nj), true);
       }
       for (int64_t c = 0; c < nj; ++c) {
@@ -260,10 +300,13 @@ DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const floa
 
 }  // namespace
 
+void set_flash_attention_narrow_for_testing(bool on) { force_narrow.store(on); }
+
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                               int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
   const Shape s{B, T, NH, NKV, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool wide = wide_vectors();
 #pragma omp parallel
   {
     static thread_local BackScratch w;
@@ -271,7 +314,7 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
     for (int64_t b = 0; b < B; ++b)
       for (int64_t g = 0; g < NKV; ++g)
         backward_group(s, qkv + b * T * s.ld(), dout + b * T * s.ldo(), out + b * T * s.ldo(), lse + b * NH * T,
-                       dqkv + b * T * s.ld(), g, scale, w);
+                       dqkv + b * T * s.ld(), g, scale, wide, w);
   }
 }
 
@@ -279,6 +322,7 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B
                              int64_t hd) {
   const Shape s{B, T, NH, NKV, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool wide = wide_vectors();
   const int64_t tiles = (T + kTile - 1) / kTile;
 #pragma omp parallel
   {
@@ -292,7 +336,7 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B
           const int64_t g = h / s.group(), i0 = i * kTile;
           forward_tile(s, base + h * hd, base + (NH + g) * hd, base + (NH + NKV + g) * hd,
                        out + b * T * s.ldo() + h * hd, lse + (b * NH + h) * T, i0, std::min(kTile, T - i0), scale,
-                       w);
+                       wide, w);
         }
   }
 }

@@ -29,4 +29,8 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                               int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd);
 
+// Tests only: the 8-float-vector products (what runs without AVX-512) even
+// where the 16-float ones would, so an AVX-512 host checks both.
+void set_flash_attention_narrow_for_testing(bool on);
+
 }  // namespace dpt
