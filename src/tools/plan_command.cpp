@@ -187,9 +187,12 @@ int PlanCommand::run() {
   if (json_) {
     nlohmann::json j = plan_json(r, *model, plan);
     if (!limits.empty()) j["largest_context"] = context_limits_json(point, limits);
+    if (opts_.model != "mlp") j["attention"] = fused_attention_for(opts_) ? "fused" : "unfused";
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     print_plan(r, *model, plan, model_.model, measured, disk_gbs_ <= 0);
+    if (opts_.model != "mlp")
+      std::printf("attention: %s (the rows' activations)\n", fused_attention_for(opts_) ? "fused" : "unfused");
     print_context_limits(point, limits);
   }
   return 0;
