@@ -445,7 +445,8 @@ TEST_F(PlanCliTest, LlamaPlanHoldsTheFormula) {
 // as the plan of that mesh alone.
 // The largest context per attention mode (train/plan_context.h), by the
 // plan's own accounting: at that context the row fits, one token more it
-// does not, each checked with `dpt plan --context`. The modes keep less per
+// does not, each checked with `dpt plan --context`; and a 2-rank run at the
+// fused mode's context trains while one token more is refused. The modes keep less per
 // token in the order unfused, fused, fused + checkpointing, so each fits a
 // longer context than the one before.
 TEST_F(PlanCliTest, LargestContextFitsAndTheNextDoesNot) {
@@ -481,6 +482,19 @@ TEST_F(PlanCliTest, LargestContextFitsAndTheNextDoesNot) {
     std::printf("[ measure  ] %s: largest context %lld\n", mode, static_cast<long long>(T));
     before = T;
   }
+  // And training agrees: at the fused mode's context one step runs within
+  // the same 64 MiB; one token more, its memory check refuses it.
+  const int64_t T = limits.at("fused").at("context").get<int64_t>();
+  auto train_at = [&](int64_t context) {
+    return dpt(fmt::format("launch -n 2 -- {} train {} --context {} --strategy {} --precision {} --attention fused "
+                           "--synthetic --steps 1 --threads 1 --quiet --memory-budget-mb 64",
+                           q(dpt_bin()), llama, context, limits.at("strategy").get<std::string>(),
+                           limits.at("precision").get<std::string>()));
+  };
+  const RunResult fits_run = train_at(T), refused = train_at(T + 1);
+  EXPECT_EQ(fits_run.code, 0) << fits_run.all();
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.err.find("needs about"), std::string::npos) << refused.all();
 }
 
 TEST_F(PlanCliTest, MeshesPlansEveryLayoutTrainingRuns) {
