@@ -16,6 +16,8 @@
 #include "nn/gqa_attention.h"
 #include "models/decoder.h"
 #include "optim/optimizer.h"
+#include "train/rank_setup.h"
+#include "train/train.h"
 
 namespace dpt {
 namespace {
@@ -245,6 +247,22 @@ TEST(FusedAttentionDecoder, Bf16KeyBiasGradientStaysRounding) {
                   fused ? "fused" : "unfused", key / value);
     }
   }
+}
+
+// --attention's default (docs/memory.md, "Which attention runs by
+// default"): fused on the CPU, unfused on CUDA (no fused kernel there); a
+// given --attention wins.
+TEST(FusedAttentionDefault, FusedOnTheCpuUnfusedOnCuda) {
+  TrainOptions o;
+  o.model = "llama";
+  EXPECT_TRUE(fused_attention_for(o));
+  o.device = Device::CUDA;
+  EXPECT_FALSE(fused_attention_for(o));
+  o.device = Device::CPU;
+  o.attention = "unfused";
+  EXPECT_FALSE(fused_attention_for(o));
+  o.attention = "fused";
+  EXPECT_TRUE(fused_attention_for(o));
 }
 
 }  // namespace
