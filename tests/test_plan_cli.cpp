@@ -457,6 +457,60 @@ TEST_F(PlanCliTest, LlamaPlanHoldsTheFormula) {
 // --meshes: every tp x pp of the ranks that training runs for the model (the
 // GPT has 2 heads and 3 blocks: tp 4 and pp 4 are not), each row the same
 // as the plan of that mesh alone.
+// The largest context per attention mode (train/plan_context.h), by the
+// plan's own accounting: at that context the row fits, one token more it
+// does not, each checked with `dpt plan --context`; and a 2-rank run at the
+// fused mode's context trains while one token more is refused. The modes keep less per
+// token in the order unfused, fused, fused + checkpointing, so each fits a
+// longer context than the one before.
+TEST_F(PlanCliTest, LargestContextFitsAndTheNextDoesNot) {
+  const std::string llama =
+      "--model llama --layers 3 --width 64 --heads 4 --kv-heads 2 --intermediate 96 --vocab 2048 --batch 4";
+  auto plan_at = [&](const std::string& extra) {
+    const RunResult r = dpt(fmt::format("plan {} {} --ranks 2 --json --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 "
+                                        "--offload-dir {} --memory 64M",
+                                        llama, extra, q(dir_)));
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.code == 0 ? json::parse(r.out) : json();
+  };
+  const json limits = plan_at("").at("largest_context");
+  // The row's verdict in a plan at context T.
+  auto fits = [&](const std::string& mode, int64_t T) {
+    const json p = plan_at(fmt::format("--context {} --attention {} --strategy {}", T,
+                                       mode == "unfused" ? "unfused" : "fused", limits.at("strategy").get<std::string>()));
+    for (const json& row : p.at("rows"))
+      if (row.at("precision") == limits.at("precision") && row.at("offload") == limits.at("offload") &&
+          row.at("checkpoint_activations") == (mode == "fused+ckpt"))
+        return row.at("fits").get<bool>();
+    ADD_FAILURE() << "no row for " << mode << " at " << T;
+    return false;
+  };
+  int64_t before = 0;
+  for (const char* mode : {"unfused", "fused", "fused+ckpt"}) {
+    SCOPED_TRACE(mode);
+    const int64_t T = limits.at(mode).at("context").get<int64_t>();
+    EXPECT_FALSE(limits.at(mode).at("capped").get<bool>());
+    EXPECT_GT(T, before);
+    EXPECT_TRUE(fits(mode, T));
+    EXPECT_FALSE(fits(mode, T + 1));
+    std::printf("[ measure  ] %s: largest context %lld\n", mode, static_cast<long long>(T));
+    before = T;
+  }
+  // And training agrees: at the fused mode's context one step runs within
+  // the same 64 MiB; one token more, its memory check refuses it.
+  const int64_t T = limits.at("fused").at("context").get<int64_t>();
+  auto train_at = [&](int64_t context) {
+    return dpt(fmt::format("launch -n 2 -- {} train {} --context {} --strategy {} --precision {} --attention fused "
+                           "--synthetic --steps 1 --threads 1 --quiet --memory-budget-mb 64",
+                           q(dpt_bin()), llama, context, limits.at("strategy").get<std::string>(),
+                           limits.at("precision").get<std::string>()));
+  };
+  const RunResult fits_run = train_at(T), refused = train_at(T + 1);
+  EXPECT_EQ(fits_run.code, 0) << fits_run.all();
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.err.find("needs about"), std::string::npos) << refused.all();
+}
+
 TEST_F(PlanCliTest, MeshesPlansEveryLayoutTrainingRuns) {
   const std::string rates = " --ranks 4 --json --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --memory 1T";
   const RunResult all = dpt("plan " + kGpt.flags + rates + " --meshes");

@@ -379,7 +379,11 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
     take_stats(b.ln1_mean, b.ln1_rstd);
     b.qkv = take(N * w.qkv);
     b.atty = take_operand(N * w.att);
-    b.att = take(B * w.heads * (fused_attention_ ? T : T * T));
+    // Fused: the log-sum-exps; in bf16 also the fp32 output, which the
+    // backward's D = rowsum(dO O) reads: from the bf16 copy each row of dS
+    // would sum to rounding (2^-9) instead of zero, and the key biases'
+    // gradient (exactly zero) would become the noise docs/precision.md warns of.
+    b.att = take(B * w.heads * (fused_attention_ ? T : T * T) + (fused_attention_ && b16 ? N * w.att : 0));
     b.res2 = take(N * C);
     b.ln2 = take_operand(N * C);
     take_stats(b.ln2_mean, b.ln2_rstd);
@@ -417,7 +421,7 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   a.dC = take(N * std::max(C, w.att));
   a.d3C = take(N * w.qkv);
   a.d4C = take(N * w.fc);
-  a.atty32 = b16 ? take(N * w.att) : nullptr;
+  a.atty32 = b16 && !fused_attention_ ? take(N * w.att) : nullptr;  // fused keeps its own (above)
   a.dout16 = b16 ? take_operand(N * std::max({C, w.qkv, w.fc, head ? wte_rows() : 0})) : nullptr;
   a.dI = config_.mlp == MlpKind::SwiGlu ? take(N * w.inner) : nullptr;
   a.rope_cos = config_.rotary ? take(T * w.hd / 2) : nullptr;

@@ -61,14 +61,16 @@ void Decoder::attention_forward(const BlockSlots& s, const BlockActs& a, int64_t
     k().rope_forward(a.qkv, a.qkv, act_.rope_cos, act_.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
   // Attention computes in fp32 (its softmax needs the range); a bf16 run
   // converts its output for the output projection.
-  float* out = std::is_same_v<CT, float> ? reinterpret_cast<float*>(a.atty) : act_.atty32;
+  float* out = std::is_same_v<CT, float> ? reinterpret_cast<float*>(a.atty)
+               : fused_attention_          ? a.att + B * w.heads * T  // kept for backward (decoder.cpp)
+                                           : act_.atty32;
   if (fused_attention_)
     flash_attention_forward(out, a.att, a.qkv, B, T, w.heads, w.kv, w.hd);
   else if (config_.grouped())
     k().gqa_attention_forward(out, a.att, a.qkv, B, T, w.heads, w.kv, w.hd);
   else
     k().attention_forward(out, a.att, a.qkv, B, T, w.att, w.heads);
-  if constexpr (std::is_same_v<CT, bf16>) k().convert(as<CT>(a.atty), act_.atty32, static_cast<size_t>(N * w.att));
+  if constexpr (std::is_same_v<CT, bf16>) k().convert(as<CT>(a.atty), out, static_cast<size_t>(N * w.att));
   // A row-parallel projection's output is the sum of every TP rank's
   // partial product; its bias is added once, by TP rank 0, inside that sum.
   const float* bias = tp_.rank == 0 ? param_or_null(s.proj_b) : nullptr;
@@ -110,8 +112,8 @@ ForwardStats Decoder::forward(const Batch& batch) {
     throw InputError(fmt::format("sequence length {} is outside the model's 1..{}", T, config_.context));
   if (static_cast<int64_t>(batch.tokens.size()) < N || static_cast<int64_t>(batch.targets.size()) < N)
     throw InputError(fmt::format("a batch of {}x{} needs {} tokens and targets", B, T, N));
-  if (fused_attention_ && (precision_ != DType::F32 || device_ != Device::CPU))
-    throw InputError("--attention fused runs in fp32 on the CPU (not yet with --precision bf16 or --device cuda)");
+  if (fused_attention_ && device_ != Device::CPU)
+    throw InputError("--attention fused runs on the CPU (not yet with --device cuda)");
   plan_activations(B, T);
   std::copy(batch.tokens.begin(), batch.tokens.begin() + N, tokens_.begin());
   std::copy(batch.targets.begin(), batch.targets.begin() + N, targets_.begin());
@@ -256,8 +258,8 @@ void Decoder::attention_backward(const BlockSlots& s, const BlockActs& b, int64_
                       as<CT>(b.atty), weight<CT>(s.proj_w), N, w.att, C, a.dres);
   slots_ready(s.proj_w, last_of(s.proj_w, s.proj_b));
   if (fused_attention_)
-    flash_attention_backward(a.d3C, a.dC, b.qkv, reinterpret_cast<const float*>(b.atty), b.att, B, T, w.heads, w.kv,
-                             w.hd);
+    flash_attention_backward(a.d3C, a.dC, b.qkv, std::is_same_v<CT, float> ? as<float>(b.atty) : b.att + B * w.heads * T,
+                             b.att, B, T, w.heads, w.kv, w.hd);
   else if (config_.grouped())
     k().gqa_attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, w.heads, w.kv, w.hd);
   else

@@ -130,9 +130,9 @@ void Decoder::block_backward_input(size_t l, const float* x, int64_t B, int64_t 
   k().copy(b.w_dy1, a.dres, NC);
   k().linear_backward(a.dC, nullptr, nullptr, operand<CT>(k(), a.dres, N * C, a.dout16), as<CT>(b.atty),
                       weight<CT>(s.proj_w), N, w.att, C, nullptr);
-  if (fused_attention_)
-    flash_attention_backward(a.d3C, a.dC, b.qkv, reinterpret_cast<const float*>(b.atty), b.att, B, T, w.heads, w.kv,
-                             w.hd);
+  if (fused_attention_)  // its fp32 output: the block's own, or in a bf16 run kept after the log-sum-exps
+    flash_attention_backward(a.d3C, a.dC, b.qkv, std::is_same_v<CT, float> ? as<float>(b.atty) : b.att + B * w.heads * T,
+                             b.att, B, T, w.heads, w.kv, w.hd);
   else if (config_.grouped())
     k().gqa_attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, w.heads, w.kv, w.hd);
   else

@@ -1,156 +1,343 @@
 #include "nn/flash_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "core/cpu_level.h"
 #include "nn/fast_exp.h"
-#include "nn/gemm.h"
 
 namespace dpt {
 
 namespace {
+
+// The tile products are small (64 x 64 x head dim): through the GEMM layer
+// each is a library call whose fixed cost (oneDNN's primitive lookup,
+// OpenBLAS's packing) was most of the kernel's time at T <= 512 (1.43x the
+// unfused layer at T 128). They run here as register-blocked loops over
+// GCC's vector extension, on operands packed into per-thread scratch padded
+// with zeros to whole 16-float vectors, so no product has a ragged edge,
+// and the causal mask is skipped a row block at a time rather than a tile
+// at a time. The registers: with AVX-512 (the x86-64-v4 clone), 4 rows x 4
+// vectors of 16 floats of accumulators; without it, 4 rows x 2 vectors of 8
+// (a 16-float vector type there is lowered piece by piece through memory:
+// 27-35x slower, measured).
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4), may_alias));
+template <typename V>
+struct Unaligned;
+template <>
+struct Unaligned<v16> {
+  using type = v16u;
+};
+template <>
+struct Unaligned<v8> {
+  using type = v8u;
+};
+constexpr int64_t kV = 16;  // floats per padded vector
+constexpr int64_t kMR = 4;  // rows per register block
+constexpr int64_t kTile = kFlashTile;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+std::atomic<bool> force_narrow{false};
+
+// Whether this copy of the code runs 16-float vectors in registers: the
+// x86-64-v4 clone, which the loader picks exactly on CPUs with these
+// (core/cpu_level.h); without clones, what the build targets.
+bool wide_vectors() {
+  if (force_narrow.load(std::memory_order_relaxed)) return false;
+#if defined(DPT_CPU_CLONES_ON)
+  static const bool wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                           __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+                           __builtin_cpu_supports("avx512vl");
+  return wide;
+#elif defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// C[m][0 .. NV vectors) (+)= sum over k in [k0, k1) of A(m, k) B[k][...],
+// for the kMR rows m of a block; A(m, k) = A[m sam + k sak], so A may be
+// read as stored (sak = 1) or transposed (sam = 1).
+template <typename V, int NV>
+__attribute__((always_inline)) inline void block(float* C, int64_t ldc, const float* A, int64_t sam, int64_t sak,
+                                                 const float* B, int64_t ldb, int64_t k0, int64_t k1, bool acc) {
+  using VU = typename Unaligned<V>::type;
+  constexpr int64_t kL = sizeof(V) / sizeof(float);
+  V c[kMR][NV];
+#pragma GCC unroll 4
+  for (int m = 0; m < kMR; ++m)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) c[m][v] = acc ? *reinterpret_cast<const VU*>(C + m * ldc + v * kL) : V{};
+  for (int64_t k = k0; k < k1; ++k) {
+    V b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) b[v] = *reinterpret_cast<const VU*>(B + k * ldb + v * kL);
+#pragma GCC unroll 4
+    for (int m = 0; m < kMR; ++m) {
+      const float a = A[m * sam + k * sak];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) c[m][v] += a * b[v];
+    }
+  }
+#pragma GCC unroll 4
+  for (int m = 0; m < kMR; ++m)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) *reinterpret_cast<VU*>(C + m * ldc + v * kL) = c[m][v];
+}
+
+// The same over nv 16-float vectors of columns: four at a time in 16-float
+// registers (wide), else one at a time in two 8-float ones.
+__attribute__((always_inline)) inline void block_cols(bool wide, int64_t nv, float* C, int64_t ldc, const float* A,
+                                                      int64_t sam, int64_t sak, const float* B, int64_t ldb,
+                                                      int64_t k0, int64_t k1, bool acc) {
+  if (!wide) {
+    for (int64_t v0 = 0; v0 < nv; ++v0, C += kV, B += kV) block<v8, 2>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc);
+    return;
+  }
+  for (int64_t v0 = 0; v0 < nv; v0 += 4, C += 4 * kV, B += 4 * kV) switch (std::min<int64_t>(4, nv - v0)) {
+      case 1: block<v16, 1>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
+      case 2: block<v16, 2>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
+      case 3: block<v16, 3>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
+      default: block<v16, 4>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
+    }
+}
+
+// Rows [0, n) of a head's slice (hd channels at stride ld) into dst
+// [rows][hdp], times `scale`; the padding (channels hd.., rows n..rows)
+// zero.
+__attribute__((always_inline)) inline void pack_rows(float* dst, const float* src, int64_t ld, int64_t n, int64_t rows,
+                                                     int64_t hd, int64_t hdp, float scale) {
+  for (int64_t r = 0; r < n; ++r) {
+    float* d = dst + r * hdp;
+    for (int64_t c = 0; c < hd; ++c) d[c] = src[r * ld + c] * scale;
+    std::fill(d + hd, d + hdp, 0.0f);
+  }
+  std::fill(dst + n * hdp, dst + rows * hdp, 0.0f);
+}
+
+// Rows [0, n) of a head's slice transposed into dst [hd][kTile], columns
+// n.. zero.
+__attribute__((always_inline)) inline void pack_transposed(float* dst, const float* src, int64_t ld, int64_t n,
+                                                           int64_t hd) {
+  for (int64_t d = 0; d < hd; ++d) std::fill(dst + d * kTile + n, dst + (d + 1) * kTile, 0.0f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t d = 0; d < hd; ++d) dst[d * kTile + r] = src[r * ld + d];
+}
 
 struct Shape {
   int64_t B, T, NH, NKV, hd;
   int64_t ld() const { return (NH + 2 * NKV) * hd; }
   int64_t ldo() const { return NH * hd; }
   int64_t group() const { return NH / NKV; }
+  int64_t hdp() const { return round_up(hd, kV); }
+};
+
+// The keys a row block [r0, r0 + kMR) of query tile i0 sees in key tile j0
+// of nj keys: up to and including its last row's position.
+inline int64_t live_keys(int64_t i0, int64_t r0, int64_t j0, int64_t nj) {
+  return std::clamp<int64_t>(i0 + r0 + kMR - j0, 0, nj);
+}
+
+struct ForwardScratch {
+  std::vector<float> q, kt, v, s, o, m, l;
 };
 
 // One query tile [i0, i0 + ni) of head h against every key tile up to the
 // diagonal, into out's rows; lse of its rows.
-// (Compiled twice, as the kernels are: its exp and rescaling loops are
-// most of the fused kernel's non-GEMM time.)
-DPT_CPU_CLONES void forward_tile(const Shape& s, const float* q, const float* k, const float* v, float* o,
-                                 float* lse, int64_t i0, int64_t ni, float scale, std::vector<float>& scratch) {
-  const int64_t ld = s.ld(), ldo = s.ldo(), Bk = kFlashTile;
-  scratch.resize(static_cast<size_t>(ni * Bk + 2 * ni));
-  float *S = scratch.data(), *m = S + ni * Bk, *l = m + ni;
-  std::fill(m, m + ni, -std::numeric_limits<float>::infinity());
-  std::fill(l, l + ni, 0.0f);
-  for (int64_t r = 0; r < ni; ++r) std::fill(o + (i0 + r) * ldo, o + (i0 + r) * ldo + s.hd, 0.0f);
-  for (int64_t j0 = 0; j0 < i0 + ni; j0 += Bk) {
-    const int64_t nj = std::min(Bk, s.T - j0);
-    gemm(Op::N, Op::T, ni, nj, s.hd, scale, q + i0 * ld, ld, k + j0 * ld, ld, 0.0f, S, Bk);
-    for (int64_t r = 0; r < ni; ++r) {
-      float* row = S + r * Bk;
-      const int64_t live = std::clamp<int64_t>(i0 + r + 1 - j0, 0, nj);  // keys j0 .. t
-      float mx = m[r];
+DPT_CPU_CLONES void forward_tile(const Shape& s, const float* q, const float* k, const float* v, float* out,
+                                 float* lse, int64_t i0, int64_t ni, float scale, bool wide, ForwardScratch& w) {
+  const int64_t ld = s.ld(), ldo = s.ldo(), hd = s.hd, hdp = s.hdp(), nv = hdp / kV;
+  w.q.resize(static_cast<size_t>(kTile * hdp));
+  w.kt.resize(static_cast<size_t>(hd * kTile));
+  w.v.resize(static_cast<size_t>(kTile * hdp));
+  w.s.resize(static_cast<size_t>(kTile * kTile));
+  w.o.assign(static_cast<size_t>(kTile * hdp), 0.0f);
+  w.m.assign(static_cast<size_t>(kTile), -std::numeric_limits<float>::infinity());
+  w.l.assign(static_cast<size_t>(kTile), 0.0f);
+  float *Q = w.q.data(), *Kt = w.kt.data(), *V = w.v.data(), *S = w.s.data(), *O = w.o.data();
+  pack_rows(Q, q + i0 * ld, ld, ni, kTile, hd, hdp, scale);
+  const int64_t nip = round_up(ni, kMR);
+  for (int64_t j0 = 0; j0 < i0 + ni; j0 += kTile) {
+    const int64_t nj = std::min(kTile, s.T - j0);
+    pack_transposed(Kt, k + j0 * ld, ld, nj, hd);
+    pack_rows(V, v + j0 * ld, ld, nj, kTile, hd, hdp, 1.0f);
+    for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // S = (scale Q) K^T, the live columns of each row block
+      block_cols(wide, round_up(live_keys(i0, r0, j0, nj), kV) / kV, S + r0 * kTile, kTile, Q + r0 * hdp, hdp, 1, Kt,
+                 kTile, 0, hd, false);
+    for (int64_t r = 0; r < ni; ++r) {  // the online softmax: P = e^(S - m), O and l rescaled to the new m
+      float* row = S + r * kTile;
+      const int64_t live = std::min(i0 + r + 1 - j0, nj);  // keys j0 .. i0 + r: at least one
+      float mx = w.m[r];
+#pragma omp simd reduction(max : mx)
       for (int64_t c = 0; c < live; ++c) mx = std::max(mx, row[c]);
-      const float keep = live > 0 ? fast_exp(m[r] - mx) : 1.0f;
       float sum = 0.0f;
-      for (int64_t c = 0; c < live; ++c) sum += (row[c] = fast_exp(row[c] - mx));
-      std::fill(row + live, row + nj, 0.0f);
-      if (live > 0) {
-        float* orow = o + (i0 + r) * ldo;
-        for (int64_t d = 0; d < s.hd; ++d) orow[d] *= keep;
-        l[r] = l[r] * keep + sum;
-        m[r] = mx;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < live; ++c) {
+        row[c] = fast_exp(row[c] - mx);
+        sum += row[c];
       }
+      std::fill(row + live, row + kTile, 0.0f);
+      const float keep = fast_exp(w.m[r] - mx);  // 0 (e^-80) on the first tile, where O and l are 0
+      float* orow = O + r * hdp;
+#pragma omp simd
+      for (int64_t d = 0; d < hdp; ++d) orow[d] *= keep;
+      w.l[r] = w.l[r] * keep + sum;
+      w.m[r] = mx;
     }
-    gemm(Op::N, Op::N, ni, s.hd, nj, 1.0f, S, Bk, v + j0 * ld, ld, 1.0f, o + i0 * ldo, ldo);
+    for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // O += P V
+      block_cols(wide, nv, O + r0 * hdp, hdp, S + r0 * kTile, kTile, 1, V, hdp, 0, live_keys(i0, r0, j0, nj), true);
   }
   for (int64_t r = 0; r < ni; ++r) {
-    const float inv = 1.0f / l[r];
-    float* orow = o + (i0 + r) * ldo;
-    for (int64_t d = 0; d < s.hd; ++d) orow[d] *= inv;
-    lse[i0 + r] = m[r] + std::log(l[r]);
+    const float inv = 1.0f / w.l[r];
+    for (int64_t d = 0; d < hd; ++d) out[(i0 + r) * ldo + d] = O[r * hdp + d] * inv;
+    lse[i0 + r] = w.m[r] + std::log(w.l[r]);
   }
 }
 
-// Scratch of one backward tile pair.
 struct BackScratch {
-  std::vector<float> P, dP, D;
+  std::vector<float> q, dout, dq, D, L;  // the head's, [Tp][hdp] and [Tp]
+  std::vector<float> kt, vt, k, dk, dv;  // the key tile's
+  std::vector<float> p, ds;              // the tile pair's
 };
 
-// Query tile [i0, i0 + ni) of one head against key tile [j0, j0 + nj):
-// the probabilities again from lse, then dV, dQ and dK of the pair.
-DPT_CPU_CLONES void backward_pair(const Shape& s, const float* q, const float* k, const float* v,
-                                  const float* dout, const float* lse, const float* D, float* dq, float* dk, float* dv,
-                                  int64_t i0, int64_t ni, int64_t j0, int64_t nj, float scale, BackScratch& w) {
-  const int64_t ld = s.ld(), ldo = s.ldo(), Bk = kFlashTile;
-  float *P = w.P.data(), *dP = w.dP.data();
-  gemm(Op::N, Op::T, ni, nj, s.hd, scale, q + i0 * ld, ld, k + j0 * ld, ld, 0.0f, P, Bk);
-  gemm(Op::N, Op::T, ni, nj, s.hd, 1.0f, dout + i0 * ldo, ldo, v + j0 * ld, ld, 0.0f, dP, Bk);
-  for (int64_t r = 0; r < ni; ++r) {
-    const int64_t live = std::clamp<int64_t>(i0 + r + 1 - j0, 0, nj);
-    float *p = P + r * Bk, *dp = dP + r * Bk;
-    for (int64_t c = 0; c < live; ++c) {
-      p[c] = fast_exp(p[c] - lse[i0 + r]);
-      dp[c] = p[c] * (dp[c] - D[i0 + r]) * scale;  // dS, with the score's scale
+// Every query head of key/value head g of one sequence: each key tile's dK
+// and dV summed over the query tiles at or below it (FlashAttention-2's
+// order), dQ over the head's key tiles; the group's first head writes dk and
+// dv, the others add to them.
+DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const float* dout, const float* out,
+                                   const float* lse, float* dbase, int64_t g, float scale, bool wide, BackScratch& w) {
+  const int64_t T = s.T, ld = s.ld(), ldo = s.ldo(), hd = s.hd, hdp = s.hdp(), nv = hdp / kV;
+  const int64_t Tp = round_up(T, kTile), NH = s.NH, NKV = s.NKV;
+  w.q.resize(static_cast<size_t>(Tp * hdp));
+  w.dout.resize(static_cast<size_t>(Tp * hdp));
+  w.dq.resize(static_cast<size_t>(Tp * hdp));
+  w.D.resize(static_cast<size_t>(Tp));
+  w.L.resize(static_cast<size_t>(Tp));
+  w.kt.resize(static_cast<size_t>(hd * kTile));
+  w.vt.resize(static_cast<size_t>(hd * kTile));
+  w.k.resize(static_cast<size_t>(kTile * hdp));
+  w.dk.resize(static_cast<size_t>(kTile * hdp));
+  w.dv.resize(static_cast<size_t>(kTile * hdp));
+  w.p.resize(static_cast<size_t>(kTile * kTile));
+  w.ds.resize(static_cast<size_t>(kTile * kTile));
+  float *Q = w.q.data(), *dO = w.dout.data(), *dQ = w.dq.data(), *Kt = w.kt.data(), *Vt = w.vt.data();
+  float *K = w.k.data(), *dK = w.dk.data(), *dV = w.dv.data(), *P = w.p.data(), *dS = w.ds.data();
+  const float* k = base + (NH + g) * hd;
+  const float* v = base + (NH + NKV + g) * hd;
+  for (int64_t h = g * s.group(); h < (g + 1) * s.group(); ++h) {
+    const bool first = h == g * s.group();
+    pack_rows(Q, base + h * hd, ld, T, Tp, hd, hdp, scale);
+    pack_rows(dO, dout + h * hd, ldo, T, Tp, hd, hdp, 1.0f);
+    std::fill(w.dq.begin(), w.dq.end(), 0.0f);
+    for (int64_t t = 0; t < T; ++t) {  // D = rowsum(dO * O)
+      const float* o = out + t * ldo + h * hd;
+      float d = 0.0f;
+      for (int64_t c = 0; c < hd; ++c) d += dO[t * hdp + c] * o[c];
+      w.D[static_cast<size_t>(t)] = d;
+      w.L[static_cast<size_t>(t)] = lse[(h)*T + t];
     }
-    std::fill(p + live, p + nj, 0.0f);
-    std::fill(dp + live, dp + nj, 0.0f);
+    for (int64_t j0 = 0; j0 < T; j0 += kTile) {
+      const int64_t nj = std::min(kTile, T - j0);
+      pack_transposed(Kt, k + j0 * ld, ld, nj, hd);
+      pack_transposed(Vt, v + j0 * ld, ld, nj, hd);
+      pack_rows(K, k + j0 * ld, ld, nj, kTile, hd, hdp, 1.0f);
+      std::fill(w.dk.begin(), w.dk.end(), 0.0f);
+      std::fill(w.dv.begin(), w.dv.end(), 0.0f);
+      for (int64_t i0 = j0; i0 < T; i0 += kTile) {
+        const int64_t ni = std::min(kTile, T - i0), nip = round_up(ni, kMR);
+        const float* Qi = Q + i0 * hdp;
+        const float* dOi = dO + i0 * hdp;
+        for (int64_t r0 = 0; r0 < nip; r0 += kMR) {  // S = (scale Q) K^T and dP = dO V^T, live columns
+          const int64_t cols = round_up(live_keys(i0, r0, j0, nj), kV) / kV;
+          block_cols(wide, cols, P + r0 * kTile, kTile, Qi + r0 * hdp, hdp, 1, Kt, kTile, 0, hd, false);
+          block_cols(wide, cols, dS + r0 * kTile, kTile, dOi + r0 * hdp, hdp, 1, Vt, kTile, 0, hd, false);
+        }
+        for (int64_t r = 0; r < nip; ++r) {  // P = e^(S - lse); dS = P (dP - D)
+          float *p = P + r * kTile, *ds = dS + r * kTile;
+          const int64_t live = r < ni ? std::min(i0 + r + 1 - j0, nj) : 0;
+          const float lr = w.L[static_cast<size_t>(i0 + r)], Dr = w.D[static_cast<size_t>(i0 + r)];
+#pragma omp simd
+          for (int64_t c = 0; c < live; ++c) {
+            p[c] = fast_exp(p[c] - lr);
+            ds[c] = p[c] * (ds[c] - Dr);
+          }
+          std::fill(p + live, p + kTile, 0.0f);
+          std::fill(ds + live, ds + kTile, 0.0f);
+        }
+        // dV += P^T dO and dK += dS^T (scale Q) over the rows that see each
+        // block of keys (row r sees key c when i0 + r >= j0 + c).
+        for (int64_t c0 = 0; c0 < nj; c0 += kMR) {
+          const int64_t r_first = std::clamp<int64_t>(j0 + c0 - i0, 0, ni);
+          block_cols(wide, nv, dV + c0 * hdp, hdp, P + c0, 1, kTile, dOi, hdp, r_first, ni, true);
+          block_cols(wide, nv, dK + c0 * hdp, hdp, dS + c0, 1, kTile, Qi, hdp, r_first, ni, true);
+        }
+        for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // dQ += dS K (its scale applied once, at the end)
+          block_cols(wide, nv, dQ + (i0 + r0) * hdp, hdp, dS + r0 * kTile, kTile, 1, K, hdp, 0,
+                     live_keys(i0, r0, j0, nj), true);
+      }
+      for (int64_t c = 0; c < nj; ++c) {
+        float* dk = dbase + (j0 + c) * ld + (NH + g) * hd;
+        float* dv = dbase + (j0 + c) * ld + (NH + NKV + g) * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          dk[d] = (first ? 0.0f : dk[d]) + dK[c * hdp + d];
+          dv[d] = (first ? 0.0f : dv[d]) + dV[c * hdp + d];
+        }
+      }
+    }
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < hd; ++d) dbase[t * ld + h * hd + d] = dQ[t * hdp + d] * scale;
   }
-  gemm(Op::T, Op::N, nj, s.hd, ni, 1.0f, P, Bk, dout + i0 * ldo, ldo, 1.0f, dv + j0 * ld, ld);
-  gemm(Op::N, Op::N, ni, s.hd, nj, 1.0f, dP, Bk, k + j0 * ld, ld, 1.0f, dq + i0 * ld, ld);
-  gemm(Op::T, Op::N, nj, s.hd, ni, 1.0f, dP, Bk, q + i0 * ld, ld, 1.0f, dk + j0 * ld, ld);
 }
 
 }  // namespace
 
-DPT_CPU_CLONES void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                                            int64_t NH, int64_t NKV, int64_t hd) {
+void set_flash_attention_narrow_for_testing(bool on) { force_narrow.store(on); }
+
+void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
   const Shape s{B, T, NH, NKV, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t tiles = (T + kFlashTile - 1) / kFlashTile;
+  const bool wide = wide_vectors();
 #pragma omp parallel
   {
-    static thread_local std::vector<float> scratch;
-#pragma omp for collapse(3) schedule(static)
+    static thread_local BackScratch w;
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t g = 0; g < NKV; ++g)
+        backward_group(s, qkv + b * T * s.ld(), dout + b * T * s.ldo(), out + b * T * s.ldo(), lse + b * NH * T,
+                       dqkv + b * T * s.ld(), g, scale, wide, w);
+  }
+}
+
+void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                             int64_t hd) {
+  const Shape s{B, T, NH, NKV, hd};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool wide = wide_vectors();
+  const int64_t tiles = (T + kTile - 1) / kTile;
+#pragma omp parallel
+  {
+    static thread_local ForwardScratch w;
+    // Later query tiles see more keys: handed out one at a time.
+#pragma omp for collapse(3) schedule(dynamic, 1)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < NH; ++h)
         for (int64_t i = 0; i < tiles; ++i) {
           const float* base = qkv + b * T * s.ld();
-          const int64_t g = h / s.group(), i0 = i * kFlashTile;
+          const int64_t g = h / s.group(), i0 = i * kTile;
           forward_tile(s, base + h * hd, base + (NH + g) * hd, base + (NH + NKV + g) * hd,
-                       out + b * T * s.ldo() + h * hd, lse + (b * NH + h) * T, i0, std::min(kFlashTile, T - i0),
-                       scale, scratch);
+                       out + b * T * s.ldo() + h * hd, lse + (b * NH + h) * T, i0, std::min(kTile, T - i0), scale,
+                       wide, w);
         }
-  }
-}
-
-DPT_CPU_CLONES void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                                             const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                                             int64_t hd) {
-  const Shape s{B, T, NH, NKV, hd};
-  const int64_t ld = s.ld(), ldo = s.ldo(), Bt = kFlashTile;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel
-  {
-    static thread_local BackScratch w;
-    w.P.resize(static_cast<size_t>(Bt * Bt));
-    w.dP.resize(static_cast<size_t>(Bt * Bt));
-    w.D.resize(static_cast<size_t>(T));
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t g = 0; g < NKV; ++g) {
-        const float* base = qkv + b * T * ld;
-        float* dbase = dqkv + b * T * ld;
-        for (int64_t t = 0; t < T; ++t) {  // this pair's dk, dv rows and its heads' dq rows start at zero
-          std::fill(dbase + t * ld + (NH + g) * hd, dbase + t * ld + (NH + g + 1) * hd, 0.0f);
-          std::fill(dbase + t * ld + (NH + NKV + g) * hd, dbase + t * ld + (NH + NKV + g + 1) * hd, 0.0f);
-          std::fill(dbase + t * ld + g * s.group() * hd, dbase + t * ld + (g + 1) * s.group() * hd, 0.0f);
-        }
-        for (int64_t h = g * s.group(); h < (g + 1) * s.group(); ++h) {
-          const float* o = out + b * T * ldo + h * hd;
-          const float* dO = dout + b * T * ldo + h * hd;
-          for (int64_t t = 0; t < T; ++t) {  // D = rowsum(dO * O)
-            float d = 0.0f;
-            for (int64_t c = 0; c < hd; ++c) d += dO[t * ldo + c] * o[t * ldo + c];
-            w.D[static_cast<size_t>(t)] = d;
-          }
-          for (int64_t i0 = 0; i0 < T; i0 += Bt)
-            for (int64_t j0 = 0; j0 <= i0; j0 += Bt)
-              backward_pair(s, base + h * hd, base + (NH + g) * hd, base + (NH + NKV + g) * hd, dO,
-                            lse + (b * NH + h) * T, w.D.data(), dbase + h * hd, dbase + (NH + g) * hd,
-                            dbase + (NH + NKV + g) * hd, i0, std::min(Bt, T - i0), j0, std::min(Bt, T - j0), scale,
-                            w);
-        }
-      }
   }
 }
 

@@ -16,6 +16,7 @@
 #include "parallel/catalog.h"
 #include "train/pipeline_executor.h"
 #include "train/plan.h"
+#include "train/plan_context.h"
 #include "train/rank_setup.h"
 #include "train/run_checks.h"
 
@@ -106,6 +107,16 @@ void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, cons
   std::printf("%s: %s\n", plan.best >= 0 ? "recommended" : "none fits", plan.reason.c_str());
 }
 
+void print_context_limits(const PlanPoint& point, const std::vector<ContextLimit>& limits) {
+  if (limits.empty()) return;
+  std::string line;
+  for (const ContextLimit& l : limits)
+    line += fmt::format("{}{} {}{}", line.empty() ? "" : ", ",
+                        l.mode == "fused+ckpt" ? "fused + checkpointing" : l.mode, l.context, l.capped ? "+" : "");
+  std::printf("largest context that fits (%s, this batch and these ranks): %s\n", row_name(point).c_str(),
+              line.c_str());
+}
+
 }  // namespace
 
 PlanCommand::PlanCommand(CLI::App& app) {
@@ -179,10 +190,21 @@ int PlanCommand::run() {
   r.machine.disk_write_gbs = disk.write_gbs;
   r.machine.disk_read_gbs = disk.read_gbs;
   const Plan plan = make_plan(r, *model);
-  if (json_)
-    std::printf("%s\n", plan_json(r, *model, plan).dump(2).c_str());
-  else
+  // The largest context per attention mode, for the recommended row (or,
+  // where none fits, the first).
+  const PlanPoint point = plan.best >= 0 ? plan.rows[static_cast<size_t>(plan.best)].point : plan.rows.front().point;
+  const std::vector<ContextLimit> limits = largest_contexts(r, point);
+  if (json_) {
+    nlohmann::json j = plan_json(r, *model, plan);
+    if (!limits.empty()) j["largest_context"] = context_limits_json(point, limits);
+    if (opts_.model != "mlp") j["attention"] = fused_attention_for(opts_) ? "fused" : "unfused";
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
     print_plan(r, *model, plan, model_.model, measured, disk_gbs_ <= 0);
+    if (opts_.model != "mlp")
+      std::printf("attention: %s (the rows' activations)\n", fused_attention_for(opts_) ? "fused" : "unfused");
+    print_context_limits(point, limits);
+  }
   return 0;
 }
 

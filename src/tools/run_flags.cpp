@@ -54,8 +54,9 @@ void RunFlags::add(CLI::App* cmd, TrainOptions& o) {
       ->check(positive());
   cmd->add_option("--pp-split", o.pp_split, "--pp: blocks per stage, e.g. 2,1,1 (default: balanced by parameter count)");
   cmd->add_option("--attention", attention_,
-                  "causal attention: unfused (default: every head's T x T probabilities kept for backward) or fused "
-                  "(tiles with an online softmax, only a log-sum-exp per row kept: for long contexts; fp32, CPU)")
+                  "causal attention: fused (tiles with an online softmax, only a log-sum-exp per row kept for backward; "
+                  "the default on the CPU, where it is the faster) or unfused (every head's T x T probabilities "
+                  "kept; the default with --device cuda, which has no fused kernel)")
       ->check(CLI::IsMember({"unfused", "fused"}));
   cmd->add_option("--offload-chunk-mb", offload_chunk_mb_,
                   "--offload: MiB of each state tensor per chunk (4 buffers of a chunk stay in RAM; default 4)")
@@ -74,7 +75,7 @@ void RunFlags::apply(const CLI::App* cmd, TrainOptions& o) const {
   o.ddp.reduce_dtype = parse_precision(reduce_dtype_, "--reduce-dtype");
   o.tp_embedding = parse_tp_embedding(tp_embedding_);
   o.offload_chunk_bytes = static_cast<size_t>(offload_chunk_mb_ * (1 << 20));
-  o.fused_attention = attention_ == "fused";
+  o.attention = attention_;
 }
 
 }  // namespace dpt

@@ -24,7 +24,7 @@ class RunFlags {
  private:
   int64_t micro_batches_ = 0;  // --micro-batches: --grad-accum under another name
   std::string zero_reduce_ = "all-reduce", zero_accumulate_ = "scatter", reduce_dtype_ = "fp32";
-  std::string tp_embedding_ = "replicated", attention_ = "unfused";
+  std::string tp_embedding_ = "replicated", attention_;
   double offload_chunk_mb_ = 4.0;
 };
 

@@ -328,7 +328,6 @@ Plan make_plan(const PlanRequest& r, Model& model) {
             const PlanPoint point{s, precision, ckpt, offload, m.mesh.tp, m.mesh.pp};
             if ((ckpt && !ckpt_helps) || !offload_makes_sense(offload, s, precision) || !mesh_runs(r, m.mesh, point))
               continue;
-            if (precision == "bf16" && r.run.fused_attention) continue;  // fused attention runs in fp32
             for (Model* stage : m.stages) {
               stage->set_checkpoint_activations(ckpt);
               stage->set_precision(parse_precision(precision));

@@ -49,8 +49,12 @@ void check_hf_save(const TrainOptions& o, const Model& model) {
 
 }  // namespace
 
+bool fused_attention_for(const TrainOptions& o) {
+  return o.attention.empty() ? o.device == Device::CPU : o.attention == "fused";
+}
+
 void set_attention(const TrainOptions& o, Model& model) {
-  if (auto* d = dynamic_cast<Decoder*>(&model)) d->set_fused_attention(o.fused_attention);
+  if (auto* d = dynamic_cast<Decoder*>(&model)) d->set_fused_attention(fused_attention_for(o));
 }
 
 std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {

@@ -41,6 +41,14 @@ StrategyOptions strategy_options(const TrainOptions& o);
 // initialised from `seed` (naive DP's replicas).
 std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
 
+// Whether a transformer run computes fused attention: --attention as given,
+// else the default. The default is the faster kernel (docs/memory.md,
+// "Which attention runs by default"): on the CPU the fused one, measured
+// faster than the unfused layer at every context from 16 to 8,192 tokens,
+// with and without grouped heads (bench_kernels BM_attention_*); on CUDA
+// the unfused one, the only one built there.
+bool fused_attention_for(const TrainOptions& o);
+
 // --attention on a transformer (nothing on the MLP, whose flag check
 // refuses it).
 void set_attention(const TrainOptions& o, Model& model);

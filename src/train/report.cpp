@@ -8,6 +8,7 @@
 #include "core/cpu_level.h"
 #include "core/threads.h"
 #include "nn/gemm.h"
+#include "train/rank_setup.h"
 
 namespace dpt {
 
@@ -229,6 +230,7 @@ nlohmann::json Report::json() const {
   json j = {{"model", o.model}, {"strategy", strategy.name()}, {"world", ranks.size()}, {"threads", threads()},
             {"steps", r.steps}, {"batch", o.batch}, {"grad_accum", o.grad_accum},
             {"precision", precision_name(o.precision)}, {"reduce_dtype", precision_name(o.ddp.reduce_dtype)},
+            {"attention", o.model == "mlp" ? "none" : fused_attention_for(o) ? "fused" : "unfused"},
             {"params", model.param_count()}, {"first_loss", r.first_loss}, {"final_loss", r.final_loss},
             {"step_ms_median", r.step_ms_median}, {"step_cpu_ms_median", r.step_cpu_ms_median},
             {"step_gemm_ms_median", r.step_gemm_ms_median},

@@ -141,11 +141,10 @@ namespace {
 
 // What --device cuda runs today (docs/gpu.md). The rest is refused before
 // anything starts.
-// --attention fused (nn/flash_attention.h) is built for fp32 on the CPU.
+// --attention fused (nn/flash_attention.h) is built for the CPU (fp32 and bf16).
 void check_attention(const TrainOptions& o) {
-  if (!o.fused_attention) return;
+  if (o.attention != "fused") return;  // the default is unfused where fused is not built
   if (o.model == "mlp") throw InputError("--attention is a transformer's setting; the mlp model has no attention");
-  if (o.precision != DType::F32) throw InputError("--attention fused runs in fp32 (not yet with --precision bf16)");
   if (o.device != Device::CPU) throw InputError("--attention fused runs on the CPU (not yet with --device cuda)");
 }
 

@@ -52,7 +52,9 @@ struct TrainOptions {
   // Keep only each unit's input in forward and recompute the unit in
   // backward: less activation memory for about one more forward (docs/memory.md).
   bool checkpoint_activations = false;
-  bool fused_attention = false;  // --attention fused (models/decoder.h)
+  // --attention fused or unfused (models/decoder.h); empty: the default,
+  // fused on the CPU and unfused on CUDA (fused_attention_for, docs/memory.md).
+  std::string attention;
   // Compute precision (docs/precision.md): F32, or BF16 (bf16 compute copies
   // of the parameters, fp32 master weights, fp32 gradients and reductions).
   DType precision = DType::F32;

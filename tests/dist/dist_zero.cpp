@@ -984,6 +984,7 @@ TEST(MemoryEstimate, RefusesDdpThatCannotFitAndRunsZero3) {
   TrainOptions o = big_gpt();
   apply_defaults(o);
   auto model = make_model(model_hparams(o));
+  set_attention(o, *model);  // the run's attention (its default), whose arena it counts
   // As check_memory counts: the estimate plus the activations of one
   // micro-batch, per rank, times the ranks on this host.
   const size_t acts = model->activation_bytes_for(o.batch / world());
