@@ -207,6 +207,14 @@ struct BackScratch {
   std::vector<float> q, dout, dq, D, L;  // the head's, [Tp][hdp] and [Tp]
   std::vector<float> kt, vt, k, dk, dv;  // the key tile's
   std::vector<float> p, ds;              // the tile pair's
+  // Sized for Tp padded positions of hd (padded: hdp) channels; grows once.
+  void size(int64_t Tp, int64_t hd, int64_t hdp) {
+    for (auto* b : {&q, &dout, &dq}) b->resize(static_cast<size_t>(Tp * hdp));
+    for (auto* b : {&D, &L}) b->resize(static_cast<size_t>(Tp));
+    for (auto* b : {&kt, &vt}) b->resize(static_cast<size_t>(hd * kTile));
+    for (auto* b : {&k, &dk, &dv}) b->resize(static_cast<size_t>(kTile * hdp));
+    for (auto* b : {&p, &ds}) b->resize(static_cast<size_t>(kTile * kTile));
+  }
 };
 
 // Every query head of key/value head g of one sequence: each key tile's dK
@@ -217,18 +225,7 @@ DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const floa
                                    const float* lse, float* dbase, int64_t g, float scale, bool wide, BackScratch& w) {
   const int64_t T = s.T, ld = s.ld(), ldo = s.ldo(), hd = s.hd, hdp = s.hdp(), nv = hdp / kV;
   const int64_t Tp = round_up(T, kTile), NH = s.NH, NKV = s.NKV;
-  w.q.resize(static_cast<size_t>(Tp * hdp));
-  w.dout.resize(static_cast<size_t>(Tp * hdp));
-  w.dq.resize(static_cast<size_t>(Tp * hdp));
-  w.D.resize(static_cast<size_t>(Tp));
-  w.L.resize(static_cast<size_t>(Tp));
-  w.kt.resize(static_cast<size_t>(hd * kTile));
-  w.vt.resize(static_cast<size_t>(hd * kTile));
-  w.k.resize(static_cast<size_t>(kTile * hdp));
-  w.dk.resize(static_cast<size_t>(kTile * hdp));
-  w.dv.resize(static_cast<size_t>(kTile * hdp));
-  w.p.resize(static_cast<size_t>(kTile * kTile));
-  w.ds.resize(static_cast<size_t>(kTile * kTile));
+  w.size(Tp, hd, hdp);
   float *Q = w.q.data(), *dO = w.dout.data(), *dQ = w.dq.data(), *Kt = w.kt.data(), *Vt = w.vt.data();
   float *K = w.k.data(), *dK = w.dk.data(), *dV = w.dv.data(), *P = w.p.data(), *dS = w.ds.data();
   const float* k = base + (NH + g) * hd;
