@@ -83,7 +83,7 @@ TEST(PipeProgram, EveryScheduleIsValidAndSumsInMicroBatchOrder) {
 
 TEST(PipeProgram, SimulatedBubbleMatchesTheFormulasAndZeroBubbleBeats1f1b) {
   const int pp = 2, M = 8;
-  const PipeCosts stage{1.0, 1.0, 1.0, 0.0}, chunk{0.5, 0.5, 0.5, 0.0};  // a chunk is half a stage
+  const PipeCosts stage{1.0, 1.0, 1.0, 0.0, {}}, chunk{0.5, 0.5, 0.5, 0.0, {}};  // a chunk is half a stage
   const double one = simulate_pipe_program(pipe_program("1f1b", pp, 1, M), stage).idle[0];
   EXPECT_NEAR(one, pipe_bubble(pp, M), 1e-12);
   EXPECT_NEAR(simulate_pipe_program(pipe_program("gpipe", pp, 1, M), stage).idle[0], pipe_bubble(pp, M), 1e-12);
@@ -98,6 +98,19 @@ TEST(PipeProgram, SimulatedBubbleMatchesTheFormulasAndZeroBubbleBeats1f1b) {
   EXPECT_LT(v, 0.05);
   std::printf("[ measure  ] pp 2 M 8 rank 0 idle: 1f1b %.3f interleaved %.3f zb-h1 %.3f zb-v %.3f\n", one, inter, h1,
               v);
+}
+
+// Chunks of their own costs: gpipe at pp 2 with the second stage twice as
+// slow leaves the first idle for half its step and more.
+TEST(PipeProgram, PerChunkCosts) {
+  const PipeProgram p = pipe_program("gpipe", 2, 1, 4);
+  PipeCosts k;
+  k.chunk = {{1.0, 1.0, 1.0}, {2.0, 2.0, 2.0}};
+  const PipeSimulation sim = simulate_pipe_program(p, k);
+  // Stage 1: F0 at 1, then 4 F of 2 and 4 BW of 4: ends at 25; stage 0 busy 4 + 8.
+  EXPECT_DOUBLE_EQ(sim.step, 1.0 + 8.0 + 16.0 + 2.0);
+  EXPECT_DOUBLE_EQ(sim.idle[0], 1.0 - 12.0 / sim.step);
+  EXPECT_DOUBLE_EQ(sim.idle[1], 1.0 - 24.0 / sim.step);
 }
 
 TEST(PipeProgram, ValidatorRefusesBadListsNamingTheOperation) {

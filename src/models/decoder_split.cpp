@@ -122,28 +122,26 @@ void Decoder::block_backward_input(size_t l, const float* x, int64_t B, int64_t 
     d4C_op = d4C16;
   else
     d4C_op = b.w_d4C;
-  k().linear_backward(a.dC, nullptr, nullptr, d4C_op, as<CT>(b.ln2), weight<CT>(s.fc_w), N, C, w.fc, nullptr);
-  tensor_sum(a.dC, static_cast<size_t>(N * C));
-  k().copy(b.w_dC2, a.dC, NC);
+  // The norms' output gradients and q/k/v's are written where W reads them.
+  k().linear_backward(b.w_dC2, nullptr, nullptr, d4C_op, as<CT>(b.ln2), weight<CT>(s.fc_w), N, C, w.fc, nullptr);
+  tensor_sum(b.w_dC2, static_cast<size_t>(N * C));
   norm_input(b.w_dC2, b.res2, s.ln2_w, b.ln2_mean, b.ln2_rstd);
   // The attention, as attention_backward without the parameter gradients.
   k().copy(b.w_dy1, a.dres, NC);
   k().linear_backward(a.dC, nullptr, nullptr, operand<CT>(k(), a.dres, N * C, a.dout16), as<CT>(b.atty),
                       weight<CT>(s.proj_w), N, w.att, C, nullptr);
+  float* d3C = b.w_d3C;
   if (fused_attention_)  // its fp32 output: the block's own, or in a bf16 run kept after the log-sum-exps
-    flash_attention_backward(a.d3C, a.dC, b.qkv, std::is_same_v<CT, float> ? as<float>(b.atty) : b.att + B * w.heads * T,
+    flash_attention_backward(d3C, a.dC, b.qkv, std::is_same_v<CT, float> ? as<float>(b.atty) : b.att + B * w.heads * T,
                              b.att, B, T, w.heads, w.kv, w.hd);
   else if (config_.grouped())
-    k().gqa_attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, w.heads, w.kv, w.hd);
+    k().gqa_attention_backward(d3C, a.dC, b.qkv, b.att, B, T, w.heads, w.kv, w.hd);
   else
-    k().attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, w.att, w.heads);
-  if (config_.rotary)
-    k().rope_backward(a.d3C, a.d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
-  k().copy(b.w_d3C, a.d3C, static_cast<size_t>(N * w.qkv) * sizeof(float));
-  k().linear_backward(a.dC, nullptr, nullptr, operand<CT>(k(), a.d3C, N * w.qkv, a.dout16), as<CT>(b.ln1),
+    k().attention_backward(d3C, a.dC, b.qkv, b.att, B, T, w.att, w.heads);
+  if (config_.rotary) k().rope_backward(d3C, d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
+  k().linear_backward(b.w_dC1, nullptr, nullptr, operand<CT>(k(), d3C, N * w.qkv, a.dout16), as<CT>(b.ln1),
                       weight<CT>(s.qkv_w), N, C, w.qkv, nullptr);
-  tensor_sum(a.dC, static_cast<size_t>(N * C));
-  k().copy(b.w_dC1, a.dC, NC);
+  tensor_sum(b.w_dC1, static_cast<size_t>(N * C));
   norm_input(b.w_dC1, x, s.ln1_w, b.ln1_mean, b.ln1_rstd);
 }
 

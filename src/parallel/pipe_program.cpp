@@ -49,11 +49,15 @@ double ready_at(const PipeProgram& p, const Ends& e, const PipeAction& a, double
 }
 
 double cost_of(const PipeAction& a, const PipeCosts& k) {
+  const bool own = static_cast<size_t>(a.chunk) < k.chunk.size();
+  const double f = own ? k.chunk[static_cast<size_t>(a.chunk)][0] : k.f;
+  const double b = own ? k.chunk[static_cast<size_t>(a.chunk)][1] : k.b;
+  const double w = own ? k.chunk[static_cast<size_t>(a.chunk)][2] : k.w;
   switch (a.kind) {
-    case Kind::F: return k.f;
-    case Kind::B: return k.b;
-    case Kind::W: return k.w;
-    case Kind::BW: return k.b + k.w;
+    case Kind::F: return f;
+    case Kind::B: return b;
+    case Kind::W: return w;
+    case Kind::BW: return b + w;
   }
   return 0.0;
 }
@@ -220,7 +224,7 @@ double pipe_bubble_of(const PipeProgram& p) {
   const double pp = p.pp, M = p.micro_batches;
   if (p.schedule == "gpipe" || p.schedule == "1f1b") return (pp - 1) / (M + pp - 1);
   if (p.schedule == "interleaved") return (pp - 1) / (p.v * M + pp - 1);
-  return simulate_pipe_program(p, PipeCosts{1.0, 1.0, 1.0, 0.0}).idle[0];
+  return simulate_pipe_program(p, PipeCosts{}).idle[0];  // F = B = W = 1, transfers free
 }
 
 bool pipe_splits_backward(const PipeProgram& p) {

@@ -33,6 +33,7 @@
 // weight gradients accumulate in the order one process sums them.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -108,9 +109,11 @@ PipeSlots pipe_slot_table(const PipeProgram& p, int rank);
 int pipe_arenas(const PipeProgram& p, int rank);
 
 // Per chunk costs of its operations and of a transfer between ranks (any
-// unit); BW costs b + w.
+// unit); BW costs b + w. `chunk` (when not empty: one {f, b, w} per chunk)
+// gives each chunk its own (chunks differ: the embedding's, the head's).
 struct PipeCosts {
   double f = 1.0, b = 1.0, w = 1.0, transfer = 0.0;
+  std::vector<std::array<double, 3>> chunk;
 };
 struct PipeSimulation {
   double step = 0.0;          // the last operation's end

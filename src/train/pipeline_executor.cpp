@@ -76,6 +76,8 @@ PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Decoder
   for (int c : slots_.count) arenas = std::max(arenas, c);
   sends_.resize(static_cast<size_t>(arenas) * slots_.chunks.size());
   recvs_.resize(ops_.size());
+  op_ms_.assign(static_cast<size_t>(4 * chunks()), 0.0);
+  op_count_.assign(op_ms_.size(), 0.0);
   const bool split = std::any_of(ops_.begin(), ops_.end(), [](const PipeAction& a) { return a.kind == PipeAction::W; });
   model_.set_split_backward(split);
   make_links();
@@ -189,7 +191,7 @@ std::vector<ScheduleIdle> pipe_schedule_idles(const DecoderConfig& c, int pp, in
   const double C = static_cast<double>(c.width), F = static_cast<double>(c.ffn());
   const double G = (static_cast<double>(c.heads + 2 * c.kv()) * c.head_dim() + a) * C +
                    (c.mlp == MlpKind::SwiGlu ? 3.0 : 2.0) * C * F;
-  const PipeCosts costs{2 * G + 4 * T * a, 2 * G + 8 * T * a, 2 * G, 0.0};
+  const PipeCosts costs{2 * G + 4 * T * a, 2 * G + 8 * T * a, 2 * G, 0.0, {}};
   std::vector<ScheduleIdle> out;
   for (const std::string& name : pipe_program_names()) {
     const int v = pipe_virtual_stages(name, 0);
@@ -333,7 +335,7 @@ double PipelineExecutor::forward_op(size_t k, int64_t step, StepBreakdown& t, Ti
   t.data_ms += ms(td, tf);
   t.comm_wait_ms += ms(tf, tc);
   t.forward_ms += ms(tc, te);
-  time_op(PipeAction::F, ms(tc, te), ms(tf, tc));
+  time_op(a, ms(tc, te), ms(tf, tc));
   if (tl) {
     if (a.chunk > 0) tl->add(Timeline::CommWait, step, a.micro, 0, tf, tc);
     tl->add(Timeline::Forward, step, a.micro, 0, tc, te);
@@ -383,7 +385,7 @@ void PipelineExecutor::backward_op(size_t k, int64_t step, StepBreakdown& t, Tim
   const auto te = Clock::now();
   t.comm_wait_ms += ms(tb, tc);
   t.backward_ms += ms(tc, te);
-  time_op(a.kind, ms(tc, te), ms(tb, tc));
+  time_op(a, ms(tc, te), ms(tb, tc));
   if (tl) {
     if (a.chunk + 1 < chunks() || tied_in) tl->add(Timeline::CommWait, step, a.micro, 0, tb, tc);
     tl->add(a.kind == PipeAction::BW ? Timeline::Backward : Timeline::InputGrad, step, a.micro, 0, tc, te);
@@ -401,14 +403,15 @@ void PipelineExecutor::weights_op(size_t k, int64_t step, StepBreakdown& t, Time
   model_.backward_weights();
   const auto te = Clock::now();
   t.backward_ms += ms(tc, te);
-  time_op(PipeAction::W, ms(tc, te), 0.0);
+  time_op(a, ms(tc, te), 0.0);
   if (tl) tl->add(Timeline::WeightGrad, step, a.micro, 0, tc, te);
 }
 
-void PipelineExecutor::time_op(PipeAction::Kind kind, double busy_ms, double wait_ms) {
+void PipelineExecutor::time_op(const PipeAction& a, double busy_ms, double wait_ms) {
   if (!timing_) return;
-  op_ms_[static_cast<size_t>(kind)] += busy_ms;
-  ++op_count_[static_cast<size_t>(kind)];
+  const size_t at = static_cast<size_t>(a.kind * chunks() + a.chunk);
+  op_ms_[at] += busy_ms;
+  op_count_[at] += 1.0;
   busy_ms_ += busy_ms;
   waited_ms_ += wait_ms;
 }
@@ -485,32 +488,39 @@ nlohmann::json PipelineExecutor::detail() {
                       {"arena_bytes", static_cast<int64_t>(all[kFields * k + 3])},
                       {"tied_copy_bytes", static_cast<int64_t>(all[kFields * k + 4])}});
   }
-  // The operations' costs over every rank, and each rank's idle fraction.
-  constexpr size_t kTimes = 10;  // 4 sums, 4 counts, waits, busy
-  std::vector<double> times(kTimes * static_cast<size_t>(mesh_.pp), 0.0);
-  for (size_t k = 0; k < 4; ++k) {
-    times[kTimes * s + k] = op_ms_[k];
-    times[kTimes * s + 4 + k] = static_cast<double>(op_count_[k]);
-  }
-  times[kTimes * s + 8] = waited_ms_;
-  times[kTimes * s + 9] = busy_ms_;
+  // The operations' costs (each chunk's, measured on its rank) and each
+  // rank's idle fraction, gathered over the PP group.
+  const size_t K = op_ms_.size(), per = 2 * K + 2, P = static_cast<size_t>(mesh_.pp);
+  std::vector<double> times(per * P, 0.0);
+  std::copy(op_ms_.begin(), op_ms_.end(), times.begin() + static_cast<std::ptrdiff_t>(per * s));
+  std::copy(op_count_.begin(), op_count_.end(), times.begin() + static_cast<std::ptrdiff_t>(per * s + K));
+  times[per * s + 2 * K] = waited_ms_;
+  times[per * s + 2 * K + 1] = busy_ms_;
   groups_.pp().all_gather(times.data(), times.size() * 2, DType::F32);
-  std::array<double, 4> cost{};
-  for (size_t k = 0; k < 4; ++k) {
-    double sum = 0.0, n = 0.0;
-    for (size_t r = 0; r < static_cast<size_t>(mesh_.pp); ++r) sum += times[kTimes * r + k], n += times[kTimes * r + 4 + k];
-    cost[k] = n > 0 ? sum / n : 0.0;
-  }
-  nlohmann::json op_ms = {{"F", cost[PipeAction::F]}, {"B", cost[PipeAction::B]}, {"W", cost[PipeAction::W]},
-                          {"BW", cost[PipeAction::BW]}};
-  // A BW's cost splits evenly for the simulator (it only adds B and W).
+  std::vector<double> sum(K, 0.0), count(K, 0.0);
+  for (size_t r = 0; r < P; ++r)
+    for (size_t k = 0; k < K; ++k) sum[k] += times[per * r + k], count[k] += times[per * r + K + k];
+  const auto S = static_cast<size_t>(chunks());
+  auto mean = [&](int kind, size_t chunk_or_all) {  // chunk_or_all == S: over every chunk
+    double t = 0.0, n = 0.0;
+    for (size_t c = 0; c < S; ++c)
+      if (chunk_or_all == S || c == chunk_or_all) t += sum[kind * S + c], n += count[kind * S + c];
+    return n > 0 ? t / n : 0.0;
+  };
+  nlohmann::json op_ms = {{"F", mean(PipeAction::F, S)}, {"B", mean(PipeAction::B, S)},
+                          {"W", mean(PipeAction::W, S)}, {"BW", mean(PipeAction::BW, S)}};
+  // Each chunk's own costs for the simulator (a BW's split evenly: it only adds B and W).
+  PipeCosts costs;
   const bool split = pipe_splits_backward(program_);
-  const PipeCosts costs{cost[PipeAction::F], split ? cost[PipeAction::B] : cost[PipeAction::BW] / 2,
-                        split ? cost[PipeAction::W] : cost[PipeAction::BW] / 2, 0.0};
-  const bool timed = costs.f > 0.0;
+  for (size_t c = 0; c < S; ++c) {
+    const double bw = mean(PipeAction::BW, c);
+    costs.chunk.push_back({mean(PipeAction::F, c), split ? mean(PipeAction::B, c) : bw / 2,
+                           split ? mean(PipeAction::W, c) : bw / 2});
+  }
+  const bool timed = mean(PipeAction::F, S) > 0.0;
   const PipeSimulation sim = timed ? simulate_pipe_program(program_, costs) : PipeSimulation{};
-  for (size_t k = 0; k < static_cast<size_t>(mesh_.pp); ++k) {
-    const double waited = times[kTimes * k + 8], busy = times[kTimes * k + 9];
+  for (size_t k = 0; k < P; ++k) {
+    const double waited = times[per * k + 2 * K], busy = times[per * k + 2 * K + 1];
     stages[k]["idle_measured"] = busy + waited > 0 ? waited / (busy + waited) : 0.0;
     stages[k]["idle_predicted"] = timed ? sim.idle[k] : 0.0;
   }

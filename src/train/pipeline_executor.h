@@ -185,9 +185,8 @@ class PipelineExecutor : public Executor {
   std::vector<double> norm_parts_;  // the TP group's sums of squares
   // Timing after the first step: per kind of operation (F, B, W, BW) its
   // total ms and count; the rank's waits and its operations' ms.
-  void time_op(PipeAction::Kind kind, double busy_ms, double wait_ms);
-  std::array<double, 4> op_ms_{};
-  std::array<int64_t, 4> op_count_{};
+  void time_op(const PipeAction& a, double busy_ms, double wait_ms);
+  std::vector<double> op_ms_, op_count_;  // [kind x chunk]
   double waited_ms_ = 0.0, busy_ms_ = 0.0;
   bool timing_ = false;  // this step counts
   int64_t first_step_ = -1;
