@@ -24,7 +24,7 @@ COLOURS = {
     "data": "#9e9e9e",
     "forward": "#4c78a8",
     "backward": "#f58518",
-    "input grad": "#f58518",
+    "input grad": "#c0580a",
     "weight grad": "#ffbf79",
     "comm wait": "#e45756",
     "optimizer": "#54a24b",
