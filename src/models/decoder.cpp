@@ -309,14 +309,6 @@ void Decoder::init_range(uint64_t seed, size_t begin, size_t n, float* out) cons
   }
 }
 
-namespace {
-// An arena pointer as the compute type's buffer.
-template <typename CT>
-CT* as(void* p) {
-  return static_cast<CT*>(p);
-}
-
-}  // namespace
 
 // Buffers handed out of an arena in order (or only counted, without a base).
 struct Decoder::Cursor {

@@ -8,23 +8,14 @@
 
 #include "core/error.h"
 #include "models/decoder.h"
+#include "models/decoder_pass_util.h"
 #include "nn/flash_attention.h"
 #include "nn/vocab_parallel.h"
 
 namespace dpt {
 
-namespace {
-
-// An arena pointer as the compute type's buffer.
-template <typename CT>
-CT* as(void* p) {
-  return static_cast<CT*>(p);
-}
-
-// The last slot of a weight and its optional bias.
-int last_of(int weight, int bias) { return bias >= 0 ? bias : weight; }
-
-}  // namespace
+using decoder_pass::as;
+using decoder_pass::last_of;
 
 template <typename CT>
 void Decoder::norm_forward(CT* out, float* mean, float* rstd, const float* x, int w, int b, int64_t N) {

@@ -13,20 +13,13 @@
 
 #include "core/error.h"
 #include "models/decoder.h"
+#include "models/decoder_pass_util.h"
 #include "nn/flash_attention.h"
 
 namespace dpt {
 
-namespace {
-
-template <typename CT>
-CT* as(void* p) {
-  return static_cast<CT*>(p);
-}
-
-int last_of(int weight, int bias) { return bias >= 0 ? bias : weight; }
-
-}  // namespace
+using decoder_pass::as;
+using decoder_pass::last_of;
 
 void Decoder::backward_input(float loss_scale) {
   DPT_CHECK(split_backward_ && planned_split_, "a split backward needs set_split_backward before the forward");
