@@ -300,10 +300,14 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
   // A GEMM operand of n elements: fp32, or bf16 in half as many floats
   // (rounded up to 64 bytes, so the buffers after it stay aligned).
   auto take_operand = [&](int64_t n) -> void* { return take(b16 ? (n + 31) / 32 * 16 : n); };
+  // Sequence parallelism: the residual stream (res2, res3) and the norms'
+  // statistics hold this rank's R = N / tp rows; the norms' outputs stay
+  // [N, C] (gathered for the GEMMs), as does the embedding's output.
+  const int64_t R = sequence_parallel(N) ? N / tp_.size : N;
   // A norm's saved statistics: LayerNorm's mean and rstd, RMSNorm's rstd.
   auto take_stats = [&](float*& mean, float*& rstd) {
-    mean = layer_norm ? take(N) : nullptr;
-    rstd = take(N);
+    mean = layer_norm ? take(R) : nullptr;
+    rstd = take(R);
   };
   a.encoded = take(N * C);
   a.blocks.assign(blocks_.size(), BlockActs{});
@@ -314,7 +318,7 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
     b.qkv = take(N * w.qkv);
     b.atty = take_operand(N * w.att);
     b.att = take(B * w.heads * (fused_attention_ ? T : T * T));
-    b.res2 = take(N * C);
+    b.res2 = take(R * C);
     b.ln2 = take_operand(N * C);
     take_stats(b.ln2_mean, b.ln2_rstd);
     b.fch = take(N * w.fc);
@@ -327,12 +331,12 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a) const {
     if (!a.blocks.empty()) lay_out_block(scratch);
     for (auto& b : a.blocks) {
       b = scratch;
-      b.res3 = take(N * C);
+      b.res3 = take(R * C);
     }
   } else {
     for (auto& b : a.blocks) {
       lay_out_block(b);
-      b.res3 = take(N * C);
+      b.res3 = take(R * C);
     }
   }
   // Only the last stage has the head; a stage without it keeps its output

@@ -71,6 +71,7 @@ struct TrainOptions {
   // balanced by parameters). docs/pipeline.md.
   int tp = 1;
   TpEmbedding tp_embedding = TpEmbedding::Replicated;  // or Vocab: wte's rows split over the TP group
+  bool sequence_parallel = false;  // norms and residuals split along the rows over the TP group
   int pp = 1;
   PipeSchedule pp_schedule = PipeSchedule::OneFOneB;
   std::string pp_split;
