@@ -146,6 +146,7 @@ TEST_F(SpCliTest, SequenceParallelWithinTpAndOneProcess) {
     const fs::path sp = run_ok(tp, f.name + "_sp2", args + " --tp 2 --sequence-parallel");
     expect_within(sp, plain, 1e-5);
     expect_within(sp, one, 1e-5);
+    expect_within(plain, one, 1e-5);  // what TP alone rounds to, for the measure
 
     const int64_t C = f.width;
     // A norm's gradient: LayerNorm's weight and bias (2 C), RMSNorm's weight (C).
@@ -157,6 +158,9 @@ TEST_F(SpCliTest, SequenceParallelWithinTpAndOneProcess) {
     EXPECT_EQ(ss["backward"].get<uint64_t>(),
               M * (blocks + ag_bytes(count, tp) + (2 * L + 1) * ar_bytes(norm, tp)))
         << ss;
+    // The plan (dpt plan, the summary's planned bytes) counts the same.
+    EXPECT_EQ(summary(sp)["planned_comm_bytes_per_step"].get<uint64_t>(),
+              summary(sp)["comm_bytes_per_step"].get<uint64_t>());
 
     const int64_t held = N / tp;  // rows of the residual stream and the norms per rank
     const int64_t saved = (N - held) * (L * (2 * C + 2 * f.stats) + f.stats);
