@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <type_traits>
 #include <map>
 #include <string>
 #include <vector>
@@ -75,8 +76,9 @@ struct DecoderTp {
 // The collectives a tensor-parallel decoder asks of its TP group, in place
 // on n floats: an all-reduce (Sum, Max), or under sequence parallelism a
 // reduce-scatter (sum; rank r's chunk of n / size is its result) and an
-// all-gather (rank r's chunk in, every chunk out).
-enum class TpReduce { Sum, Max, ReduceScatter, AllGather };
+// all-gather (rank r's chunk in, every chunk out; AllGatherBf16: of n bf16
+// values at x, the norms' outputs in a bf16 run).
+enum class TpReduce { Sum, Max, ReduceScatter, AllGather, AllGatherBf16 };
 
 class Decoder : public Model {
  public:
@@ -127,6 +129,13 @@ class Decoder : public Model {
   // wte's rows on this rank (all of them unless vocabulary-parallel), and
   // the first of them.
   bool vocab_parallel() const { return tp_.vocab && tp_.size > 1; }
+  // Sequence parallelism: the TP group gathers a norm's output rows (the
+  // compute type's N x C values at p) in place.
+  template <typename CT>
+  void gather_operand(void* p, int64_t N) const {
+    tensor_sum(static_cast<float*>(p), static_cast<size_t>(N * config_.width),
+               std::is_same_v<CT, float> ? TpReduce::AllGather : TpReduce::AllGatherBf16);
+  }
   // Whether a batch of N = B x T rows runs sequence-parallel.
   bool sequence_parallel(int64_t N) const { return tp_.sequence && tp_.size > 1 && N % tp_.size == 0; }
   int64_t wte_rows() const { return config_.rows() / (vocab_parallel() ? tp_.size : 1); }

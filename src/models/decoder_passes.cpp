@@ -132,11 +132,11 @@ void Decoder::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
   const bool sp = sequence_parallel(N);
   const int64_t n = sp ? N / tp_.size : N, off = sp ? tp_.rank * n * C : 0;
   norm_forward(as<CT>(a.ln1) + off, a.ln1_mean, a.ln1_rstd, x, s.ln1_w, s.ln1_b, n);
-  if (sp) tensor_sum(static_cast<float*>(a.ln1), static_cast<size_t>(N * C), TpReduce::AllGather);
+  if (sp) gather_operand<CT>(a.ln1, N);
   attention_forward<CT>(s, a, B, T);
   k().residual_forward(a.res2, sp ? act_.dC + off : a.res2, x, n * C);
   norm_forward(as<CT>(a.ln2) + off, a.ln2_mean, a.ln2_rstd, a.res2, s.ln2_w, s.ln2_b, n);
-  if (sp) tensor_sum(static_cast<float*>(a.ln2), static_cast<size_t>(N * C), TpReduce::AllGather);
+  if (sp) gather_operand<CT>(a.ln2, N);
   mlp_forward<CT>(s, a, N);
   k().residual_forward(a.res3, sp ? act_.dC + off : a.res3, a.res2, n * C);
 }
@@ -150,10 +150,8 @@ ForwardStats Decoder::forward(const Batch& batch) {
     throw InputError(fmt::format("a batch of {}x{} needs {} tokens and targets", B, T, N));
   if (fused_attention_ && (precision_ != DType::F32 || device_ != Device::CPU))
     throw InputError("--attention fused runs in fp32 on the CPU (not yet with --precision bf16 or --device cuda)");
-  if (sequence_parallel(N) && (precision_ != DType::F32 || device_ != Device::CPU || !whole()))
-    throw InputError(
-        "--sequence-parallel runs in fp32 on the CPU without --pp (not yet with --precision bf16, --device cuda or "
-        "pipeline stages)");
+  if (sequence_parallel(N) && (device_ != Device::CPU || !whole()))
+    throw InputError("--sequence-parallel runs on the CPU without --pp (not yet with --device cuda or pipeline stages)");
   plan_activations(B, T);
   std::copy(batch.tokens.begin(), batch.tokens.begin() + N, tokens_.begin());
   std::copy(batch.targets.begin(), batch.targets.begin() + N, targets_.begin());
@@ -222,7 +220,7 @@ ForwardStats Decoder::forward_as(int64_t B, int64_t T) {
   open(lnf_unit_);
   // Sequence parallelism: ln_f on this rank's rows, all-gathered for the head.
   norm_forward(lnf + off, act_.lnf_mean, act_.lnf_rstd, x, lnf_w_, lnf_b_, n);
-  if (sp) tensor_sum(static_cast<float*>(act_.lnf), static_cast<size_t>(N * C), TpReduce::AllGather);
+  if (sp) gather_operand<CT>(act_.lnf, N);
   if (!config_.tied) k().linear_forward(act_.logits, lnf, weight<CT>(head_), nullptr, N, C, Vp);
   close(lnf_unit_);
   // A tied output projection: logits = lnf @ wte^T. The embedding's unit

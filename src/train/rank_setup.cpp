@@ -112,6 +112,9 @@ void connect_tensor_parallel(Model& model, comm::ProcessGroup* tpg) {
       case TpReduce::AllGather:
         tpg->all_gather(x, n, DType::F32);
         return;
+      case TpReduce::AllGatherBf16:
+        tpg->all_gather(x, n, DType::BF16);
+        return;
       case TpReduce::Max:
         tpg->all_reduce(x, n, DType::F32, comm::ReduceOp::Max);
         return;

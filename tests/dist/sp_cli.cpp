@@ -193,6 +193,33 @@ TEST_F(SpCliTest, SequenceParallelWithTp3CheckpointsAndVocab) {
                 run_ok(1, "gpt_one_vocab", b4), 1e-5);
 }
 
+// --precision bf16: the norms' outputs are gathered in bf16 (the GEMMs'
+// operands), the rest in fp32. Against tp 2 bf16 without the flag and one
+// bf16 process: within 1e-2, tp_cli's bar for bf16 (every GEMM rounds its
+// inputs to bf16, so fp32 rounding differences of the sums cross bf16
+// rounding boundaries); the ledger: per block forward two fp32
+// reduce-scatters and two bf16 all-gathers of N x C, and the plan's bytes
+// equal to it, also with --checkpoint-activations.
+TEST_F(SpCliTest, Bf16GathersTheNormsInBf16) {
+  const std::string args = kGpt + kSgd + " --batch 4 --micro-batches 2 --precision bf16";
+  const fs::path one = run_ok(1, "gpt_one_bf16", args);
+  const fs::path plain = run_ok(2, "gpt_tp2_bf16", args + " --tp 2");
+  const fs::path sp = run_ok(2, "gpt_sp2_bf16", args + " --tp 2 --sequence-parallel");
+  expect_within(sp, plain, 1e-2);
+  expect_within(sp, one, 1e-2);
+  const int64_t M = 2, N = 2 * kContext, C = kGptWidth;
+  const auto count = static_cast<size_t>(N * C);
+  const uint64_t ag16 = 2 * (count - comm::chunk_range(count, 2, 1).size);
+  const nlohmann::json j = summary(sp), phases = j["comm_bytes_per_phase"];
+  EXPECT_EQ(phases["forward"].get<uint64_t>(), M * (2 * kLayers * (rs_bytes(count, 2) + ag16) + ag16)) << phases;
+  EXPECT_EQ(j["planned_comm_bytes_per_step"].get<uint64_t>(), j["comm_bytes_per_step"].get<uint64_t>());
+  // With checkpointing, backward's recomputed forwards gather in bf16 too.
+  const fs::path ck = run_ok(2, "gpt_sp2_bf16_ckpt", args + " --tp 2 --sequence-parallel --checkpoint-activations");
+  expect_within(ck, one, 1e-2);
+  const nlohmann::json jc = summary(ck);
+  EXPECT_EQ(jc["planned_comm_bytes_per_step"].get<uint64_t>(), jc["comm_bytes_per_step"].get<uint64_t>());
+}
+
 TEST_F(SpCliTest, ImpossibleLayoutsAreRefused) {
   struct Case {
     int ranks;
@@ -203,8 +230,7 @@ TEST_F(SpCliTest, ImpossibleLayoutsAreRefused) {
       {1, gpt + " --sequence-parallel", "--sequence-parallel splits the TP group's rows: it needs --tp 2 or more"},
       {3, gpt + " --tp 3 --sequence-parallel",
        "--sequence-parallel splits a micro-batch's 64 rows (batch x context) over --tp 3, which does not divide them"},
-      {2, gpt + " --tp 2 --sequence-parallel --precision bf16", "--sequence-parallel runs in fp32 without --pp"},
-      {4, gpt + " --tp 2 --pp 2 --sequence-parallel", "--sequence-parallel runs in fp32 without --pp"},
+      {4, gpt + " --tp 2 --pp 2 --sequence-parallel", "--sequence-parallel is not built with --pp yet"},
       {2, gpt + " --tp 2 --sequence-parallel --device cuda", "is not built with --tp 2"},
   };
   for (const Case& c : cases) {
