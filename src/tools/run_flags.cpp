@@ -44,7 +44,7 @@ void RunFlags::add(CLI::App* cmd, TrainOptions& o) {
   cmd->add_flag("--sequence-parallel", o.sequence_parallel,
                 "--tp: Megatron's sequence parallelism: the norms and residual stream hold 1/tp of the micro-batch's "
                 "B x T rows, all-gathered before the column-parallel linears and reduce-scattered after the "
-                "row-parallel ones (TP's bytes; fp32, CPU, no --pp)");
+                "row-parallel ones (TP's bytes; not with --pp)");
   cmd->add_option("--pp", o.pp, "pipeline stages (gpt): each holds consecutive blocks; data parallelism over world / pp")
       ->check(positive());
   cmd->add_option("--pp-schedule", pp_schedule_, "--pp: gpipe or 1f1b (default; fewer micro-batches held)")

@@ -20,6 +20,8 @@
 //     2 L + 1 all-reduces of the norms' weight (and bias) gradients.
 //   Activations: the residual stream's res2 and res3 and the norms'
 //     statistics hold N / tp of the N = B x T rows, exactly the formula.
+//   bf16: the norms' outputs gathered in bf16; within 1e-2 of tp 2 bf16
+//     and of one bf16 process (tp_cli's bar), the ledger by the formula.
 //   Refusals: one sentence, exit 1, before any work.
 //
 // "Within r": per tensor, max|a - b| <= r x max|b|.
