@@ -151,7 +151,8 @@ ForwardStats Decoder::forward(const Batch& batch) {
   if (fused_attention_ && (precision_ != DType::F32 || device_ != Device::CPU))
     throw InputError("--attention fused runs in fp32 on the CPU (not yet with --precision bf16 or --device cuda)");
   if (sequence_parallel(N) && (device_ != Device::CPU || !whole()))
-    throw InputError("--sequence-parallel runs on the CPU without --pp (not yet with --device cuda or pipeline stages)");
+    throw InputError(
+        "--sequence-parallel runs on the CPU without --pp (not yet with --device cuda or pipeline stages)");
   plan_activations(B, T);
   std::copy(batch.tokens.begin(), batch.tokens.begin() + N, tokens_.begin());
   std::copy(batch.targets.begin(), batch.targets.begin() + N, targets_.begin());

@@ -275,7 +275,8 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
   const DecoderConfig config = DecoderConfig::from(model_hparams(run));
   const std::vector<DecoderStage> split = pp > 1 ? gpt_stages(config, pp, run.pp_split) : std::vector<DecoderStage>{DecoderStage{}};
   for (const DecoderStage& st : split) {
-    m.built.push_back(std::make_unique<Decoder>(config, st, DecoderTp{tp, 0, run.tp_embedding == TpEmbedding::Vocab, run.sequence_parallel}));
+    const DecoderTp dtp{tp, 0, run.tp_embedding == TpEmbedding::Vocab, run.sequence_parallel};
+    m.built.push_back(std::make_unique<Decoder>(config, st, dtp));
     set_attention(run, *m.built.back());
     m.stages.push_back(m.built.back().get());
   }

@@ -92,7 +92,8 @@ void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model
 void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
   if (mesh.tp == 1) {
     if (o.tp_embedding != TpEmbedding::Replicated) throw InputError("--tp-embedding vocab needs --tp 2 or more");
-    if (o.sequence_parallel) throw InputError("--sequence-parallel splits the TP group's rows: it needs --tp 2 or more");
+    if (o.sequence_parallel)
+      throw InputError("--sequence-parallel splits the TP group's rows: it needs --tp 2 or more");
     return;
   }
   const std::string not_yet = fmt::format("with --tp {}", mesh.tp);
