@@ -313,7 +313,7 @@ void Decoder::init_range(uint64_t seed, size_t begin, size_t n, float* out) cons
 // Buffers handed out of an arena in order (or only counted, without a base).
 struct Decoder::Cursor {
   float* base;
-  int64_t N;
+  int64_t N, stat_rows;
   bool b16, layer_norm;
   int64_t used = 0;
   float* take(int64_t n) {
@@ -324,10 +324,11 @@ struct Decoder::Cursor {
   // A GEMM operand of n elements: fp32, or bf16 in half as many floats
   // (rounded up to 64 bytes, so the buffers after it stay aligned).
   void* take_operand(int64_t n) { return take(b16 ? (n + 31) / 32 * 16 : n); }
-  // A norm's saved statistics: LayerNorm's mean and rstd, RMSNorm's rstd.
+  // A norm's saved statistics: LayerNorm's mean and rstd, RMSNorm's rstd,
+  // for stat_rows rows.
   void take_stats(float*& mean, float*& rstd) {
-    mean = layer_norm ? take(N) : nullptr;
-    rstd = take(N);
+    mean = layer_norm ? take(stat_rows) : nullptr;
+    rstd = take(stat_rows);
   }
 };
 
@@ -358,7 +359,11 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   const int64_t C = config_.width, N = B * T;
   const Widths& w = w_;  // this rank's widths
   const bool b16 = precision_ == DType::BF16;
-  Cursor cur{base, N, b16, config_.norm == NormKind::LayerNorm};
+  // Sequence parallelism: the residual stream (res2, res3) and the norms'
+  // statistics hold this rank's R = N / tp rows; the norms' outputs stay
+  // [N, C] (gathered for the GEMMs), as does the embedding's output.
+  const int64_t R = sequence_parallel(N) ? N / tp_.size : N;
+  Cursor cur{base, N, R, b16, config_.norm == NormKind::LayerNorm};
   auto take = [&](int64_t n) { return cur.take(n); };
   auto take_operand = [&](int64_t n) { return cur.take_operand(n); };
   auto take_stats = [&](float*& mean, float*& rstd) { cur.take_stats(mean, rstd); };
@@ -376,7 +381,7 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
     // would sum to rounding (2^-9) instead of zero, and the key biases'
     // gradient (exactly zero) would become the noise docs/precision.md warns of.
     b.att = take(B * w.heads * (fused_attention_ ? T : T * T) + (fused_attention_ && b16 ? N * w.att : 0));
-    b.res2 = take(N * C);
+    b.res2 = take(R * C);
     b.ln2 = take_operand(N * C);
     take_stats(b.ln2_mean, b.ln2_rstd);
     b.fch = take(N * w.fc);
@@ -389,12 +394,12 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
     if (!a.blocks.empty()) lay_out_block(scratch);
     for (auto& b : a.blocks) {
       b = scratch;
-      b.res3 = take(N * C);
+      b.res3 = take(R * C);
     }
   } else {
     for (auto& b : a.blocks) {
       lay_out_block(b);
-      b.res3 = take(N * C);
+      b.res3 = take(R * C);
     }
   }
   // A split backward keeps each block's output gradients for W (and with

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <type_traits>
 #include <map>
 #include <string>
 #include <vector>
@@ -66,13 +67,24 @@ struct DecoderStage {
 // vocabulary-parallel embedding and cross-entropy (nn/vocab_parallel.h),
 // rows padded up to a multiple of size (pad rows are zero and take no
 // part in the loss, as a padded vocabulary's).
+// With `sequence` (Megatron's sequence parallelism, docs/tensor_parallel.md)
+// the residual stream and the norms hold only rows [rank, rank + 1) x N/size
+// of the N = B x T rows: the norm outputs are all-gathered before the
+// column-parallel linears and the row-parallel outputs reduce-scattered in
+// place of TP's all-reduces (a batch whose N size does not divide runs as
+// plain TP: the same sums).
 struct DecoderTp {
   int size = 1, rank = 0;
   bool vocab = false;
+  bool sequence = false;
 };
 
-// The reductions a tensor-parallel decoder asks of its TP group.
-enum class TpReduce { Sum, Max };
+// The collectives a tensor-parallel decoder asks of its TP group, in place
+// on n floats: an all-reduce (Sum, Max), or under sequence parallelism a
+// reduce-scatter (sum; rank r's chunk of n / size is its result) and an
+// all-gather (rank r's chunk in, every chunk out; AllGatherBf16: of n bf16
+// values at x, the norms' outputs in a bf16 run).
+enum class TpReduce { Sum, Max, ReduceScatter, AllGather, AllGatherBf16 };
 
 class Decoder : public Model {
  public:
@@ -128,6 +140,15 @@ class Decoder : public Model {
   // wte's rows on this rank (all of them unless vocabulary-parallel), and
   // the first of them.
   bool vocab_parallel() const { return tp_.vocab && tp_.size > 1; }
+  // Sequence parallelism: the TP group gathers a norm's output rows (the
+  // compute type's N x C values at p) in place.
+  template <typename CT>
+  void gather_operand(void* p, int64_t N) const {
+    tensor_sum(static_cast<float*>(p), static_cast<size_t>(N * config_.width),
+               std::is_same_v<CT, float> ? TpReduce::AllGather : TpReduce::AllGatherBf16);
+  }
+  // Whether a batch of N = B x T rows runs sequence-parallel.
+  bool sequence_parallel(int64_t N) const { return tp_.sequence && tp_.size > 1 && N % tp_.size == 0; }
   int64_t wte_rows() const { return config_.rows() / (vocab_parallel() ? tp_.size : 1); }
   int64_t wte_first_row() const { return vocab_parallel() ? tp_.rank * wte_rows() : 0; }
   // A TP rank counts a tensor it holds whole as 1/size of its squares, so
@@ -323,8 +344,14 @@ class Decoder : public Model {
   // The norm of the config (LayerNorm or RMSNorm) and its backward.
   template <typename CT>
   void norm_forward(CT* out, float* mean, float* rstd, const float* x, int w, int b, int64_t N);
-  void norm_backward(const float* dout, const float* x, int w, int b, const float* mean, const float* rstd,
-                     int64_t N);
+  // dres: where the input's gradient is added (act_.dres, or this rank's
+  // rows of it under sequence parallelism, whose norm weight gradients are
+  // then summed over the TP group: each rank saw only its rows).
+  void norm_backward(float* dres, const float* dout, const float* x, int w, int b, const float* mean,
+                     const float* rstd, int64_t N, bool sequence);
+  // Sequence parallelism: the norm's output rows of every TP rank, gathered
+  // in place (this rank's rows at their place in out, [N, C]).
+  void gather_rows(float* out, int64_t N) const;
   // A slot's parameters / gradients, or nullptr for an absent slot (-1).
   const float* param_or_null(int slot) const { return slot < 0 ? nullptr : param(slot); }
   float* grad_or_null(int slot) { return slot < 0 ? nullptr : grad(slot); }
@@ -419,6 +446,7 @@ class Decoder : public Model {
   std::vector<int32_t> tokens_, targets_;
   FlatBuffer ids_;
   Infer infer_;
+  std::vector<float> sp_grads_;  // sequence parallelism: a norm's earlier gradients while its new part is summed
 };
 
 }  // namespace dpt

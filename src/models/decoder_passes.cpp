@@ -29,15 +29,39 @@ void Decoder::norm_forward(CT* out, float* mean, float* rstd, const float* x, in
 template void Decoder::norm_forward<float>(float*, float*, float*, const float*, int, int, int64_t);
 template void Decoder::norm_forward<bf16>(bf16*, float*, float*, const float*, int, int, int64_t);
 
-void Decoder::norm_backward(const float* dout, const float* x, int w, int b, const float* mean, const float* rstd,
-                            int64_t N) {
+void Decoder::norm_backward(float* dres, const float* dout, const float* x, int w, int b, const float* mean,
+                            const float* rstd, int64_t N, bool sequence) {
+  const auto C = static_cast<size_t>(config_.width);
+  const size_t parts = b >= 0 ? 2 : 1;
+  float* g[2] = {grad(w), b >= 0 ? grad(b) : nullptr};
+  // Sequence parallelism: this rank's rows give part of the weight
+  // gradients. The TP group sums the new part only (what earlier
+  // micro-batches accumulated is the same on every rank already), so it is
+  // set aside, the kernel accumulates into zeros, and it is added back to
+  // the sum. (CPU only: --sequence-parallel is refused on a GPU.)
+  float *old = nullptr, *fresh = nullptr;
+  if (sequence) {
+    sp_grads_.resize(2 * parts * C);
+    old = sp_grads_.data();
+    fresh = old + parts * C;
+    for (size_t p = 0; p < parts; ++p) {
+      std::copy(g[p], g[p] + C, old + p * C);
+      std::fill(g[p], g[p] + C, 0.0f);
+    }
+  }
   // dres is the gradient of the residual stream; every norm's backward
   // adds its input gradient into it, which is how the skip connections'
   // identity backward is carried (see nn/residual.h).
   if (config_.norm == NormKind::LayerNorm)
-    k().layernorm_backward(act_.dres, grad(w), grad(b), dout, x, param(w), mean, rstd, N, config_.width);
+    k().layernorm_backward(dres, g[0], g[1], dout, x, param(w), mean, rstd, N, config_.width);
   else
-    k().rmsnorm_backward(act_.dres, grad(w), dout, x, param(w), rstd, N, config_.width);
+    k().rmsnorm_backward(dres, g[0], dout, x, param(w), rstd, N, config_.width);
+  if (sequence) {
+    for (size_t p = 0; p < parts; ++p) std::copy(g[p], g[p] + C, fresh + p * C);
+    tensor_sum(fresh, parts * C);  // one all-reduce of the weight's (and bias's) C floats
+    for (size_t p = 0; p < parts; ++p)
+      for (size_t i = 0; i < C; ++i) g[p][i] = old[p * C + i] + fresh[p * C + i];
+  }
   slots_ready(w, last_of(w, b));
 }
 
@@ -64,9 +88,14 @@ void Decoder::attention_forward(const BlockSlots& s, const BlockActs& a, int64_t
   if constexpr (std::is_same_v<CT, bf16>) k().convert(as<CT>(a.atty), out, static_cast<size_t>(N * w.att));
   // A row-parallel projection's output is the sum of every TP rank's
   // partial product; its bias is added once, by TP rank 0, inside that sum.
+  // Under sequence parallelism the partial products go to the scratch dC,
+  // and a reduce-scatter leaves this rank's rows of their sum at their place
+  // in it (block_forward adds the residual to them).
   const float* bias = tp_.rank == 0 ? param_or_null(s.proj_b) : nullptr;
-  k().linear_forward(a.res2, as<CT>(a.atty), weight<CT>(s.proj_w), bias, N, w.att, C);
-  tensor_sum(a.res2, static_cast<size_t>(N * C));
+  const bool sp = sequence_parallel(N);
+  float* out_proj = sp ? act_.dC : a.res2;
+  k().linear_forward(out_proj, as<CT>(a.atty), weight<CT>(s.proj_w), bias, N, w.att, C);
+  tensor_sum(out_proj, static_cast<size_t>(N * C), sp ? TpReduce::ReduceScatter : TpReduce::Sum);
 }
 
 template <typename CT>
@@ -79,8 +108,10 @@ void Decoder::mlp_forward(const BlockSlots& s, const BlockActs& a, int64_t N) {
   else
     k().gelu_forward(as<CT>(a.fch_gelu), a.fch, N * w.fc);
   const float* bias = tp_.rank == 0 ? param_or_null(s.fcproj_b) : nullptr;
-  k().linear_forward(a.res3, as<CT>(a.fch_gelu), weight<CT>(s.fcproj_w), bias, N, w.inner, C);
-  tensor_sum(a.res3, static_cast<size_t>(N * C));
+  const bool sp = sequence_parallel(N);  // as attention_forward
+  float* out_proj = sp ? act_.dC : a.res3;
+  k().linear_forward(out_proj, as<CT>(a.fch_gelu), weight<CT>(s.fcproj_w), bias, N, w.inner, C);
+  tensor_sum(out_proj, static_cast<size_t>(N * C), sp ? TpReduce::ReduceScatter : TpReduce::Sum);
 }
 
 template <typename CT>
@@ -88,12 +119,19 @@ void Decoder::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
   const int64_t N = B * T, C = config_.width;
   const BlockSlots& s = slots_of(l);
   const BlockActs& a = act_.blocks[l];
-  norm_forward(as<CT>(a.ln1), a.ln1_mean, a.ln1_rstd, x, s.ln1_w, s.ln1_b, N);
+  // Sequence parallelism: x, res2 and res3 are this rank's n rows; each
+  // norm writes its rows at their place in its [N, C] output, and the TP
+  // group all-gathers the rest before the column-parallel GEMM.
+  const bool sp = sequence_parallel(N);
+  const int64_t n = sp ? N / tp_.size : N, off = sp ? tp_.rank * n * C : 0;
+  norm_forward(as<CT>(a.ln1) + off, a.ln1_mean, a.ln1_rstd, x, s.ln1_w, s.ln1_b, n);
+  if (sp) gather_operand<CT>(a.ln1, N);
   attention_forward<CT>(s, a, B, T);
-  k().residual_forward(a.res2, a.res2, x, N * C);
-  norm_forward(as<CT>(a.ln2), a.ln2_mean, a.ln2_rstd, a.res2, s.ln2_w, s.ln2_b, N);
+  k().residual_forward(a.res2, sp ? act_.dC + off : a.res2, x, n * C);
+  norm_forward(as<CT>(a.ln2) + off, a.ln2_mean, a.ln2_rstd, a.res2, s.ln2_w, s.ln2_b, n);
+  if (sp) gather_operand<CT>(a.ln2, N);
   mlp_forward<CT>(s, a, N);
-  k().residual_forward(a.res3, a.res3, a.res2, N * C);
+  k().residual_forward(a.res3, sp ? act_.dC + off : a.res3, a.res2, n * C);
 }
 
 ForwardStats Decoder::forward(const Batch& batch) {
@@ -105,6 +143,9 @@ ForwardStats Decoder::forward(const Batch& batch) {
     throw InputError(fmt::format("a batch of {}x{} needs {} tokens and targets", B, T, N));
   if (fused_attention_ && device_ != Device::CPU)
     throw InputError("--attention fused runs on the CPU (not yet with --device cuda)");
+  if (sequence_parallel(N) && (device_ != Device::CPU || !whole()))
+    throw InputError(
+        "--sequence-parallel runs on the CPU without --pp (not yet with --device cuda or pipeline stages)");
   plan_activations(B, T);
   std::copy(batch.tokens.begin(), batch.tokens.begin() + N, tokens_.begin());
   std::copy(batch.targets.begin(), batch.targets.begin() + N, targets_.begin());
@@ -154,10 +195,14 @@ void Decoder::embed_forward(int64_t B, int64_t T) {
 template <typename CT>
 ForwardStats Decoder::forward_as(int64_t B, int64_t T) {
   const int64_t C = config_.width, V = config_.vocab, Vp = wte_rows(), N = B * T;
+  // Sequence parallelism: every rank computes the whole embedding and takes
+  // its n rows of it into the blocks (a slice: no communication).
+  const bool sp = sequence_parallel(N);
+  const int64_t n = sp ? N / tp_.size : N, off = sp ? tp_.rank * n * C : 0;
   begin(Pass::Forward, part());
   // A chunk without the embedding finds its input in encoded (stage_input).
   if (embeds()) embed_forward<CT>(B, T);
-  const float* x = act_.encoded;  // the residual stream entering each block
+  const float* x = act_.encoded + off;  // the residual stream entering each block
   for (size_t l = 0; l < act_.blocks.size(); ++l) {
     open(unit_of(l));
     block_forward<CT>(l, x, B, T);
@@ -167,7 +212,9 @@ ForwardStats Decoder::forward_as(int64_t B, int64_t T) {
   if (!heads()) return {};
   CT* lnf = as<CT>(act_.lnf);
   open(lnf_unit_);
-  norm_forward(lnf, act_.lnf_mean, act_.lnf_rstd, x, lnf_w_, lnf_b_, N);
+  // Sequence parallelism: ln_f on this rank's rows, all-gathered for the head.
+  norm_forward(lnf + off, act_.lnf_mean, act_.lnf_rstd, x, lnf_w_, lnf_b_, n);
+  if (sp) gather_operand<CT>(act_.lnf, N);
   if (!config_.tied) k().linear_forward(act_.logits, lnf, weight<CT>(head_), nullptr, N, C, Vp);
   close(lnf_unit_);
   // A tied output projection: logits = lnf @ wte^T. The embedding's unit
@@ -205,7 +252,10 @@ void Decoder::mlp_backward(const BlockSlots& s, const BlockActs& b, int64_t N) {
   const Widths& w = w_;
   const Acts& a = act_;
   // The MLP's output gradient is the residual stream's gradient (the same
-  // on every TP rank, so is the replicated bias's gradient).
+  // on every TP rank, so is the replicated bias's gradient). Sequence
+  // parallelism: each rank holds its rows of it; all-gathered in place.
+  const bool sp = sequence_parallel(N);
+  if (sp) tensor_sum(a.dres, static_cast<size_t>(N * C), TpReduce::AllGather);
   const CT* dres_op = operand<CT>(k(), a.dres, N * C, a.dout16);
   bf16* d4C16 = std::is_same_v<CT, bf16> ? static_cast<bf16*>(a.dout16) : nullptr;
   // A bf16 run's GEMMs read only the bf16 copy, and the activation's
@@ -236,8 +286,9 @@ void Decoder::mlp_backward(const BlockSlots& s, const BlockActs& b, int64_t N) {
     k().linear_backward(a.dC, grad(s.fc_w), nullptr, d4C_op, as<CT>(b.ln2), weight<CT>(s.fc_w), N, C, w.fc, nullptr);
   }
   slots_ready(s.fc_w, s.fc_end);
-  // Each TP rank's columns give part of the norm's output gradient.
-  tensor_sum(a.dC, static_cast<size_t>(N * C));
+  // Each TP rank's columns give part of the norm's output gradient
+  // (sequence parallelism: summed into this rank's rows only).
+  tensor_sum(a.dC, static_cast<size_t>(N * C), sp ? TpReduce::ReduceScatter : TpReduce::Sum);
 }
 
 template <typename CT>
@@ -245,6 +296,8 @@ void Decoder::attention_backward(const BlockSlots& s, const BlockActs& b, int64_
   const int64_t C = config_.width, N = B * T;
   const Widths& w = w_;
   const Acts& a = act_;
+  const bool sp = sequence_parallel(N);  // as mlp_backward
+  if (sp) tensor_sum(a.dres, static_cast<size_t>(N * C), TpReduce::AllGather);
   k().linear_backward(a.dC, grad(s.proj_w), grad_or_null(s.proj_b), operand<CT>(k(), a.dres, N * C, a.dout16),
                       as<CT>(b.atty), weight<CT>(s.proj_w), N, w.att, C, a.dres);
   slots_ready(s.proj_w, last_of(s.proj_w, s.proj_b));
@@ -261,13 +314,18 @@ void Decoder::attention_backward(const BlockSlots& s, const BlockActs& b, int64_
   k().linear_backward(a.dC, grad(s.qkv_w), grad_or_null(s.qkv_b), operand<CT>(k(), a.d3C, N * w.qkv, a.dout16),
                       as<CT>(b.ln1), weight<CT>(s.qkv_w), N, C, w.qkv, a.d3C);
   slots_ready(s.qkv_w, s.qkv_end);
-  tensor_sum(a.dC, static_cast<size_t>(N * C));  // the first norm's output gradient, as the second's
+  // The first norm's output gradient, as the second's.
+  tensor_sum(a.dC, static_cast<size_t>(N * C), sp ? TpReduce::ReduceScatter : TpReduce::Sum);
 }
 
 template <typename CT>
 void Decoder::backward_as(float loss_scale) {
-  const int64_t B = batch_, T = seq_, N = B * T;
+  const int64_t B = batch_, T = seq_, N = B * T, C = config_.width;
   const Acts& a = act_;
+  // Sequence parallelism: the blocks' residual gradient is this rank's rows
+  // of dres, their norms' output gradients its rows of dC.
+  const bool sp = sequence_parallel(N);
+  const int64_t n = sp ? N / tp_.size : N, off = sp ? tp_.rank * n * C : 0;
   begin(Pass::Backward, part());
   if (heads()) head_backward<CT>(loss_scale);
   // Without the head, dres holds the output's gradient (output_grad).
@@ -275,7 +333,7 @@ void Decoder::backward_as(float loss_scale) {
     const BlockSlots& s = slots_of(l);
     const BlockActs& b = a.blocks[l];
     open(unit_of(l));
-    const float* x = l > 0 ? a.blocks[l - 1].res3 : a.encoded;
+    const float* x = l > 0 ? a.blocks[l - 1].res3 : a.encoded + off;
     // Checkpointing: refill the scratch block from the block's saved input,
     // inside the same open as its backward, so a sharded strategy gathers
     // the unit once for both (as FSDP's recompute uses the parameters its
@@ -284,12 +342,15 @@ void Decoder::backward_as(float loss_scale) {
     // Each layer's parameters are reported final as soon as its backward is
     // done: backward visits them in exactly the reverse of the layout's order.
     mlp_backward<CT>(s, b, N);
-    norm_backward(a.dC, b.res2, s.ln2_w, s.ln2_b, b.ln2_mean, b.ln2_rstd, N);
+    norm_backward(a.dres + off, a.dC + off, b.res2, s.ln2_w, s.ln2_b, b.ln2_mean, b.ln2_rstd, n, sp);
     attention_backward<CT>(s, b, B, T);
-    norm_backward(a.dC, x, s.ln1_w, s.ln1_b, b.ln1_mean, b.ln1_rstd, N);
+    norm_backward(a.dres + off, a.dC + off, x, s.ln1_w, s.ln1_b, b.ln1_mean, b.ln1_rstd, n, sp);
     close(unit_of(l));
   }
   // Without the embedding, dres is the input's gradient (input_grad).
+  // Sequence parallelism: every rank's rows of it, gathered for the
+  // embedding's backward (which every rank then runs whole).
+  if (sp && embeds()) tensor_sum(a.dres, static_cast<size_t>(N * C), TpReduce::AllGather);
   if (embeds()) embed_backward(B, T);
 }
 
@@ -344,8 +405,12 @@ void Decoder::head_backward(float loss_scale) {
   if (vocab_parallel()) tensor_sum(a.dC, static_cast<size_t>(N * C));
   if (config_.tied) open(lnf_unit_);
   k().zero(a.dres, sizeof(float) * static_cast<size_t>(N * C));
-  const float* last = a.blocks.empty() ? a.encoded : a.blocks.back().res3;
-  norm_backward(a.dC, last, lnf_w_, lnf_b_, a.lnf_mean, a.lnf_rstd, N);
+  // Sequence parallelism: dC is whole (the same on every rank); ln_f ran on
+  // this rank's rows, so its backward runs on them too.
+  const bool sp = sequence_parallel(N);
+  const int64_t n = sp ? N / tp_.size : N, off = sp ? tp_.rank * n * C : 0;
+  const float* last = a.blocks.empty() ? a.encoded + off : a.blocks.back().res3;
+  norm_backward(a.dres + off, a.dC + off, last, lnf_w_, lnf_b_, a.lnf_mean, a.lnf_rstd, n, sp);
   close(lnf_unit_);
 }
 

@@ -42,6 +42,10 @@ void RunFlags::add(CLI::App* cmd, TrainOptions& o) {
                   "--tp: replicated (wte and the head whole on every rank) or vocab (wte's rows split over the TP "
                   "ranks, a parallel cross-entropy: no rank holds whole logits; for large vocabularies)")
       ->check(CLI::IsMember({"replicated", "vocab"}));
+  cmd->add_flag("--sequence-parallel", o.sequence_parallel,
+                "--tp: Megatron's sequence parallelism: the norms and residual stream hold 1/tp of the micro-batch's "
+                "B x T rows, all-gathered before the column-parallel linears and reduce-scattered after the "
+                "row-parallel ones (TP's bytes; not with --pp)");
   cmd->add_option("--pp", o.pp, "pipeline stages (gpt): each holds consecutive blocks; data parallelism over world / pp")
       ->check(positive());
   cmd->add_option("--pp-schedule", o.pp_schedule,

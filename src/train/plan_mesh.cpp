@@ -43,6 +43,23 @@ CommPlan tensor_parallel_comm(const Decoder& gpt, const Mesh& mesh, int64_t bloc
       c.backward += Mu * tp.ar(n, sizeof(float));
     }
   }
+  // Sequence parallelism: each all-reduce becomes a reduce-scatter and an
+  // all-gather (the same bytes in fp32; a bf16 run gathers the norms'
+  // outputs in bf16, half of them), plus per micro-batch ln_f's output
+  // gathered for the head (forward), the embedding output's gradient
+  // gathered (backward), and every norm's weight (and bias) gradient summed
+  // over the group (backward: 2 per block and ln_f).
+  if (gpt.sequence_parallel(static_cast<int64_t>(rows))) {
+    const auto C = static_cast<size_t>(gpt.config().width);
+    const size_t norm = (gpt.config().norm == NormKind::LayerNorm ? 2 : 1) * C;
+    const size_t e = dtype_size(gpt.precision());  // the gathered norms' outputs
+    const uint64_t block_forward =
+        2 * static_cast<uint64_t>(blocks) * (tp.rs(n, sizeof(float)) + tp.ag(n, e));
+    c.forward += Mu * (block_forward + tp.ag(n, e)) - 2 * per_block;
+    c.backward += Mu * (tp.ag(n, sizeof(float)) +
+                        static_cast<uint64_t>(2 * blocks + 1) * tp.ar(norm, sizeof(float)));
+    if (gpt.checkpoint_activations()) c.backward += Mu * block_forward - 2 * per_block;
+  }
   c.logged_optimizer = tp.ag(2 * static_cast<size_t>(mesh.tp), sizeof(float));
   return c;
 }

@@ -259,7 +259,10 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
   TrainOptions run = r.run;
   run.batch = r.batch;
   run.grad_accum = r.grad_accum;
-  if (r.all_meshes && tp == 1) run.tp_embedding = TpEmbedding::Replicated;  // --tp-embedding vocab is for the tp > 1 meshes
+  if (r.all_meshes && tp == 1) {  // --tp-embedding vocab and --sequence-parallel are for the tp > 1 meshes
+    run.tp_embedding = TpEmbedding::Replicated;
+    run.sequence_parallel = false;
+  }
   MeshStages m;
   m.mesh = Mesh::layout(r.world, 0, tp, pp);
   check_pipeline(run, m.mesh);
@@ -273,7 +276,8 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
   const std::vector<DecoderStage> split =
       pp > 1 ? pipe_stages(config, run_program(run, pp), run.pp_split) : std::vector<DecoderStage>{DecoderStage{}};
   for (const DecoderStage& st : split) {
-    auto stage = std::make_unique<Decoder>(config, st, DecoderTp{tp, 0, run.tp_embedding == TpEmbedding::Vocab});
+    const DecoderTp dtp{tp, 0, run.tp_embedding == TpEmbedding::Vocab, run.sequence_parallel};
+    auto stage = std::make_unique<Decoder>(config, st, dtp);
     if (pp > 1) stage->set_split_backward(pipe_splits_backward(run_program(run, pp)));
     m.built.push_back(std::move(stage));
     set_attention(run, *m.built.back());

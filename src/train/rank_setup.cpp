@@ -89,7 +89,7 @@ RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optiona
   if (mesh.pp > 1) stages = pipe_stages(DecoderConfig::from(hparams), run_program(o, mesh.pp), o.pp_split);
   if (saved && o.tp_embedding == TpEmbedding::Vocab) check_vocab_rows(DecoderConfig::from(hparams), mesh.tp);
   std::unique_ptr<Model> model;
-  const DecoderTp tp{mesh.tp, mesh.tp_rank, o.tp_embedding == TpEmbedding::Vocab};
+  const DecoderTp tp{mesh.tp, mesh.tp_rank, o.tp_embedding == TpEmbedding::Vocab, o.sequence_parallel};
   if (mesh.pp > 1)
     model = std::make_unique<Decoder>(DecoderConfig::from(hparams), stages[static_cast<size_t>(mesh.pp_rank)], tp);
   else if (mesh.tp > 1)
@@ -106,11 +106,28 @@ RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optiona
   return {std::move(model), std::move(stages)};
 }
 
-// Under --tp the GPT sums (or maxes) its partial results over its TP group.
+// Under --tp the decoder sums (or maxes) its partial results over its TP
+// group; under --sequence-parallel it also reduce-scatters and all-gathers.
 void connect_tensor_parallel(Model& model, comm::ProcessGroup* tpg) {
   if (!tpg) return;
   dynamic_cast<Decoder&>(model).set_tensor_reduce([tpg](float* x, size_t n, TpReduce op) {
-    tpg->all_reduce(x, n, DType::F32, op == TpReduce::Max ? comm::ReduceOp::Max : comm::ReduceOp::Sum);
+    switch (op) {
+      case TpReduce::ReduceScatter:
+        tpg->reduce_scatter(x, n, DType::F32, comm::ReduceOp::Sum);
+        return;
+      case TpReduce::AllGather:
+        tpg->all_gather(x, n, DType::F32);
+        return;
+      case TpReduce::AllGatherBf16:
+        tpg->all_gather(x, n, DType::BF16);
+        return;
+      case TpReduce::Max:
+        tpg->all_reduce(x, n, DType::F32, comm::ReduceOp::Max);
+        return;
+      case TpReduce::Sum:
+        tpg->all_reduce(x, n, DType::F32, comm::ReduceOp::Sum);
+        return;
+    }
   });
 }
 

@@ -99,6 +99,8 @@ void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model
 void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
   if (mesh.tp == 1) {
     if (o.tp_embedding != TpEmbedding::Replicated) throw InputError("--tp-embedding vocab needs --tp 2 or more");
+    if (o.sequence_parallel)
+      throw InputError("--sequence-parallel splits the TP group's rows: it needs --tp 2 or more");
     return;
   }
   const std::string not_yet = fmt::format("with --tp {}", mesh.tp);
@@ -117,6 +119,15 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
                                  mesh.tp, c.kv()));
   if (c.ffn() % mesh.tp != 0)
     throw InputError(fmt::format("--tp {} does not divide the model's MLP width {}", mesh.tp, c.ffn()));
+  if (o.sequence_parallel) {
+    if (mesh.pp > 1)
+      throw InputError("--sequence-parallel is not built with --pp yet (a stage's boundary tensors are whole rows)");
+    const int64_t rows = micro_batch(o, mesh.dp, "data-parallel replicas") * c.context;
+    if (rows % mesh.tp != 0)
+      throw InputError(fmt::format("--sequence-parallel splits a micro-batch's {} rows (batch x context) over --tp "
+                                   "{}, which does not divide them",
+                                   rows, mesh.tp));
+  }
 }
 
 void check_pipeline(const TrainOptions& o, const Mesh& mesh) {

@@ -74,6 +74,7 @@ struct TrainOptions {
   // balanced by parameters). docs/pipeline.md.
   int tp = 1;
   TpEmbedding tp_embedding = TpEmbedding::Replicated;  // or Vocab: wte's rows split over the TP group
+  bool sequence_parallel = false;  // norms and residuals split along the rows over the TP group
   int pp = 1;
   std::string pp_schedule = "1f1b";  // parallel/pipe_program.h's names
   int virtual_stages = 0;            // chunks per rank; 0: the schedule's (interleaved, zb-v: 2; else 1)
