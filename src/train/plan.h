@@ -80,7 +80,7 @@ MachineRates measure_machine(int threads, int ranks_here);
 // whole model's rank 0 without --pp.
 struct StagePlan {
   MemoryBytes bytes;         // as its strategy accounts them, over the DP group
-  int arenas = 1;            // micro-batches' activations held at once (pipe_slots)
+  int arenas = 1;            // arenas held at once over the rank's chunks (pipe_arenas)
   size_t arena = 0;          // one micro-batch's activation arena
   size_t activations = 0;    // arenas x arena
   // The pipeline's own buffers besides the strategy's: the first stage's
