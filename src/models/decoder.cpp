@@ -467,14 +467,6 @@ void Decoder::fill_rope_tables(int64_t T) {
   k().upload(act_.rope_sin, sin.data(), n * sizeof(float));
 }
 
-double Decoder::layer_gemm_params() const {
-  const double C = static_cast<double>(config_.width), hd = static_cast<double>(config_.head_dim());
-  const double H = static_cast<double>(config_.heads), KV = static_cast<double>(config_.kv());
-  const double F = static_cast<double>(config_.ffn());
-  const double mlp = config_.mlp == MlpKind::SwiGlu ? 3.0 * C * F : 2.0 * C * F;
-  return (H + 2.0 * KV) * hd * C + H * hd * C + mlp;
-}
-
 double Decoder::train_flops(int64_t B) const {
   // PaLM's estimate: 6 FLOPs per parameter per token for the GEMMs (the
   // output projection counts as V*C; position embeddings are lookups) plus
@@ -487,7 +479,7 @@ double Decoder::train_flops(int64_t B) const {
   const double L = static_cast<double>(blocks_.size()) / tp_.size;
   // The head is 1/tp of it too with a vocabulary-parallel embedding.
   const double V = stage_.head ? static_cast<double>(config_.vocab) / (vocab_parallel() ? tp_.size : 1) : 0.0;
-  const double gemm_params = L * layer_gemm_params() + V * C;
+  const double gemm_params = L * config_.block_gemm_params() + V * C;
   const double tokens = static_cast<double>(B) * T;
   return tokens * (6.0 * gemm_params + 12.0 * L * T * att);
 }
@@ -500,7 +492,7 @@ double Decoder::recompute_flops(int64_t B) const {
   const double T = static_cast<double>(config_.context);
   const double att = static_cast<double>(config_.heads * config_.head_dim());
   const double L = static_cast<double>(blocks_.size()) / tp_.size;
-  return static_cast<double>(B) * T * (2.0 * L * layer_gemm_params() + 4.0 * L * T * att);
+  return static_cast<double>(B) * T * (2.0 * L * config_.block_gemm_params() + 4.0 * L * T * att);
 }
 
 void Decoder::tensor_sum(float* x, size_t n, TpReduce op) const {

@@ -358,8 +358,6 @@ class Decoder : public Model {
   // The rotary tables for T positions, into the arena (CPU-computed, then
   // placed on the device).
   void fill_rope_tables(int64_t T);
-  // GEMM parameters of one whole block (q/k/v, o and the MLP's matrices).
-  double layer_gemm_params() const;
 
   // Generation's state (decoder_infer.cpp): the key/value cache and the
   // activations of one chunk of new tokens, apart from the training arena.

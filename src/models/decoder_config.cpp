@@ -146,6 +146,14 @@ std::map<std::string, std::string> DecoderConfig::metadata() const {
   return m;
 }
 
+double DecoderConfig::block_gemm_params() const {
+  const double C = static_cast<double>(width), hd = static_cast<double>(head_dim());
+  const double H = static_cast<double>(heads), KV = static_cast<double>(kv());
+  const double F = static_cast<double>(ffn());
+  const double mlp = this->mlp == MlpKind::SwiGlu ? 3.0 * C * F : 2.0 * C * F;
+  return (H + 2.0 * KV) * hd * C + H * hd * C + mlp;
+}
+
 int64_t DecoderConfig::block_params() const {
   const int64_t C = width, hd = head_dim(), H = heads, KV = kv(), F = ffn();
   const int64_t norms = norm == NormKind::LayerNorm ? 4 * C : 2 * C;

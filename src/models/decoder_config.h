@@ -82,6 +82,9 @@ struct DecoderConfig {
   // untied, the final norm; learned positions).
   int64_t block_params() const;
   int64_t params() const;
+  // Parameters of one whole block's GEMMs (q/k/v, o and the MLP's
+  // matrices): what the FLOP counts multiply.
+  double block_gemm_params() const;
 };
 
 }  // namespace dpt

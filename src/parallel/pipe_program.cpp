@@ -144,37 +144,28 @@ std::string check_structure(const PipeProgram& p) {
 
 // Messages of one kind from one rank to another arrive in the order sent.
 std::string check_link_order(const PipeProgram& p) {
-  const int S = p.chunks();
-  auto rank_of = [&](int c) { return p.rank_of_chunk[static_cast<size_t>(c)]; };
-  // For each (kind, from, to): the messages in the sender's order, then
-  // checked against the receiver's order. Kind 0: an F's output to the next
-  // chunk; kind 1: a B's (or BW's) input gradient to the previous chunk.
-  std::vector<std::vector<std::pair<int, int>>> sent(static_cast<size_t>(2 * p.pp * p.pp));
-  auto link = [&](int kind, int from, int to) -> auto& {
-    return sent[static_cast<size_t>((kind * p.pp + from) * p.pp + to)];
+  const auto P = static_cast<size_t>(p.pp);
+  auto at = [&](int kind, int from, int to) {
+    return (static_cast<size_t>(kind) * P + static_cast<size_t>(from)) * P + static_cast<size_t>(to);
   };
+  // For each (kind, from, to): the messages in the sender's order, as the
+  // (chunk, micro-batch) that receives each; then the receivers' order.
+  std::vector<std::vector<std::pair<int, int>>> sent(2 * P * P);
   for (size_t r = 0; r < p.ranks.size(); ++r)
-    for (const PipeAction& a : p.ranks[r]) {
-      if (a.kind == Kind::F && a.chunk + 1 < S && rank_of(a.chunk + 1) != static_cast<int>(r))
-        link(0, static_cast<int>(r), rank_of(a.chunk + 1)).push_back({a.chunk + 1, a.micro});
-      if ((a.kind == Kind::B || a.kind == Kind::BW) && a.chunk > 0 && rank_of(a.chunk - 1) != static_cast<int>(r))
-        link(1, static_cast<int>(r), rank_of(a.chunk - 1)).push_back({a.chunk - 1, a.micro});
-    }
+    for (const PipeAction& a : p.ranks[r])
+      if (const PipeMessage m = pipe_send(p, a))
+        sent[at(m.kind, static_cast<int>(r), m.peer)].push_back({a.chunk + (m.kind == 0 ? 1 : -1), a.micro});
   std::vector<size_t> next(sent.size(), 0);
   for (size_t r = 0; r < p.ranks.size(); ++r)
     for (const PipeAction& a : p.ranks[r]) {
-      const bool from_before = a.kind == Kind::F && a.chunk > 0 && rank_of(a.chunk - 1) != static_cast<int>(r);
-      const bool from_after =
-          (a.kind == Kind::B || a.kind == Kind::BW) && a.chunk + 1 < S && rank_of(a.chunk + 1) != static_cast<int>(r);
-      if (!from_before && !from_after) continue;
-      const int kind = from_before ? 0 : 1, from = rank_of(from_before ? a.chunk - 1 : a.chunk + 1);
-      auto& list = link(kind, from, static_cast<int>(r));
-      size_t& i = next[static_cast<size_t>((kind * p.pp + from) * p.pp + static_cast<int>(r))];
-      if (i >= list.size() || list[i] != std::pair{a.chunk, a.micro})
+      const PipeMessage m = pipe_receive(p, a);
+      if (!m) continue;
+      const size_t i = at(m.kind, m.peer, static_cast<int>(r));
+      if (next[i] >= sent[i].size() || sent[i][next[i]] != std::pair{a.chunk, a.micro})
         return fmt::format("rank {} receives for {} out of the order rank {} sends in ({} are received in the order "
                            "they are sent)",
-                           r, pipe_action_name(a), from, kind == 0 ? "activations" : "gradients");
-      ++i;
+                           r, pipe_action_name(a), m.peer, m.kind == 0 ? "activations" : "gradients");
+      ++next[i];
     }
   return "";
 }
@@ -225,6 +216,24 @@ double pipe_bubble_of(const PipeProgram& p) {
   if (p.schedule == "gpipe" || p.schedule == "1f1b") return (pp - 1) / (M + pp - 1);
   if (p.schedule == "interleaved") return (pp - 1) / (p.v * M + pp - 1);
   return simulate_pipe_program(p, PipeCosts{}).idle[0];  // F = B = W = 1, transfers free
+}
+
+PipeMessage pipe_send(const PipeProgram& p, const PipeAction& a) {
+  const int own = p.rank_of_chunk[static_cast<size_t>(a.chunk)];
+  const int to = a.kind == Kind::F && a.chunk + 1 < p.chunks() ? a.chunk + 1
+                 : (a.kind == Kind::B || a.kind == Kind::BW) && a.chunk > 0 ? a.chunk - 1
+                                                                           : -1;
+  if (to < 0 || p.rank_of_chunk[static_cast<size_t>(to)] == own) return {};
+  return {a.kind == Kind::F ? 0 : 1, p.rank_of_chunk[static_cast<size_t>(to)]};
+}
+
+PipeMessage pipe_receive(const PipeProgram& p, const PipeAction& a) {
+  const int own = p.rank_of_chunk[static_cast<size_t>(a.chunk)];
+  const int from = a.kind == Kind::F && a.chunk > 0 ? a.chunk - 1
+                   : (a.kind == Kind::B || a.kind == Kind::BW) && a.chunk + 1 < p.chunks() ? a.chunk + 1
+                                                                                          : -1;
+  if (from < 0 || p.rank_of_chunk[static_cast<size_t>(from)] == own) return {};
+  return {a.kind == Kind::F ? 0 : 1, p.rank_of_chunk[static_cast<size_t>(from)]};
 }
 
 bool pipe_splits_backward(const PipeProgram& p) {

@@ -88,6 +88,17 @@ PipeCheck check_pipe_program(const PipeProgram& p);
 // simulator's, with F, B and W of equal cost and free transfers (rank 0's).
 double pipe_bubble_of(const PipeProgram& p);
 
+// The message an operation sends to, or receives from, another rank: kind
+// 0 an F's output for the next chunk, kind 1 a B's (or BW's) input
+// gradient for the previous one; none (peer -1) when that chunk is on the
+// operation's own rank (passed by copying) or there is none.
+struct PipeMessage {
+  int kind = -1, peer = -1;
+  explicit operator bool() const { return peer >= 0; }
+};
+PipeMessage pipe_send(const PipeProgram& p, const PipeAction& a);
+PipeMessage pipe_receive(const PipeProgram& p, const PipeAction& a);
+
 // Whether the program splits backwards into B and W (zb-h1, zb-v).
 bool pipe_splits_backward(const PipeProgram& p);
 

@@ -146,13 +146,9 @@ void PipelineExecutor::make_links() {
   links_.assign(static_cast<size_t>(2 * P * P), Link{});
   std::vector<char> used(links_.size(), 0);
   for (size_t r = 0; r < program_.ranks.size(); ++r)
-    for (const PipeAction& a : program_.ranks[r]) {
-      const int from = static_cast<int>(r);
-      if (a.kind == PipeAction::F && a.chunk + 1 < chunks() && rank_of(a.chunk + 1) != from)
-        used[static_cast<size_t>((0 * P + from) * P + rank_of(a.chunk + 1))] = 1;
-      if ((a.kind == PipeAction::B || a.kind == PipeAction::BW) && a.chunk > 0 && rank_of(a.chunk - 1) != from)
-        used[static_cast<size_t>((1 * P + from) * P + rank_of(a.chunk - 1))] = 1;
-    }
+    for (const PipeAction& a : program_.ranks[r])
+      if (const PipeMessage m = pipe_send(program_, a))
+        used[static_cast<size_t>((m.kind * P + static_cast<int>(r)) * P + m.peer)] = 1;
   for (int kind = 0; kind < 2; ++kind)
     for (int from = 0; from < P; ++from)
       for (int to = 0; to < P; ++to) {
@@ -188,9 +184,7 @@ size_t pipeline_buffer_bytes(const Decoder& stage, int pp) {
 
 std::vector<ScheduleIdle> pipe_schedule_idles(const DecoderConfig& c, int pp, int M) {
   const double T = static_cast<double>(c.context), a = static_cast<double>(c.heads * c.head_dim());
-  const double C = static_cast<double>(c.width), F = static_cast<double>(c.ffn());
-  const double G = (static_cast<double>(c.heads + 2 * c.kv()) * c.head_dim() + a) * C +
-                   (c.mlp == MlpKind::SwiGlu ? 3.0 : 2.0) * C * F;
+  const double G = c.block_gemm_params();
   const PipeCosts costs{2 * G + 4 * T * a, 2 * G + 8 * T * a, 2 * G, 0.0, {}};
   std::vector<ScheduleIdle> out;
   for (const std::string& name : pipe_program_names()) {
@@ -252,14 +246,10 @@ void PipelineExecutor::use(size_t k) {
   model_.use_slot(slots_.of[static_cast<size_t>(i)][static_cast<size_t>(a.micro)], i);
 }
 
-bool PipelineExecutor::receives(const PipeAction& a) const {
-  if (a.kind == PipeAction::F) return a.chunk > 0 && rank_of(a.chunk - 1) != me();
-  if (a.kind == PipeAction::W) return false;
-  return a.chunk + 1 < chunks() && rank_of(a.chunk + 1) != me();
-}
-
 void PipelineExecutor::post_receive(size_t k) {
-  if (k >= ops_.size() || recvs_[k] || !receives(ops_[k])) return;
+  if (k >= ops_.size() || recvs_[k]) return;
+  const PipeMessage msg = pipe_receive(program_, ops_[k]);
+  if (!msg) return;
   const PipeAction& a = ops_[k];
   const auto i = static_cast<size_t>(slots_.local(a.chunk));
   const auto m = static_cast<size_t>(a.micro);
@@ -279,16 +269,17 @@ void PipelineExecutor::post_receive(size_t k) {
   } else {
     into = model_.output_grad();
   }
-  const Link l = a.kind == PipeAction::F ? link(0, rank_of(a.chunk - 1), me()) : link(1, rank_of(a.chunk + 1), me());
+  const Link l = link(msg.kind, msg.peer, me());
   recvs_[k] = l.group->recv_async(into, activation_elements(b), DType::F32, l.peer);
   use(k - 1);  // back to the operation about to run
 }
 
 void PipelineExecutor::wait_receive(size_t k) {
-  if (!receives(ops_[k])) return;
+  const PipeMessage msg = pipe_receive(program_, ops_[k]);
+  if (!msg) return;
   if (!recvs_[k]) {
     const PipeAction& a = ops_[k];
-    const Link l = a.kind == PipeAction::F ? link(0, rank_of(a.chunk - 1), me()) : link(1, rank_of(a.chunk + 1), me());
+    const Link l = link(msg.kind, msg.peer, me());
     float* into = a.kind == PipeAction::F ? model_.stage_input() : model_.output_grad();
     l.group->recv(into, activation_elements(batches_[static_cast<size_t>(a.micro)]), DType::F32, l.peer);
     return;
@@ -327,8 +318,8 @@ double PipelineExecutor::forward_op(size_t k, int64_t step, StepBreakdown& t, Ti
   const auto tc = Clock::now();  // waits before it are the bubble (and the transfer)
   post_receive(k + 1);
   const double loss = model_.forward(batch).loss;
-  if (a.chunk + 1 < chunks() && rank_of(a.chunk + 1) != me()) {
-    const Link l = link(0, me(), rank_of(a.chunk + 1));
+  if (const PipeMessage msg = pipe_send(program_, a)) {
+    const Link l = link(msg.kind, me(), msg.peer);
     sends_[arena(k)] = l.group->send_async(model_.stage_output(), n, DType::F32, l.peer);
   }
   const auto te = Clock::now();
@@ -376,7 +367,8 @@ void PipelineExecutor::backward_op(size_t k, int64_t step, StepBreakdown& t, Tim
       model_.k().copy(model_.output_grad_of(slots_.of[static_cast<size_t>(prev)][m], prev), model_.input_grad(),
                       n * sizeof(float));
     } else {
-      const Link l = link(1, me(), rank_of(a.chunk - 1));
+      const PipeMessage msg = pipe_send(program_, a);
+      const Link l = link(msg.kind, me(), msg.peer);
       sends_[arena(k)] = l.group->send_async(model_.input_grad(), n, DType::F32, l.peer);
     }
   }

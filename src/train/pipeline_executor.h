@@ -151,7 +151,6 @@ class PipelineExecutor : public Executor {
   size_t arena(size_t k) const;
   // Where operation k's input comes from another rank: its receive, posted
   // early (while the operation before computes) where its buffer is free.
-  bool receives(const PipeAction& a) const;
   void post_receive(size_t k);
   void wait_receive(size_t k);
   void set_phase(const char* phase);

@@ -82,13 +82,9 @@ CommPlan pipeline_comm(const StrategyOptions& so, const Decoder& gpt, const Mesh
   const uint64_t wte = sizeof(float) * static_cast<uint64_t>(gpt.wte_rows() * cfg.width);  // this TP rank's rows
   // Each forward whose next chunk is on another rank sends its output,
   // each backward whose previous chunk is sends its input's gradient.
-  const int S = program.chunks(), head = program.rank_of_chunk.back();
-  auto rank_of = [&](int chunk) { return program.rank_of_chunk[static_cast<size_t>(chunk)]; };
-  for (const PipeAction& a : program.ranks[static_cast<size_t>(s)]) {
-    if (a.kind == PipeAction::F && a.chunk + 1 < S && rank_of(a.chunk + 1) != s) c.forward += boundary;
-    if ((a.kind == PipeAction::B || a.kind == PipeAction::BW) && a.chunk > 0 && rank_of(a.chunk - 1) != s)
-      c.backward += boundary;
-  }
+  const int head = program.rank_of_chunk.back();
+  for (const PipeAction& a : program.ranks[static_cast<size_t>(s)])
+    if (const PipeMessage m = pipe_send(program, a)) (m.kind == 0 ? c.forward : c.backward) += boundary;
   // A tied embedding's gradient goes back to rank 0, its new values
   // forward to the head's rank (an untied head shares nothing; nor does a
   // head on rank 0).

@@ -273,12 +273,13 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
     return m;
   }
   const DecoderConfig config = DecoderConfig::from(model_hparams(run));
+  const PipeProgram program = pp > 1 ? run_program(run, pp) : PipeProgram{};
   const std::vector<DecoderStage> split =
-      pp > 1 ? pipe_stages(config, run_program(run, pp), run.pp_split) : std::vector<DecoderStage>{DecoderStage{}};
+      pp > 1 ? pipe_stages(config, program, run.pp_split) : std::vector<DecoderStage>{DecoderStage{}};
   for (const DecoderStage& st : split) {
     const DecoderTp dtp{tp, 0, run.tp_embedding == TpEmbedding::Vocab, run.sequence_parallel};
     auto stage = std::make_unique<Decoder>(config, st, dtp);
-    if (pp > 1) stage->set_split_backward(pipe_splits_backward(run_program(run, pp)));
+    if (pp > 1) stage->set_split_backward(pipe_splits_backward(program));
     m.built.push_back(std::move(stage));
     set_attention(run, *m.built.back());
     m.stages.push_back(m.built.back().get());

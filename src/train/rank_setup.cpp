@@ -86,7 +86,8 @@ std::map<std::string, std::string> resumed_hparams(const TrainOptions& o, const 
 RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optional<CheckpointInfo>& saved) {
   const std::map<std::string, std::string> hparams = saved ? resumed_hparams(o, *saved) : model_hparams(o);
   std::vector<DecoderStage> stages;
-  if (mesh.pp > 1) stages = pipe_stages(DecoderConfig::from(hparams), run_program(o, mesh.pp), o.pp_split);
+  const PipeProgram program = mesh.pp > 1 ? run_program(o, mesh.pp) : PipeProgram{};
+  if (mesh.pp > 1) stages = pipe_stages(DecoderConfig::from(hparams), program, o.pp_split);
   if (saved && o.tp_embedding == TpEmbedding::Vocab) check_vocab_rows(DecoderConfig::from(hparams), mesh.tp);
   std::unique_ptr<Model> model;
   const DecoderTp tp{mesh.tp, mesh.tp_rank, o.tp_embedding == TpEmbedding::Vocab, o.sequence_parallel};
@@ -98,7 +99,7 @@ RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optiona
     model = make_model(hparams);
   check_hf_save(o, *model);
   // A split backward's arenas keep what W needs (the memory check counts it).
-  if (mesh.pp > 1) dynamic_cast<Decoder&>(*model).set_split_backward(pipe_splits_backward(run_program(o, mesh.pp)));
+  if (mesh.pp > 1) dynamic_cast<Decoder&>(*model).set_split_backward(pipe_splits_backward(program));
   model->set_checkpoint_activations(o.checkpoint_activations);
   model->set_precision(o.precision);
   set_attention(o, *model);

@@ -37,14 +37,14 @@ std::vector<double> gather(comm::ProcessGroup& pg, const std::vector<double>& mi
 // bubble a balanced pipeline would have.
 void print_pipeline(const TrainOptions& o, const Mesh& mesh, const Model& model) {
   const DecoderConfig& c = dynamic_cast<const Decoder&>(model).config();
+  const PipeProgram program = run_program(o, mesh.pp);
   std::string blocks;
-  for (const DecoderStage& st : pipe_stages(c, run_program(o, mesh.pp), o.pp_split)) {
+  for (const DecoderStage& st : pipe_stages(c, program, o.pp_split)) {
     std::string chunks;
     for (const BlockRange& r : st.chunks) chunks += fmt::format("{}{}-{}", chunks.empty() ? "" : "+", r.first, r.last - 1);
     blocks += fmt::format("{}{}", blocks.empty() ? "" : " | ", chunks);
   }
   const int M = static_cast<int>(o.grad_accum);
-  const PipeProgram program = run_program(o, mesh.pp);
   std::printf("pipeline: %s, %s, %d micro-batches per step, blocks %s; bubble %s = %.0f%%%s\n",
               mesh.describe().c_str(), o.pp_schedule.c_str(), M, blocks.c_str(),
               program.schedule == "interleaved"    ? "(pp-1)/(vM+pp-1)"
