@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/cpu_level.h"
+#include "core/error.h"
 #include "nn/fast_exp.h"
 
 namespace dpt {
@@ -133,29 +134,35 @@ __attribute__((always_inline)) inline void pack_transposed(float* dst, const flo
     for (int64_t d = 0; d < hd; ++d) dst[d * kTile + r] = src[r * ld + d];
 }
 
-struct Shape {
-  int64_t B, T, NH, NKV, hd;
-  int64_t ld() const { return (NH + 2 * NKV) * hd; }
-  int64_t ldo() const { return NH * hd; }
-  int64_t group() const { return NH / NKV; }
-  int64_t hdp() const { return round_up(hd, kV); }
-};
+// FlashBlock's layout, per head: the padded head width and the group size.
+inline int64_t hd_padded(const FlashBlock& s) { return round_up(s.hd, kV); }
+inline int64_t group_of(const FlashBlock& s) { return s.NH / s.NKV; }
 
 // The keys a row block [r0, r0 + kMR) of query tile i0 sees in key tile j0
-// of nj keys: up to and including its last row's position.
-inline int64_t live_keys(int64_t i0, int64_t r0, int64_t j0, int64_t nj) {
-  return std::clamp<int64_t>(i0 + r0 + kMR - j0, 0, nj);
+// of nj keys: up to and including its last row's position (query row r sees
+// key c when r + delta >= c).
+inline int64_t live_keys(int64_t i0, int64_t r0, int64_t delta, int64_t j0, int64_t nj) {
+  return std::clamp<int64_t>(i0 + r0 + delta + kMR - j0, 0, nj);
+}
+
+// The keys of key tile j0 (nj keys) query row i sees: 0 .. nj.
+inline int64_t live_row(int64_t i, int64_t delta, int64_t j0, int64_t nj) {
+  return std::clamp<int64_t>(i + delta + 1 - j0, 0, nj);
 }
 
 struct ForwardScratch {
   std::vector<float> q, kt, v, s, o, m, l;
 };
 
-// One query tile [i0, i0 + ni) of head h against every key tile up to the
-// diagonal, into out's rows; lse of its rows.
-DPT_CPU_CLONES void forward_tile(const Shape& s, const float* q, const float* k, const float* v, float* out,
-                                 float* lse, int64_t i0, int64_t ni, float scale, bool wide, ForwardScratch& w) {
-  const int64_t ld = s.ld(), ldo = s.ldo(), hd = s.hd, hdp = s.hdp(), nv = hdp / kV;
+// One query tile [i0, i0 + ni) of one head (q, out: the head's slices of
+// one sequence; k, v: its key/value head's) against every key tile it sees,
+// into out's rows and lse's (lse: the head's row 0). merge: (out, lse) hold
+// an earlier partial result (lse -inf: none) and get the union; else they
+// are written. A row that sees no key is left as it was.
+DPT_CPU_CLONES void forward_tile(const FlashBlock& s, const float* q, const float* k, const float* v, float* out,
+                                 float* lse, int64_t i0, int64_t ni, float scale, bool wide, bool merge,
+                                 ForwardScratch& w) {
+  const int64_t hd = s.hd, hdp = hd_padded(s), nv = hdp / kV, delta = s.delta;
   w.q.resize(static_cast<size_t>(kTile * hdp));
   w.kt.resize(static_cast<size_t>(hd * kTile));
   w.v.resize(static_cast<size_t>(kTile * hdp));
@@ -164,18 +171,22 @@ DPT_CPU_CLONES void forward_tile(const Shape& s, const float* q, const float* k,
   w.m.assign(static_cast<size_t>(kTile), -std::numeric_limits<float>::infinity());
   w.l.assign(static_cast<size_t>(kTile), 0.0f);
   float *Q = w.q.data(), *Kt = w.kt.data(), *V = w.v.data(), *S = w.s.data(), *O = w.o.data();
-  pack_rows(Q, q + i0 * ld, ld, ni, kTile, hd, hdp, scale);
-  const int64_t nip = round_up(ni, kMR);
-  for (int64_t j0 = 0; j0 < i0 + ni; j0 += kTile) {
-    const int64_t nj = std::min(kTile, s.T - j0);
-    pack_transposed(Kt, k + j0 * ld, ld, nj, hd);
-    pack_rows(V, v + j0 * ld, ld, nj, kTile, hd, hdp, 1.0f);
+  pack_rows(Q, q + i0 * s.q_ld, s.q_ld, ni, kTile, hd, hdp, scale);
+  const int64_t nip = round_up(ni, kMR), key_end = std::min(s.Tk, i0 + ni + delta);
+  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
+    const int64_t nj = std::min(kTile, s.Tk - j0);
+    pack_transposed(Kt, k + j0 * s.kv_ld, s.kv_ld, nj, hd);
+    pack_rows(V, v + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
     for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // S = (scale Q) K^T, the live columns of each row block
-      block_cols(wide, round_up(live_keys(i0, r0, j0, nj), kV) / kV, S + r0 * kTile, kTile, Q + r0 * hdp, hdp, 1, Kt,
-                 kTile, 0, hd, false);
+      block_cols(wide, round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV, S + r0 * kTile, kTile, Q + r0 * hdp,
+                 hdp, 1, Kt, kTile, 0, hd, false);
     for (int64_t r = 0; r < ni; ++r) {  // the online softmax: P = e^(S - m), O and l rescaled to the new m
       float* row = S + r * kTile;
-      const int64_t live = std::min(i0 + r + 1 - j0, nj);  // keys j0 .. i0 + r: at least one
+      const int64_t live = live_row(i0 + r, delta, j0, nj);
+      if (live == 0) {  // a row before this tile's first key (its block's P V reads the row: zeros)
+        std::fill(row, row + kTile, 0.0f);
+        continue;
+      }
       float mx = w.m[r];
 #pragma omp simd reduction(max : mx)
       for (int64_t c = 0; c < live; ++c) mx = std::max(mx, row[c]);
@@ -186,7 +197,7 @@ DPT_CPU_CLONES void forward_tile(const Shape& s, const float* q, const float* k,
         sum += row[c];
       }
       std::fill(row + live, row + kTile, 0.0f);
-      const float keep = fast_exp(w.m[r] - mx);  // 0 (e^-80) on the first tile, where O and l are 0
+      const float keep = fast_exp(w.m[r] - mx);  // 0 (e^-80) on a row's first live tile, where O and l are 0
       float* orow = O + r * hdp;
 #pragma omp simd
       for (int64_t d = 0; d < hdp; ++d) orow[d] *= keep;
@@ -194,12 +205,23 @@ DPT_CPU_CLONES void forward_tile(const Shape& s, const float* q, const float* k,
       w.m[r] = mx;
     }
     for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // O += P V
-      block_cols(wide, nv, O + r0 * hdp, hdp, S + r0 * kTile, kTile, 1, V, hdp, 0, live_keys(i0, r0, j0, nj), true);
+      block_cols(wide, nv, O + r0 * hdp, hdp, S + r0 * kTile, kTile, 1, V, hdp, 0,
+                 live_keys(i0, r0, delta, j0, nj), true);
   }
   for (int64_t r = 0; r < ni; ++r) {
-    const float inv = 1.0f / w.l[r];
-    for (int64_t d = 0; d < hd; ++d) out[(i0 + r) * ldo + d] = O[r * hdp + d] * inv;
-    lse[i0 + r] = w.m[r] + std::log(w.l[r]);
+    if (w.l[r] == 0.0f) continue;  // saw no key
+    float* o = out + (i0 + r) * s.out_ld;
+    const float inv = 1.0f / w.l[r], blk_lse = w.m[r] + std::log(w.l[r]), old = lse[i0 + r];
+    if (!merge || old == -std::numeric_limits<float>::infinity()) {
+      for (int64_t d = 0; d < hd; ++d) o[d] = O[r * hdp + d] * inv;
+      lse[i0 + r] = blk_lse;
+      continue;
+    }
+    // L = log(e^old + e^blk), each part weighted by its share e^(part - L).
+    const float hi = std::max(old, blk_lse), L = hi + std::log1p(std::exp(std::min(old, blk_lse) - hi));
+    const float w_old = std::exp(old - L), w_blk = std::exp(blk_lse - L) * inv;
+    for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * w_old + O[r * hdp + d] * w_blk;
+    lse[i0 + r] = L;
   }
 }
 
@@ -217,50 +239,54 @@ struct BackScratch {
   }
 };
 
-// Every query head of key/value head g of one sequence: each key tile's dK
-// and dV summed over the query tiles at or below it (FlashAttention-2's
-// order), dQ over the head's key tiles; the group's first head writes dk and
-// dv, the others add to them.
-DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const float* dout, const float* out,
-                                   const float* lse, float* dbase, int64_t g, float scale, bool wide, BackScratch& w) {
-  const int64_t T = s.T, ld = s.ld(), ldo = s.ldo(), hd = s.hd, hdp = s.hdp(), nv = hdp / kV;
-  const int64_t Tp = round_up(T, kTile), NH = s.NH, NKV = s.NKV;
+// Every query head of key/value head g of one sequence (every pointer: that
+// sequence's row 0, head 0): each key tile's dK and dV summed over the
+// query tiles that see it (FlashAttention-2's order), dQ over the head's key
+// tiles. accumulate: every gradient added to what dq, dk and dv hold; else
+// dq written, and the group's first head writes dk and dv, the others add.
+DPT_CPU_CLONES void backward_group(const FlashBlock& s, const float* q, const float* k, const float* v,
+                                   const float* dout, const float* out, const float* lse, float* dq, float* dk,
+                                   float* dv, int64_t g, float scale, bool wide, bool accumulate, BackScratch& w) {
+  const int64_t Tq = s.Tq, Tk = s.Tk, delta = s.delta, hd = s.hd, hdp = hd_padded(s), nv = hdp / kV;
+  const int64_t Tp = round_up(Tq, kTile), ldo = s.out_ld;
   w.size(Tp, hd, hdp);
   float *Q = w.q.data(), *dO = w.dout.data(), *dQ = w.dq.data(), *Kt = w.kt.data(), *Vt = w.vt.data();
   float *K = w.k.data(), *dK = w.dk.data(), *dV = w.dv.data(), *P = w.p.data(), *dS = w.ds.data();
-  const float* k = base + (NH + g) * hd;
-  const float* v = base + (NH + NKV + g) * hd;
-  for (int64_t h = g * s.group(); h < (g + 1) * s.group(); ++h) {
-    const bool first = h == g * s.group();
-    pack_rows(Q, base + h * hd, ld, T, Tp, hd, hdp, scale);
-    pack_rows(dO, dout + h * hd, ldo, T, Tp, hd, hdp, 1.0f);
+  k += g * hd, v += g * hd, dk += g * hd, dv += g * hd;
+  // Key tiles past the last query row's sight get nothing.
+  const int64_t key_end = std::min(Tk, Tq + delta);
+  for (int64_t h = g * group_of(s); h < (g + 1) * group_of(s); ++h) {
+    const bool add = accumulate || h != g * group_of(s);
+    pack_rows(Q, q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
+    pack_rows(dO, dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
     std::fill(w.dq.begin(), w.dq.end(), 0.0f);
-    for (int64_t t = 0; t < T; ++t) {  // D = rowsum(dO * O)
+    for (int64_t t = 0; t < Tq; ++t) {  // D = rowsum(dO * O)
       const float* o = out + t * ldo + h * hd;
       float d = 0.0f;
       for (int64_t c = 0; c < hd; ++c) d += dO[t * hdp + c] * o[c];
       w.D[static_cast<size_t>(t)] = d;
-      w.L[static_cast<size_t>(t)] = lse[(h)*T + t];
+      w.L[static_cast<size_t>(t)] = lse[h * s.lse_T + t];
     }
-    for (int64_t j0 = 0; j0 < T; j0 += kTile) {
-      const int64_t nj = std::min(kTile, T - j0);
-      pack_transposed(Kt, k + j0 * ld, ld, nj, hd);
-      pack_transposed(Vt, v + j0 * ld, ld, nj, hd);
-      pack_rows(K, k + j0 * ld, ld, nj, kTile, hd, hdp, 1.0f);
+    for (int64_t j0 = 0; j0 < (accumulate ? key_end : Tk); j0 += kTile) {
+      const int64_t nj = std::min(kTile, Tk - j0);
+      pack_transposed(Kt, k + j0 * s.kv_ld, s.kv_ld, nj, hd);
+      pack_transposed(Vt, v + j0 * s.kv_ld, s.kv_ld, nj, hd);
+      pack_rows(K, k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
       std::fill(w.dk.begin(), w.dk.end(), 0.0f);
       std::fill(w.dv.begin(), w.dv.end(), 0.0f);
-      for (int64_t i0 = j0; i0 < T; i0 += kTile) {
-        const int64_t ni = std::min(kTile, T - i0), nip = round_up(ni, kMR);
+      // The first query tile with a row that sees key j0 (row j0 - delta).
+      for (int64_t i0 = std::max<int64_t>(0, j0 - delta) / kTile * kTile; i0 < Tq; i0 += kTile) {
+        const int64_t ni = std::min(kTile, Tq - i0), nip = round_up(ni, kMR);
         const float* Qi = Q + i0 * hdp;
         const float* dOi = dO + i0 * hdp;
         for (int64_t r0 = 0; r0 < nip; r0 += kMR) {  // S = (scale Q) K^T and dP = dO V^T, live columns
-          const int64_t cols = round_up(live_keys(i0, r0, j0, nj), kV) / kV;
+          const int64_t cols = round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV;
           block_cols(wide, cols, P + r0 * kTile, kTile, Qi + r0 * hdp, hdp, 1, Kt, kTile, 0, hd, false);
           block_cols(wide, cols, dS + r0 * kTile, kTile, dOi + r0 * hdp, hdp, 1, Vt, kTile, 0, hd, false);
         }
         for (int64_t r = 0; r < nip; ++r) {  // P = e^(S - lse); dS = P (dP - D)
           float *p = P + r * kTile, *ds = dS + r * kTile;
-          const int64_t live = r < ni ? std::min(i0 + r + 1 - j0, nj) : 0;
+          const int64_t live = r < ni ? live_row(i0 + r, delta, j0, nj) : 0;
           const float lr = w.L[static_cast<size_t>(i0 + r)], Dr = w.D[static_cast<size_t>(i0 + r)];
 #pragma omp simd
           for (int64_t c = 0; c < live; ++c) {
@@ -271,27 +297,87 @@ DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const floa
           std::fill(ds + live, ds + kTile, 0.0f);
         }
         // dV += P^T dO and dK += dS^T (scale Q) over the rows that see each
-        // block of keys (row r sees key c when i0 + r >= j0 + c).
+        // block of keys (row r sees key c when i0 + r + delta >= j0 + c).
         for (int64_t c0 = 0; c0 < nj; c0 += kMR) {
-          const int64_t r_first = std::clamp<int64_t>(j0 + c0 - i0, 0, ni);
+          const int64_t r_first = std::clamp<int64_t>(j0 + c0 - delta - i0, 0, ni);
           block_cols(wide, nv, dV + c0 * hdp, hdp, P + c0, 1, kTile, dOi, hdp, r_first, ni, true);
           block_cols(wide, nv, dK + c0 * hdp, hdp, dS + c0, 1, kTile, Qi, hdp, r_first, ni, true);
         }
         for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // dQ += dS K (its scale applied once, at the end)
           block_cols(wide, nv, dQ + (i0 + r0) * hdp, hdp, dS + r0 * kTile, kTile, 1, K, hdp, 0,
-                     live_keys(i0, r0, j0, nj), true);
+                     live_keys(i0, r0, delta, j0, nj), true);
       }
       for (int64_t c = 0; c < nj; ++c) {
-        float* dk = dbase + (j0 + c) * ld + (NH + g) * hd;
-        float* dv = dbase + (j0 + c) * ld + (NH + NKV + g) * hd;
+        float* dkr = dk + (j0 + c) * s.kv_ld;
+        float* dvr = dv + (j0 + c) * s.kv_ld;
         for (int64_t d = 0; d < hd; ++d) {
-          dk[d] = (first ? 0.0f : dk[d]) + dK[c * hdp + d];
-          dv[d] = (first ? 0.0f : dv[d]) + dV[c * hdp + d];
+          dkr[d] = (add ? dkr[d] : 0.0f) + dK[c * hdp + d];
+          dvr[d] = (add ? dvr[d] : 0.0f) + dV[c * hdp + d];
         }
       }
     }
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t d = 0; d < hd; ++d) dbase[t * ld + h * hd + d] = dQ[t * hdp + d] * scale;
+    for (int64_t t = 0; t < Tq; ++t) {
+      float* dqr = dq + t * s.q_ld + h * hd;
+      for (int64_t d = 0; d < hd; ++d) dqr[d] = (accumulate ? dqr[d] : 0.0f) + dQ[t * hdp + d] * scale;
+    }
+  }
+}
+
+// The whole-sequence layout of flash_attention_*: qkv rows, delta 0.
+FlashBlock whole_sequence(const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
+  const int64_t ld = (NH + 2 * NKV) * hd;
+  FlashBlock s{};
+  s.B = B, s.NH = NH, s.NKV = NKV, s.hd = hd, s.Tq = T, s.Tk = T, s.delta = 0;
+  s.q = qkv, s.q_ld = ld, s.q_batch = T * ld;
+  s.k = qkv + NH * hd, s.v = qkv + (NH + NKV) * hd, s.kv_ld = ld, s.kv_batch = T * ld;
+  s.out_ld = NH * hd, s.out_batch = T * NH * hd, s.lse_T = T;
+  return s;
+}
+
+void check(const FlashBlock& s) {
+  DPT_CHECK(s.B >= 0 && s.Tq >= 0 && s.Tk >= 0 && s.hd > 0 && s.NKV > 0 && s.NH % s.NKV == 0 && s.delta >= 0,
+            "flash attention needs a positive head size, query heads a multiple of the key/value heads and a "
+            "delta >= 0 (got hd {}, {} / {} heads, delta {})",
+            s.hd, s.NH, s.NKV, s.delta);
+}
+
+// Forward over (sequence, head, query tile); merge as forward_tile's.
+void run_forward(const FlashBlock& s, float* out, float* lse, bool merge) {
+  check(s);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+  const bool wide = wide_vectors();
+  const int64_t tiles = (s.Tq + kTile - 1) / kTile;
+#pragma omp parallel
+  {
+    static thread_local ForwardScratch w;
+    // Later query tiles see more keys: handed out one at a time.
+#pragma omp for collapse(3) schedule(dynamic, 1)
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t h = 0; h < s.NH; ++h)
+        for (int64_t i = 0; i < tiles; ++i) {
+          const int64_t g = h / group_of(s), i0 = i * kTile, kv = b * s.kv_batch + g * s.hd;
+          forward_tile(s, s.q + b * s.q_batch + h * s.hd, s.k + kv, s.v + kv, out + b * s.out_batch + h * s.hd,
+                       lse + (b * s.NH + h) * s.lse_T, i0, std::min(kTile, s.Tq - i0), scale, wide, merge, w);
+        }
+  }
+}
+
+// Backward over (sequence, key/value head); accumulate as backward_group's.
+void run_backward(const FlashBlock& s, const float* out, const float* dout, const float* lse, float* dq, float* dk,
+                  float* dv, bool accumulate) {
+  check(s);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
+  const bool wide = wide_vectors();
+#pragma omp parallel
+  {
+    static thread_local BackScratch w;
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t g = 0; g < s.NKV; ++g) {
+        const int64_t qb = b * s.q_batch, kvb = b * s.kv_batch, ob = b * s.out_batch;
+        backward_group(s, s.q + qb, s.k + kvb, s.v + kvb, dout + ob, out + ob, lse + b * s.NH * s.lse_T, dq + qb,
+                       dk + kvb, dv + kvb, g, scale, wide, accumulate, w);
+      }
   }
 }
 
@@ -299,43 +385,22 @@ DPT_CPU_CLONES void backward_group(const Shape& s, const float* base, const floa
 
 void set_flash_attention_narrow_for_testing(bool on) { force_narrow.store(on); }
 
-void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
-  const Shape s{B, T, NH, NKV, hd};
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool wide = wide_vectors();
-#pragma omp parallel
-  {
-    static thread_local BackScratch w;
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t g = 0; g < NKV; ++g)
-        backward_group(s, qkv + b * T * s.ld(), dout + b * T * s.ldo(), out + b * T * s.ldo(), lse + b * NH * T,
-                       dqkv + b * T * s.ld(), g, scale, wide, w);
-  }
-}
-
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                              int64_t hd) {
-  const Shape s{B, T, NH, NKV, hd};
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool wide = wide_vectors();
-  const int64_t tiles = (T + kTile - 1) / kTile;
-#pragma omp parallel
-  {
-    static thread_local ForwardScratch w;
-    // Later query tiles see more keys: handed out one at a time.
-#pragma omp for collapse(3) schedule(dynamic, 1)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < NH; ++h)
-        for (int64_t i = 0; i < tiles; ++i) {
-          const float* base = qkv + b * T * s.ld();
-          const int64_t g = h / s.group(), i0 = i * kTile;
-          forward_tile(s, base + h * hd, base + (NH + g) * hd, base + (NH + NKV + g) * hd,
-                       out + b * T * s.ldo() + h * hd, lse + (b * NH + h) * T, i0, std::min(kTile, T - i0), scale,
-                       wide, w);
-        }
-  }
+  run_forward(whole_sequence(qkv, B, T, NH, NKV, hd), out, lse, false);
+}
+
+void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
+  run_backward(whole_sequence(qkv, B, T, NH, NKV, hd), out, dout, lse, dqkv, dqkv + NH * hd,
+               dqkv + (NH + NKV) * hd, false);
+}
+
+void flash_block_forward(const FlashBlock& blk, float* out, float* lse) { run_forward(blk, out, lse, true); }
+
+void flash_block_backward(const FlashBlock& blk, const float* out, const float* dout, const float* lse, float* dq,
+                          float* dk, float* dv) {
+  run_backward(blk, out, dout, lse, dq, dk, dv, true);
 }
 
 }  // namespace dpt
