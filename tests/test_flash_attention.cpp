@@ -3,9 +3,15 @@
 // input gradient within 1e-5 ("within r": max|a - b| <= r x max|b|) for T
 // in {1, 7, 64, 129, 1000} (one tile, a partial tile, whole tiles, one past
 // them, many), multi-head, grouped and multi-query; the same bits twice.
+// Ring attention's block pairs (FlashBlock) against the whole sequence and
+// against a double-precision reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
@@ -92,6 +98,254 @@ TEST(FlashAttention, DiffersFromAttentionWithoutTheCausalMask) {
   flash_attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, NKV, hd);
   // Row 0 attends to key 0 alone: its output is value 0.
   for (int64_t d = 0; d < hd; ++d) EXPECT_NEAR(out[static_cast<size_t>(d)], qkv[static_cast<size_t>(2 * NH * hd + d)], 1e-6);
+}
+
+// Ring attention's block pairs (flash_block_forward/backward, issue 35's
+// context parallelism). A causal sequence of T = 2N x L rows in 2N chunks of
+// L, rank i of N holding chunks i and 2N - 1 - i as ring attention does:
+// its queries in a packed qkv layout [B][2L][(NH + 2 NKV) hd], every rank's
+// keys and values in a separate [B][2L][2 NKV hd] buffer (keys, then
+// values), its out [B][2L][NH hd] and lse [B][NH][2L]. Query chunk a against
+// key chunk b (a >= b) is one block, delta = (a - b) L.
+struct Ring {
+  int64_t B, N, L, NH, NKV, hd;
+  int64_t ld() const { return (NH + 2 * NKV) * hd; }
+  int64_t kv_ld() const { return 2 * NKV * hd; }
+  int64_t chunk(int64_t rank, int64_t slot) const { return slot == 0 ? rank : 2 * N - 1 - rank; }
+  // Query chunk slot qs of rank qr against key chunk slot ks of rank kr;
+  // nullopt where the queries come first (nothing visible).
+  std::optional<FlashBlock> block(const std::vector<float>& qkv, const std::vector<float>& kv, int64_t qr,
+                                  int64_t qs, int64_t kr, int64_t ks) const {
+    const int64_t a = chunk(qr, qs), b = chunk(kr, ks);
+    if (a < b) return std::nullopt;
+    FlashBlock f{};
+    f.B = B, f.NH = NH, f.NKV = NKV, f.hd = hd, f.Tq = L, f.Tk = L, f.delta = (a - b) * L;
+    f.q = qkv.data() + qs * L * ld(), f.q_ld = ld(), f.q_batch = 2 * L * ld();
+    f.k = kv.data() + ks * L * kv_ld(), f.v = f.k + NKV * hd, f.kv_ld = kv_ld(), f.kv_batch = 2 * L * kv_ld();
+    f.out_ld = NH * hd, f.out_batch = 2 * L * NH * hd, f.lse_T = 2 * L;
+    return f;
+  }
+};
+
+// The order the key chunks reach rank i: step s brings rank (i - s) mod N's.
+// reversed: the last step's first, the chunks within a step swapped too
+// (the merge does not depend on the order).
+std::vector<std::pair<int64_t, int64_t>> ring_order(const Ring& r, int64_t rank, bool reversed) {
+  std::vector<std::pair<int64_t, int64_t>> o;  // (key rank, key slot)
+  for (int64_t s = 0; s < r.N; ++s)
+    for (int64_t ks : {0, 1}) o.emplace_back((rank - s + r.N) % r.N, ks);
+  if (reversed) std::reverse(o.begin(), o.end());
+  return o;
+}
+
+void ring_matches_the_whole_sequence(const Ring& r, bool reversed) {
+  SCOPED_TRACE(::testing::Message() << "N " << r.N << " L " << r.L << " heads " << r.NH << "/" << r.NKV << " of "
+                                    << r.hd << (reversed ? " reversed" : ""));
+  const int64_t T = 2 * r.N * r.L, ld = r.ld(), kvld = r.kv_ld(), C = r.NH * r.hd, L = r.L;
+  Rng rng(static_cast<uint64_t>(T + r.NKV));
+  const auto qkv = random_vector(static_cast<size_t>(r.B * T * ld), rng);
+  const auto dout = random_vector(static_cast<size_t>(r.B * T * C), rng);
+  std::vector<float> out(dout.size()), lse(static_cast<size_t>(r.B * r.NH * T)), dqkv(qkv.size());
+  flash_attention_forward(out.data(), lse.data(), qkv.data(), r.B, T, r.NH, r.NKV, r.hd);
+  flash_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), r.B, T, r.NH, r.NKV, r.hd);
+
+  // Each rank's slices of the whole sequence's tensors; rows (b, slot, t)
+  // of a rank are rows (b, chunk(slot) L + t) of the sequence.
+  const auto row = [&](int64_t rank, int64_t b, int64_t slot, int64_t t) { return b * T + r.chunk(rank, slot) * L + t; };
+  std::vector<std::vector<float>> q(r.N), kv(r.N), dO(r.N), o(r.N), l(r.N), dq(r.N), dkv(r.N);
+  for (int64_t i = 0; i < r.N; ++i) {
+    q[i].resize(static_cast<size_t>(r.B * 2 * L * ld));
+    kv[i].resize(static_cast<size_t>(r.B * 2 * L * kvld));
+    dO[i].resize(static_cast<size_t>(r.B * 2 * L * C));
+    o[i].assign(dO[i].size(), std::nanf(""));  // not read where lse is -inf
+    l[i].assign(static_cast<size_t>(r.B * r.NH * 2 * L), -std::numeric_limits<float>::infinity());
+    dq[i].assign(q[i].size(), 0.0f);
+    dkv[i].assign(kv[i].size(), 0.0f);
+    for (int64_t b = 0; b < r.B; ++b)
+      for (int64_t s = 0; s < 2; ++s)
+        for (int64_t t = 0; t < L; ++t) {
+          const int64_t local = (b * 2 + s) * L + t, whole = row(i, b, s, t);
+          std::copy_n(qkv.begin() + whole * ld, ld, q[i].begin() + local * ld);
+          std::copy_n(qkv.begin() + whole * ld + C, kvld, kv[i].begin() + local * kvld);
+          std::copy_n(dout.begin() + whole * C, C, dO[i].begin() + local * C);
+        }
+  }
+  for (int64_t i = 0; i < r.N; ++i)
+    for (auto [kr, ks] : ring_order(r, i, reversed))
+      for (int64_t qs : {0, 1})
+        if (auto f = r.block(q[i], kv[kr], i, qs, kr, ks))
+          flash_block_forward(*f, o[i].data() + qs * L * C, l[i].data() + qs * L);
+  for (int64_t i = 0; i < r.N; ++i)
+    for (auto [kr, ks] : ring_order(r, i, reversed))
+      for (int64_t qs : {0, 1})
+        if (auto f = r.block(q[i], kv[kr], i, qs, kr, ks))
+          flash_block_backward(*f, o[i].data() + qs * L * C, dO[i].data() + qs * L * C, l[i].data() + qs * L,
+                               dq[i].data() + qs * L * ld, dkv[kr].data() + ks * L * kvld,
+                               dkv[kr].data() + ks * L * kvld + r.NKV * r.hd);
+
+  // Gathered back into the whole sequence's layouts.
+  std::vector<float> ring_out(out.size()), ring_lse(lse.size()), ring_dqkv(dqkv.size());
+  for (int64_t i = 0; i < r.N; ++i)
+    for (int64_t b = 0; b < r.B; ++b)
+      for (int64_t s = 0; s < 2; ++s)
+        for (int64_t t = 0; t < L; ++t) {
+          const int64_t local = (b * 2 + s) * L + t, whole = row(i, b, s, t);
+          std::copy_n(o[i].begin() + local * C, C, ring_out.begin() + whole * C);
+          std::copy_n(dq[i].begin() + local * ld, C, ring_dqkv.begin() + whole * ld);
+          std::copy_n(dkv[i].begin() + local * kvld, kvld, ring_dqkv.begin() + whole * ld + C);
+          for (int64_t h = 0; h < r.NH; ++h)
+            ring_lse[static_cast<size_t>((b * r.NH + h) * T + whole - b * T)] =
+                l[i][static_cast<size_t>((b * r.NH + h) * 2 * L + s * L + t)];
+        }
+  EXPECT_LE(rel_diff(ring_out, out), 1e-5);
+  EXPECT_LE(rel_diff(ring_lse, lse), 1e-5);
+  EXPECT_LE(rel_diff(ring_dqkv, dqkv), 1e-5);
+  std::printf("[ measure  ] ring N %lld L %lld heads %lld/%lld: out %.2e, lse %.2e, dqkv %.2e\n",
+              static_cast<long long>(r.N), static_cast<long long>(L), static_cast<long long>(r.NH),
+              static_cast<long long>(r.NKV), rel_diff(ring_out, out), rel_diff(ring_lse, lse),
+              rel_diff(ring_dqkv, dqkv));
+}
+
+void ring_blocks_match_the_whole_sequence() {
+  set_threads(1);
+  // Chunks of 37 (within one tile) and 70 (past one), 2 and 4 ranks;
+  // multi-head, grouped and multi-query; head dims 16 and 80 (past the
+  // four vectors of a register block).
+  for (int64_t N : {2, 4})
+    for (int64_t L : {37, 70})
+      for (int64_t NKV : {4, 2, 1}) ring_matches_the_whole_sequence(Ring{2, N, L, 4, NKV, 16}, false);
+  ring_matches_the_whole_sequence(Ring{1, 2, 70, 4, 2, 80}, false);
+  for (int64_t NKV : {2, 1}) ring_matches_the_whole_sequence(Ring{2, 4, 37, 4, NKV, 16}, true);
+}
+
+TEST(FlashBlock, RingOfBlockPairsMatchesTheWholeSequence) { ring_blocks_match_the_whole_sequence(); }
+
+TEST(FlashBlock, NarrowVectorsRingMatchesTheWholeSequenceToo) {
+  set_flash_attention_narrow_for_testing(true);
+  ring_blocks_match_the_whole_sequence();
+  set_flash_attention_narrow_for_testing(false);
+}
+
+// One block against attention computed here in double precision from its
+// definition: query row r sees key c when r + delta >= c, the merge with an
+// earlier (out, lse) (some rows with none: lse -inf), and the backward's
+// sums added into dq, dk and dv that already hold values.
+void one_block_matches_the_definition(int64_t Tq, int64_t Tk, int64_t delta) {
+  SCOPED_TRACE(::testing::Message() << "Tq " << Tq << " Tk " << Tk << " delta " << delta);
+  const int64_t B = 2, NH = 4, NKV = 2, hd = 16, ld = (NH + 2 * NKV) * hd, kvld = 2 * NKV * hd, C = NH * hd;
+  const int64_t group = NH / NKV;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  Rng rng(static_cast<uint64_t>(Tq * 1000 + Tk + delta));
+  const auto qkv = random_vector(static_cast<size_t>(B * Tq * ld), rng);
+  const auto kv = random_vector(static_cast<size_t>(B * Tk * kvld), rng);
+  const auto dout = random_vector(static_cast<size_t>(B * Tq * C), rng);
+  auto out = random_vector(static_cast<size_t>(B * Tq * C), rng);
+  std::vector<float> lse(static_cast<size_t>(B * NH * Tq));
+  for (size_t i = 0; i < lse.size(); ++i) lse[i] = i % 3 == 0 ? -std::numeric_limits<float>::infinity() : rng.normal();
+  const auto out0 = out, lse0 = lse;
+  const auto dq0 = random_vector(qkv.size(), rng), dkv0 = random_vector(kv.size(), rng);
+
+  FlashBlock f{};
+  f.B = B, f.NH = NH, f.NKV = NKV, f.hd = hd, f.Tq = Tq, f.Tk = Tk, f.delta = delta;
+  f.q = qkv.data(), f.q_ld = ld, f.q_batch = Tq * ld;
+  f.k = kv.data(), f.v = kv.data() + NKV * hd, f.kv_ld = kvld, f.kv_batch = Tk * kvld;
+  f.out_ld = C, f.out_batch = Tq * C, f.lse_T = Tq;
+  flash_block_forward(f, out.data(), lse.data());
+  auto dq = dq0, dkv = dkv0;
+  flash_block_backward(f, out.data(), dout.data(), lse.data(), dq.data(), dkv.data(), dkv.data() + NKV * hd);
+
+  std::vector<float> ref_out(out0), ref_lse(lse0);
+  std::vector<double> ref_dq(dq0.begin(), dq0.end()), ref_dkv(dkv0.begin(), dkv0.end());
+  std::vector<double> p(static_cast<size_t>(Tk)), ds(static_cast<size_t>(Tk));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t r = 0; r < Tq; ++r) {
+        const float* q = qkv.data() + (b * Tq + r) * ld + h * hd;
+        const auto key = [&](int64_t c) { return kv.data() + (b * Tk + c) * kvld + h / group * hd; };
+        const auto value = [&](int64_t c) { return key(c) + NKV * hd; };
+        const int64_t seen = std::min(Tk, r + delta + 1);  // keys 0 .. r + delta
+        // Forward: the old part weighs e^lse0, key c e^(q.k scale).
+        const size_t li = static_cast<size_t>((b * NH + h) * Tq + r);
+        const double old = lse0[li];
+        double mx = old;
+        for (int64_t c = 0; c < seen; ++c) {
+          double s = 0.0;
+          for (int64_t d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * key(c)[d];
+          p[static_cast<size_t>(c)] = s * scale;
+          mx = std::max(mx, s * scale);
+        }
+        double sum = std::isinf(old) ? 0.0 : std::exp(old - mx);
+        for (int64_t c = 0; c < seen; ++c) sum += std::exp(p[static_cast<size_t>(c)] - mx);
+        const double L = mx + std::log(sum);
+        float* o = ref_out.data() + (b * Tq + r) * C + h * hd;
+        for (int64_t d = 0; d < hd; ++d) {
+          double acc = std::isinf(old) ? 0.0 : std::exp(old - L) * o[d];
+          for (int64_t c = 0; c < seen; ++c) acc += std::exp(p[static_cast<size_t>(c)] - L) * value(c)[d];
+          o[d] = static_cast<float>(acc);
+        }
+        ref_lse[li] = static_cast<float>(L);
+        // Backward from the kernel's final out and lse (as ring attention
+        // passes them), this block's keys only.
+        const float* go = dout.data() + (b * Tq + r) * C + h * hd;
+        const float* fo = out.data() + (b * Tq + r) * C + h * hd;
+        double D = 0.0;
+        for (int64_t d = 0; d < hd; ++d) D += static_cast<double>(go[d]) * fo[d];
+        for (int64_t c = 0; c < seen; ++c) {
+          const double pc = std::exp(p[static_cast<size_t>(c)] - lse[li]);
+          double dp = 0.0;
+          for (int64_t d = 0; d < hd; ++d) dp += static_cast<double>(go[d]) * value(c)[d];
+          const double dsc = pc * (dp - D);
+          double* dk = ref_dkv.data() + (b * Tk + c) * kvld + h / group * hd;
+          double* dv = dk + NKV * hd;
+          double* dqr = ref_dq.data() + (b * Tq + r) * ld + h * hd;
+          for (int64_t d = 0; d < hd; ++d) {
+            dqr[d] += dsc * key(c)[d] * scale;
+            dk[d] += dsc * q[d] * scale;
+            dv[d] += pc * go[d];
+          }
+        }
+      }
+  const std::vector<float> want_dq(ref_dq.begin(), ref_dq.end()), want_dkv(ref_dkv.begin(), ref_dkv.end());
+  EXPECT_LE(rel_diff(out, ref_out), 1e-5);
+  EXPECT_LE(rel_diff(lse, ref_lse), 1e-5);
+  EXPECT_LE(rel_diff(dq, want_dq), 1e-5);
+  EXPECT_LE(rel_diff(dkv, want_dkv), 1e-5);
+  // And the gradients differ from what they held: the sums are there.
+  EXPECT_GT(rel_diff(dq0, want_dq), 1e-3);
+  EXPECT_GT(rel_diff(dkv0, want_dkv), 1e-3);
+  std::printf("[ measure  ] block Tq %lld Tk %lld delta %lld: out %.2e, lse %.2e, dq %.2e, dkv %.2e\n",
+              static_cast<long long>(Tq), static_cast<long long>(Tk), static_cast<long long>(delta),
+              rel_diff(out, ref_out), rel_diff(lse, ref_lse), rel_diff(dq, want_dq), rel_diff(dkv, want_dkv));
+}
+
+void blocks_match_the_definition() {
+  set_threads(1);
+  // Partial sight within a tile (delta 5), the diagonal with more keys than
+  // queries, sight crossing tiles on both sides (delta 70: query tile 0 sees
+  // key tile 1 in part, key tile 3 unseen by the first query tile), and
+  // the last row of a query tile the only one to see a key tile (delta 1:
+  // row 63 sees key 64), every key visible.
+  for (auto [Tq, Tk, delta] : {std::tuple<int64_t, int64_t, int64_t>{70, 90, 5}, {40, 90, 0}, {130, 230, 70},
+                               {70, 130, 1}, {70, 90, 90}, {1, 7, 3}})
+    one_block_matches_the_definition(Tq, Tk, delta);
+}
+
+TEST(FlashBlock, PartialSightMatchesTheDefinition) { blocks_match_the_definition(); }
+
+TEST(FlashBlock, NarrowVectorsPartialSightMatchesTheDefinitionToo) {
+  set_flash_attention_narrow_for_testing(true);
+  blocks_match_the_definition();
+  set_flash_attention_narrow_for_testing(false);
+}
+
+// A negative delta (queries before every key) is refused in one sentence.
+TEST(FlashBlock, RefusesANegativeDelta) {
+  std::vector<float> x(64, 1.0f), out(16), lse(2);
+  FlashBlock f{};
+  f.B = 1, f.NH = 1, f.NKV = 1, f.hd = 8, f.Tq = 2, f.Tk = 2, f.delta = -1;
+  f.q = x.data(), f.q_ld = 8, f.q_batch = 16, f.k = x.data(), f.v = x.data(), f.kv_ld = 8, f.kv_batch = 16;
+  f.out_ld = 8, f.out_batch = 16, f.lse_T = 2;
+  EXPECT_THROW(flash_block_forward(f, out.data(), lse.data()), Error);
 }
 
 }  // namespace
