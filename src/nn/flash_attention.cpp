@@ -211,8 +211,9 @@ DPT_CPU_CLONES void forward_tile(const FlashBlock& s, const float* q, const floa
   for (int64_t r = 0; r < ni; ++r) {
     if (w.l[r] == 0.0f) continue;  // saw no key
     float* o = out + (i0 + r) * s.out_ld;
-    const float inv = 1.0f / w.l[r], blk_lse = w.m[r] + std::log(w.l[r]), old = lse[i0 + r];
-    if (!merge || old == -std::numeric_limits<float>::infinity()) {
+    const float inv = 1.0f / w.l[r], blk_lse = w.m[r] + std::log(w.l[r]);
+    const float old = merge ? lse[i0 + r] : -std::numeric_limits<float>::infinity();  // written, not read, unmerged
+    if (old == -std::numeric_limits<float>::infinity()) {
       for (int64_t d = 0; d < hd; ++d) o[d] = O[r * hdp + d] * inv;
       lse[i0 + r] = blk_lse;
       continue;
