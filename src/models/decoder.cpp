@@ -423,6 +423,7 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   a.dI = config_.mlp == MlpKind::SwiGlu ? take(N * w.inner) : nullptr;
   a.rope_cos = config_.rotary ? take(T * w.hd / 2) : nullptr;
   a.rope_sin = config_.rotary ? take(T * w.hd / 2) : nullptr;
+  a.ring = cp_size_ > 1 ? take(static_cast<int64_t>(ring_shape(B, T).scratch())) : nullptr;
   return cur.used;
 }
 
@@ -435,7 +436,7 @@ size_t Decoder::activation_bytes_for(int64_t B) const {
 
 size_t Decoder::activation_bytes_for(int64_t B, int chunk) const {
   Acts counted;
-  return static_cast<size_t>(lay_out(B, config_.context, nullptr, counted, chunk)) * sizeof(float);
+  return static_cast<size_t>(lay_out(B, local_rows(config_.context), nullptr, counted, chunk)) * sizeof(float);
 }
 
 void Decoder::plan_activations(int64_t B, int64_t T) {
@@ -459,14 +460,6 @@ void Decoder::plan_activations(int64_t B, int64_t T) {
   planned_split_ = split_backward_;
 }
 
-void Decoder::fill_rope_tables(int64_t T) {
-  const size_t n = static_cast<size_t>(T * w_.hd / 2);
-  std::vector<float> cos(n), sin(n);
-  rope_cache(cos.data(), sin.data(), inv_freq_.data(), T, w_.hd);
-  k().upload(act_.rope_cos, cos.data(), n * sizeof(float));
-  k().upload(act_.rope_sin, sin.data(), n * sizeof(float));
-}
-
 double Decoder::train_flops(int64_t B) const {
   // PaLM's estimate: 6 FLOPs per parameter per token for the GEMMs (the
   // output projection counts as V*C; position embeddings are lookups) plus
@@ -480,7 +473,9 @@ double Decoder::train_flops(int64_t B) const {
   // The head is 1/tp of it too with a vocabulary-parallel embedding.
   const double V = stage_.head ? static_cast<double>(config_.vocab) / (vocab_parallel() ? tp_.size : 1) : 0.0;
   const double gemm_params = L * config_.block_gemm_params() + V * C;
-  const double tokens = static_cast<double>(B) * T;
+  // A CP rank computes 1/cp of the tokens and, its chunks balanced, of
+  // attention's causal work.
+  const double tokens = static_cast<double>(B) * T / cp_size_;
   return tokens * (6.0 * gemm_params + 12.0 * L * T * att);
 }
 
@@ -492,7 +487,7 @@ double Decoder::recompute_flops(int64_t B) const {
   const double T = static_cast<double>(config_.context);
   const double att = static_cast<double>(config_.heads * config_.head_dim());
   const double L = static_cast<double>(blocks_.size()) / tp_.size;
-  return static_cast<double>(B) * T * (2.0 * L * config_.block_gemm_params() + 4.0 * L * T * att);
+  return static_cast<double>(B) * T / cp_size_ * (2.0 * L * config_.block_gemm_params() + 4.0 * L * T * att);
 }
 
 void Decoder::tensor_sum(float* x, size_t n, TpReduce op) const {

@@ -33,6 +33,7 @@
 
 #include "models/decoder_config.h"
 #include "models/model.h"
+#include "nn/ring_attention.h"
 
 namespace dpt {
 
@@ -118,6 +119,17 @@ class Decoder : public Model {
   // the CPU; InputError, one sentence, otherwise (checked at forward).
   void set_fused_attention(bool on) { fused_attention_ = on; }
   bool fused_attention() const { return fused_attention_; }
+  // Context parallelism (docs/context_parallel.md): of every sequence's 2 x
+  // size chunks this rank holds chunks rank and 2 size - 1 - rank. forward
+  // takes whole sequences and keeps its chunks' rows (their positions for
+  // wpe and the rotary tables); attention passes keys and values round
+  // ring's group (nn/ring_attention.h; fused attention, on the CPU). Set
+  // before the first forward; the loss is the mean over this rank's rows
+  // (the data-parallel average over the CP ranks makes it the sequence's).
+  void set_context_parallel(int size, int rank, ContextRing* ring);
+  int context_parallel() const { return cp_size_; }
+  // The rows of a sequence of T tokens this rank computes.
+  int64_t local_rows(int64_t T) const { return T / cp_size_; }
   // The embedding's and the untied head's names: vocabulary rows.
   static bool vocab_matrix(const std::string& name);
   std::string embedding_name() const {
@@ -270,6 +282,7 @@ class Decoder : public Model {
     float *rope_cos = nullptr, *rope_sin = nullptr;  // rotary: [T, hd/2] each
     float* atty32 = nullptr;  // bf16 runs: attention's fp32 output before conversion
     void* dout16 = nullptr;   // bf16 runs: an output gradient converted for the GEMMs
+    float* ring = nullptr;    // context parallelism: ring attention's scratch (RingShape::scratch)
   };
   // The TP group's sum (or max) of x[0, n) (nothing at tp 1).
   void tensor_sum(float* x, size_t n, TpReduce op = TpReduce::Sum) const;
@@ -341,6 +354,34 @@ class Decoder : public Model {
   void attention_backward(const BlockSlots& s, const BlockActs& b, int64_t B, int64_t T);
   template <typename CT>
   void mlp_backward(const BlockSlots& s, const BlockActs& b, int64_t N);
+  // The attention kernel the run computes with (decoder_attention.cpp):
+  // ring attention across the CP group, the fused kernel or the unfused
+  // layer; att is the log-sum-exps (fused, ring) or the probabilities.
+  void attend_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T);
+  void attend_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int64_t B,
+                       int64_t T);
+  // The attention's fp32 output, which the fused and ring backward read:
+  // the block's own in an fp32 run, kept after the log-sum-exps in a bf16
+  // one (lay_out).
+  template <typename CT>
+  float* fused_out(const BlockActs& b, int64_t B, int64_t T) const {
+    if constexpr (std::is_same_v<CT, float>)
+      return static_cast<float*>(b.atty);
+    else
+      return b.att + B * w_.heads * T;
+  }
+  RingShape ring_shape(int64_t B, int64_t T) const { return {B, T, w_.heads, w_.kv, w_.hd}; }
+  // Context parallelism: the position in its sequence of local row t of T,
+  // this rank's rows of a batch of whole sequences, and the learned
+  // positions' forward and backward over the local rows.
+  int64_t position(int64_t t, int64_t T) const { return context_position(t, T, cp_rank_, cp_size_); }
+  void keep_local_rows(const Batch& batch, int64_t T);
+  // InputError, one sentence, for whole sequences of T tokens context
+  // parallelism cannot run.
+  void check_context_parallel(int64_t T) const;
+  template <typename CT>
+  void positions_forward(int64_t B, int64_t T);
+  void positions_backward(int64_t B, int64_t T);
   // The norm of the config (LayerNorm or RMSNorm) and its backward.
   template <typename CT>
   void norm_forward(CT* out, float* mean, float* rstd, const float* x, int w, int b, int64_t N);
@@ -423,8 +464,10 @@ class Decoder : public Model {
   std::vector<Arena> arenas_{1};
   int slot_ = 0;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
-  bool stop_at_logits_ = false;
-  bool fused_attention_ = false;  // logits(): forward ends with the packed logits
+  bool stop_at_logits_ = false;  // logits(): forward ends with the packed logits
+  bool fused_attention_ = false;
+  int cp_size_ = 1, cp_rank_ = 0;
+  ContextRing* ring_ = nullptr;
   int head_ = -1;  // an untied head's slot (lm_head.weight), on the last stage
   Widths w_;
   std::vector<float> inv_freq_;  // rotary: [hd/2] (nn/rope.h)

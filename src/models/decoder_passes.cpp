@@ -76,15 +76,8 @@ void Decoder::attention_forward(const BlockSlots& s, const BlockActs& a, int64_t
     k().rope_forward(a.qkv, a.qkv, act_.rope_cos, act_.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
   // Attention computes in fp32 (its softmax needs the range); a bf16 run
   // converts its output for the output projection.
-  float* out = std::is_same_v<CT, float> ? reinterpret_cast<float*>(a.atty)
-               : fused_attention_          ? a.att + B * w.heads * T  // kept for backward (decoder.cpp)
-                                           : act_.atty32;
-  if (fused_attention_)
-    flash_attention_forward(out, a.att, a.qkv, B, T, w.heads, w.kv, w.hd);
-  else if (config_.grouped())
-    k().gqa_attention_forward(out, a.att, a.qkv, B, T, w.heads, w.kv, w.hd);
-  else
-    k().attention_forward(out, a.att, a.qkv, B, T, w.att, w.heads);
+  float* out = std::is_same_v<CT, float> || fused_attention_ ? fused_out<CT>(a, B, T) : act_.atty32;
+  attend_forward(out, a.att, a.qkv, B, T);
   if constexpr (std::is_same_v<CT, bf16>) k().convert(as<CT>(a.atty), out, static_cast<size_t>(N * w.att));
   // A row-parallel projection's output is the sum of every TP rank's
   // partial product; its bias is added once, by TP rank 0, inside that sum.
@@ -135,20 +128,26 @@ void Decoder::block_forward(size_t l, const float* x, int64_t B, int64_t T) {
 }
 
 ForwardStats Decoder::forward(const Batch& batch) {
-  const int64_t B = batch.B, T = batch.T, V = config_.vocab;
-  const int64_t N = B * T;
-  if (T < 1 || T > config_.context)
-    throw InputError(fmt::format("sequence length {} is outside the model's 1..{}", T, config_.context));
-  if (static_cast<int64_t>(batch.tokens.size()) < N || static_cast<int64_t>(batch.targets.size()) < N)
-    throw InputError(fmt::format("a batch of {}x{} needs {} tokens and targets", B, T, N));
+  const int64_t B = batch.B, V = config_.vocab;
+  if (batch.T < 1 || batch.T > config_.context)
+    throw InputError(fmt::format("sequence length {} is outside the model's 1..{}", batch.T, config_.context));
+  if (static_cast<int64_t>(batch.tokens.size()) < B * batch.T || static_cast<int64_t>(batch.targets.size()) < B * batch.T)
+    throw InputError(fmt::format("a batch of {}x{} needs {} tokens and targets", B, batch.T, B * batch.T));
+  check_context_parallel(batch.T);
+  // Under context parallelism this rank's rows of the sequences.
+  const int64_t T = local_rows(batch.T), N = B * T;
   if (fused_attention_ && device_ != Device::CPU)
     throw InputError("--attention fused runs on the CPU (not yet with --device cuda)");
   if (sequence_parallel(N) && (device_ != Device::CPU || !whole()))
     throw InputError(
         "--sequence-parallel runs on the CPU without --pp (not yet with --device cuda or pipeline stages)");
   plan_activations(B, T);
-  std::copy(batch.tokens.begin(), batch.tokens.begin() + N, tokens_.begin());
-  std::copy(batch.targets.begin(), batch.targets.begin() + N, targets_.begin());
+  if (cp_size_ > 1) {
+    keep_local_rows(batch, T);
+  } else {
+    std::copy(batch.tokens.begin(), batch.tokens.begin() + N, tokens_.begin());
+    std::copy(batch.targets.begin(), batch.targets.begin() + N, targets_.begin());
+  }
   for (int64_t i = 0; i < N; ++i)
     if (tokens_[i] < 0 || tokens_[i] >= V || targets_[i] < 0 || targets_[i] >= V)
       throw InputError(fmt::format("token {} is outside the model's vocabulary 0..{}", tokens_[i], V - 1));
@@ -188,7 +187,7 @@ void Decoder::embed_forward(int64_t B, int64_t T) {
   } else {
     k().embedding_forward(act_.encoded, tok(), weight<CT>(wte_), N, C);
   }
-  if (wpe_ >= 0) k().position_embedding_forward(act_.encoded, weight<CT>(wpe_), B, T, C);
+  if (wpe_ >= 0) positions_forward<CT>(B, T);
   close(embed_unit_);
 }
 
@@ -301,13 +300,7 @@ void Decoder::attention_backward(const BlockSlots& s, const BlockActs& b, int64_
   k().linear_backward(a.dC, grad(s.proj_w), grad_or_null(s.proj_b), operand<CT>(k(), a.dres, N * C, a.dout16),
                       as<CT>(b.atty), weight<CT>(s.proj_w), N, w.att, C, a.dres);
   slots_ready(s.proj_w, last_of(s.proj_w, s.proj_b));
-  if (fused_attention_)
-    flash_attention_backward(a.d3C, a.dC, b.qkv, std::is_same_v<CT, float> ? as<float>(b.atty) : b.att + B * w.heads * T,
-                             b.att, B, T, w.heads, w.kv, w.hd);
-  else if (config_.grouped())
-    k().gqa_attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, w.heads, w.kv, w.hd);
-  else
-    k().attention_backward(a.d3C, a.dC, b.qkv, b.att, B, T, w.att, w.heads);
+  attend_backward(a.d3C, a.dC, b.qkv, fused_out<CT>(b, B, T), b.att, B, T);
   // From the turned q and k's gradient to the projection's.
   if (config_.rotary)
     k().rope_backward(a.d3C, a.d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
@@ -360,7 +353,7 @@ void Decoder::embed_backward(int64_t B, int64_t T) {
   // The head's part of the tied weight's gradient from the last stage goes
   // in first, as one process has it there before the tokens' part.
   if (tied_in_) k().residual_forward(grad(wte_), grad(wte_), tied_in_, static_cast<size_t>(wte_rows() * C));
-  if (wpe_ >= 0) k().position_embedding_backward(grad(wpe_), act_.dres, B, T, C);
+  if (wpe_ >= 0) positions_backward(B, T);
   // (Vocabulary-parallel: dres is the same on every TP rank, and each adds
   // it into the rows it holds; no communication.)
   if (vocab_parallel())

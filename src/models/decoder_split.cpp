@@ -124,13 +124,7 @@ void Decoder::block_backward_input(size_t l, const float* x, int64_t B, int64_t 
   k().linear_backward(a.dC, nullptr, nullptr, operand<CT>(k(), a.dres, N * C, a.dout16), as<CT>(b.atty),
                       weight<CT>(s.proj_w), N, w.att, C, nullptr);
   float* d3C = b.w_d3C;
-  if (fused_attention_)  // its fp32 output: the block's own, or in a bf16 run kept after the log-sum-exps
-    flash_attention_backward(d3C, a.dC, b.qkv, std::is_same_v<CT, float> ? as<float>(b.atty) : b.att + B * w.heads * T,
-                             b.att, B, T, w.heads, w.kv, w.hd);
-  else if (config_.grouped())
-    k().gqa_attention_backward(d3C, a.dC, b.qkv, b.att, B, T, w.heads, w.kv, w.hd);
-  else
-    k().attention_backward(d3C, a.dC, b.qkv, b.att, B, T, w.att, w.heads);
+  attend_backward(d3C, a.dC, b.qkv, fused_out<CT>(b, B, T), b.att, B, T);
   if (config_.rotary) k().rope_backward(d3C, d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
   k().linear_backward(b.w_dC1, nullptr, nullptr, operand<CT>(k(), d3C, N * w.qkv, a.dout16), as<CT>(b.ln1),
                       weight<CT>(s.qkv_w), N, C, w.qkv, nullptr);

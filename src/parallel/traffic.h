@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "models/decoder.h"
 #include "models/model.h"
 #include "parallel/strategy.h"
 
@@ -53,5 +54,11 @@ CommPlan bucket_traffic(const StrategyOptions& o, const Model& model, int world,
 CommPlan zero_traffic(int stage, const StrategyOptions& o, const Model& model, int world, int rank,
                       int64_t grad_accum);
 
+// Context parallelism's ring (nn/ring_attention.h) on one rank of a
+// decoder's CP group of cp ranks: per block and micro-batch, forward sends
+// cp - 1 blocks of keys and values (micro x T/cp rows of 2 kv x hd floats
+// each), backward cp - 1 again and cp of their gradients, and under
+// activation checkpointing the recomputed forward's cp - 1 in backward.
+CommPlan context_traffic(const Decoder& model, int64_t micro, int64_t grad_accum);
 
 }  // namespace dpt

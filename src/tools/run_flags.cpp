@@ -46,6 +46,11 @@ void RunFlags::add(CLI::App* cmd, TrainOptions& o) {
                 "--tp: Megatron's sequence parallelism: the norms and residual stream hold 1/tp of the micro-batch's "
                 "B x T rows, all-gathered before the column-parallel linears and reduce-scattered after the "
                 "row-parallel ones (TP's bytes; not with --pp)");
+  cmd->add_option("--cp", o.cp,
+                  "context parallelism: each sequence split into 2 x cp chunks over this many ranks (two each, "
+                  "causal work balanced), keys and values passed round the ring; ZeRO shards over dp x cp "
+                  "(docs/context_parallel.md)")
+      ->check(positive());
   cmd->add_option("--pp", o.pp, "pipeline stages (gpt): each holds consecutive blocks; data parallelism over world / pp")
       ->check(positive());
   cmd->add_option("--pp-schedule", o.pp_schedule,

@@ -104,6 +104,8 @@ RankModel rank_model(const TrainOptions& o, const Mesh& mesh, const std::optiona
   model->set_precision(o.precision);
   set_attention(o, *model);
   model->set_device(o.device);
+  // The arena's rows are this rank's chunks (the ring is connected later).
+  if (mesh.cp > 1) dynamic_cast<Decoder&>(*model).set_context_parallel(mesh.cp, mesh.cp_rank, nullptr);
   return {std::move(model), std::move(stages)};
 }
 
@@ -150,7 +152,11 @@ std::unique_ptr<Executor> make_executor(const TrainOptions& o, comm::ProcessGrou
 // the pipeline's transfers too).
 CommPlan planned_rank_comm(const TrainOptions& o, const StrategyOptions& so, const Model& model, const Mesh& mesh,
                            int64_t micro) {
-  if (mesh.tp == 1 && mesh.pp == 1) return planned_comm(so, model, mesh.dp, mesh.dp_rank, o.grad_accum);
+  if (mesh.tp == 1 && mesh.pp == 1) {
+    CommPlan c = planned_comm(so, model, mesh.dp_cp(), mesh.dp_rank * mesh.cp + mesh.cp_rank, o.grad_accum);
+    if (mesh.cp > 1) c += context_traffic(dynamic_cast<const Decoder&>(model), micro, o.grad_accum);
+    return c;
+  }
   PlanRequest request;
   request.run = o;
   request.grad_accum = o.grad_accum;
@@ -161,7 +167,8 @@ CommPlan planned_rank_comm(const TrainOptions& o, const StrategyOptions& so, con
 RankSetup set_up_rank(TrainOptions& o, comm::ProcessGroup& pg, const Mesh& mesh, TrainResult& r) {
   RankSetup s;
   s.mesh = mesh;
-  s.micro = micro_batch(o, mesh.dp, mesh.pp == 1 && mesh.tp == 1 ? "ranks" : "data-parallel replicas");
+  s.micro =
+      micro_batch(o, mesh.dp, mesh.pp == 1 && mesh.tp == 1 && mesh.cp == 1 ? "ranks" : "data-parallel replicas");
   // Read now: a bad checkpoint must fail before training, not after it.
   const std::string resume_path = o.resume.empty() ? "" : find_checkpoint(o.resume);
   std::optional<CheckpointInfo> saved;
@@ -171,6 +178,10 @@ RankSetup set_up_rank(TrainOptions& o, comm::ProcessGroup& pg, const Mesh& mesh,
   s.groups = std::make_unique<MeshGroups>(mesh, pg);
   comm::ProcessGroup& dpg = s.groups->dp();
   connect_tensor_parallel(*s.model, s.groups->tp());
+  if (mesh.cp > 1) {
+    s.ring = std::make_unique<GroupRing>(*s.groups->cp());
+    dynamic_cast<Decoder&>(*s.model).set_context_parallel(mesh.cp, mesh.cp_rank, s.ring.get());
+  }
   const StrategyOptions so = resolve_options(strategy_options(o), dpg);
   check_offload(o, so, *s.model, dpg, pg);
   check_rank_memory(o, so, *s.model, s.micro, mesh, dpg, pg);
@@ -181,7 +192,7 @@ RankSetup set_up_rank(TrainOptions& o, comm::ProcessGroup& pg, const Mesh& mesh,
   o.schedule.total_steps = s.steps;
   if (pg.size() > 1) r.topology = topology_json(pg);
   s.planned_comm = planned_rank_comm(o, so, *s.model, mesh, s.micro);
-  r.comm_formula = so.strategy->formula ? so.strategy->formula(so, mesh.dp) : "";
+  r.comm_formula = so.strategy->formula ? so.strategy->formula(so, mesh.dp_cp()) : "";
   s.resumed = saved.has_value();
   if (saved) s.start = resume_from(resume_path, *saved, o, *s.model, *s.strategy, *s.data, pg, s.steps, r);
   // The strategy's loss scale carries the 1/dp of the average, so every

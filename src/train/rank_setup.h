@@ -12,6 +12,7 @@
 
 #include "models/decoder.h"
 #include "models/model.h"
+#include "parallel/context_ring.h"
 #include "parallel/mesh.h"
 #include "parallel/strategy.h"
 #include "parallel/traffic.h"
@@ -83,6 +84,7 @@ struct RankSetup {
   int64_t micro = 0;           // samples per micro-batch on this rank
   std::unique_ptr<Model> model;
   std::unique_ptr<MeshGroups> groups;
+  std::unique_ptr<GroupRing> ring;  // --cp: the decoder's ring over groups->cp()
   std::unique_ptr<Strategy> strategy;
   std::unique_ptr<DataSource> data;
   std::unique_ptr<Executor> executor;

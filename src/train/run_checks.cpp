@@ -130,6 +130,27 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
   }
 }
 
+void check_context_parallel(const TrainOptions& o, const Mesh& mesh) {
+  if (mesh.cp == 1) return;
+  const std::string not_yet = fmt::format("with --cp {}", mesh.cp);
+  if (o.model == "mlp")
+    throw InputError(fmt::format("--cp splits a transformer's sequences for its causal attention; the {} model has "
+                                 "none",
+                                 o.model));
+  check_mesh_strategy(o.strategy, not_yet);
+  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
+  if (mesh.tp > 1 || mesh.pp > 1) throw InputError(fmt::format("--tp and --pp are not built {} yet", not_yet));
+  if (o.attention == "unfused")
+    throw InputError(fmt::format("--cp passes keys and values round a ring into the fused attention; --attention "
+                                 "unfused is not built {}",
+                                 not_yet));
+  const int64_t T = DecoderConfig::from(model_hparams(o)).context;
+  if (T % (2 * mesh.cp) != 0)
+    throw InputError(fmt::format("--cp {} splits each sequence into {} equal chunks, and the context of {} tokens "
+                                 "does not divide into them",
+                                 mesh.cp, 2 * mesh.cp, T));
+}
+
 void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
   if (mesh.pp == 1) {
     if (!o.pp_split.empty()) throw InputError("--pp-split needs --pp 2 or more");
@@ -182,11 +203,12 @@ void check_samples(const TrainOptions& o) {
 
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg) {
   apply_defaults(o);
-  const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp);
-  if (!o.strategy.set()) o.strategy = default_strategy(mesh.dp);
+  const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp, o.cp);
+  if (!o.strategy.set()) o.strategy = default_strategy(mesh.dp_cp());
   // The mesh's checks read the model's shape (--load's header): once.
-  if (mesh.tp > 1 || mesh.pp > 1) resolve_model(o);
+  if (mesh.tp > 1 || mesh.pp > 1 || mesh.cp > 1) resolve_model(o);
   check_pipeline(o, mesh);
+  check_context_parallel(o, mesh);
   check_tensor_parallel(o, mesh);
   if (pg) check_outputs(o, *pg);
   check_placement(o);
@@ -195,7 +217,7 @@ Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg)
   if (!o.load.empty() && !o.resume.empty())
     throw InputError("--load and --resume both give the starting weights; give one");
   if (o.strategy->refuse)
-    o.strategy->refuse({.world = mesh.world, .dp = mesh.dp, .fp32 = o.precision == DType::F32,
+    o.strategy->refuse({.world = mesh.world, .dp = mesh.dp_cp(), .fp32 = o.precision == DType::F32,
                         .fp32_reduce = o.ddp.reduce_dtype == DType::F32,
                         .checkpoints = !o.checkpoint_dir.empty() || !o.resume.empty(), .trace = !o.trace_out.empty(),
                         .offload = o.offload != Offload::None});
@@ -217,7 +239,7 @@ void check_launch(TrainOptions o, int world) {
     throw;
   }
   if (!o.strategy->in_threads())
-    micro_batch(o, mesh.dp, mesh.pp == 1 && mesh.tp == 1 ? "ranks" : "data-parallel replicas");
+    micro_batch(o, mesh.dp, mesh.pp == 1 && mesh.tp == 1 && mesh.cp == 1 ? "ranks" : "data-parallel replicas");
 }
 
 // check_memory for this rank. Under --pp the stages hold different parts of

@@ -51,6 +51,12 @@ void check_launch(TrainOptions o, int world);
 // --strategy dp and --device cuda.
 void check_pipeline(const TrainOptions& o, const Mesh& mesh);
 
+// Refuses, in one sentence, a --cp the engine cannot run: a model without
+// causal attention, a context that does not split into 2 x cp chunks, the
+// unfused attention, and the options not built with --cp yet. Nothing at
+// cp = 1.
+void check_context_parallel(const TrainOptions& o, const Mesh& mesh);
+
 // Refuses, in one sentence, a --tp the engine cannot run: heads not
 // divisible by tp, another model than the GPT, and the options not built
 // with --tp yet. Nothing at tp = 1.

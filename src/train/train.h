@@ -76,6 +76,7 @@ struct TrainOptions {
   TpEmbedding tp_embedding = TpEmbedding::Replicated;  // or Vocab: wte's rows split over the TP group
   bool sequence_parallel = false;  // norms and residuals split along the rows over the TP group
   int pp = 1;
+  int cp = 1;  // context parallelism: ranks that split each sequence (docs/context_parallel.md)
   std::string pp_schedule = "1f1b";  // parallel/pipe_program.h's names
   int virtual_stages = 0;            // chunks per rank; 0: the schedule's (interleaved, zb-v: 2; else 1)
   std::string pp_split;
