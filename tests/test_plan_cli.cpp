@@ -516,18 +516,21 @@ TEST_F(PlanCliTest, MeshesPlansEveryLayoutTrainingRuns) {
   const RunResult all = dpt("plan " + kGpt.flags + rates + " --meshes");
   ASSERT_EQ(all.code, 0) << all.err;
   const json plan = json::parse(all.out);
-  std::map<std::pair<int, int>, std::vector<json>> by_mesh;
+  std::map<std::tuple<int, int, int>, std::vector<json>> by_mesh;
   for (const json& row : plan.at("rows"))
-    by_mesh[{row.at("tp").get<int>(), row.at("pp").get<int>()}].push_back(row);
-  const std::vector<std::pair<int, int>> expected = {{1, 1}, {1, 2}, {2, 1}, {2, 2}};
+    by_mesh[{row.at("tp").get<int>(), row.at("pp").get<int>(), row.at("cp").get<int>()}].push_back(row);
+  // Context parallelism runs beside data parallelism alone (not yet with
+  // --tp or --pp): cp 2 and 4 divide the 32-token context into 4 and 8.
+  const std::vector<std::tuple<int, int, int>> expected = {{1, 1, 1}, {1, 1, 2}, {1, 1, 4},
+                                                           {1, 2, 1}, {2, 1, 1}, {2, 2, 1}};
   ASSERT_EQ(by_mesh.size(), expected.size());
-  for (const auto& [tp, pp] : expected) {
-    SCOPED_TRACE(fmt::format("tp {} pp {}", tp, pp));
-    ASSERT_EQ(by_mesh.count(std::make_pair(tp, pp)), 1u);
-    const RunResult one = dpt(fmt::format("plan {}{} --tp {} --pp {}", kGpt.flags, rates, tp, pp));
+  for (const auto& [tp, pp, cp] : expected) {
+    SCOPED_TRACE(fmt::format("tp {} pp {} cp {}", tp, pp, cp));
+    ASSERT_EQ(by_mesh.count(std::make_tuple(tp, pp, cp)), 1u);
+    const RunResult one = dpt(fmt::format("plan {}{} --tp {} --pp {} --cp {}", kGpt.flags, rates, tp, pp, cp));
     ASSERT_EQ(one.code, 0) << one.err;
     const json alone = json::parse(one.out).at("rows");
-    const std::vector<json>& rows = by_mesh[std::make_pair(tp, pp)];
+    const std::vector<json>& rows = by_mesh[std::make_tuple(tp, pp, cp)];
     ASSERT_EQ(alone.size(), rows.size());
     // The bytes but the peak RSS, which adds each process's own runtime.
     auto held = [](json bytes) {
@@ -540,7 +543,7 @@ TEST_F(PlanCliTest, MeshesPlansEveryLayoutTrainingRuns) {
       EXPECT_EQ(rows[i].at("strategy"), alone.at(i).at("strategy"));
     }
   }
-  test::expect_one_refusal(dpt("plan " + kGpt.flags + rates + " --meshes --tp 2"), "give it or --tp/--pp, not both");
+  test::expect_one_refusal(dpt("plan " + kGpt.flags + rates + " --meshes --tp 2"), "give it or --tp/--pp/--cp, not both");
 }
 
 // An impossible mesh is refused with training's own sentence.

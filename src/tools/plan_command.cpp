@@ -53,22 +53,28 @@ void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, cons
   const MachineRates& m = r.machine;
   // A replica's share of the batch: a rank's without a mesh; with --meshes
   // it differs from mesh to mesh.
-  const bool mesh = r.run.tp > 1 || r.run.pp > 1;
+  const bool mesh = r.run.tp > 1 || r.run.pp > 1 || r.run.cp > 1;
+  const int dp = r.world / (r.run.tp * r.run.pp * r.run.cp);
   const std::string share =
       r.all_meshes ? ""
-                   : fmt::format(" ({} per {}{})", r.batch / (r.world / (r.run.tp * r.run.pp)), mesh ? "replica" : "rank",
+                   : fmt::format(" ({} per {}{})", r.batch / dp, mesh ? "replica" : "rank",
                                  r.grad_accum > 1 ? fmt::format(" in {} micro-batches", r.grad_accum) : "");
   std::printf("dpt plan: %s, %zu parameters, %s, global batch %lld%s, %d rank%s, %d on this host\n",
               model_name.c_str(), model.param_count(), r.base.optimizer.name.c_str(),
               static_cast<long long>(r.batch), share.c_str(), r.world, r.world == 1 ? "" : "s", r.ranks_here);
   if (r.all_meshes)
-    std::printf("meshes: every tp x pp of %d ranks that dpt train runs for this model (rows tpN ppN; dp = ranks / "
-                "(tp x pp)); pipelines %s over %lld micro-batches; a pipeline's figures are its largest stage's\n",
+    std::printf("meshes: every tp x pp x cp of %d ranks that dpt train runs for this model (rows tpN ppN cpN; dp = "
+                "ranks / (tp x pp x cp)); pipelines %s over %lld micro-batches; a pipeline's figures are its largest "
+                "stage's\n",
                 r.world, r.run.pp_schedule.c_str(), static_cast<long long>(r.grad_accum));
+  else if (r.run.cp > 1)
+    std::printf("mesh: dp %d x cp %d; each sequence in %d chunks, two per CP rank; ZeRO shards over dp x cp = %d "
+                "ranks\n",
+                dp, r.run.cp, 2 * r.run.cp, dp * r.run.cp);
   else if (r.run.tp > 1 || r.run.pp > 1)
     std::printf("mesh: pp %d x dp %d x tp %d%s; a pipeline's figures are its largest stage's (--json: every "
                 "stage's)\n",
-                r.run.pp, r.world / (r.run.tp * r.run.pp), r.run.tp,
+                r.run.pp, dp, r.run.tp,
                 r.run.pp > 1 ? fmt::format(", {} over {} micro-batches, bubble {:.1f}%", r.run.pp_schedule,
                                            r.grad_accum, 100.0 * pipe_bubble_of(run_program(r.run, r.run.pp)))
                                    .c_str()
@@ -156,8 +162,8 @@ int PlanCommand::run() {
   opts_.model = model_.kind();
   if (opts_.model.empty()) throw InputError("--model is required (mlp, gpt or a GPT-2 preset)");
   run_flags_.apply(cmd_, opts_);
-  if (meshes_ && (cmd_->count("--tp") > 0 || cmd_->count("--pp") > 0))
-    throw InputError("--meshes plans every tp x pp of the ranks; give it or --tp/--pp, not both");
+  if (meshes_ && (cmd_->count("--tp") > 0 || cmd_->count("--pp") > 0 || cmd_->count("--cp") > 0))
+    throw InputError("--meshes plans every tp x pp x cp of the ranks; give it or --tp/--pp/--cp, not both");
   apply_defaults(opts_);
   resolve_model(opts_);
   PlanRequest r;

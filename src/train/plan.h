@@ -55,7 +55,7 @@ struct PlanPoint {
   std::string precision = "fp32";
   bool checkpoint = false;  // activation checkpointing
   std::string offload = "none";
-  int tp = 1, pp = 1;  // the mesh (dp = ranks / (tp x pp))
+  int tp = 1, pp = 1, cp = 1;  // the mesh (dp = ranks / (tp x pp x cp))
 };
 
 // The machine, measured (or given): what the time estimates divide by.

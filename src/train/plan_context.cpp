@@ -1,5 +1,6 @@
 #include "train/plan_context.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/error.h"
@@ -13,7 +14,7 @@ namespace {
 
 bool same_point(const PlanPoint& a, const PlanPoint& b) {
   return a.strategy.name() == b.strategy.name() && a.precision == b.precision && a.checkpoint == b.checkpoint &&
-         a.offload == b.offload && a.tp == b.tp && a.pp == b.pp;
+         a.offload == b.offload && a.tp == b.tp && a.pp == b.pp && a.cp == b.cp;
 }
 
 }  // namespace
@@ -25,6 +26,7 @@ bool fits_at_context(const PlanRequest& r, const PlanPoint& point, const std::st
   q.run.attention = mode == "unfused" ? "unfused" : "fused";
   q.run.tp = point.tp;
   q.run.pp = point.pp;
+  q.run.cp = point.cp;
   q.all_meshes = false;
   q.strategies = {point.strategy};
   PlanPoint p = point;
@@ -40,18 +42,23 @@ bool fits_at_context(const PlanRequest& r, const PlanPoint& point, const std::st
 std::vector<ContextLimit> largest_contexts(const PlanRequest& r, const PlanPoint& point) {
   std::vector<ContextLimit> out;
   if (r.run.model == "mlp") return out;
-  const int64_t now = DecoderConfig::from(model_hparams(r.run)).context;
+  // Under --cp a context is a whole number of 2 x cp chunks: the search
+  // counts in chunks' worth (one token without --cp).
+  const int64_t unit = point.cp > 1 ? 2 * point.cp : 1;
+  const int64_t now = std::max<int64_t>(1, DecoderConfig::from(model_hparams(r.run)).context / unit);
+  const int64_t cap = kMaxPlannedContext / unit;
   for (const char* mode : {"unfused", "fused", "fused+ckpt"}) {
     if (std::string(mode) != "unfused" && r.run.device != Device::CPU) continue;  // no fused kernel there
-    auto fits = [&](int64_t T) { return fits_at_context(r, point, mode, T); };
+    if (std::string(mode) == "unfused" && point.cp > 1) continue;                // ring attention is fused
+    auto fits = [&](int64_t k) { return fits_at_context(r, point, mode, k * unit); };
     ContextLimit limit{mode};
-    // lo fits (or is 0), hi does not (or is past the cap).
+    // lo fits (or is 0), hi does not (or is past the cap), in units.
     int64_t lo = 0, hi = 0;
     if (fits(now)) {
       lo = now;
-      for (hi = now * 2; hi <= kMaxPlannedContext && fits(hi); hi *= 2) lo = hi;
-      if (hi > kMaxPlannedContext) {
-        limit.context = lo, limit.capped = true;
+      for (hi = now * 2; hi <= cap && fits(hi); hi *= 2) lo = hi;
+      if (hi > cap) {
+        limit.context = lo * unit, limit.capped = true;
         out.push_back(limit);
         continue;
       }
@@ -63,7 +70,7 @@ std::vector<ContextLimit> largest_contexts(const PlanRequest& r, const PlanPoint
       const int64_t mid = lo + (hi - lo) / 2;
       (fits(mid) ? lo : hi) = mid;
     }
-    limit.context = lo;
+    limit.context = lo * unit;
     out.push_back(limit);
   }
   return out;
@@ -71,7 +78,8 @@ std::vector<ContextLimit> largest_contexts(const PlanRequest& r, const PlanPoint
 
 nlohmann::json context_limits_json(const PlanPoint& point, const std::vector<ContextLimit>& limits) {
   nlohmann::json j = {{"row", row_name(point)}, {"strategy", point.strategy.name()}, {"precision", point.precision},
-                      {"offload", point.offload}, {"tp", point.tp}, {"pp", point.pp}};
+                      {"offload", point.offload}, {"tp", point.tp}, {"pp", point.pp},
+                      {"cp", point.cp}};
   for (const ContextLimit& l : limits) j[l.mode] = {{"context", l.context}, {"capped", l.capped}};
   return j;
 }

@@ -153,14 +153,14 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
                      int64_t micro) {
   StagePlan st;
   const int64_t M = r.grad_accum;
-  st.bytes = rank_bytes(so, model, mesh.dp);
+  st.bytes = rank_bytes(so, model, mesh.dp_cp());
   st.arena = model.activation_bytes_for(micro);
   const PipeProgram program = run_program(r.run, std::max(mesh.pp, 1));
   st.arenas = mesh.pp > 1 ? pipe_arenas(program, s) : 1;
   st.activations = static_cast<size_t>(st.arenas) * st.arena;
   if (const auto* d = dynamic_cast<const Decoder*>(&model); d && mesh.pp > 1)
     st.activations = pipeline_activation_bytes(*d, program, s, micro);
-  st.comm = planned_comm(so, model, mesh.dp, 0, M);
+  st.comm = planned_comm(so, model, mesh.dp_cp(), 0, M);
   if (mesh.pp > 1 && so.strategy->zero_stage == 3 && so.reshard_after_forward) {
     // planned_comm counts a forward and its backward back to back: each
     // backward's first unit is the one its forward kept. A stage
@@ -181,6 +181,7 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
     st.comm += tensor_parallel_comm(*gpt, mesh, blocks, micro, M);
     st.comm += pipeline_comm(so, *gpt, mesh, s, micro, program);
     st.pipeline = pipeline_buffer_bytes(*gpt, mesh.pp);
+    if (mesh.cp > 1) st.comm += context_traffic(*gpt, micro, M);
   }
   st.need = st.bytes.total() + st.activations + st.pipeline;
   return st;

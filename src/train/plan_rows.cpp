@@ -129,7 +129,7 @@ PlanRow make_row(const PlanRequest& r, const std::vector<const Model*>& stages, 
 // checks (check_pipeline, check_tensor_parallel) on the run with the row's
 // settings. Nothing to check without a mesh.
 bool mesh_runs(const PlanRequest& r, const Mesh& mesh, const PlanPoint& p) {
-  if (mesh.tp == 1 && mesh.pp == 1) return true;
+  if (mesh.tp == 1 && mesh.pp == 1 && mesh.cp == 1) return true;
   TrainOptions o = r.run;
   o.strategy = p.strategy;
   o.precision = parse_precision(p.precision);
@@ -138,6 +138,7 @@ bool mesh_runs(const PlanRequest& r, const Mesh& mesh, const PlanPoint& p) {
   try {
     check_pipeline(o, mesh);
     check_tensor_parallel(o, mesh);
+    check_context_parallel(o, mesh);
   } catch (const InputError&) {
     return false;
   }
@@ -235,7 +236,8 @@ std::vector<StrategyRef> plan_strategies(const PlanRequest& r, int dp) {
 }  // namespace
 
 std::string row_name(const PlanPoint& p) {
-  std::string s = (p.tp > 1 ? fmt::format("tp{} ", p.tp) : "") + (p.pp > 1 ? fmt::format("pp{} ", p.pp) : "") + p.strategy.name();
+  std::string s = (p.tp > 1 ? fmt::format("tp{} ", p.tp) : "") + (p.pp > 1 ? fmt::format("pp{} ", p.pp) : "") +
+                  (p.cp > 1 ? fmt::format("cp{} ", p.cp) : "") + p.strategy.name();
   if (p.precision != "fp32") s += " " + p.precision;
   if (p.checkpoint) s += " +ckpt";
   if (p.offload != "none") s += " +offload " + p.offload;
@@ -255,7 +257,7 @@ struct MeshStages {
 
 // tp x pp as training lays the mesh out and refuses it (rank 0's
 // coordinates): InputError, training's sentence, when it cannot run.
-MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
+MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, int cp, Model& model) {
   TrainOptions run = r.run;
   run.batch = r.batch;
   run.grad_accum = r.grad_accum;
@@ -264,11 +266,12 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
     run.sequence_parallel = false;
   }
   MeshStages m;
-  m.mesh = Mesh::layout(r.world, 0, tp, pp);
+  m.mesh = Mesh::layout(r.world, 0, tp, pp, cp);
   check_pipeline(run, m.mesh);
   check_tensor_parallel(run, m.mesh);
-  m.micro = micro_batch(run, m.mesh.dp, tp == 1 && pp == 1 ? "ranks" : "data-parallel replicas");
-  if (tp == 1 && pp == 1) {
+  check_context_parallel(run, m.mesh);
+  m.micro = micro_batch(run, m.mesh.dp, tp == 1 && pp == 1 && cp == 1 ? "ranks" : "data-parallel replicas");
+  if (tp == 1 && pp == 1 && cp == 1) {
     m.stages.push_back(&model);
     return m;
   }
@@ -280,8 +283,9 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
     const DecoderTp dtp{tp, 0, run.tp_embedding == TpEmbedding::Vocab, run.sequence_parallel};
     auto stage = std::make_unique<Decoder>(config, st, dtp);
     if (pp > 1) stage->set_split_backward(pipe_splits_backward(program));
+    set_attention(run, *stage);
+    if (cp > 1) stage->set_context_parallel(cp, 0, nullptr);  // CP rank 0's rows (every rank's count)
     m.built.push_back(std::move(stage));
-    set_attention(run, *m.built.back());
     m.stages.push_back(m.built.back().get());
   }
   return m;
@@ -294,18 +298,19 @@ MeshStages mesh_stages(const PlanRequest& r, int tp, int pp, Model& model) {
 std::vector<MeshStages> plan_meshes(const PlanRequest& r, Model& model) {
   std::vector<MeshStages> out;
   if (!r.all_meshes) {
-    out.push_back(mesh_stages(r, r.run.tp, r.run.pp, model));
+    out.push_back(mesh_stages(r, r.run.tp, r.run.pp, r.run.cp, model));
     return out;
   }
-  for (int tp = 1; tp <= r.world; ++tp)
-    for (int pp = 1; tp * pp <= r.world; ++pp) {
-      if (r.world % (tp * pp) != 0) continue;
-      try {
-        out.push_back(mesh_stages(r, tp, pp, model));
-      } catch (const InputError&) {
-        // Not a layout training runs for this model: no rows.
+  for (int cp = 1; cp <= r.world; ++cp)
+    for (int tp = 1; tp * cp <= r.world; ++tp)
+      for (int pp = 1; tp * pp * cp <= r.world; ++pp) {
+        if (r.world % (tp * pp * cp) != 0) continue;
+        try {
+          out.push_back(mesh_stages(r, tp, pp, cp, model));
+        } catch (const InputError&) {
+          // Not a layout training runs for this model: no rows.
+        }
       }
-    }
   return out;
 }
 
@@ -327,10 +332,10 @@ Plan make_plan(const PlanRequest& r, Model& model) {
   for (const std::string& offload : kOffloads)
     for (MeshStages& m : meshes) {
       const std::vector<const Model*> views(m.stages.begin(), m.stages.end());
-      for (const StrategyRef& s : plan_strategies(r, m.mesh.dp))
+      for (const StrategyRef& s : plan_strategies(r, m.mesh.dp_cp()))
         for (const std::string& precision : kPrecisions)
           for (bool ckpt : {false, true}) {
-            const PlanPoint point{s, precision, ckpt, offload, m.mesh.tp, m.mesh.pp};
+            const PlanPoint point{s, precision, ckpt, offload, m.mesh.tp, m.mesh.pp, m.mesh.cp};
             if ((ckpt && !ckpt_helps) || !offload_makes_sense(offload, s, precision) || !mesh_runs(r, m.mesh, point))
               continue;
             for (Model* stage : m.stages) {
@@ -388,8 +393,8 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
   for (const PlanRow& row : plan.rows) {
     const MemoryBytes& b = row.bytes;
     rows.push_back(
-        {{"strategy", row.point.strategy.name()}, {"tp", row.point.tp}, {"pp", row.point.pp},
-         {"dp", r.world / (row.point.tp * row.point.pp)}, {"precision", row.point.precision},
+        {{"strategy", row.point.strategy.name()}, {"tp", row.point.tp}, {"pp", row.point.pp}, {"cp", row.point.cp},
+         {"dp", r.world / (row.point.tp * row.point.pp * row.point.cp)}, {"precision", row.point.precision},
          {"checkpoint_activations", row.point.checkpoint}, {"offload", row.point.offload},
          {"bytes", {{"parameters", b.parameters}, {"gradients", b.gradients}, {"optimizer", b.optimizer},
                     {"gathered", b.gathered}, {"scratch", b.scratch}, {"activations", row.activations},
@@ -408,7 +413,8 @@ nlohmann::json plan_json(const PlanRequest& r, const Model& model, const Plan& p
                          {"copy_gbs", r.machine.copy_gbs}, {"disk_write_gbs", r.machine.disk_write_gbs},
                          {"disk_read_gbs", r.machine.disk_read_gbs},
                          {"threads", r.machine.threads}, {"runtime_bytes", r.machine.runtime_bytes}}},
-            {"mesh", {{"tp", r.run.tp}, {"pp", r.run.pp}, {"dp", r.world / (r.run.tp * r.run.pp)},
+            {"mesh", {{"tp", r.run.tp}, {"pp", r.run.pp}, {"cp", r.run.cp},
+                      {"dp", r.world / (r.run.tp * r.run.pp * r.run.cp)},
                       {"pp_schedule", r.run.pp > 1 || r.all_meshes ? r.run.pp_schedule : ""},
                       {"all", r.all_meshes}, {"schedules", schedules}}},
             {"rows", rows}, {"reason", plan.reason}, {"tie_margin", kTieMargin}};

@@ -188,6 +188,66 @@ TEST_F(CpCliTest, CheckpointingAndBf16) {
   expect_within(run_ok(2, "llama_cp2_bf16", bf16 + " --cp 2"), run_ok(1, "llama_one_bf16", bf16), 1e-2);
 }
 
+// `dpt plan --cp 2` counts what a run holds and sends, byte for byte; its
+// largest context fits and one more 2 x cp chunk's worth does not, and
+// training agrees.
+TEST_F(CpCliTest, PlanCountsWhatRunsHoldAndTheLargestContext) {
+  const std::string rates = " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1";
+  auto plan = [&](const std::string& args) {
+    const RunResult r = test::run_shell(fmt::format("{} plan {} --ranks 2 --json{}", q(dpt_bin()), args, rates), dir_,
+                                        120);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json();
+  };
+  // The row of a plan with the given strategy, fp32, no checkpointing, no offload.
+  auto row = [](const nlohmann::json& p, bool ckpt) {
+    for (const nlohmann::json& r : p.at("rows"))
+      if (r.at("precision") == "fp32" && r.at("offload") == "none" && r.at("checkpoint_activations") == ckpt)
+        return r;
+    ADD_FAILURE() << "no row";
+    return nlohmann::json();
+  };
+  const std::string gpt = kGpt + kSgd + " --batch 4 --micro-batches 2 --strategy ddp";
+  for (bool ckpt : {false, true}) {
+    SCOPED_TRACE(ckpt);
+    const std::string args = gpt + " --cp 2" + (ckpt ? " --checkpoint-activations" : "");
+    const fs::path run = run_ok(2, ckpt ? "plan_cp2_ckpt" : "plan_cp2", args);
+    const std::string plan_args = fmt::format(
+        "--model gpt --layers {} --heads {} --width {} --context {} --batch 4 --micro-batches 2 --strategy ddp "
+        "--optimizer sgd --cp 2 --memory 1T",
+        kLayers, kGptHeads, kGptWidth, kContext);
+    const nlohmann::json r = row(plan(plan_args), ckpt), s = summary(run);
+    EXPECT_EQ(r.at("cp").get<int>(), 2);
+    EXPECT_EQ(r.at("bytes").at("activations").get<uint64_t>(), s["bytes"]["activations"].get<uint64_t>());
+    for (const char* ph : {"forward", "backward", "optimizer"})
+      EXPECT_EQ(r.at("comm").at(ph).get<double>(), s["comm_bytes_per_phase"].value(ph, 0.0)) << ph;
+  }
+
+  const std::string llama =
+      "--model llama --layers 3 --width 64 --heads 4 --kv-heads 2 --intermediate 96 --vocab 2048 --batch 2 --cp 2 "
+      "--strategy zero3";
+  const nlohmann::json limits = plan(llama + " --memory 64M").at("largest_context");
+  EXPECT_FALSE(limits.contains("unfused"));  // ring attention is fused
+  const int64_t T = limits.at("fused").at("context").get<int64_t>();
+  EXPECT_EQ(T % 4, 0);
+  auto fits = [&](int64_t context) {
+    return row(plan(fmt::format("{} --memory 64M --context {}", llama, context)), false).at("fits").get<bool>();
+  };
+  EXPECT_TRUE(fits(T));
+  EXPECT_FALSE(fits(T + 4));
+  std::printf("[ measure  ] cp 2: largest context %lld\n", static_cast<long long>(T));
+  auto train_at = [&](int64_t context) {
+    return test::run_shell(fmt::format("{0} launch -n 2 -- {0} train {1} --context {2} --synthetic --steps 1 --threads 1 "
+                                       "--quiet --memory-budget-mb 64",
+                                       q(dpt_bin()), llama, context),
+                           dir_, 180);
+  };
+  const RunResult fits_run = train_at(T), refused = train_at(T + 4);
+  EXPECT_EQ(fits_run.code, 0) << fits_run.all();
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.err.find("needs about"), std::string::npos) << refused.all();
+}
+
 TEST_F(CpCliTest, ImpossibleLayoutsAreRefused) {
   struct Case {
     int ranks;
