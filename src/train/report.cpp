@@ -164,6 +164,7 @@ void Report::print_communication() const {
 // besides the strategy's collectives.
 std::string Report::mesh_traffic() const {
   const TrainOptions& o = options;
+  if (o.cp > 1) return fmt::format(", plus ring attention's keys and values over cp {}", o.cp);
   if (o.tp == 1 && o.pp == 1) return "";
   const char* what = o.tp > 1 && o.pp > 1 ? "tensor-parallel all-reduces and pipeline transfers"
                      : o.tp > 1           ? "tensor-parallel all-reduces"
@@ -243,7 +244,8 @@ nlohmann::json Report::json() const {
             {"bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
                        {"gathered", m.gathered}, {"scratch", m.scratch}, {"activations", r.activation_bytes},
                        {"offloaded", m.offloaded}, {"peak_rss", r.peak_rss}}},
-            {"strategy_detail", strategy.describe()}};
+            {"strategy_detail", strategy.describe()},
+            {"mesh", {{"tp", o.tp}, {"pp", o.pp}, {"cp", o.cp}, {"dp", static_cast<int>(ranks.size()) / (o.tp * o.pp * o.cp)}}}};
   if (!r.topology.is_null()) j["topology"] = r.topology;
   if (r.straggler.rank >= 0)
     j["lockstep"] = {{"slowest_rank", r.straggler.rank}, {"slowest_share", r.straggler.share},

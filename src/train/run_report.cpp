@@ -131,11 +131,18 @@ void print_header(const TrainOptions& o, const Model& model, const Strategy& str
               o.optimizer.name.c_str(), o.strategy.name().c_str(),
               o.precision == DType::BF16 ? " in bf16 mixed precision" : "", world,
               world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / mesh.dp),
-              mesh.pp > 1 || mesh.tp > 1 ? "replica" : "rank",
+              mesh.pp > 1 || mesh.tp > 1 || mesh.cp > 1 ? "replica" : "rank",
               o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
               static_cast<long long>(steps), threads(), threads() == 1 ? "" : "s");
   if (world > 1) std::printf("%s\n%s\n", strategy.describe().c_str(), topology_line(topology).c_str());
   if (mesh.pp > 1) print_pipeline(o, mesh, model);
+  if (mesh.cp > 1) {
+    const int64_t T = dynamic_cast<const Decoder&>(model).config().context;
+    std::printf("context parallelism: %s; each sequence's %lld tokens in %d chunks of %lld, CP rank r holding chunks "
+                "r and %d - r; keys and values passed round the ring (docs/context_parallel.md)\n",
+                mesh.describe().c_str(), static_cast<long long>(T), 2 * mesh.cp,
+                static_cast<long long>(T / (2 * mesh.cp)), 2 * mesh.cp - 1);
+  }
   if (!o.synthetic && !evaluable) std::printf("no held-out text (--val-fraction 0): evaluation is skipped\n");
 }
 
