@@ -108,8 +108,9 @@ CommPlan planned_comm(const StrategyOptions& o, const Model& model, int world, i
 CommPlan context_traffic(const Decoder& model, int64_t micro, int64_t grad_accum) {
   const DecoderConfig& c = model.config();
   const uint64_t cp = static_cast<uint64_t>(model.context_parallel());
-  const uint64_t block = static_cast<uint64_t>(micro * model.local_rows(c.context) * 2 * c.kv() * c.head_dim()) *
-                         sizeof(float);
+  const int64_t kv = c.kv() / model.tp().size;  // this TP rank's key/value heads
+  const uint64_t block =
+      static_cast<uint64_t>(micro * model.local_rows(c.context) * 2 * kv * c.head_dim()) * sizeof(float);
   const uint64_t per_pass = block * static_cast<uint64_t>(c.layers * grad_accum);
   CommPlan p;
   p.forward = (cp - 1) * per_pass;

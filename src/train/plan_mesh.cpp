@@ -30,7 +30,7 @@ CommPlan tensor_parallel_comm(const Decoder& gpt, const Mesh& mesh, int64_t bloc
   CommPlan c;
   if (mesh.tp == 1) return c;
   const RingSends tp{mesh.tp, 0};
-  const auto rows = static_cast<size_t>(micro * gpt.config().context);
+  const auto rows = static_cast<size_t>(micro * gpt.local_rows(gpt.config().context));  // this CP rank's
   const size_t n = rows * static_cast<size_t>(gpt.config().width);
   const auto Mu = static_cast<uint64_t>(M);
   const uint64_t per_block = Mu * static_cast<uint64_t>(blocks) * tp.ar(n, sizeof(float));

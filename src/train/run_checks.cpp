@@ -139,7 +139,7 @@ void check_context_parallel(const TrainOptions& o, const Mesh& mesh) {
                                  o.model));
   check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
-  if (mesh.tp > 1 || mesh.pp > 1) throw InputError(fmt::format("--tp and --pp are not built {} yet", not_yet));
+  if (mesh.pp > 1) throw InputError(fmt::format("--pp is not built {} yet", not_yet));
   if (o.attention == "unfused")
     throw InputError(fmt::format("--cp passes keys and values round a ring into the fused attention; --attention "
                                  "unfused is not built {}",

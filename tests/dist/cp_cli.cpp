@@ -17,6 +17,9 @@
 //   Activations: one CP rank's arena is one process's at context T / cp plus
 //     ring attention's five blocks.
 //   bf16: within 1e-2 of one bf16 process (tp_cli's bar).
+//   tp 2 x cp 2 (with sequence parallelism and checkpointing): within 1e-5,
+//     planned bytes = measured.
+//   A cp 2 checkpoint resumes at cp 2 (bitwise) and in one process.
 //   Refusals: one sentence, exit 1, before any work.
 //
 // "Within r": per tensor, max|a - b| <= r x max|b|.
@@ -89,10 +92,12 @@ class CpCliTest : public ::testing::Test {
     return summary(stem)["comm_bytes_per_phase"][name].get<uint64_t>();
   }
 
-  // Every element of every tensor, every logged loss and the validation
-  // loss (within r_val: r unless given).
-  static void expect_within(const fs::path& a, const fs::path& b, double r, double r_val = -1.0) {
-    if (r_val < 0.0) r_val = r;
+  // Every element of every tensor and every logged loss within r, and the
+  // validation loss within 10 r: on this corpus it moves 4 to 10 times the
+  // weights' relative difference (2e-5 for weights 5.6e-6 apart, resumed in
+  // one process; 1.6e-5 for ZeRO-3 at dp 2 without --cp against one process).
+  static void expect_within(const fs::path& a, const fs::path& b, double r) {
+    const double r_val = 10 * r;
     const SafetensorsFile fa = load_safetensors(a.string() + ".st"), fb = load_safetensors(b.string() + ".st");
     ASSERT_EQ(fa.tensors.size(), fb.tensors.size());
     double worst = 0.0;
@@ -165,9 +170,7 @@ TEST_F(CpCliTest, CpMatchesOneProcess) {
 TEST_F(CpCliTest, Zero3ShardsOverDpTimesCp) {
   const std::string llama = kLlama + kSgd + " --batch 4 --micro-batches 2 --strategy zero3";
   const fs::path mesh = run_ok(4, "llama_dp2_cp2_zero3", llama + " --cp 2");
-  // The validation loss within 3e-5: ZeRO-3's own rounding moves it 1.6e-5
-  // from one process here at dp 2 without --cp (and 1.4e-5 with it).
-  expect_within(mesh, run_ok(1, "llama_one_z", kLlama + kSgd + " --batch 4 --micro-batches 2"), 1e-5, 3e-5);
+  expect_within(mesh, run_ok(1, "llama_one_z", kLlama + kSgd + " --batch 4 --micro-batches 2"), 1e-5);
   const fs::path dp4 = run_ok(4, "llama_dp4_zero3", kLlama + kSgd + " --batch 8 --micro-batches 2 --strategy zero3");
   for (const char* what : {"parameters", "gradients", "optimizer"})
     EXPECT_EQ(summary(mesh)["bytes"][what].get<uint64_t>(), summary(dp4)["bytes"][what].get<uint64_t>()) << what;
@@ -188,6 +191,22 @@ TEST_F(CpCliTest, CheckpointingAndBf16) {
   expect_within(run_ok(2, "llama_cp2_bf16", bf16 + " --cp 2"), run_ok(1, "llama_one_bf16", bf16), 1e-2);
 }
 
+// tp 2 x cp 2: each TP rank's heads run their own ring (the CP group of
+// its TP slice); with sequence parallelism and recomputed blocks too. The
+// ring's blocks hold the TP rank's key/value heads: planned = measured.
+TEST_F(CpCliTest, TensorParallelTimesCp) {
+  const std::string llama = kLlama + kSgd + " --batch 4 --micro-batches 2";
+  const fs::path one = run_ok(1, "llama_one_tp", llama);
+  for (const char* extra : {" --tp 2 --cp 2", " --tp 2 --cp 2 --sequence-parallel --checkpoint-activations"}) {
+    SCOPED_TRACE(extra);
+    const fs::path run = run_ok(4, std::string("llama_tp2_cp2") + (std::string(extra).size() > 15 ? "_sp" : ""),
+                                llama + extra);
+    expect_within(run, one, 1e-5);
+    EXPECT_EQ(summary(run)["planned_comm_bytes_per_step"].get<uint64_t>(),
+              summary(run)["comm_bytes_per_step"].get<uint64_t>());
+  }
+}
+
 // A checkpoint written at cp 2 resumes at cp 2 (the same bits as the
 // uninterrupted run) and in one process (within 1e-5); with the optimizer
 // state offloaded the run is the same bits as without.
@@ -201,9 +220,7 @@ TEST_F(CpCliTest, CheckpointsResumeAndOffload) {
   const std::string from = q((dir / "step-00000010").string());
   expect_within(run_ok(2, "cp2_resumed", llama + " --resume " + from), full, 0.0);
   const std::string one = kLlama + kSgd + " --batch 4 --micro-batches 2 --resume " + from;
-  // (The validation loss within 1e-4: on this corpus it moves 2e-5 for
-  // weights 5.6e-6 apart.)
-  expect_within(run_ok(1, "cp2_resumed_one", one), full, 1e-5, 1e-4);
+  expect_within(run_ok(1, "cp2_resumed_one", one), full, 1e-5);
 
   const std::string zero3 = llama + " --strategy zero3";
   expect_within(run_ok(2, "cp2_offload", zero3 + " --offload optimizer --offload-dir " + q(dir_.string())),
@@ -281,7 +298,7 @@ TEST_F(CpCliTest, ImpossibleLayoutsAreRefused) {
        "--cp 3 splits each sequence into 6 equal chunks, and the context of 16 tokens does not divide into them"},
       {3, gpt + " --cp 2", "3 ranks do not split into --tp 1 x --pp 1 x --cp 2 (a multiple of 2 is needed)"},
       {2, gpt + " --cp 2 --attention unfused", "--attention unfused is not built with --cp 2"},
-      {4, gpt + " --cp 2 --tp 2", "--tp and --pp are not built with --cp 2 yet"},
+      {4, gpt + " --cp 2 --pp 2", "--pp is not built with --cp 2 yet"},
       {2, "--model mlp --batch 4 --steps 2 --cp 2", "the mlp model has none"},
   };
   for (const Case& c : cases) {
