@@ -1,5 +1,7 @@
 #include "parallel/context_ring.h"
 
+#include <chrono>
+
 namespace dpt {
 
 void GroupRing::start(const float* send, float* recv, size_t n) {
@@ -14,6 +16,7 @@ void GroupRing::start(const float* send, float* recv, size_t n) {
 }
 
 void GroupRing::wait() {
+  const auto t0 = std::chrono::steady_clock::now();
   // Every handle waited even if one throws (a peer that died): none is left
   // pending on buffers the caller frees.
   std::exception_ptr first;
@@ -23,6 +26,7 @@ void GroupRing::wait() {
       if (!first) first = std::current_exception();
     }
   pending_.clear();
+  waited_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (first) std::rethrow_exception(first);
 }
 

@@ -21,10 +21,14 @@ class GroupRing : public ContextRing {
   int rank() const override { return group_.rank(); }
   void start(const float* send, float* recv, size_t n) override;
   void wait() override;
+  // Milliseconds spent in wait() so far: the transfers the compute did not
+  // hide (the run's summary reports it per step).
+  double waited_ms() const { return waited_ms_; }
 
  private:
   comm::ProcessGroup& group_;
   std::vector<std::shared_ptr<comm::Work>> pending_;
+  double waited_ms_ = 0.0;
 };
 
 }  // namespace dpt

@@ -62,6 +62,7 @@ void Report::print() const {
   if (world > 1) {
     print_ranks();
     print_pipeline();
+    print_context();
     print_communication();
   }
   if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
@@ -102,6 +103,34 @@ void Report::print_pipeline() const {
               measured.c_str(), predicted.c_str(), c["F"].get<double>(),
               split ? fmt::format("B {:.2f}, W {:.2f}", c["B"].get<double>(), c["W"].get<double>()).c_str()
                     : fmt::format("BW {:.2f}", c["BW"].get<double>()).c_str());
+}
+
+// Under --cp: how much of the ring's transfers the compute hid (rank 0's
+// wait), and the causal balance of the chunks (every rank's forward and
+// backward, the slowest over the fastest).
+void Report::print_context() const {
+  if (options.cp == 1) return;
+  const double step = ranks[0].step_ms;
+  std::printf("context parallelism: rank 0 waited %.2f ms per step for ring attention's keys and values (%.1f%% of "
+              "its step); forward + backward per rank %s ms, slowest / fastest %.3f\n",
+              result.ring_wait_ms, step > 0 ? 100.0 * result.ring_wait_ms / step : 0.0, work_list().c_str(),
+              work_balance());
+}
+
+std::string Report::work_list() const {
+  std::string out;
+  for (const RankTimes& v : ranks) out += fmt::format("{}{:.2f}", out.empty() ? "" : ", ", v.forward_ms + v.backward_ms);
+  return out;
+}
+
+double Report::work_balance() const {
+  double lo = 0.0, hi = 0.0;
+  for (const RankTimes& v : ranks) {
+    const double w = v.forward_ms + v.backward_ms;
+    lo = lo == 0.0 ? w : std::min(lo, w);
+    hi = std::max(hi, w);
+  }
+  return lo > 0.0 ? hi / lo : 0.0;
 }
 
 void Report::print_ranks() const {
@@ -247,6 +276,7 @@ nlohmann::json Report::json() const {
             {"strategy_detail", strategy.describe()},
             {"mesh", {{"tp", o.tp}, {"pp", o.pp}, {"cp", o.cp}, {"dp", static_cast<int>(ranks.size()) / (o.tp * o.pp * o.cp)}}}};
   if (!r.topology.is_null()) j["topology"] = r.topology;
+  if (o.cp > 1) j["context_parallel"] = {{"ring_wait_ms_per_step", r.ring_wait_ms}, {"work_balance", work_balance()}};
   if (r.straggler.rank >= 0)
     j["lockstep"] = {{"slowest_rank", r.straggler.rank}, {"slowest_share", r.straggler.share},
                      {"spread_ms", r.straggler.spread_ms}};

@@ -42,6 +42,9 @@ struct Report {
 
  private:
   void print_offload() const;
+  void print_context() const;
+  std::string work_list() const;
+  double work_balance() const;
   void print_step_budget() const;
   void print_ranks() const;
   // Under --pp: each rank's idle fraction, measured and simulated.

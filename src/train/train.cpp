@@ -132,6 +132,7 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
   const double total_s = std::chrono::duration<double>(Clock::now() - run_start).count();
   r.steps = run.steps;
   count_comm(pg, mark, o, run.planned_comm, run.start, run.steps, r);
+  if (run.ring && run.steps > run.start) r.ring_wait_ms = run.ring->waited_ms() / static_cast<double>(run.steps - run.start);
 
   // The weights are written before anything else can fail (evaluation, the
   // summary), so a finished run is never lost.
