@@ -519,10 +519,10 @@ TEST_F(PlanCliTest, MeshesPlansEveryLayoutTrainingRuns) {
   std::map<std::tuple<int, int, int>, std::vector<json>> by_mesh;
   for (const json& row : plan.at("rows"))
     by_mesh[{row.at("tp").get<int>(), row.at("pp").get<int>(), row.at("cp").get<int>()}].push_back(row);
-  // Context parallelism runs with data and tensor parallelism (not yet
-  // with --pp): cp 2 and 4 divide the 32-token context into 4 and 8.
+  // Context parallelism runs beside data, tensor and pipeline
+  // parallelism: cp 2 and 4 divide the 32-token context into 4 and 8.
   const std::vector<std::tuple<int, int, int>> expected = {{1, 1, 1}, {1, 1, 2}, {1, 1, 4}, {1, 2, 1},
-                                                           {2, 1, 1}, {2, 1, 2}, {2, 2, 1}};
+                                                           {1, 2, 2}, {2, 1, 1}, {2, 1, 2}, {2, 2, 1}};
   ASSERT_EQ(by_mesh.size(), expected.size());
   for (const auto& [tp, pp, cp] : expected) {
     SCOPED_TRACE(fmt::format("tp {} pp {} cp {}", tp, pp, cp));

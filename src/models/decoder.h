@@ -197,8 +197,9 @@ class Decoder : public Model {
   // (slot 0 of chunk 0 is the one a model starts with).
   void use_slot(int slot, int chunk = 0);
   int chunk() const { return chunk_; }
-  // Lays the current slot's arena out for B x T (forward does it too).
-  void prepare(int64_t B, int64_t T) { plan_activations(B, T); }
+  // Lays the current slot's arena out for B sequences of T tokens (this CP
+  // rank's rows of them; forward does it too).
+  void prepare(int64_t B, int64_t T) { plan_activations(B, local_rows(T)); }
   // The backward split in two (zero-bubble schedules, docs/pipeline.md):
   // backward_input (B) computes the gradient of the chunk's input and
   // keeps, per block, each linear's output gradient and each norm's for

@@ -25,8 +25,8 @@ void Decoder::check_context_parallel(int64_t T) const {
     throw InputError(fmt::format("a sequence of {} tokens does not split into the 2 x --cp {} = {} equal chunks "
                                  "context parallelism needs",
                                  T, cp_size_, 2 * cp_size_));
-  if (!fused_attention_ || device_ != Device::CPU || !whole())
-    throw InputError("--cp runs the fused attention on the CPU, without --pp (not yet with the others)");
+  if (!fused_attention_ || device_ != Device::CPU)
+    throw InputError("--cp runs the fused attention on the CPU (not yet with --device cuda or --attention unfused)");
   DPT_CHECK(ring_ != nullptr, "a context-parallel decoder computes without its CP group's ring");
 }
 

@@ -105,13 +105,13 @@ CommPlan planned_comm(const StrategyOptions& o, const Model& model, int world, i
   return o.strategy->traffic(o, model, world, rank, grad_accum);
 }
 
-CommPlan context_traffic(const Decoder& model, int64_t micro, int64_t grad_accum) {
+CommPlan context_traffic(const Decoder& model, int64_t blocks, int64_t micro, int64_t grad_accum) {
   const DecoderConfig& c = model.config();
   const uint64_t cp = static_cast<uint64_t>(model.context_parallel());
   const int64_t kv = c.kv() / model.tp().size;  // this TP rank's key/value heads
   const uint64_t block =
       static_cast<uint64_t>(micro * model.local_rows(c.context) * 2 * kv * c.head_dim()) * sizeof(float);
-  const uint64_t per_pass = block * static_cast<uint64_t>(c.layers * grad_accum);
+  const uint64_t per_pass = block * static_cast<uint64_t>(blocks * grad_accum);
   CommPlan p;
   p.forward = (cp - 1) * per_pass;
   p.backward = (2 * cp - 1 + (model.checkpoint_activations() ? cp - 1 : 0)) * per_pass;

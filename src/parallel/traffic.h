@@ -59,6 +59,7 @@ CommPlan zero_traffic(int stage, const StrategyOptions& o, const Model& model, i
 // cp - 1 blocks of keys and values (micro x T/cp rows of 2 kv x hd floats
 // each, kv the key/value heads of its TP rank), backward cp - 1 again and cp of their gradients, and under
 // activation checkpointing the recomputed forward's cp - 1 in backward.
-CommPlan context_traffic(const Decoder& model, int64_t micro, int64_t grad_accum);
+// `blocks`: the blocks this rank holds (a pipeline stage's).
+CommPlan context_traffic(const Decoder& model, int64_t blocks, int64_t micro, int64_t grad_accum);
 
 }  // namespace dpt

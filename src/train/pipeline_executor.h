@@ -154,7 +154,10 @@ class PipelineExecutor : public Executor {
   void post_receive(size_t k);
   void wait_receive(size_t k);
   void set_phase(const char* phase);
-  size_t activation_elements(const Batch& b) const { return static_cast<size_t>(b.B * b.T * model_.config().width); }
+  // A stage boundary's B x T x C floats (this CP rank's rows of the sequences).
+  size_t activation_elements(const Batch& b) const {
+    return static_cast<size_t>(b.B * model_.local_rows(b.T) * model_.config().width);
+  }
 
   Mesh mesh_;
   MeshGroups& groups_;

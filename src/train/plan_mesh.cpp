@@ -78,7 +78,7 @@ CommPlan pipeline_comm(const StrategyOptions& so, const Decoder& gpt, const Mesh
   CommPlan c;
   if (mesh.pp == 1) return c;
   const DecoderConfig& cfg = gpt.config();
-  const uint64_t boundary = sizeof(float) * static_cast<uint64_t>(micro * cfg.context * cfg.width);
+  const uint64_t boundary = sizeof(float) * static_cast<uint64_t>(micro * gpt.local_rows(cfg.context) * cfg.width);
   const uint64_t wte = sizeof(float) * static_cast<uint64_t>(gpt.wte_rows() * cfg.width);  // this TP rank's rows
   // Each forward whose next chunk is on another rank sends its output,
   // each backward whose previous chunk is sends its input's gradient.
@@ -92,8 +92,8 @@ CommPlan pipeline_comm(const StrategyOptions& so, const Decoder& gpt, const Mesh
   if (gpt.tied() && s == 0) {
     // The head's copy goes in the compute type (bf16: the rounded masters).
     if (head != 0) c.optimizer += wte / sizeof(float) * dtype_size(gpt.precision());
-    if (so.strategy->zero_stage == 3 && mesh.dp > 1)
-      c.optimizer += RingSends{mesh.dp, 0}.ag(gpt.layout().units()[0].numel, sizeof(float));
+    if (so.strategy->zero_stage == 3 && mesh.dp_cp() > 1)
+      c.optimizer += RingSends{mesh.dp_cp(), 0}.ag(gpt.layout().units()[0].numel, sizeof(float));
   }
   // The loss's broadcast from the head's rank: all but the rank before it send.
   if (s != (head + mesh.pp - 1) % mesh.pp) c.backward += 2 * sizeof(float);
@@ -166,7 +166,7 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
     // backward's first unit is the one its forward kept. A stage
     // interleaves its micro-batches instead (stage_gathers says how).
     const std::vector<int> order = model.unit_order();
-    const uint64_t last = RingSends{mesh.dp, 0}.ag(model.layout().units()[static_cast<size_t>(order.back())].numel,
+    const uint64_t last = RingSends{mesh.dp_cp(), 0}.ag(model.layout().units()[static_cast<size_t>(order.back())].numel,
                                                    dtype_size(model.precision()));
     std::vector<PipeOp> ops;  // the rank's forwards and backwards (a W opens its units again: not counted)
     for (const PipeAction& a : program.ranks[static_cast<size_t>(s)])
@@ -181,7 +181,7 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
     st.comm += tensor_parallel_comm(*gpt, mesh, blocks, micro, M);
     st.comm += pipeline_comm(so, *gpt, mesh, s, micro, program);
     st.pipeline = pipeline_buffer_bytes(*gpt, mesh.pp);
-    if (mesh.cp > 1) st.comm += context_traffic(*gpt, micro, M);
+    if (mesh.cp > 1) st.comm += context_traffic(*gpt, blocks, micro, M);
   }
   st.need = st.bytes.total() + st.activations + st.pipeline;
   return st;

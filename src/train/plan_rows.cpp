@@ -92,14 +92,15 @@ PlanRow make_row(const PlanRequest& r, const std::vector<const Model*>& stages, 
     // receiver copies it out: two copies per byte. In place (every rank on
     // one host, comm/shm_window.h) a rank reads and writes its peers'
     // buffers directly: one.
-    const bool one_host = mesh.dp > 1 && r.in_place && r.ranks_here >= r.world && model.device() == Device::CPU;
+    const int dp = mesh.dp_cp();  // the strategy's group: replicas and their CP ranks
+    const bool one_host = dp > 1 && r.in_place && r.ranks_here >= r.world && model.device() == Device::CPU;
     const SharedWindows windows = one_host ? shared_windows(so, model) : SharedWindows{};
-    st.window_peer = windows.bytes / static_cast<size_t>(mesh.dp) * static_cast<size_t>(mesh.dp - 1);
+    st.window_peer = windows.bytes / static_cast<size_t>(dp) * static_cast<size_t>(dp - 1);
     st.comm_s = m.copy_gbs > 0 ? (windows.every_collective ? 1.0 : 2.0) * static_cast<double>(st.comm.per_step()) /
                                      (m.copy_gbs * 1e9)
                                : 0.0;
     // A copy of B bytes moves 2B of memory traffic.
-    const double traffic = optimizer_traffic_bytes(so.optimizer, stepped_elements(so, model.layout(), mesh.dp), mixed);
+    const double traffic = optimizer_traffic_bytes(so.optimizer, stepped_elements(so, model.layout(), dp), mixed);
     st.optimizer_s = m.copy_gbs > 0 ? traffic / (2.0 * m.copy_gbs * 1e9) : 0.0;
     if (s == 0 || st.need > row.need) {
       row.bytes = st.bytes;

@@ -154,7 +154,10 @@ CommPlan planned_rank_comm(const TrainOptions& o, const StrategyOptions& so, con
                            int64_t micro) {
   if (mesh.tp == 1 && mesh.pp == 1) {
     CommPlan c = planned_comm(so, model, mesh.dp_cp(), mesh.dp_rank * mesh.cp + mesh.cp_rank, o.grad_accum);
-    if (mesh.cp > 1) c += context_traffic(dynamic_cast<const Decoder&>(model), micro, o.grad_accum);
+    if (mesh.cp > 1) {
+      const auto& d = dynamic_cast<const Decoder&>(model);
+      c += context_traffic(d, d.config().layers, micro, o.grad_accum);
+    }
     return c;
   }
   PlanRequest request;

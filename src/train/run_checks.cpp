@@ -122,7 +122,7 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
   if (o.sequence_parallel) {
     if (mesh.pp > 1)
       throw InputError("--sequence-parallel is not built with --pp yet (a stage's boundary tensors are whole rows)");
-    const int64_t rows = micro_batch(o, mesh.dp, "data-parallel replicas") * c.context;
+    const int64_t rows = micro_batch(o, mesh.dp, "data-parallel replicas") * (c.context / mesh.cp);
     if (rows % mesh.tp != 0)
       throw InputError(fmt::format("--sequence-parallel splits a micro-batch's {} rows (batch x context) over --tp "
                                    "{}, which does not divide them",
@@ -139,7 +139,6 @@ void check_context_parallel(const TrainOptions& o, const Mesh& mesh) {
                                  o.model));
   check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
-  if (mesh.pp > 1) throw InputError(fmt::format("--pp is not built {} yet", not_yet));
   if (o.attention == "unfused")
     throw InputError(fmt::format("--cp passes keys and values round a ring into the fused attention; --attention "
                                  "unfused is not built {}",
