@@ -76,7 +76,8 @@ def train(a, flags, limits, mode_key, attention, context, tmp):
             "accounted_mib": sum(v for k, v in s["bytes"].items() if k not in ("peak_rss", "offloaded")) / mib,
             "peak_rss_mib": [q["peak_rss"] / mib for q in s["ranks"]],
             "forward_ms": [q["forward_ms"] for q in s["ranks"]],
-            "backward_ms": [q["backward_ms"] for q in s["ranks"]]}
+            "backward_ms": [q["backward_ms"] for q in s["ranks"]],
+            "context_parallel": s.get("context_parallel")}
 
 
 def main():
