@@ -4,6 +4,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +20,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
 
 namespace dpt::test {
 
@@ -127,6 +130,31 @@ inline void expect_losses_within(const std::filesystem::path& a, const std::file
     ASSERT_TRUE(lb.count(step)) << "step " << step;
     EXPECT_LE(std::fabs(loss - lb.at(step)), r * std::fabs(lb.at(step))) << "step " << step;
   }
+}
+
+// Every element of every tensor of the weights file a within r of b's
+// (per tensor, max|a - b| <= r x max|b|; r = 0: the same values), every
+// value finite; returns the worst tensor's max|a - b| / max|b|.
+inline double expect_tensors_within(const std::filesystem::path& a, const std::filesystem::path& b, double r) {
+  const SafetensorsFile fa = load_safetensors(a.string()), fb = load_safetensors(b.string());
+  EXPECT_EQ(fa.tensors.size(), fb.tensors.size());
+  double worst = 0.0;
+  for (const NamedTensor& tb : fb.tensors) {
+    const NamedTensor* ta = fa.find(tb.name);
+    if (ta == nullptr || ta->shape != tb.shape) {
+      ADD_FAILURE() << tb.name << " missing or of another shape in " << a;
+      continue;
+    }
+    double diff = 0.0, peak = 0.0;
+    for (size_t i = 0; i < tb.data.size(); ++i) {
+      EXPECT_TRUE(std::isfinite(ta->data[i])) << tb.name;
+      peak = std::max(peak, std::fabs(static_cast<double>(tb.data[i])));
+      diff = std::max(diff, std::fabs(static_cast<double>(ta->data[i]) - tb.data[i]));
+    }
+    EXPECT_LE(diff, r * peak) << tb.name << " of " << a << " against " << b;
+    worst = std::max(worst, peak > 0 ? diff / peak : diff);
+  }
+  return worst;
 }
 
 }  // namespace dpt::test

@@ -99,22 +99,7 @@ class CpCliTest : public ::testing::Test {
   // one process; 1.6e-5 for ZeRO-3 at dp 2 without --cp against one process).
   static void expect_within(const fs::path& a, const fs::path& b, double r) {
     const double r_val = 10 * r;
-    const SafetensorsFile fa = load_safetensors(a.string() + ".st"), fb = load_safetensors(b.string() + ".st");
-    ASSERT_EQ(fa.tensors.size(), fb.tensors.size());
-    double worst = 0.0;
-    for (const NamedTensor& tb : fb.tensors) {
-      const NamedTensor* ta = fa.find(tb.name);
-      ASSERT_NE(ta, nullptr) << tb.name;
-      ASSERT_EQ(ta->shape, tb.shape) << tb.name;
-      double diff = 0.0, peak = 0.0;
-      for (size_t i = 0; i < tb.data.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(ta->data[i])) << tb.name;
-        peak = std::max(peak, std::fabs(static_cast<double>(tb.data[i])));
-        diff = std::max(diff, std::fabs(static_cast<double>(ta->data[i]) - tb.data[i]));
-      }
-      EXPECT_LE(diff, r * peak) << tb.name << " of " << a << " against " << b;
-      worst = std::max(worst, peak > 0 ? diff / peak : diff);
-    }
+    const double worst = test::expect_tensors_within(a.string() + ".st", b.string() + ".st", r);
     test::expect_losses_within(a, b, r);
     const nlohmann::json sa = summary(a), sb = summary(b);
     ASSERT_TRUE(sb.contains("val_loss"));
