@@ -335,23 +335,43 @@ struct Decoder::Cursor {
 void Decoder::lay_out_keep(BlockActs& b, Cursor& c) const {
   const int64_t C = config_.width, N = c.N;
   const Widths& w = w_;
-  b.w_dy2 = c.take(N * C);
-  b.w_d4C = c.take(N * w.fc);
-  b.w_dC2 = c.take(N * C);
-  b.w_dy1 = c.take(N * C);
-  b.w_d3C = c.take(N * w.qkv);
-  b.w_dC1 = c.take(N * C);
   if (checkpoint_) {
+    // The block's forward buffers but res3 are the scratch block's, which
+    // the next block's recomputation refills: W's operands get their own.
     b.w_ln1 = c.take_operand(N * C);
     b.w_atty = c.take_operand(N * w.att);
     b.w_ln2 = c.take_operand(N * C);
     b.w_fch_gelu = c.take_operand(N * w.inner);
-    b.w_res2 = c.take(N * C);
-    c.take_stats(b.w_ln1_mean, b.w_ln1_rstd);
-    c.take_stats(b.w_ln2_mean, b.w_ln2_rstd);
+    b.w_d4C = c.take(N * w.fc);
+    b.w_dy1 = c.take(N * C);
+    b.w_d3C = c.take(N * w.qkv);
   } else {
-    b.w_ln1 = b.ln1, b.w_atty = b.atty, b.w_ln2 = b.ln2, b.w_fch_gelu = b.fch_gelu, b.w_res2 = b.res2;
-    b.w_ln1_mean = b.ln1_mean, b.w_ln1_rstd = b.ln1_rstd, b.w_ln2_mean = b.ln2_mean, b.w_ln2_rstd = b.ln2_rstd;
+    // After B, W reads neither q/k/v, nor the MLP's pre-activation, nor the
+    // residual stream after the attention (the second norm's input: B did
+    // the norms): their buffers take the gradients of exactly their shapes.
+    b.w_ln1 = b.ln1, b.w_atty = b.atty, b.w_ln2 = b.ln2, b.w_fch_gelu = b.fch_gelu;
+    b.w_d4C = b.fch;
+    b.w_dy1 = b.res2;
+    b.w_d3C = b.qkv;
+  }
+  // The block's output is dead once B reaches the block (the next block's
+  // B, and the head's, read it before): it takes the gradient arriving there.
+  b.w_dy2 = b.res3;
+  // The norms' parameter gradients: C floats per weight (and bias), over
+  // the norms' statistics (stat_rows floats each, dead after B) where they
+  // fit, else the block's own.
+  const bool ln = c.layer_norm;
+  b.w_norms_in_stats = !checkpoint_ && c.stat_rows >= C;
+  if (b.w_norms_in_stats) {
+    b.w_ln1_dw = ln ? b.ln1_mean : b.ln1_rstd;
+    b.w_ln1_db = ln ? b.ln1_rstd : nullptr;
+    b.w_ln2_dw = ln ? b.ln2_mean : b.ln2_rstd;
+    b.w_ln2_db = ln ? b.ln2_rstd : nullptr;
+  } else {
+    b.w_ln1_dw = c.take(C);
+    b.w_ln1_db = ln ? c.take(C) : nullptr;
+    b.w_ln2_dw = c.take(C);
+    b.w_ln2_db = ln ? c.take(C) : nullptr;
   }
 }
 
@@ -402,8 +422,7 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
       b.res3 = take(R * C);
     }
   }
-  // A split backward keeps each block's output gradients for W (and with
-  // checkpointing the recomputed forward tensors W reads).
+  // What a split backward keeps for W (mostly over dead forward buffers).
   if (split_backward_)
     for (auto& b : a.blocks) lay_out_keep(b, cur);
   // Only the last chunk has the head; a chunk without it keeps its output
