@@ -156,10 +156,9 @@ void Decoder::block_backward_input(size_t l, const float* x, int64_t B, int64_t 
     k().gqa_attention_backward(d3C, a.dC, b.qkv, b.att, B, T, w.heads, w.kv, w.hd);
   else
     k().attention_backward(d3C, a.dC, b.qkv, b.att, B, T, w.att, w.heads);
-  if (config_.rotary)  // (from the scratch into the keep, when they differ)
-    k().rope_backward(b.w_d3C, d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
-  else if (over_qkv)
-    k().copy(b.w_d3C, d3C, static_cast<size_t>(N * w.qkv) * sizeof(float));
+  if (over_qkv) k().copy(b.w_d3C, d3C, static_cast<size_t>(N * w.qkv) * sizeof(float));
+  // (In place: rotary turns q's and k's columns only, v's stay as they are.)
+  if (config_.rotary) k().rope_backward(b.w_d3C, b.w_d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
   k().linear_backward(a.dC, nullptr, nullptr, operand<CT>(k(), b.w_d3C, N * w.qkv, a.dout16), as<CT>(b.ln1),
                       weight<CT>(s.qkv_w), N, C, w.qkv, nullptr);
   tensor_sum(a.dC, static_cast<size_t>(N * C));
