@@ -348,11 +348,13 @@ void Decoder::lay_out_keep(BlockActs& b, Cursor& c) const {
   } else {
     // After B, W reads neither q/k/v, nor the MLP's pre-activation, nor the
     // residual stream after the attention (the second norm's input: B did
-    // the norms): their buffers take the gradients of exactly their shapes.
+    // the norms): their buffers take the gradients of exactly their shapes
+    // (q/k/v's gradient is written while the attention's backward still
+    // reads qkv: lay_out gives block l the next block's qkv, dead by then,
+    // and the last block the arena's scratch d3C.)
     b.w_ln1 = b.ln1, b.w_atty = b.atty, b.w_ln2 = b.ln2, b.w_fch_gelu = b.fch_gelu;
     b.w_d4C = b.fch;
     b.w_dy1 = b.res2;
-    b.w_d3C = b.qkv;
   }
   // The block's output is dead once B reaches the block (the next block's
   // B, and the head's, read it before): it takes the gradient arriving there.
@@ -436,6 +438,8 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   a.dres = take(N * C);
   a.dC = take(N * std::max(C, w.att));
   a.d3C = take(N * w.qkv);
+  if (split_backward_ && !checkpoint_)
+    for (size_t l = 0; l < a.blocks.size(); ++l) a.blocks[l].w_d3C = l + 1 < a.blocks.size() ? a.blocks[l + 1].qkv : a.d3C;
   a.d4C = take(N * w.fc);
   a.atty32 = b16 && !fused_attention_ ? take(N * w.att) : nullptr;  // fused keeps its own (above)
   a.dout16 = b16 ? take_operand(N * std::max({C, w.qkv, w.fc, head ? wte_rows() : 0})) : nullptr;

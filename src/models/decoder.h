@@ -250,7 +250,8 @@ class Decoder : public Model {
     // A split backward's keep for W (lay_out_keep): the output gradients of
     // the MLP's projection (dy2) and first linear (d4C), of the attention's
     // projection (dy1) and q/k/v (d3C), each in a forward buffer B leaves
-    // dead (res3, fch, res2, qkv) or, with checkpointing (those are the
+    // dead (res3, fch, res2; the next block's qkv, the last block the
+    // arena's scratch d3C) or, with checkpointing (those but res3 are the
     // scratch block's), the block's own; the norms' parameter gradients B
     // computed (ln1: weight, bias; ln2: weight, bias; C floats each, the
     // biases LayerNorm's only), in the norms' dead statistics where they

@@ -145,10 +145,9 @@ void Decoder::block_backward_input(size_t l, const float* x, int64_t B, int64_t 
   k().copy(b.w_dy1, a.dres, NC);
   k().linear_backward(a.dC, nullptr, nullptr, operand<CT>(k(), a.dres, N * C, a.dout16), as<CT>(b.atty),
                       weight<CT>(s.proj_w), N, w.att, C, nullptr);
-  // q/k/v's gradient: kept over qkv, which the attention's backward reads,
-  // so through the scratch d3C where they are the same buffer.
-  const bool over_qkv = b.w_d3C == b.qkv;
-  float* d3C = over_qkv ? a.d3C : b.w_d3C;
+  // q/k/v's gradient straight into the keep (the next block's qkv, dead,
+  // or the arena's scratch: lay_out).
+  float* d3C = b.w_d3C;
   if (fused_attention_)  // its fp32 output: the block's own, or in a bf16 run kept after the log-sum-exps
     flash_attention_backward(d3C, a.dC, b.qkv, std::is_same_v<CT, float> ? as<float>(b.atty) : b.att + B * w.heads * T,
                              b.att, B, T, w.heads, w.kv, w.hd);
@@ -156,10 +155,9 @@ void Decoder::block_backward_input(size_t l, const float* x, int64_t B, int64_t 
     k().gqa_attention_backward(d3C, a.dC, b.qkv, b.att, B, T, w.heads, w.kv, w.hd);
   else
     k().attention_backward(d3C, a.dC, b.qkv, b.att, B, T, w.att, w.heads);
-  if (over_qkv) k().copy(b.w_d3C, d3C, static_cast<size_t>(N * w.qkv) * sizeof(float));
   // (In place: rotary turns q's and k's columns only, v's stay as they are.)
-  if (config_.rotary) k().rope_backward(b.w_d3C, b.w_d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
-  k().linear_backward(a.dC, nullptr, nullptr, operand<CT>(k(), b.w_d3C, N * w.qkv, a.dout16), as<CT>(b.ln1),
+  if (config_.rotary) k().rope_backward(d3C, d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
+  k().linear_backward(a.dC, nullptr, nullptr, operand<CT>(k(), d3C, N * w.qkv, a.dout16), as<CT>(b.ln1),
                       weight<CT>(s.qkv_w), N, C, w.qkv, nullptr);
   tensor_sum(a.dC, static_cast<size_t>(N * C));
   norm(a.dC, x, s.ln1_w, b.ln1_mean, b.ln1_rstd, b.w_ln1_dw, b.w_ln1_db);
