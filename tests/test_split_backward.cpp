@@ -179,10 +179,19 @@ TEST(SplitBackward, KeepLiesOverDeadBuffers) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name);
     const size_t plain = make(c, false)->activation_bytes_for(c.B), kept = make(c, true)->activation_bytes_for(c.B);
-    const int64_t C = c.config.width, L = c.config.layers, N = c.B * c.config.context;
-    const int64_t norm_params = c.config.norm == NormKind::LayerNorm ? 4 * C : 2 * C;  // both norms' per block
+    const DecoderConfig& d = c.config;
+    const int64_t C = d.width, L = d.layers, N = c.B * d.context, hd = d.head_dim();
+    const int64_t att = d.heads * hd, qkv = (d.heads + 2 * d.kv()) * hd, inner = d.ffn();
+    const int64_t fc = d.mlp == MlpKind::SwiGlu ? 2 * inner : inner;
+    const int64_t norm_params = d.norm == NormKind::LayerNorm ? 4 * C : 2 * C;  // both norms' per block
+    // A GEMM operand of n values in floats: fp32, or bf16 rounded up to 64 bytes.
+    auto operand = [&](int64_t n) { return c.precision == DType::BF16 ? (n + 31) / 32 * 16 : n; };
     if (c.checkpoint) {
-      EXPECT_GT(kept, plain);
+      // The linears' inputs copied out of the scratch block, three output
+      // gradients (the fourth over the block's output) and the norms'.
+      const int64_t per_block =
+          operand(N * C) + operand(N * att) + operand(N * C) + operand(N * inner) + N * (fc + C + qkv) + norm_params;
+      EXPECT_EQ(kept, plain + static_cast<size_t>(L * per_block) * sizeof(float));
     } else if (N >= C) {
       EXPECT_EQ(kept, plain);
     } else {
