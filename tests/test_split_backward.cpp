@@ -187,11 +187,12 @@ TEST(SplitBackward, KeepLiesOverDeadBuffers) {
     // A GEMM operand of n values in floats: fp32, or bf16 rounded up to 64 bytes.
     auto operand = [&](int64_t n) { return c.precision == DType::BF16 ? (n + 31) / 32 * 16 : n; };
     if (c.checkpoint) {
-      // The linears' inputs copied out of the scratch block, three output
-      // gradients (the fourth over the block's output) and the norms'.
-      const int64_t per_block =
-          operand(N * C) + operand(N * att) + operand(N * C) + operand(N * inner) + N * (fc + C + qkv) + norm_params;
-      EXPECT_EQ(kept, plain + static_cast<size_t>(L * per_block) * sizeof(float));
+      // Per block its linears' inputs (the block's own, no longer the
+      // scratch block's: one block's fewer there), three output gradients
+      // (the fourth over the block's output) and the norms'.
+      const int64_t operands = operand(N * C) + operand(N * att) + operand(N * C) + operand(N * inner);
+      const int64_t per_block = operands + N * (fc + C + qkv) + norm_params;
+      EXPECT_EQ(kept, plain + static_cast<size_t>(L * per_block - operands) * sizeof(float));
     } else if (N >= C) {
       EXPECT_EQ(kept, plain);
     } else {

@@ -337,11 +337,13 @@ void Decoder::lay_out_keep(BlockActs& b, Cursor& c) const {
   const Widths& w = w_;
   if (checkpoint_) {
     // The block's forward buffers but res3 are the scratch block's, which
-    // the next block's recomputation refills: W's operands get their own.
-    b.w_ln1 = c.take_operand(N * C);
-    b.w_atty = c.take_operand(N * w.att);
-    b.w_ln2 = c.take_operand(N * C);
-    b.w_fch_gelu = c.take_operand(N * w.inner);
+    // the next block's recomputation refills: W's operands are the block's
+    // own (its forward writes them, B's recomputation rewrites the same
+    // values), and so are three of its output gradients.
+    b.ln1 = b.w_ln1 = c.take_operand(N * C);
+    b.atty = b.w_atty = c.take_operand(N * w.att);
+    b.ln2 = b.w_ln2 = c.take_operand(N * C);
+    b.fch_gelu = b.w_fch_gelu = c.take_operand(N * w.inner);
     b.w_d4C = c.take(N * w.fc);
     b.w_dy1 = c.take(N * C);
     b.w_d3C = c.take(N * w.qkv);
@@ -393,34 +395,37 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   a.encoded = take(N * C);
   a.blocks.assign(chunk_blocks(chunk), BlockActs{});
   // A block's activations but its output (res3).
-  auto lay_out_block = [&](BlockActs& b) {
-    b.ln1 = take_operand(N * C);
+  // A block's activations but its output (res3); without `operands`, but
+  // the linears' inputs too (ln1, atty, ln2, fch_gelu).
+  auto lay_out_block = [&](BlockActs& b, bool operands) {
+    b.ln1 = operands ? take_operand(N * C) : nullptr;
     take_stats(b.ln1_mean, b.ln1_rstd);
     b.qkv = take(N * w.qkv);
-    b.atty = take_operand(N * w.att);
+    b.atty = operands ? take_operand(N * w.att) : nullptr;
     // Fused: the log-sum-exps; in bf16 also the fp32 output, which the
     // backward's D = rowsum(dO O) reads: from the bf16 copy each row of dS
     // would sum to rounding (2^-9) instead of zero, and the key biases'
     // gradient (exactly zero) would become the noise docs/precision.md warns of.
     b.att = take(B * w.heads * (fused_attention_ ? T : T * T) + (fused_attention_ && b16 ? N * w.att : 0));
     b.res2 = take(R * C);
-    b.ln2 = take_operand(N * C);
+    b.ln2 = operands ? take_operand(N * C) : nullptr;
     take_stats(b.ln2_mean, b.ln2_rstd);
     b.fch = take(N * w.fc);
-    b.fch_gelu = take_operand(N * w.inner);
+    b.fch_gelu = operands ? take_operand(N * w.inner) : nullptr;
   };
   if (checkpoint_) {
     // Each block keeps its output (the next block's input); everything else
-    // lives in one scratch block that all blocks share.
+    // lives in one scratch block that all blocks share (but, under a split
+    // backward, the linears' inputs, which W reads: lay_out_keep).
     BlockActs scratch{};
-    if (!a.blocks.empty()) lay_out_block(scratch);
+    if (!a.blocks.empty()) lay_out_block(scratch, !split_backward_);
     for (auto& b : a.blocks) {
       b = scratch;
       b.res3 = take(R * C);
     }
   } else {
     for (auto& b : a.blocks) {
-      lay_out_block(b);
+      lay_out_block(b, true);
       b.res3 = take(R * C);
     }
   }

@@ -46,25 +46,17 @@ void Decoder::backward_weights() {
 
 template <typename CT>
 void Decoder::backward_input_as(float loss_scale) {
-  const int64_t B = batch_, T = seq_, N = B * T, C = config_.width;
+  const int64_t B = batch_, T = seq_, N = B * T;
   const Acts& a = act_;
   DPT_CHECK(!sequence_parallel(N), "a split backward does not run under sequence parallelism");
   begin(Pass::Backward, part());
   if (heads()) head_backward<CT>(loss_scale);
   for (size_t l = a.blocks.size(); l-- > 0;) {
-    const BlockActs& b = a.blocks[l];
     const float* x = l > 0 ? a.blocks[l - 1].res3 : a.encoded;
     open(unit_of(l));
     // Checkpointing: the scratch block refilled from the block's input (as
-    // backward() does), and the linears' inputs W reads copied out of it.
-    if (checkpoint_) {
-      block_forward<CT>(l, x, B, T);
-      const size_t op = sizeof(CT);
-      k().copy(b.w_ln1, b.ln1, static_cast<size_t>(N * C) * op);
-      k().copy(b.w_atty, b.atty, static_cast<size_t>(N * w_.att) * op);
-      k().copy(b.w_ln2, b.ln2, static_cast<size_t>(N * C) * op);
-      k().copy(b.w_fch_gelu, b.fch_gelu, static_cast<size_t>(N * w_.inner) * op);
-    }
+    // backward() does; the linears' inputs, which W reads, are the block's own).
+    if (checkpoint_) block_forward<CT>(l, x, B, T);
     block_backward_input<CT>(l, x, B, T);
     close(unit_of(l));
   }
