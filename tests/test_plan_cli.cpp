@@ -393,8 +393,10 @@ TEST_F(PlanCliTest, MeshRowsMatchRuns) {
 
 // Schedules past 1F1B (docs/pipeline.md): several chunks per rank, each
 // with the slots its list needs, and a split backward's arenas keeping
-// each linear's and norm's output gradient for W; the transfers the lists
-// make (a V sends both ways, none between its two middle chunks).
+// each linear's output gradient and the norms' parameter gradients for W
+// (over dead forward buffers, or where B x T < C partly beside them); the
+// transfers the lists make (a V sends both ways, none between its two
+// middle chunks).
 TEST_F(PlanCliTest, MeshRowsMatchRunsUnderEverySchedule) {
   const std::string model = "--model gpt --layers 4 --width 64 --heads 2 --context 32 --vocab 2048";
   for (const MeshCase& c : {MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule interleaved", false},
