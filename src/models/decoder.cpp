@@ -332,7 +332,7 @@ struct Decoder::Cursor {
   }
 };
 
-void Decoder::lay_out_keep(BlockActs& b, Cursor& c) const {
+void Decoder::lay_out_keep(BlockActs& b, Cursor& c, int64_t att_floats) const {
   const int64_t C = config_.width, N = c.N;
   const Widths& w = w_;
   if (checkpoint_) {
@@ -361,22 +361,25 @@ void Decoder::lay_out_keep(BlockActs& b, Cursor& c) const {
   // The block's output is dead once B reaches the block (the next block's
   // B, and the head's, read it before): it takes the gradient arriving there.
   b.w_dy2 = b.res3;
-  // The norms' parameter gradients: C floats per weight (and bias), over
-  // the norms' statistics (stat_rows floats each, dead after B) where they
-  // fit, else the block's own.
-  const bool ln = c.layer_norm;
-  b.w_norms_in_stats = !checkpoint_ && c.stat_rows >= C;
-  if (b.w_norms_in_stats) {
-    b.w_ln1_dw = ln ? b.ln1_mean : b.ln1_rstd;
-    b.w_ln1_db = ln ? b.ln1_rstd : nullptr;
-    b.w_ln2_dw = ln ? b.ln2_mean : b.ln2_rstd;
-    b.w_ln2_db = ln ? b.ln2_rstd : nullptr;
-  } else {
-    b.w_ln1_dw = c.take(C);
-    b.w_ln1_db = ln ? c.take(C) : nullptr;
-    b.w_ln2_dw = c.take(C);
-    b.w_ln2_db = ln ? c.take(C) : nullptr;
-  }
+  // The norms' parameter gradients, C floats per weight (and bias): each
+  // over a dead buffer with room for it (the norms' statistics, stat_rows
+  // floats each; the attention's saved softmax state, att_floats), in that
+  // order, else the block's own. (With checkpointing those are the scratch
+  // block's.)
+  const int vectors = c.layer_norm ? 4 : 2;
+  struct Region {
+    float* p;
+    int64_t floats;
+  };
+  const int64_t means = c.layer_norm ? c.stat_rows : 0;  // (RMSNorm keeps none)
+  const Region dead[] = {{b.ln1_mean, means}, {b.ln1_rstd, c.stat_rows}, {b.ln2_mean, means},
+                         {b.ln2_rstd, c.stat_rows}, {b.att, att_floats}};
+  int placed = 0;
+  if (!checkpoint_)
+    for (const Region& r : dead)
+      for (int64_t at = 0; at + C <= r.floats && placed < vectors; at += C)
+        b.w_norm[placed++] = r.p ? r.p + at : nullptr;  // (null: only counting)
+  while (placed < vectors) b.w_norm[placed++] = c.take(C);
 }
 
 int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) const {
@@ -388,6 +391,8 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   // [N, C] (gathered for the GEMMs), as does the embedding's output.
   const int64_t R = sequence_parallel(N) ? N / tp_.size : N;
   Cursor cur{base, N, R, b16, config_.norm == NormKind::LayerNorm};
+  // The attention's saved softmax state per block (below).
+  const int64_t att_floats = B * w.heads * (fused_attention_ ? T : T * T) + (fused_attention_ && b16 ? N * w.att : 0);
   auto take = [&](int64_t n) { return cur.take(n); };
   auto take_operand = [&](int64_t n) { return cur.take_operand(n); };
   auto take_stats = [&](float*& mean, float*& rstd) { cur.take_stats(mean, rstd); };
@@ -406,7 +411,7 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
     // backward's D = rowsum(dO O) reads: from the bf16 copy each row of dS
     // would sum to rounding (2^-9) instead of zero, and the key biases'
     // gradient (exactly zero) would become the noise docs/precision.md warns of.
-    b.att = take(B * w.heads * (fused_attention_ ? T : T * T) + (fused_attention_ && b16 ? N * w.att : 0));
+    b.att = take(att_floats);
     b.res2 = take(R * C);
     b.ln2 = operands ? take_operand(N * C) : nullptr;
     take_stats(b.ln2_mean, b.ln2_rstd);
@@ -431,7 +436,7 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   }
   // What a split backward keeps for W (mostly over dead forward buffers).
   if (split_backward_)
-    for (auto& b : a.blocks) lay_out_keep(b, cur);
+    for (auto& b : a.blocks) lay_out_keep(b, cur, att_floats);
   // Only the last chunk has the head; a chunk without it keeps its output
   // in its last block's res3.
   if (head) {
@@ -445,7 +450,10 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   a.d3C = take(N * w.qkv);
   if (split_backward_ && !checkpoint_)
     for (size_t l = 0; l < a.blocks.size(); ++l) a.blocks[l].w_d3C = l + 1 < a.blocks.size() ? a.blocks[l + 1].qkv : a.d3C;
-  a.d4C = take(N * w.fc);
+  // (A split backward's B also computes the norms' parameter gradients
+  // there, all of a block's: 4 C floats, at most, which N fc is but at a
+  // few rows.)
+  a.d4C = take(split_backward_ ? std::max(N * w.fc, 4 * C) : N * w.fc);
   a.atty32 = b16 && !fused_attention_ ? take(N * w.att) : nullptr;  // fused keeps its own (above)
   a.dout16 = b16 ? take_operand(N * std::max({C, w.qkv, w.fc, head ? wte_rows() : 0})) : nullptr;
   a.dI = config_.mlp == MlpKind::SwiGlu ? take(N * w.inner) : nullptr;

@@ -253,13 +253,12 @@ class Decoder : public Model {
     // dead (res3, fch, res2; the next block's qkv, the last block the
     // arena's scratch d3C) or, with checkpointing (those but res3 are the
     // scratch block's), the block's own; the norms' parameter gradients B
-    // computed (ln1: weight, bias; ln2: weight, bias; C floats each, the
-    // biases LayerNorm's only), in the norms' dead statistics where they
-    // fit (B x T >= C) or the block's own; and with checkpointing B's copies
-    // of the linears' inputs out of the scratch block.
+    // computed (ln2's weight and bias, ln1's weight and bias: C floats
+    // each, the biases LayerNorm's only), over the norms' dead statistics
+    // and attention state where they fit, else the block's own; and the
+    // linears' inputs W reads (the block's own, with checkpointing too).
     float *w_dy2 = nullptr, *w_d4C = nullptr, *w_dy1 = nullptr, *w_d3C = nullptr;
-    float *w_ln1_dw = nullptr, *w_ln1_db = nullptr, *w_ln2_dw = nullptr, *w_ln2_db = nullptr;
-    bool w_norms_in_stats = false;  // ... the norms' gradients go to a sink first, then over the statistics
+    float* w_norm[4] = {};
     void *w_ln1 = nullptr, *w_atty = nullptr, *w_ln2 = nullptr, *w_fch_gelu = nullptr;
   };
   // Every pointer into the arena for one (B, T).
@@ -289,7 +288,7 @@ class Decoder : public Model {
   int64_t lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) const;
   struct Cursor;
   // A split backward's keep for W of one block, from the cursor.
-  void lay_out_keep(BlockActs& b, Cursor& c) const;
+  void lay_out_keep(BlockActs& b, Cursor& c, int64_t att_floats) const;
   // The current chunk: whether it has the embedding or the head, its
   // blocks (indices into blocks_), and its block l's slots and unit.
   bool embeds() const { return stage_.embed && chunk_ == 0; }

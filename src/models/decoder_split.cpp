@@ -84,26 +84,20 @@ void Decoder::block_backward_input(size_t l, const float* x, int64_t B, int64_t 
   const Acts& a = act_;
   const Widths& w = w_;
   // A norm's backward (its input gradient added into dres), its parameter
-  // gradients from zero into the keep: straight there, or, where the keep
-  // lies over the statistics the kernel reads, through the scratch d4C
-  // (free by then, and N fc >= 2 C floats when B x T >= C) and copied over
-  // them after.
-  auto norm = [&](const float* dout, const float* in, int wt, const float* mean, const float* rstd, float* kw,
-                  float* kb) {
-    const bool ln = config_.norm == NormKind::LayerNorm;
-    float* dw = b.w_norms_in_stats ? a.d4C : kw;
-    float* db = b.w_norms_in_stats ? a.d4C + C : kb;
-    k().zero(dw, static_cast<size_t>(C) * sizeof(float));
-    if (ln) {
-      k().zero(db, static_cast<size_t>(C) * sizeof(float));
-      k().layernorm_backward(a.dres, dw, db, dout, in, param(wt), mean, rstd, N, C);
-    } else {
+  // gradients from zero into the scratch d4C (free by then: lay_out sizes
+  // it for all of them), ln2's weight (and bias) first, then ln1's; copied
+  // into the keep once the block's B is done (the keep may lie over the
+  // statistics the kernel reads, or the attention's state).
+  const bool ln = config_.norm == NormKind::LayerNorm;
+  const int vectors = ln ? 4 : 2;
+  const size_t CB = static_cast<size_t>(C) * sizeof(float);
+  auto norm = [&](const float* dout, const float* in, int wt, const float* mean, const float* rstd, int first) {
+    float* dw = a.d4C + first * C;
+    k().zero(dw, (ln ? 2 : 1) * CB);
+    if (ln)
+      k().layernorm_backward(a.dres, dw, dw + C, dout, in, param(wt), mean, rstd, N, C);
+    else
       k().rmsnorm_backward(a.dres, dw, dout, in, param(wt), rstd, N, C);
-    }
-    if (b.w_norms_in_stats) {
-      k().copy(kw, dw, static_cast<size_t>(C) * sizeof(float));
-      if (ln) k().copy(kb, db, static_cast<size_t>(C) * sizeof(float));
-    }
   };
   // The MLP, as mlp_backward without the parameter gradients. Its output's
   // gradient is kept over the block's output (read by the next block's B
@@ -130,7 +124,7 @@ void Decoder::block_backward_input(size_t l, const float* x, int64_t B, int64_t 
     d4C_op = b.w_d4C;
   k().linear_backward(a.dC, nullptr, nullptr, d4C_op, as<CT>(b.ln2), weight<CT>(s.fc_w), N, C, w.fc, nullptr);
   tensor_sum(a.dC, static_cast<size_t>(N * C));
-  norm(a.dC, b.res2, s.ln2_w, b.ln2_mean, b.ln2_rstd, b.w_ln2_dw, b.w_ln2_db);
+  norm(a.dC, b.res2, s.ln2_w, b.ln2_mean, b.ln2_rstd, 0);
   // The attention, as attention_backward without the parameter gradients;
   // the residual stream's gradient here kept over res2 (the second norm,
   // its only reader, is done).
@@ -152,7 +146,8 @@ void Decoder::block_backward_input(size_t l, const float* x, int64_t B, int64_t 
   k().linear_backward(a.dC, nullptr, nullptr, operand<CT>(k(), d3C, N * w.qkv, a.dout16), as<CT>(b.ln1),
                       weight<CT>(s.qkv_w), N, C, w.qkv, nullptr);
   tensor_sum(a.dC, static_cast<size_t>(N * C));
-  norm(a.dC, x, s.ln1_w, b.ln1_mean, b.ln1_rstd, b.w_ln1_dw, b.w_ln1_db);
+  norm(a.dC, x, s.ln1_w, b.ln1_mean, b.ln1_rstd, vectors / 2);
+  for (int i = 0; i < vectors; ++i) k().copy(b.w_norm[i], a.d4C + i * C, CB);
 }
 
 template <typename CT>
@@ -162,10 +157,11 @@ void Decoder::block_backward_weights(size_t l, int64_t N) {
   const BlockActs& b = act_.blocks[l];
   const Acts& a = act_;
   const Widths& w = w_;
-  // A norm's parameter gradients, B's, added in (the kernel's one addition).
-  auto norm = [&](int wt, int bs, const float* kw, const float* kb) {
-    k().residual_forward(grad(wt), grad(wt), kw, static_cast<size_t>(C));
-    if (bs >= 0) k().residual_forward(grad(bs), grad(bs), kb, static_cast<size_t>(C));
+  // A norm's parameter gradients, B's, added in (the kernel's one addition):
+  // the keep's vectors from `first` (ln2's weight and bias, then ln1's).
+  auto norm = [&](int wt, int bs, int first) {
+    k().residual_forward(grad(wt), grad(wt), b.w_norm[first], static_cast<size_t>(C));
+    if (bs >= 0) k().residual_forward(grad(bs), grad(bs), b.w_norm[first + 1], static_cast<size_t>(C));
     slots_ready(wt, last_of(wt, bs));
   };
   // In backward()'s order: the MLP's projection, its first linear (GELU's
@@ -177,14 +173,14 @@ void Decoder::block_backward_weights(size_t l, int64_t N) {
   k().linear_backward(nullptr, grad(s.fc_w), grad_or_null(s.fc_b), operand<CT>(k(), b.w_d4C, N * w.fc, a.dout16),
                       as<CT>(b.w_ln2), weight<CT>(s.fc_w), N, C, w.fc, b.w_d4C);
   slots_ready(s.fc_w, s.fc_end);
-  norm(s.ln2_w, s.ln2_b, b.w_ln2_dw, b.w_ln2_db);
+  norm(s.ln2_w, s.ln2_b, 0);
   k().linear_backward(nullptr, grad(s.proj_w), grad_or_null(s.proj_b), operand<CT>(k(), b.w_dy1, N * C, a.dout16),
                       as<CT>(b.w_atty), weight<CT>(s.proj_w), N, w.att, C, b.w_dy1);
   slots_ready(s.proj_w, last_of(s.proj_w, s.proj_b));
   k().linear_backward(nullptr, grad(s.qkv_w), grad_or_null(s.qkv_b), operand<CT>(k(), b.w_d3C, N * w.qkv, a.dout16),
                       as<CT>(b.w_ln1), weight<CT>(s.qkv_w), N, C, w.qkv, b.w_d3C);
   slots_ready(s.qkv_w, s.qkv_end);
-  norm(s.ln1_w, s.ln1_b, b.w_ln1_dw, b.w_ln1_db);
+  norm(s.ln1_w, s.ln1_b, config_.norm == NormKind::LayerNorm ? 2 : 1);
 }
 
 }  // namespace dpt
