@@ -394,7 +394,7 @@ TEST_F(PlanCliTest, MeshRowsMatchRuns) {
 // Schedules past 1F1B (docs/pipeline.md): several chunks per rank, each
 // with the slots its list needs, and a split backward's arenas keeping
 // each linear's output gradient and the norms' parameter gradients for W
-// (over dead forward buffers, or where B x T < C partly beside them); the
+// (over dead forward buffers, here partly beside them: B x T < C); the
 // transfers the lists make (a V sends both ways, none between its two
 // middle chunks).
 TEST_F(PlanCliTest, MeshRowsMatchRunsUnderEverySchedule) {

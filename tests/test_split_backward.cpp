@@ -6,13 +6,14 @@
 //    GELU) and Llama (RMSNorm, SwiGLU, rotary, GQA), fp32 and bf16, fused
 //    and unfused attention, with and without checkpointing, with B x T
 //    above and below the width (the norms' gradients over their statistics,
-//    or in the block's own keep), on 2 threads (the norm kernels' partial
-//    sums);
+//    the attention's state, or partly in the block's own keep), on 2
+//    threads (the norm kernels' partial sums);
 //  - B writes no block gradient (a strategy that reduces per micro-batch
 //    may still hold an earlier micro-batch's buffer when B runs), and W
 //    reports every block slot;
-//  - the keep over dead forward buffers: without checkpointing and with
-//    B x T >= C, a split arena is exactly an unsplit one.
+//  - the keep over dead forward buffers: without checkpointing, a split
+//    arena is exactly an unsplit one but for the norms' vectors no dead
+//    piece has room for (none at B x T >= C).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -173,9 +174,9 @@ TEST(SplitBackward, BitwiseTheUnsplitBackwardWithTheSameReports) {
 }
 
 // What W keeps lies over forward buffers B leaves dead: q/k/v, the MLP's
-// pre-activation, the two residual-stream tensors, and (B x T >= C) the
-// norms' statistics. Checkpointing (the block's buffers are one shared
-// scratch) and B x T < C keep the rest in the arena.
+// pre-activation, the two residual-stream tensors, and the norms'
+// statistics and attention state where they have room. Checkpointing (the
+// block's buffers are one shared scratch) keeps the rest in the arena.
 TEST(SplitBackward, KeepLiesOverDeadBuffers) {
   set_threads(1);
   for (const Case& c : cases()) {

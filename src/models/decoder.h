@@ -194,8 +194,8 @@ class Decoder : public Model {
   // which later computes the linears' parameter gradients from them with
   // the very kernels backward() runs, adds the norms' in, in backward()'s
   // order, and reports them ready. The keep lives in forward buffers B
-  // leaves dead, so (without checkpointing, B x T >= C) a split arena is no
-  // larger than an unsplit one. B overwrites the chunk's stage_output().
+  // leaves dead, so without checkpointing a split arena is no larger than
+  // an unsplit one (but at the fewest rows: docs/memory.md). B overwrites the chunk's stage_output().
   // The embedding and the head do all of their backward in B. Set before
   // the first forward (activation_bytes_for counts what W needs).
   void set_split_backward(bool on) { split_backward_ = on; }
