@@ -393,16 +393,53 @@ TEST_F(PlanCliTest, MeshRowsMatchRuns) {
 
 // Schedules past 1F1B (docs/pipeline.md): several chunks per rank, each
 // with the slots its list needs, and a split backward's arenas keeping
-// each linear's and norm's output gradient for W; the transfers the lists
-// make (a V sends both ways, none between its two middle chunks).
+// each linear's output gradient and the norms' parameter gradients for W
+// (over dead forward buffers, here partly beside them: B x T < C); the
+// transfers the lists make (a V sends both ways, none between its two
+// middle chunks).
 TEST_F(PlanCliTest, MeshRowsMatchRunsUnderEverySchedule) {
   const std::string model = "--model gpt --layers 4 --width 64 --heads 2 --context 32 --vocab 2048";
   for (const MeshCase& c : {MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule interleaved", false},
                             MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule zb-h1", false},
+                            // B x T >= C: W's keep entirely over dead forward buffers; and checkpointed.
+                            MeshCase{2, "local", "--batch 8 --pp 2 --micro-batches 4 --pp-schedule zb-h1", false},
+                            MeshCase{2, "local", "--batch 8 --pp 2 --micro-batches 4 --pp-schedule zb-h1", true},
                             MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule zb-v", false},
                             MeshCase{2, "local", "--batch 4 --pp 2 --micro-batches 4 --pp-schedule zb-v", false, "bf16"},
                             MeshCase{4, "zero1", "--batch 8 --pp 2 --micro-batches 4 --pp-schedule zb-v", false}})
     expect_mesh_row_matches(model, c);
+}
+
+// ZB-H1 holds no more activation bytes than 1F1B on any rank (issue 32):
+// the same arenas per rank, and what W keeps lies over forward buffers B
+// leaves dead (docs/pipeline.md). W-GPT and W-LLAMA at pp 2, M = 8, the
+// benchmark's shape (bench/pp_schedules_bench.py), fp32 and bf16, without
+// checkpointing (with it, W still needs each block's linears' inputs,
+// which 1F1B recomputes: docs/memory.md).
+TEST_F(PlanCliTest, ZbH1HoldsNoMoreActivationsThan1f1b) {
+  for (const std::string model : {"--model gpt --layers 4 --heads 4 --width 256 --context 128", "--model llama"}) {
+    json rows[2];
+    for (int i = 0; i < 2; ++i) {
+      const RunResult r = dpt(fmt::format("plan {} --batch 16 --ranks 2 --pp 2 --micro-batches 8 --pp-schedule {} "
+                                          "--json --memory 1T",
+                                          model, i == 0 ? "1f1b" : "zb-h1"));
+      ASSERT_EQ(r.code, 0) << r.err;
+      rows[i] = json::parse(r.out);
+    }
+    for (const char* precision : {"fp32", "bf16"}) {
+      SCOPED_TRACE(fmt::format("{} {}", model, precision));
+      const json *one = find_row(rows[0], "local", false, precision), *zb = find_row(rows[1], "local", false, precision);
+      ASSERT_NE(one, nullptr);
+      ASSERT_NE(zb, nullptr);
+      ASSERT_EQ(zb->at("stages").size(), 2u);
+      for (size_t s = 0; s < 2; ++s) {
+        const json &a = one->at("stages")[s], &b = zb->at("stages")[s];
+        EXPECT_EQ(b.at("arenas"), a.at("arenas")) << "rank " << s;
+        EXPECT_LE(b.at("bytes").at("activations").get<int64_t>(), a.at("bytes").at("activations").get<int64_t>())
+            << "rank " << s;
+      }
+    }
+  }
 }
 
 // The same for the Llama configuration: tp 2 (each rank 2 query heads and

@@ -332,27 +332,54 @@ struct Decoder::Cursor {
   }
 };
 
-void Decoder::lay_out_keep(BlockActs& b, Cursor& c) const {
+void Decoder::lay_out_keep(BlockActs& b, Cursor& c, int64_t att_floats) const {
   const int64_t C = config_.width, N = c.N;
   const Widths& w = w_;
-  b.w_dy2 = c.take(N * C);
-  b.w_d4C = c.take(N * w.fc);
-  b.w_dC2 = c.take(N * C);
-  b.w_dy1 = c.take(N * C);
-  b.w_d3C = c.take(N * w.qkv);
-  b.w_dC1 = c.take(N * C);
   if (checkpoint_) {
-    b.w_ln1 = c.take_operand(N * C);
-    b.w_atty = c.take_operand(N * w.att);
-    b.w_ln2 = c.take_operand(N * C);
-    b.w_fch_gelu = c.take_operand(N * w.inner);
-    b.w_res2 = c.take(N * C);
-    c.take_stats(b.w_ln1_mean, b.w_ln1_rstd);
-    c.take_stats(b.w_ln2_mean, b.w_ln2_rstd);
+    // The block's forward buffers but res3 are the scratch block's, which
+    // the next block's recomputation refills: W's operands are the block's
+    // own (its forward writes them, B's recomputation rewrites the same
+    // values), and so are three of its output gradients.
+    b.ln1 = b.w_ln1 = c.take_operand(N * C);
+    b.atty = b.w_atty = c.take_operand(N * w.att);
+    b.ln2 = b.w_ln2 = c.take_operand(N * C);
+    b.fch_gelu = b.w_fch_gelu = c.take_operand(N * w.inner);
+    b.w_d4C = c.take(N * w.fc);
+    b.w_dy1 = c.take(N * C);
+    b.w_d3C = c.take(N * w.qkv);
   } else {
-    b.w_ln1 = b.ln1, b.w_atty = b.atty, b.w_ln2 = b.ln2, b.w_fch_gelu = b.fch_gelu, b.w_res2 = b.res2;
-    b.w_ln1_mean = b.ln1_mean, b.w_ln1_rstd = b.ln1_rstd, b.w_ln2_mean = b.ln2_mean, b.w_ln2_rstd = b.ln2_rstd;
+    // After B, W reads neither q/k/v, nor the MLP's pre-activation, nor the
+    // residual stream after the attention (the second norm's input: B did
+    // the norms): their buffers take the gradients of exactly their shapes
+    // (q/k/v's gradient is written while the attention's backward still
+    // reads qkv: lay_out gives block l the next block's qkv, dead by then,
+    // and the last block the arena's scratch d3C.)
+    b.w_ln1 = b.ln1, b.w_atty = b.atty, b.w_ln2 = b.ln2, b.w_fch_gelu = b.fch_gelu;
+    b.w_d4C = b.fch;
+    b.w_dy1 = b.res2;
   }
+  // The block's output is dead once B reaches the block (the next block's
+  // B, and the head's, read it before): it takes the gradient arriving there.
+  b.w_dy2 = b.res3;
+  // The norms' parameter gradients, C floats per weight (and bias): each
+  // over a dead buffer with room for it (the norms' statistics, stat_rows
+  // floats each; the attention's saved softmax state, att_floats), in that
+  // order, else the block's own. (With checkpointing those are the scratch
+  // block's.)
+  const int vectors = c.layer_norm ? 4 : 2;
+  struct Region {
+    float* p;
+    int64_t floats;
+  };
+  const int64_t means = c.layer_norm ? c.stat_rows : 0;  // (RMSNorm keeps none)
+  const Region dead[] = {{b.ln1_mean, means}, {b.ln1_rstd, c.stat_rows}, {b.ln2_mean, means},
+                         {b.ln2_rstd, c.stat_rows}, {b.att, att_floats}};
+  int placed = 0;
+  if (!checkpoint_)
+    for (const Region& r : dead)
+      for (int64_t at = 0; at + C <= r.floats && placed < vectors; at += C)
+        b.w_norm[placed++] = r.p ? r.p + at : nullptr;  // (null: only counting)
+  while (placed < vectors) b.w_norm[placed++] = c.take(C);
 }
 
 int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) const {
@@ -364,6 +391,8 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   // [N, C] (gathered for the GEMMs), as does the embedding's output.
   const int64_t R = sequence_parallel(N) ? N / tp_.size : N;
   Cursor cur{base, N, R, b16, config_.norm == NormKind::LayerNorm};
+  // The attention's saved softmax state per block (below).
+  const int64_t att_floats = B * w.heads * (fused_attention_ ? T : T * T) + (fused_attention_ && b16 ? N * w.att : 0);
   auto take = [&](int64_t n) { return cur.take(n); };
   auto take_operand = [&](int64_t n) { return cur.take_operand(n); };
   auto take_stats = [&](float*& mean, float*& rstd) { cur.take_stats(mean, rstd); };
@@ -371,41 +400,43 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   a.encoded = take(N * C);
   a.blocks.assign(chunk_blocks(chunk), BlockActs{});
   // A block's activations but its output (res3).
-  auto lay_out_block = [&](BlockActs& b) {
-    b.ln1 = take_operand(N * C);
+  // A block's activations but its output (res3); without `operands`, but
+  // the linears' inputs too (ln1, atty, ln2, fch_gelu).
+  auto lay_out_block = [&](BlockActs& b, bool operands) {
+    b.ln1 = operands ? take_operand(N * C) : nullptr;
     take_stats(b.ln1_mean, b.ln1_rstd);
     b.qkv = take(N * w.qkv);
-    b.atty = take_operand(N * w.att);
+    b.atty = operands ? take_operand(N * w.att) : nullptr;
     // Fused: the log-sum-exps; in bf16 also the fp32 output, which the
     // backward's D = rowsum(dO O) reads: from the bf16 copy each row of dS
     // would sum to rounding (2^-9) instead of zero, and the key biases'
     // gradient (exactly zero) would become the noise docs/precision.md warns of.
-    b.att = take(B * w.heads * (fused_attention_ ? T : T * T) + (fused_attention_ && b16 ? N * w.att : 0));
+    b.att = take(att_floats);
     b.res2 = take(R * C);
-    b.ln2 = take_operand(N * C);
+    b.ln2 = operands ? take_operand(N * C) : nullptr;
     take_stats(b.ln2_mean, b.ln2_rstd);
     b.fch = take(N * w.fc);
-    b.fch_gelu = take_operand(N * w.inner);
+    b.fch_gelu = operands ? take_operand(N * w.inner) : nullptr;
   };
   if (checkpoint_) {
     // Each block keeps its output (the next block's input); everything else
-    // lives in one scratch block that all blocks share.
+    // lives in one scratch block that all blocks share (but, under a split
+    // backward, the linears' inputs, which W reads: lay_out_keep).
     BlockActs scratch{};
-    if (!a.blocks.empty()) lay_out_block(scratch);
+    if (!a.blocks.empty()) lay_out_block(scratch, !split_backward_);
     for (auto& b : a.blocks) {
       b = scratch;
       b.res3 = take(R * C);
     }
   } else {
     for (auto& b : a.blocks) {
-      lay_out_block(b);
+      lay_out_block(b, true);
       b.res3 = take(R * C);
     }
   }
-  // A split backward keeps each block's output gradients for W (and with
-  // checkpointing the recomputed forward tensors W reads).
+  // What a split backward keeps for W (mostly over dead forward buffers).
   if (split_backward_)
-    for (auto& b : a.blocks) lay_out_keep(b, cur);
+    for (auto& b : a.blocks) lay_out_keep(b, cur, att_floats);
   // Only the last chunk has the head; a chunk without it keeps its output
   // in its last block's res3.
   if (head) {
@@ -417,7 +448,12 @@ int64_t Decoder::lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) 
   a.dres = take(N * C);
   a.dC = take(N * std::max(C, w.att));
   a.d3C = take(N * w.qkv);
-  a.d4C = take(N * w.fc);
+  if (split_backward_ && !checkpoint_)
+    for (size_t l = 0; l < a.blocks.size(); ++l) a.blocks[l].w_d3C = l + 1 < a.blocks.size() ? a.blocks[l + 1].qkv : a.d3C;
+  // (A split backward's B also computes the norms' parameter gradients
+  // there, all of a block's: 4 C floats, at most, which N fc is but at a
+  // few rows.)
+  a.d4C = take(split_backward_ ? std::max(N * w.fc, 4 * C) : N * w.fc);
   a.atty32 = b16 && !fused_attention_ ? take(N * w.att) : nullptr;  // fused keeps its own (above)
   a.dout16 = b16 ? take_operand(N * std::max({C, w.qkv, w.fc, head ? wte_rows() : 0})) : nullptr;
   a.dI = config_.mlp == MlpKind::SwiGlu ? take(N * w.inner) : nullptr;

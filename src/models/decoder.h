@@ -201,13 +201,16 @@ class Decoder : public Model {
   // rank's rows of them; forward does it too).
   void prepare(int64_t B, int64_t T) { plan_activations(B, local_rows(T)); }
   // The backward split in two (zero-bubble schedules, docs/pipeline.md):
-  // backward_input (B) computes the gradient of the chunk's input and
-  // keeps, per block, each linear's output gradient and each norm's for
-  // backward_weights (W), which later computes the blocks' parameter
-  // gradients from them with the very kernels backward() runs, in the same
-  // order, and reports them ready. The embedding and the head do all of
-  // their backward in B. Set before the first forward (the arenas hold
-  // what W needs: activation_bytes_for counts it).
+  // backward_input (B) computes the gradient of the chunk's input and the
+  // norms' parameter gradients, and keeps, per block, each linear's output
+  // gradient and the norms' parameter gradients for backward_weights (W),
+  // which later computes the linears' parameter gradients from them with
+  // the very kernels backward() runs, adds the norms' in, in backward()'s
+  // order, and reports them ready. The keep lives in forward buffers B
+  // leaves dead, so without checkpointing a split arena is no larger than
+  // an unsplit one (but at the fewest rows: docs/memory.md). B overwrites the chunk's stage_output().
+  // The embedding and the head do all of their backward in B. Set before
+  // the first forward (activation_bytes_for counts what W needs).
   void set_split_backward(bool on) { split_backward_ = on; }
   bool split_backward() const { return split_backward_; }
   void backward_input(float loss_scale);
@@ -257,17 +260,19 @@ class Decoder : public Model {
     float* att;  // the probabilities [B, heads, T, T]; fused attention: the log-sum-exp [B, heads, T]
     float *ln2_mean, *ln2_rstd, *fch, *res3;
     void *ln1, *atty, *ln2, *fch_gelu;
-    // A split backward's keep for W: the output gradients of the MLP's
-    // projection (dy2) and first linear (d4C), of the attention's
-    // projection (dy1) and q/k/v (d3C), and of the two norms (dC2, dC1).
-    float *w_dy2 = nullptr, *w_d4C = nullptr, *w_dC2 = nullptr, *w_dy1 = nullptr, *w_d3C = nullptr,
-          *w_dC1 = nullptr;
-    // ... and the forward's tensors W reads: the block's own, or with
-    // checkpointing copies B makes of the recomputed scratch block's (the
-    // linears' inputs, the second norm's input and both norms' statistics).
+    // A split backward's keep for W (lay_out_keep): the output gradients of
+    // the MLP's projection (dy2) and first linear (d4C), of the attention's
+    // projection (dy1) and q/k/v (d3C), each in a forward buffer B leaves
+    // dead (res3, fch, res2; the next block's qkv, the last block the
+    // arena's scratch d3C) or, with checkpointing (those but res3 are the
+    // scratch block's), the block's own; the norms' parameter gradients B
+    // computed (ln2's weight and bias, ln1's weight and bias: C floats
+    // each, the biases LayerNorm's only), over the norms' dead statistics
+    // and attention state where they fit, else the block's own; and the
+    // linears' inputs W reads (the block's own, with checkpointing too).
+    float *w_dy2 = nullptr, *w_d4C = nullptr, *w_dy1 = nullptr, *w_d3C = nullptr;
+    float* w_norm[4] = {};
     void *w_ln1 = nullptr, *w_atty = nullptr, *w_ln2 = nullptr, *w_fch_gelu = nullptr;
-    float *w_res2 = nullptr, *w_ln1_mean = nullptr, *w_ln1_rstd = nullptr, *w_ln2_mean = nullptr,
-          *w_ln2_rstd = nullptr;
   };
   // Every pointer into the arena for one (B, T).
   struct Acts {
@@ -297,7 +302,7 @@ class Decoder : public Model {
   int64_t lay_out(int64_t B, int64_t T, float* base, Acts& a, int chunk) const;
   struct Cursor;
   // A split backward's keep for W of one block, from the cursor.
-  void lay_out_keep(BlockActs& b, Cursor& c) const;
+  void lay_out_keep(BlockActs& b, Cursor& c, int64_t att_floats) const;
   // The current chunk: whether it has the embedding or the head, its
   // blocks (indices into blocks_), and its block l's slots and unit.
   bool embeds() const { return stage_.embed && chunk_ == 0; }
@@ -325,11 +330,12 @@ class Decoder : public Model {
   template <typename CT>
   void backward_weights_as();
   // A split backward's halves of one block (B: from dres to the block
-  // input's gradient, keeping what W needs; W: the parameter gradients).
+  // input's gradient and the norms' parameter gradients, keeping what W
+  // needs; W: the linears' parameter gradients, the norms' added in).
   template <typename CT>
   void block_backward_input(size_t l, const float* x, int64_t B, int64_t T);
   template <typename CT>
-  void block_backward_weights(size_t l, const float* x, int64_t N);
+  void block_backward_weights(size_t l, int64_t N);
   // The embedding's forward (token rows, learned positions) and backward.
   template <typename CT>
   void embed_forward(int64_t B, int64_t T);
@@ -479,7 +485,6 @@ class Decoder : public Model {
   int chunk_ = 0;
   bool split_backward_ = false;
   bool planned_split_ = false;
-  std::vector<float> norm_sink_;  // B: a norm's parameter gradients, discarded (W computes them)
   int64_t batch_ = 0, seq_ = 0;  // the arena's layout (B, T)
   bool planned_checkpoint_ = false;  // ... whether it was planned for checkpointing
   DType planned_precision_ = DType::F32;  // ... and for which compute type

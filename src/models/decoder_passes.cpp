@@ -141,6 +141,8 @@ ForwardStats Decoder::forward(const Batch& batch) {
   if (sequence_parallel(N) && (device_ != Device::CPU || !whole()))
     throw InputError(
         "--sequence-parallel runs on the CPU without --pp (not yet with --device cuda or pipeline stages)");
+  if (split_backward_ && sequence_parallel(N))  // (B's keep lies over full-height buffers: models/decoder.h)
+    throw InputError("a split backward (--pp-schedule zb-h1 or zb-v) does not run under --sequence-parallel");
   plan_activations(B, T);
   if (cp_size_ > 1) {
     keep_local_rows(batch, T);

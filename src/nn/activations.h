@@ -20,14 +20,14 @@ void relu_backward(float* dinp, const float* dout, const float* out, int64_t n);
 // below a bf16 rounding step, 1.4x faster); the fp32 one keeps its bits.
 template <typename T>
 void gelu_forward(T* out, const float* inp, int64_t n);
-// dinp = dout * gelu'(inp), written. dinp may alias dout.
+// dinp = dout * gelu'(inp), written. dinp may alias dout or inp.
 void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n);
 // The same over N rows of OC, with what follows it in a GPT MLP's backward
 // done in the same pass over memory: dbias += the column sums of dinp (the
 // c_fc bias gradient, summed in linear_backward's order, so the same sums)
 // when dbias is given, and dinp16 = dinp rounded to bf16 (the c_fc GEMMs'
 // operand in a bf16 run) when dinp16 is given. dout and inp are read once
-// instead of three times. dinp may alias dout. With dinp16 given, the
+// instead of three times. dinp may alias dout or inp. With dinp16 given, the
 // gradient takes the bf16 output's tanh (as the forward above), and dinp
 // may be null: a bf16 run's GEMMs read only the bf16 copy and the bias
 // gradient is summed here, so the fp32 gradient need not be written.

@@ -80,12 +80,18 @@ DPT_CPU_CLONES void layernorm_backward(float* dinp, float* dweight, float* dbias
       }
     }
   }
-  for (int t = 0; t < nt; ++t) {
+  // The partial sums added to each other in thread order, then their total
+  // to the gradient in one addition: dweight + (0 + total) is then bitwise
+  // dweight + total, so a split backward can compute a micro-batch's
+  // parameter gradients into zeros and add them in later
+  // (models/decoder_split.cpp); the GPU's column sums end the same way.
+  for (int t = 1; t < nt; ++t) {
     const float* dw = base + static_cast<size_t>(t) * 2 * C;
-    for (int64_t c = 0; c < C; ++c) {
-      dweight[c] += dw[c];
-      dbias[c] += dw[C + c];
-    }
+    for (int64_t c = 0; c < 2 * C; ++c) base[c] += dw[c];
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    dweight[c] += base[c];
+    dbias[c] += base[C + c];
   }
 }
 

@@ -20,7 +20,9 @@ void layernorm_forward(T* out, float* mean, float* rstd, const float* inp, const
 // dinp    += gradient w.r.t. inp. Accumulated, not written: a LayerNorm's
 //            input is always the residual stream, whose gradient already
 //            holds the skip connection's share (see models/gpt.cpp).
-// dweight += sum_n dout * xhat;  dbias += sum_n dout
+// dweight += sum_n dout * xhat;  dbias += sum_n dout, each sum added to the
+//            gradient in one addition (so into zeros, then added, is bitwise
+//            the same: models/decoder_split.cpp relies on it)
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int64_t N, int64_t C);

@@ -33,8 +33,8 @@ template void rmsnorm_forward(bf16*, float*, const float*, const float*, int64_t
 DPT_CPU_CLONES void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                                      const float* weight, const float* rstd, int64_t N, int64_t C) {
   // As layernorm_backward: each thread sums its rows' dweight privately, the
-  // partial sums are added in thread order; the scratch is the calling
-  // thread's, kept between calls.
+  // partial sums are added to each other in thread order; the scratch is the
+  // calling thread's, kept between calls.
   const int nt = omp_get_max_threads();
   static thread_local std::vector<float> partial;
   partial.assign(static_cast<size_t>(nt) * C, 0.0f);
@@ -62,10 +62,12 @@ DPT_CPU_CLONES void rmsnorm_backward(float* dinp, float* dweight, const float* d
       for (int64_t c = 0; c < C; ++c) dx[c] += s * (dy[c] * weight[c] - x[c] * s * b);
     }
   }
-  for (int t = 0; t < nt; ++t) {
+  // Their total added to dweight in one addition (as layernorm_backward).
+  for (int t = 1; t < nt; ++t) {
     const float* dw = base + static_cast<size_t>(t) * C;
-    for (int64_t c = 0; c < C; ++c) dweight[c] += dw[c];
+    for (int64_t c = 0; c < C; ++c) base[c] += dw[c];
   }
+  for (int64_t c = 0; c < C; ++c) dweight[c] += base[c];
 }
 
 }  // namespace dpt

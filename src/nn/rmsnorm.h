@@ -19,7 +19,9 @@ void rmsnorm_forward(T* out, float* rstd, const float* inp, const float* weight,
 // dinp    += gradient w.r.t. inp. Accumulated, not written: an RMSNorm's
 //            input is the residual stream (layernorm_backward's convention).
 // dweight += sum_n dout * xhat, xhat = x * rstd. The rows' partial sums are
-//            added in thread order: reproducible for a given thread count.
+//            added to each other in thread order, their total to dweight in
+//            one addition (as layernorm_backward): reproducible for a given
+//            thread count.
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, int64_t N, int64_t C);
 

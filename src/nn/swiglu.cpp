@@ -42,9 +42,11 @@ DPT_CPU_CLONES void swiglu_backward(float* dgu, bf16* dgu16, const float* dout, 
       float* du = dg + I;
 #pragma omp simd
       for (int64_t i = 0; i < I; ++i) {
+        // Both read before either is written: in place over gu is safe.
         const float s = fast_sigmoid(g[i]);
-        dg[i] = dy[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s)));
-        du[i] = dy[i] * (g[i] * s);
+        const float a = dy[i] * u[i] * (s * (1.0f + g[i] * (1.0f - s))), b = dy[i] * (g[i] * s);
+        dg[i] = a;
+        du[i] = b;
       }
       continue;
     }

@@ -22,7 +22,9 @@ void swiglu_forward(T* out, const float* gu, int64_t N, int64_t I);
 // dgu16, when given, receives dgu rounded to bf16 in the same pass (the
 // fused linear's GEMM operand in a bf16 run); it then takes the sigmoid from
 // rational_tanh (nn/fast_tanh.h, as the bf16 forward does) and dgu may be
-// null (a bf16 run's GEMMs read the copy alone). dgu must not alias gu.
+// null (a bf16 run's GEMMs read the copy alone). dgu may be gu: each gate
+// and up pair is read before its gradients are written (a split backward
+// keeps the gradient over the pre-activation: models/decoder_split.cpp).
 void swiglu_backward(float* dgu, bf16* dgu16, const float* dout, const float* gu, int64_t N, int64_t I);
 
 }  // namespace dpt

@@ -353,6 +353,9 @@ void PipelineExecutor::backward_op(size_t k, int64_t step, StepBreakdown& t, Tim
     if (!holds_head()) groups_.pp().recv(tied_g_.f32(), wte_numel(), DType::F32, head_rank_);
     model_.set_tied_grad_in(tied_g_.f32());
   }
+  // B keeps a gradient over the chunk's output: its forward's send (long
+  // received: this gradient came after it) must be done reading it.
+  if (a.kind == PipeAction::B) wait(sends_[arena(k)]);
   const auto tc = Clock::now();
   post_receive(k + 1);
   if (a.kind == PipeAction::BW)
