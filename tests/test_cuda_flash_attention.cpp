@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/threads.h"
 #include "device/kernels.h"
 #include "gpu_or_skip.h"
 #include "models/decoder.h"
@@ -129,13 +128,11 @@ void CudaFlashAttention::compare(const Case& c) {
 }
 
 TEST_F(CudaFlashAttention, MatchesUnfusedAndCpuAcrossContexts) {
-  dpt::set_threads(1);
   for (int64_t T : {1, 7, 64, 129, 1000})
     for (auto [NH, NKV] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {4, 1}}) compare(Case{2, T, NH, NKV, 64});
 }
 
 TEST_F(CudaFlashAttention, MatchesUnfusedAndCpuAcrossHeadSizes) {
-  dpt::set_threads(1);
   for (int64_t hd : {8, 16, 64, 80, 128, 256})
     for (int64_t T : {1, 7, 129, 1000}) {
       compare(Case{1, T, 2, 2, hd});
