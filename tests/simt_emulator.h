@@ -8,11 +8,15 @@
 //   __shfl_sync, __shfl_xor_sync (full mask only)
 //                            the 32 lanes of a warp exchange values (a warp
 //                            barrier before reading and after)
+//   __syncwarp()             the 32 lanes of a warp arrive, then all go on
 // and run between them in an order the test picks (in order, reversed, or
 // shuffled per round), so a read of shared memory that a missing barrier
 // leaves unordered gives different values under different orders. Dynamic
 // shared memory starts as NaN, so a read of what no thread wrote shows in
-// the results. A barrier that some threads never reach (one in a divergent
+// the results, and is followed by a guard of NaNs: a read past the launch's
+// shared bytes shows too, a write there is reported after the block. A
+// float4 load (load4) from an address the GPU would fault on throws. A
+// barrier that some threads never reach (one in a divergent
 // branch, a thread that returns early) stops the launch with an error
 // instead of hanging.
 //
@@ -221,6 +225,8 @@ inline void run_block(unsigned threads) {
   if (!s.error.empty()) throw std::runtime_error("kernel threw: " + s.error);
 }
 
+constexpr size_t kGuard = 4096;  // floats of NaN past a launch's shared memory
+
 // kernel<<<grid, threads, bytes>>>(args...), its blocks one after another.
 template <typename G, typename... P, typename... A>
 void launch(void (*kernel)(P...), G grid, int threads, size_t bytes, A... args) {
@@ -232,8 +238,14 @@ void launch(void (*kernel)(P...), G grid, int threads, size_t bytes, A... args) 
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         s.block_idx = Dim3{x, y, z};
-        s.shared.assign((bytes + sizeof(float) - 1) / sizeof(float), std::numeric_limits<float>::quiet_NaN());
+        const size_t n = (bytes + sizeof(float) - 1) / sizeof(float);
+        s.shared.assign(n + kGuard, std::numeric_limits<float>::quiet_NaN());
         run_block(static_cast<unsigned>(threads));
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        for (size_t i = n; i < n + kGuard; ++i)
+          if (std::memcmp(&s.shared[i], &nan, sizeof nan) != 0)
+            throw std::runtime_error("a thread wrote past the launch's " + std::to_string(bytes) +
+                                     " bytes of shared memory (float " + std::to_string(i) + ")");
       }
 }
 
@@ -245,6 +257,18 @@ void launch(void (*kernel)(P...), G grid, int threads, size_t bytes, A... args) 
 #define blockDim (::simt::st().block_dim)
 
 inline void __syncthreads() { ::simt::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  if (mask != 0xffffffffu) throw std::logic_error("the emulator's __syncwarp takes the full mask only");
+  ::simt::warp_barrier();
+}
+struct float4 {
+  float x, y, z, w;
+};
+// A 16-byte load, which the GPU faults on unless the address is a multiple of 16.
+inline float4 load4(const float* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) throw std::logic_error("a float4 load from a misaligned address");
+  return float4{p[0], p[1], p[2], p[3]};
+}
 inline float __shfl_sync(unsigned mask, float v, int src) {
   uint32_t b;
   std::memcpy(&b, &v, 4);

@@ -5,8 +5,8 @@
 // tests/simt_emulator.h: out, lse and the whole dqkv against the CPU's
 // fused kernel (nn/flash_attention.h) and the unfused grouped-query layer
 // (nn/gqa_attention.h), within 1e-5, for every register width the launches
-// pick (hd 8 to 256), T from 1 to 200 (one row, a partial tile, whole tiles,
-// one past them), multi-head, grouped and multi-query. The threads run
+// pick (hd 1 to 256), T in {1, 7, 64, 129, 1000} (one row, a partial tile,
+// whole tiles, one past them, many), multi-head, grouped and multi-query. The threads run
 // between barriers in order, reversed and shuffled: a read of shared
 // memory no barrier orders, a barrier some threads skip, or a read of
 // shared memory no thread wrote (NaN) fails here, where no GPU is. What
@@ -90,20 +90,21 @@ void check_case(const Case& c, simt::Order order) {
   EXPECT_TRUE(within(gdqkv, udqkv, r)) << "dqkv against the unfused layer";
 }
 
-// Every DV the launches instantiate (ceil(hd / 32) = 1, 2, 3, 4, 7, 8),
-// head sizes that fill the lanes and ones that do not.
+// Every DV the launches instantiate (ceil(hd / 32) = 1 to 8), head sizes
+// that fill the lanes and ones that do not, and ones that are not whole
+// float4s (the warp tiles' rows padded with zeros).
 TEST(CudaFlashEmulated, EveryHeadWidthForwardAndBackward) {
   set_threads(1);
-  for (int64_t hd : {8, 16, 40, 64, 80, 128, 200, 256})
+  for (int64_t hd : {1, 6, 8, 16, 33, 40, 64, 80, 100, 128, 150, 200, 250, 256})
     for (int64_t T : {1, 7, 33})
       check_case(Case{1, T, 2, 1, hd}, simt::Order::InOrder);
 }
 
-// T in {1, 7, 64, 129, 200}: one row, a partial tile, whole tiles of
-// every kernel, one past them, several; multi-head, grouped, multi-query.
+// T in {1, 7, 64, 129, 1000}: one row, a partial tile, whole tiles of
+// every kernel, one past them, many; multi-head, grouped, multi-query.
 TEST(CudaFlashEmulated, ContextsAndHeadGroupings) {
   set_threads(1);
-  for (int64_t T : {1, 7, 64, 129, 200})
+  for (int64_t T : {1, 7, 64, 129, 1000})
     for (auto [NH, NKV] : {std::pair<int64_t, int64_t>{2, 2}, {4, 2}, {3, 1}})
       check_case(Case{2, T, NH, NKV, 16}, simt::Order::InOrder);
   check_case(Case{1, 129, 4, 2, 64}, simt::Order::InOrder);  // Llama's and GPT's head size

@@ -2,17 +2,19 @@
 // order), fp32 on CUDA cores: what nn/flash_attention.cpp computes on the
 // CPU, for cuda/flash_attention.h.
 //
-// Layout of the work. A block is kWarps warps; a warp owns R rows of the
-// block's tile (query rows in forward and dQ, key rows in dK/dV), holding
-// its output rows in registers: lane l owns channels l, l + 32, ... (DV =
-// ceil(hd / 32) of them), so R * DV accumulators per output tensor. The
-// other side of each product goes across the lanes, one row per lane, in a
-// tile of 32 rows in shared memory. A score is then one lane's dot product
-// over hd (its own row of the lane tile against the warp's row, which every
-// lane reads at the same address: a broadcast), and the products back into
-// the warp's rows take each lane's score by __shfl_sync. Tiles read one row
-// per lane have an odd row stride (hd | 1), so the 32 lanes reading a
-// column hit 32 different banks.
+// Layout of the work (device code: cuda/flash_attention_kernels.cuh). A
+// block is kWarps warps; a warp owns R rows of the block's tile (query rows
+// in forward and dQ, key rows in dK/dV), holding its output rows in
+// registers: lane l owns channels l, l + 32, ... (DV = ceil(hd / 32) of
+// them), so R * DV accumulators per output tensor. The warp's rows sit in
+// shared memory padded to whole float4s and are read as float4 broadcasts
+// (every lane the same address). The other side of each product goes
+// across the lanes, one row per lane, in a tile of 32 rows stored
+// transposed ([channel][33]: the stores of consecutive channels and the
+// reads of consecutive lanes both hit 32 different banks). A score is then
+// one lane's dot product over hd, 4 channels a step; the products back into
+// the warp's rows read the scores from a per-warp scratch in shared memory
+// (written once per tile, __syncwarp, read as float4 broadcasts).
 //
 // - Forward, one block per (query tile of kWarps * R rows, head, sequence):
 //   key/value tiles of 32 rows in turn, the running maximum m and sum l of
