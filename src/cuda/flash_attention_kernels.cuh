@@ -114,6 +114,83 @@ __host__ __device__ inline int dkdv_floats(int hd) {
   return 2 * kWarps * R * quad(hd) + 2 * kWarps * kLanes * R + 2 * quad(hd) * kPad + 2 * kLanes;
 }
 
+// ------------------------------------------------------- pieces of a warp
+// s[r] (+)= the warp's row r (Aw[r][hdq], float4 broadcasts) . the lane's
+// column of Bt ([hdq][kPad]), over all hdq channels (4 a step).
+template <int R>
+__device__ __forceinline__ void add_scores(float (&s)[R], const float* Aw, const float* Bt, int hdq, int lane) {
+  for (int d = 0; d < hdq; d += 4) {
+    const float b0 = Bt[d * kPad + lane], b1 = Bt[(d + 1) * kPad + lane], b2 = Bt[(d + 2) * kPad + lane],
+                b3 = Bt[(d + 3) * kPad + lane];
+    DPT_UNROLL
+    for (int r = 0; r < R; ++r) s[r] = dot4(s[r], load4(Aw + r * hdq + d), b0, b1, b2, b3);
+  }
+}
+
+// acc[r][i] += sum over j in [j0, j1) of P[j][r] * B(j, d) for the lane's
+// channels d = lane + 32 i < hd, where P is the warp's [32][R] scratch and
+// B(j, d) = B[j * row + d * col] (a row tile: row hdq, col 1; a lane tile:
+// row 1, col kPad).
+template <int R, int DV>
+__device__ __forceinline__ void add_products(float (&acc)[R][DV], const float* P, const float* B, int row, int col,
+                                             int j0, int j1, int lane, int hd) {
+  for (int j = j0; j < j1; ++j) {
+    float p[R], bj[DV];
+    load_row<R>(p, P + j * R);
+    DPT_UNROLL
+    for (int i = 0; i < DV; ++i) {
+      const int d = lane + 32 * i;
+      bj[i] = d < hd ? B[j * row + d * col] : 0.0f;
+    }
+    DPT_UNROLL
+    for (int r = 0; r < R; ++r)
+      DPT_UNROLL
+      for (int i = 0; i < DV; ++i) acc[r][i] += p[r] * bj[i];
+  }
+}
+
+// Rows [row0, row0 + R) of acc times `factor` into dst (row stride ld), the
+// rows before T.
+template <int R, int DV>
+__device__ __forceinline__ void store_rows(float* dst, int64_t ld, const float (&acc)[R][DV], int64_t row0, int64_t T,
+                                           int lane, int hd, float factor) {
+  DPT_UNROLL
+  for (int r = 0; r < R; ++r) {
+    if (row0 + r >= T) continue;
+    DPT_UNROLL
+    for (int i = 0; i < DV; ++i) {
+      const int d = lane + 32 * i;
+      if (d < hd) dst[(row0 + r) * ld + d] = acc[r][i] * factor;
+    }
+  }
+}
+
+// The online softmax over one key tile for the warp's rows (row r0 + r sees
+// this lane's key c when c <= row < T): m and l (this lane's part of the
+// sum) updated, o rescaled to the new maximum, s replaced by P.
+template <int R, int DV>
+__device__ __forceinline__ void online_softmax(float (&s)[R], float (&m)[R], float (&l)[R], float (&o)[R][DV],
+                                               int64_t r0, int64_t c, int64_t T) {
+  DPT_UNROLL
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = r0 + r;
+    const bool live = row < T && c <= row;
+    const float sv = live ? s[r] : -INFINITY;
+    const float mn = fmaxf(m[r], warp_max(sv));  // the same in every lane
+    if (mn == -INFINITY) {  // the row has seen no key yet
+      s[r] = 0.0f;
+      continue;
+    }
+    const float keep = expf(m[r] - mn);  // 0 on the row's first tile (m = -inf)
+    const float p = live ? expf(sv - mn) : 0.0f;
+    l[r] = l[r] * keep + p;
+    DPT_UNROLL
+    for (int i = 0; i < DV; ++i) o[r][i] *= keep;
+    m[r] = mn;
+    s[r] = p;
+  }
+}
+
 // ------------------------------------------------------------------ forward
 template <int DV>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -121,100 +198,50 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int R = rows_per_warp<DV>(), BR = kWarps * R;
   DPT_DYNAMIC_SHARED(smem);
   const int hdq = quad(hd);
-  float* Qs = smem;                  // [BR][hdq], scaled: the warps' rows, read as float4 broadcasts
-  float* Vs = Qs + BR * hdq;         // [32][hdq]: read along channels
-  float* Ps = Vs + kLanes * hdq;     // [kWarps][32][R]: each warp's probabilities, key-major
+  float* Qs = smem;                      // [BR][hdq], scaled: the warps' rows
+  float* Vs = Qs + BR * hdq;             // [32][hdq]: read along channels
+  float* Ps = Vs + kLanes * hdq;         // [kWarps][32][R]: each warp's P, key-major
   float* Kt = Ps + kWarps * kLanes * R;  // [hdq][kPad]: a key per lane
   // The last query tiles see the most keys: they start first.
   const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * BR;
   const int h = static_cast<int>(blockIdx.y), g = h / (NH / NKV);
   const int64_t b = blockIdx.z, ld = static_cast<int64_t>(NH + 2 * NKV) * hd;
   const float* base = qkv + b * T * ld;
-  const float* k = base + static_cast<int64_t>(NH + g) * hd;
-  const float* v = base + static_cast<int64_t>(NH + NKV + g) * hd;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t r0 = i0 + warp * R;  // this warp's first row
-  const float* Qw = Qs + warp * R * hdq;
   float* Pw = Ps + warp * kLanes * R;
   load_rows(Qs, base + static_cast<int64_t>(h) * hd, ld, i0, BR, T, hd, scale);
 
-  float o[R][DV], m[R], l[R];  // l: this lane's part of each row's sum
+  float o[R][DV] = {}, m[R], l[R] = {};  // l: this lane's part of each row's sum
   DPT_UNROLL
-  for (int r = 0; r < R; ++r) {
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-    DPT_UNROLL
-    for (int i = 0; i < DV; ++i) o[r][i] = 0.0f;
-  }
+  for (int r = 0; r < R; ++r) m[r] = -INFINITY;
   const int64_t key_end = lmin(T, i0 + BR);  // keys past the block's last row are never seen
   for (int64_t j0 = 0; j0 < key_end; j0 += kLanes) {
     __syncthreads();  // every warp is done with the previous tile (and Qs is loaded)
-    load_cols(Kt, k, ld, j0, T, hd, 1.0f);
-    load_rows(Vs, v, ld, j0, kLanes, T, hd, 1.0f);
+    load_cols(Kt, base + static_cast<int64_t>(NH + g) * hd, ld, j0, T, hd, 1.0f);
+    load_rows(Vs, base + static_cast<int64_t>(NH + NKV + g) * hd, ld, j0, kLanes, T, hd, 1.0f);
     __syncthreads();
     if (r0 >= T || j0 > r0 + R - 1) continue;  // no row of this warp sees a key of the tile
-    float s[R];
-    DPT_UNROLL
-    for (int r = 0; r < R; ++r) s[r] = 0.0f;
-    for (int d = 0; d < hdq; d += 4) {
-      const float k0 = Kt[d * kPad + lane], k1 = Kt[(d + 1) * kPad + lane], k2 = Kt[(d + 2) * kPad + lane],
-                  k3 = Kt[(d + 3) * kPad + lane];
-      DPT_UNROLL
-      for (int r = 0; r < R; ++r) s[r] = dot4(s[r], load4(Qw + r * hdq + d), k0, k1, k2, k3);
-    }
-    const int64_t c = j0 + lane;  // this lane's key
-    DPT_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = r0 + r;
-      const bool live = row < T && c <= row;
-      const float sv = live ? s[r] : -INFINITY;
-      const float mn = fmaxf(m[r], warp_max(sv));  // the same in every lane
-      if (mn == -INFINITY) {  // the row has seen no key yet
-        s[r] = 0.0f;
-        continue;
-      }
-      const float keep = expf(m[r] - mn);  // 0 on the row's first tile (m = -inf)
-      const float p = live ? expf(sv - mn) : 0.0f;
-      l[r] = l[r] * keep + p;
-      DPT_UNROLL
-      for (int i = 0; i < DV; ++i) o[r][i] *= keep;
-      m[r] = mn;
-      s[r] = p;
-    }
+    float s[R] = {};
+    add_scores<R>(s, Qs + warp * R * hdq, Kt, hdq, lane);
+    online_softmax<R, DV>(s, m, l, o, r0, j0 + lane, T);
     DPT_UNROLL
     for (int r = 0; r < R; ++r) Pw[lane * R + r] = s[r];
     __syncwarp();
     // O += P V over the keys some row of this warp sees.
-    const int nj = static_cast<int>(lmin(kLanes, lmin(T, r0 + R) - j0));
-    for (int j = 0; j < nj; ++j) {
-      float p[R], vj[DV];
-      load_row<R>(p, Pw + j * R);
-      DPT_UNROLL
-      for (int i = 0; i < DV; ++i) {
-        const int d = lane + 32 * i;
-        vj[i] = d < hd ? Vs[j * hdq + d] : 0.0f;
-      }
-      DPT_UNROLL
-      for (int r = 0; r < R; ++r)
-        DPT_UNROLL
-        for (int i = 0; i < DV; ++i) o[r][i] += p[r] * vj[i];
-    }
+    add_products<R, DV>(o, Pw, Vs, hdq, 1, 0, static_cast<int>(lmin(kLanes, lmin(T, r0 + R) - j0)), lane, hd);
   }
-  const int64_t ldo = static_cast<int64_t>(NH) * hd;
+  float inv[R];
   DPT_UNROLL
   for (int r = 0; r < R; ++r) {
-    const float sum = warp_sum(l[r]);
-    const int64_t row = r0 + r;
-    if (row >= T) continue;  // every row < T saw key 0: sum > 0
-    const float inv = 1.0f / sum;
-    float* orow = out + (b * T + row) * ldo + static_cast<int64_t>(h) * hd;
+    const float sum = warp_sum(l[r]);  // > 0 for a row < T: it saw key 0
+    inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;  // 0: a row past T (not stored)
+    if (lane == 0 && r0 + r < T) lse[(b * NH + h) * T + r0 + r] = m[r] + logf(sum);
     DPT_UNROLL
-    for (int i = 0; i < DV; ++i) {
-      const int d = lane + 32 * i;
-      if (d < hd) orow[d] = o[r][i] * inv;
-    }
-    if (lane == 0) lse[(b * NH + h) * T + row] = m[r] + logf(sum);
+    for (int i = 0; i < DV; ++i) o[r][i] *= inv[r];
   }
+  store_rows<R, DV>(out + b * T * NH * hd + static_cast<int64_t>(h) * hd, static_cast<int64_t>(NH) * hd, o, r0, T,
+                    lane, hd, 1.0f);
 }
 
 // ----------------------------------------------------------------- backward
@@ -235,6 +262,53 @@ __global__ void flash_rowdot_kernel(float* D, const float* dout, const float* ou
   }
 }
 
+// The shared memory of a dK/dV block (dkdv_floats), carved up.
+struct DkdvTiles {
+  float *Ks, *Vs;   // [BC][hdq]: the warps' keys and values
+  float *Ps, *dSs;  // [kWarps][32][R]: each warp's P and dS, query-major
+  float *Qt, *dOt;  // [hdq][kPad], Q scaled: a query per lane
+  float *Ls, *Ds;   // [32]: the query tile's lse and D
+};
+
+// One query tile [i0, i0 + 32) of head h against the warp's R keys from c0:
+// dV += P^T dO, dK += dS^T (scale Q). Every thread of the block calls it
+// (it loads the tile); warps none of whose keys the tile sees skip the rest.
+template <int R, int DV>
+__device__ __forceinline__ void dkdv_query_tile(const DkdvTiles& t, float (&dk)[R][DV], float (&dv)[R][DV],
+                                                const float* q, int64_t ld, const float* dO, int64_t ldo,
+                                                const float* L, const float* Dh, int64_t i0, int64_t c0, int64_t T,
+                                                int hd, float scale) {
+  const int hdq = quad(hd), warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  __syncthreads();  // every warp is done with the previous query tile (and K, V are loaded)
+  load_cols(t.Qt, q, ld, i0, T, hd, scale);
+  load_cols(t.dOt, dO, ldo, i0, T, hd, 1.0f);
+  if (threadIdx.x < kLanes) {
+    const int64_t row = i0 + threadIdx.x;
+    t.Ls[threadIdx.x] = row < T ? L[row] : 0.0f;
+    t.Ds[threadIdx.x] = row < T ? Dh[row] : 0.0f;
+  }
+  __syncthreads();
+  if (c0 >= T || c0 > i0 + kLanes - 1) return;  // no query of the tile sees a key of this warp
+  // This lane's query against the warp's keys: S = (scale q) k^T, dP = dO v^T.
+  float s[R] = {}, dp[R] = {};
+  add_scores<R>(s, t.Ks + warp * R * hdq, t.Qt, hdq, lane);
+  add_scores<R>(dp, t.Vs + warp * R * hdq, t.dOt, hdq, lane);
+  float* Pw = t.Ps + warp * kLanes * R;
+  float* dSw = t.dSs + warp * kLanes * R;
+  const int64_t row = i0 + lane;
+  DPT_UNROLL
+  for (int r = 0; r < R; ++r) {  // P = e^(S - lse); dS = P (dP - D)
+    const float p = row < T && c0 + r <= row ? expf(s[r] - t.Ls[lane]) : 0.0f;
+    Pw[lane * R + r] = p;
+    dSw[lane * R + r] = p * (dp[r] - t.Ds[lane]);
+  }
+  __syncwarp();
+  // Over the queries that see a key of this warp (none before its first).
+  const int q_first = static_cast<int>(lmax(0, c0 - i0)), q_end = static_cast<int>(lmin(kLanes, T - i0));
+  add_products<R, DV>(dv, Pw, t.dOt, 1, kPad, q_first, q_end, lane, hd);
+  add_products<R, DV>(dk, dSw, t.Qt, 1, kPad, q_first, q_end, lane, hd);
+}
+
 // dK and dV of one key tile of BC rows (kWarps * R), key/value head g and
 // sequence b: its group's query heads in order, each over the query tiles
 // of 32 rows from the one holding the tile's first key.
@@ -245,113 +319,32 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int R = rows_per_warp<DV>(), BC = kWarps * R;
   DPT_DYNAMIC_SHARED(smem);
   const int hdq = quad(hd);
-  float* Ks = smem;                     // [BC][hdq]: the warps' keys, read as float4 broadcasts
-  float* Vs = Ks + BC * hdq;            // [BC][hdq]
-  float* Ps = Vs + BC * hdq;            // [kWarps][32][R]: each warp's P, query-major
-  float* dSs = Ps + kWarps * kLanes * R;  // [kWarps][32][R]: and dS
-  float* Qt = dSs + kWarps * kLanes * R;  // [hdq][kPad], scaled: a query per lane
-  float* dOt = Qt + hdq * kPad;         // [hdq][kPad]
-  float* Ls = dOt + hdq * kPad;         // [32] the query tile's lse
-  float* Ds = Ls + kLanes;              // [32] and D
+  DkdvTiles t;
+  t.Ks = smem;
+  t.Vs = t.Ks + BC * hdq;
+  t.Ps = t.Vs + BC * hdq;
+  t.dSs = t.Ps + kWarps * kLanes * R;
+  t.Qt = t.dSs + kWarps * kLanes * R;
+  t.dOt = t.Qt + hdq * kPad;
+  t.Ls = t.dOt + hdq * kPad;
+  t.Ds = t.Ls + kLanes;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * BC;  // the first key tiles are seen most: they start first
   const int g = static_cast<int>(blockIdx.y), group = NH / NKV;
   const int64_t b = blockIdx.z, ld = static_cast<int64_t>(NH + 2 * NKV) * hd, ldo = static_cast<int64_t>(NH) * hd;
   const float* base = qkv + b * T * ld;
-  load_rows(Ks, base + static_cast<int64_t>(NH + g) * hd, ld, j0, BC, T, hd, 1.0f);
-  load_rows(Vs, base + static_cast<int64_t>(NH + NKV + g) * hd, ld, j0, BC, T, hd, 1.0f);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t c0 = j0 + warp * R;  // this warp's first key
-  const float* Kw = Ks + warp * R * hdq;
-  const float* Vw = Vs + warp * R * hdq;
-  float* Pw = Ps + warp * kLanes * R;
-  float* dSw = dSs + warp * kLanes * R;
+  load_rows(t.Ks, base + static_cast<int64_t>(NH + g) * hd, ld, j0, BC, T, hd, 1.0f);
+  load_rows(t.Vs, base + static_cast<int64_t>(NH + NKV + g) * hd, ld, j0, BC, T, hd, 1.0f);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t c0 = j0 + static_cast<int>(threadIdx.x) / 32 * R;  // this warp's first key
 
-  float dk[R][DV], dv[R][DV];
-  DPT_UNROLL
-  for (int r = 0; r < R; ++r)
-    DPT_UNROLL
-    for (int i = 0; i < DV; ++i) dk[r][i] = dv[r][i] = 0.0f;
-  for (int hh = 0; hh < group; ++hh) {
-    const int h = g * group + hh;
-    const float* q = base + static_cast<int64_t>(h) * hd;
-    const float* dO = dout + b * T * ldo + static_cast<int64_t>(h) * hd;
-    const float* L = lse + (b * NH + h) * T;
-    const float* Dh = D + (b * NH + h) * T;
-    for (int64_t i0 = j0 / kLanes * kLanes; i0 < T; i0 += kLanes) {
-      __syncthreads();  // every warp is done with the previous query tile (and K, V are loaded)
-      load_cols(Qt, q, ld, i0, T, hd, scale);
-      load_cols(dOt, dO, ldo, i0, T, hd, 1.0f);
-      if (threadIdx.x < kLanes) {
-        const int64_t t = i0 + threadIdx.x;
-        Ls[threadIdx.x] = t < T ? L[t] : 0.0f;
-        Ds[threadIdx.x] = t < T ? Dh[t] : 0.0f;
-      }
-      __syncthreads();
-      if (c0 >= T || c0 > i0 + kLanes - 1) continue;  // no query of the tile sees a key of this warp
-      // This lane's query against the warp's keys: S = (scale q) k^T, dP = dO v^T.
-      float s[R], dp[R];
-      DPT_UNROLL
-      for (int r = 0; r < R; ++r) s[r] = dp[r] = 0.0f;
-      for (int d = 0; d < hdq; d += 4) {
-        const float q0 = Qt[d * kPad + lane], q1 = Qt[(d + 1) * kPad + lane], q2 = Qt[(d + 2) * kPad + lane],
-                    q3 = Qt[(d + 3) * kPad + lane];
-        const float o0 = dOt[d * kPad + lane], o1 = dOt[(d + 1) * kPad + lane], o2 = dOt[(d + 2) * kPad + lane],
-                    o3 = dOt[(d + 3) * kPad + lane];
-        DPT_UNROLL
-        for (int r = 0; r < R; ++r) {
-          s[r] = dot4(s[r], load4(Kw + r * hdq + d), q0, q1, q2, q3);
-          dp[r] = dot4(dp[r], load4(Vw + r * hdq + d), o0, o1, o2, o3);
-        }
-      }
-      const int64_t t = i0 + lane;
-      const float Lt = Ls[lane], Dt = Ds[lane];
-      DPT_UNROLL
-      for (int r = 0; r < R; ++r) {  // P = e^(S - lse); dS = P (dP - D)
-        const bool live = t < T && c0 + r <= t;
-        const float p = live ? expf(s[r] - Lt) : 0.0f;
-        Pw[lane * R + r] = p;
-        dSw[lane * R + r] = p * (dp[r] - Dt);
-      }
-      __syncwarp();
-      // dV += P^T dO and dK += dS^T (scale Q) over the queries that see a
-      // key of this warp (none before its first key).
-      const int q_first = static_cast<int>(lmax(0, c0 - i0));
-      const int q_end = static_cast<int>(lmin(kLanes, T - i0));
-      for (int j = q_first; j < q_end; ++j) {
-        float p[R], ds[R], qv[DV], ov[DV];
-        load_row<R>(p, Pw + j * R);
-        load_row<R>(ds, dSw + j * R);
-        DPT_UNROLL
-        for (int i = 0; i < DV; ++i) {
-          const int d = lane + 32 * i;
-          qv[i] = d < hd ? Qt[d * kPad + j] : 0.0f;
-          ov[i] = d < hd ? dOt[d * kPad + j] : 0.0f;
-        }
-        DPT_UNROLL
-        for (int r = 0; r < R; ++r)
-          DPT_UNROLL
-          for (int i = 0; i < DV; ++i) {
-            dv[r][i] += p[r] * ov[i];
-            dk[r][i] += ds[r] * qv[i];
-          }
-      }
-    }
-  }
-  float* dk_out = dqkv + b * T * ld + static_cast<int64_t>(NH + g) * hd;
-  float* dv_out = dqkv + b * T * ld + static_cast<int64_t>(NH + NKV + g) * hd;
-  DPT_UNROLL
-  for (int r = 0; r < R; ++r) {
-    const int64_t c = c0 + r;
-    if (c >= T) continue;
-    DPT_UNROLL
-    for (int i = 0; i < DV; ++i) {
-      const int d = lane + 32 * i;
-      if (d < hd) {
-        dk_out[c * ld + d] = dk[r][i];
-        dv_out[c * ld + d] = dv[r][i];
-      }
-    }
-  }
+  float dk[R][DV] = {}, dv[R][DV] = {};
+  for (int h = g * group; h < (g + 1) * group; ++h)
+    for (int64_t i0 = j0 / kLanes * kLanes; i0 < T; i0 += kLanes)
+      dkdv_query_tile<R, DV>(t, dk, dv, base + static_cast<int64_t>(h) * hd, ld,
+                             dout + b * T * ldo + static_cast<int64_t>(h) * hd, ldo, lse + (b * NH + h) * T,
+                             D + (b * NH + h) * T, i0, c0, T, hd, scale);
+  store_rows<R, DV>(dqkv + b * T * ld + static_cast<int64_t>(NH + g) * hd, ld, dk, c0, T, lane, hd, 1.0f);
+  store_rows<R, DV>(dqkv + b * T * ld + static_cast<int64_t>(NH + NKV + g) * hd, ld, dv, c0, T, lane, hd, 1.0f);
 }
 
 // dQ of one query tile of BR rows (kWarps * R), head h and sequence b, over
@@ -363,89 +356,45 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int R = rows_per_warp<DV>(), BR = kWarps * R;
   DPT_DYNAMIC_SHARED(smem);
   const int hdq = quad(hd);
-  float* Qs = smem;                     // [BR][hdq], scaled: the warps' rows, read as float4 broadcasts
-  float* dOs = Qs + BR * hdq;           // [BR][hdq]
-  float* dSs = dOs + BR * hdq;          // [kWarps][32][R]: each warp's dS, key-major
+  float* Qs = smem;                       // [BR][hdq], scaled: the warps' rows
+  float* dOs = Qs + BR * hdq;             // [BR][hdq]
+  float* dSs = dOs + BR * hdq;            // [kWarps][32][R]: each warp's dS, key-major
   float* Kt = dSs + kWarps * kLanes * R;  // [hdq][kPad]: a key per lane
-  float* Vt = Kt + hdq * kPad;          // [hdq][kPad]
+  float* Vt = Kt + hdq * kPad;            // [hdq][kPad]
   const int64_t i0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * BR;  // the heaviest first
   const int h = static_cast<int>(blockIdx.y), g = h / (NH / NKV);
   const int64_t b = blockIdx.z, ld = static_cast<int64_t>(NH + 2 * NKV) * hd, ldo = static_cast<int64_t>(NH) * hd;
   const float* base = qkv + b * T * ld;
-  const float* k = base + static_cast<int64_t>(NH + g) * hd;
-  const float* v = base + static_cast<int64_t>(NH + NKV + g) * hd;
   load_rows(Qs, base + static_cast<int64_t>(h) * hd, ld, i0, BR, T, hd, scale);
   load_rows(dOs, dout + b * T * ldo + static_cast<int64_t>(h) * hd, ldo, i0, BR, T, hd, 1.0f);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t r0 = i0 + warp * R;
-  const float* Qw = Qs + warp * R * hdq;
-  const float* dOw = dOs + warp * R * hdq;
   float* dSw = dSs + warp * kLanes * R;
-  float Lr[R], Dr[R], dq[R][DV];
+  float Lr[R], Dr[R], dq[R][DV] = {};
   DPT_UNROLL
   for (int r = 0; r < R; ++r) {
-    const int64_t row = r0 + r;
-    Lr[r] = row < T ? lse[(b * NH + h) * T + row] : 0.0f;
-    Dr[r] = row < T ? D[(b * NH + h) * T + row] : 0.0f;
-    DPT_UNROLL
-    for (int i = 0; i < DV; ++i) dq[r][i] = 0.0f;
+    Lr[r] = r0 + r < T ? lse[(b * NH + h) * T + r0 + r] : 0.0f;
+    Dr[r] = r0 + r < T ? D[(b * NH + h) * T + r0 + r] : 0.0f;
   }
   const int64_t key_end = lmin(T, i0 + BR);
   for (int64_t j0 = 0; j0 < key_end; j0 += kLanes) {
     __syncthreads();  // every warp is done with the previous key tile (and Q, dO are loaded)
-    load_cols(Kt, k, ld, j0, T, hd, 1.0f);
-    load_cols(Vt, v, ld, j0, T, hd, 1.0f);
+    load_cols(Kt, base + static_cast<int64_t>(NH + g) * hd, ld, j0, T, hd, 1.0f);
+    load_cols(Vt, base + static_cast<int64_t>(NH + NKV + g) * hd, ld, j0, T, hd, 1.0f);
     __syncthreads();
     if (r0 >= T || j0 > r0 + R - 1) continue;  // no row of this warp sees a key of the tile
-    float s[R], dp[R];
-    DPT_UNROLL
-    for (int r = 0; r < R; ++r) s[r] = dp[r] = 0.0f;
-    for (int d = 0; d < hdq; d += 4) {
-      const float k0 = Kt[d * kPad + lane], k1 = Kt[(d + 1) * kPad + lane], k2 = Kt[(d + 2) * kPad + lane],
-                  k3 = Kt[(d + 3) * kPad + lane];
-      const float v0 = Vt[d * kPad + lane], v1 = Vt[(d + 1) * kPad + lane], v2 = Vt[(d + 2) * kPad + lane],
-                  v3 = Vt[(d + 3) * kPad + lane];
-      DPT_UNROLL
-      for (int r = 0; r < R; ++r) {
-        s[r] = dot4(s[r], load4(Qw + r * hdq + d), k0, k1, k2, k3);
-        dp[r] = dot4(dp[r], load4(dOw + r * hdq + d), v0, v1, v2, v3);
-      }
-    }
+    float s[R] = {}, dp[R] = {};
+    add_scores<R>(s, Qs + warp * R * hdq, Kt, hdq, lane);
+    add_scores<R>(dp, dOs + warp * R * hdq, Vt, hdq, lane);
     const int64_t c = j0 + lane;
     DPT_UNROLL
-    for (int r = 0; r < R; ++r) {  // dS = P (dP - D), P = e^(S - lse)
-      const int64_t row = r0 + r;
-      const bool live = row < T && c <= row;
-      dSw[lane * R + r] = live ? expf(s[r] - Lr[r]) * (dp[r] - Dr[r]) : 0.0f;
-    }
+    for (int r = 0; r < R; ++r)  // dS = P (dP - D), P = e^(S - lse)
+      dSw[lane * R + r] = r0 + r < T && c <= r0 + r ? expf(s[r] - Lr[r]) * (dp[r] - Dr[r]) : 0.0f;
     __syncwarp();
     // dQ += dS K over the keys some row of this warp sees.
-    const int nj = static_cast<int>(lmin(kLanes, lmin(T, r0 + R) - j0));
-    for (int j = 0; j < nj; ++j) {
-      float ds[R], kv[DV];
-      load_row<R>(ds, dSw + j * R);
-      DPT_UNROLL
-      for (int i = 0; i < DV; ++i) {
-        const int d = lane + 32 * i;
-        kv[i] = d < hd ? Kt[d * kPad + j] : 0.0f;
-      }
-      DPT_UNROLL
-      for (int r = 0; r < R; ++r)
-        DPT_UNROLL
-        for (int i = 0; i < DV; ++i) dq[r][i] += ds[r] * kv[i];
-    }
+    add_products<R, DV>(dq, dSw, Kt, 1, kPad, 0, static_cast<int>(lmin(kLanes, lmin(T, r0 + R) - j0)), lane, hd);
   }
-  DPT_UNROLL
-  for (int r = 0; r < R; ++r) {
-    const int64_t row = r0 + r;
-    if (row >= T) continue;
-    float* dqr = dqkv + (b * T + row) * ld + static_cast<int64_t>(h) * hd;
-    DPT_UNROLL
-    for (int i = 0; i < DV; ++i) {
-      const int d = lane + 32 * i;
-      if (d < hd) dqr[d] = dq[r][i] * scale;
-    }
-  }
+  store_rows<R, DV>(dqkv + b * T * ld + static_cast<int64_t>(h) * hd, ld, dq, r0, T, lane, hd, scale);
 }
 
 // ------------------------------------------------------------------ launches
