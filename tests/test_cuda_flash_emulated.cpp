@@ -6,16 +6,17 @@
 // fused kernel (nn/flash_attention.h) and the unfused grouped-query layer
 // (nn/gqa_attention.h), within 1e-5, for every register width the launches
 // pick (hd 1 to 256), T in {1, 7, 64, 129, 1000} (one row, a partial tile,
-// whole tiles, one past them, many), multi-head, grouped and multi-query. The threads run
-// between barriers in order, reversed and shuffled: a read of shared
-// memory no barrier orders, a barrier some threads skip, or a read of
-// shared memory no thread wrote (NaN) fails here, where no GPU is. What
-// the GPU itself adds (its expf, its memory model) is for
-// test_cuda_flash_attention on a GPU.
+// whole tiles, one past them, many), multi-head, grouped and multi-query;
+// and a decoder's gradients with its fused attention through that source.
+// The threads run between barriers in order, reversed and shuffled: a read
+// of shared memory no barrier orders, a barrier some threads skip, a read
+// of shared memory no thread wrote (NaN) or past the launch's bytes, or a
+// misaligned float4 load fails here, where no GPU is. What the GPU itself
+// adds (its expf, its memory model) is for test_cuda_flash_attention on a
+// GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <string>
 #include <vector>
@@ -23,6 +24,8 @@
 #include "compare.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "forwarding_kernels.h"
+#include "models/decoder.h"
 #include "nn/flash_attention.h"
 #include "nn/gqa_attention.h"
 
@@ -117,6 +120,69 @@ TEST(CudaFlashEmulated, ThreadOrderDoesNotMatter) {
     check_case(Case{1, 70, 4, 2, 40}, order);
     check_case(Case{1, 37, 2, 1, 128}, order);
   }
+}
+
+// Kernels whose fused attention is the CUDA kernels' source on the
+// emulator (the rest the CPU's): what a decoder on a GPU calls, so a
+// decoder computing through them checks the launches on the decoder's own
+// layouts (its arena's lse, out and dqkv; rotary and GPT-2 biases around).
+class EmulatedFlashKernels : public test::ForwardingKernels {
+ public:
+  EmulatedFlashKernels() : ForwardingKernels(cpu_kernels()) {}
+  void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
+                               int64_t NKV, int64_t hd) const override {
+    flash::forward_launches(Emulated{}, out, lse, qkv, shape(B, T, NH, NKV, hd));
+  }
+  void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                                int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) const override {
+    std::vector<float> D(static_cast<size_t>(B * NH * T));
+    flash::backward_launches(Emulated{}, dqkv, dout, qkv, out, lse, D.data(), shape(B, T, NH, NKV, hd));
+  }
+
+ private:
+  static flash::Shape shape(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
+    return flash::Shape{B, T, static_cast<int>(NH), static_cast<int>(NKV), static_cast<int>(hd),
+                        1.0f / std::sqrt(static_cast<float>(hd))};
+  }
+};
+
+std::vector<float> one_step_grads(const DecoderConfig& c, int64_t T, const Kernels* k) {
+  Decoder d(c);
+  d.init_params(5);
+  d.set_fused_attention(true);
+  if (k) d.use_kernels(*k);
+  Rng rng(static_cast<uint64_t>(T));
+  Batch batch;
+  batch.B = 2;
+  batch.T = T;
+  for (int64_t i = 0; i < 2 * T; ++i) {
+    batch.tokens.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab))));
+    batch.targets.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab))));
+  }
+  d.zero_grads();
+  d.forward(batch);
+  d.backward(1.0f);
+  return std::vector<float>(d.grads(), d.grads() + d.param_count());
+}
+
+// One step's gradients of every parameter, the decoder's fused attention
+// through the CUDA kernels' source, within 1e-5 of the CPU's fused kernel:
+// Llama (grouped heads of 16, rotary) and GPT-2 (plain heads of 16, biases).
+TEST(CudaFlashEmulated, DecoderGradientsMatchTheCpu) {
+  set_threads(1);
+  DecoderConfig llama = DecoderConfig::llama();
+  llama.vocab = 64, llama.layers = 2, llama.heads = 4, llama.kv_heads = 2, llama.width = 64, llama.context = 70;
+  llama.intermediate = 96;
+  DecoderConfig gpt{64, 2, 4, 64, 70};
+  const EmulatedFlashKernels emulated;
+  for (const DecoderConfig& c : {llama, gpt})
+    for (int64_t T : {7, 70}) {
+      SCOPED_TRACE(c.family + " T " + std::to_string(T));
+      const auto got = one_step_grads(c, T, &emulated), want = one_step_grads(c, T, nullptr);
+      const Decoder layout_of(c);
+      for (const Slot& s : layout_of.layout().slots())
+        EXPECT_TRUE(test::all_close(got.data() + s.offset, want.data() + s.offset, s.numel, 0.0, 1e-5)) << s.name;
+    }
 }
 
 }  // namespace
