@@ -182,6 +182,15 @@ TEST_F(CliTest, DeviceAndHsdpAreChecked) {
     expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --device cuda", kSmallGpt),
                       "without CUDA");
   expect_user_error("train --model mlp --strategy dp --steps 1 --device cuda", "dp");
+  // --attention fused runs with --device cuda (the GPU's own kernels): where
+  // no GPU is, what stops it is the missing GPU, not the attention.
+  const RunResult fused = run(fmt::format(
+      "train --model gpt {} --synthetic --steps 1 --threads 1 --device cuda --attention fused", kSmallGpt));
+  if (fused.code != 0) {
+    EXPECT_TRUE(fused.err.find("no CUDA device") != std::string::npos ||
+                fused.err.find("without CUDA") != std::string::npos)
+        << fused.err;
+  }
   // hsdp's shard groups: only hsdp has them, and they must divide the ranks
   // (one rank here: a group of 2 cannot).
   expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --strategy zero3 --shard-group 1", kSmallGpt),

@@ -38,7 +38,7 @@ std::vector<SourceFile> source_tree() {
   std::vector<SourceFile> files;
   for (const auto& e : fs::recursive_directory_iterator(src)) {
     const std::string ext = e.path().extension().string();
-    if (e.is_regular_file() && (ext == ".h" || ext == ".cpp" || ext == ".cu"))
+    if (e.is_regular_file() && (ext == ".h" || ext == ".cpp" || ext == ".cu" || ext == ".cuh"))
       files.push_back({fs::relative(e.path(), src).string(), read(e.path())});
   }
   std::sort(files.begin(), files.end(), [](const auto& a, const auto& b) { return a.path < b.path; });

@@ -3,6 +3,9 @@
 # root (docs/gpu.md): scripts/device/gpu.sh OUT [STAGE...]
 #   build       configure and build (Ninja, no oneDNN: the image lacks it)
 #   kernels     every CUDA op against the CPU op (test_cuda_kernels)
+#   flash       the fused attention (test_cuda_flash_attention), compute-sanitizer's
+#               memcheck, racecheck and synccheck on a fused training step, and
+#               fused against unfused step times (W-LLAMA, GPT-2 124M)
 #   trajectory  W-GPT 50 steps fp32 on the GPU against the CPU (tests/gpu/trajectory.py)
 #   ddp         DDP and ZeRO-3 on two ranks sharing the GPU against one rank (host-staged)
 #   hfeval      PyTorch GPT-2 weights evaluated on the GPU against PyTorch's loss
@@ -17,7 +20,7 @@ set -u
 export DPT_REQUIRE_GPU=1
 OUT=${1:?usage: gpu.sh OUT [STAGE...]}
 shift
-STAGES=${*:-build kernels trajectory ddp hfeval gpt2 sanitizer torch}
+STAGES=${*:-build kernels flash trajectory ddp hfeval gpt2 sanitizer torch}
 B=build-gpu
 BATCH=${GPT2_BATCH:-16}
 mkdir -p "$OUT"
@@ -26,7 +29,7 @@ for stage in $STAGES; do
   case $stage in
     build)
       { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDPT_ONEDNN=OFF -DDPT_OPENBLAS_ANY=ON \
-          -DDPT_BUILD_BENCH=OFF && ninja -C $B dpt test_cuda_kernels test_cuda_comm; } >"$OUT/build.log" 2>&1
+          -DDPT_BUILD_BENCH=OFF && ninja -C $B dpt test_cuda_kernels test_cuda_comm test_cuda_flash_attention; } >"$OUT/build.log" 2>&1
       rc=$?
       grep -E "CUDA backend|error|warning" "$OUT/build.log" | head -40
       echo "build rc $rc"
@@ -35,6 +38,30 @@ for stage in $STAGES; do
       $B/tests/test_cuda_kernels --gtest_output=json:"$OUT/cuda_kernels.json" 2>&1 | grep -vE "^\[ +(RUN|OK) " | tail -60
       $B/tests/test_cuda_comm 2>&1 | tail -12
       grep -c '"result": "SKIPPED"' "$OUT/cuda_kernels.json" | sed 's/^/kernel tests skipped: /' ;;
+    flash)
+      $B/tests/test_cuda_flash_attention --gtest_output=json:"$OUT/cuda_flash.json" 2>&1 | grep -vE "^\[ +(RUN|OK) " | tail -40
+      for tool in memcheck racecheck synccheck; do
+        compute-sanitizer --tool $tool --error-exitcode 9 $B/dpt train --model llama \
+          --synthetic --device cuda --attention fused --steps 1 --batch 2 --context 96 --log-every 1 \
+          >"$OUT/flash_$tool.txt" 2>&1
+        echo "flash $tool rc $?"; tail -3 "$OUT/flash_$tool.txt"
+      done
+      # Step times, fused against unfused (the default on CUDA until these say otherwise).
+      for run in "llama 512 8" "llama 2048 2" "gpt2 1024 8"; do
+        set -- $run
+        for att in unfused fused; do
+          $B/dpt train --model $1 --synthetic --device cuda --precision bf16 --attention $att --context $2 \
+            --batch $3 --steps 12 --optimizer adamw --log-every 100 --summary-out "$OUT/flash_${1}_${2}_$att.json" \
+            >/dev/null 2>"$OUT/flash_${1}_${2}_$att.err" || tail -3 "$OUT/flash_${1}_${2}_$att.err"
+        done
+      done
+      python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "flash_*_*.json"))):
+    d = json.load(open(f))
+    print(f"{os.path.basename(f):32s} step {d['step_ms_median']:9.2f} ms  {d['tokens_per_s']:10.0f} tok/s")
+PY
+      ;;
     trajectory)
       python3 tests/gpu/trajectory.py $B/dpt /tmp/trajectory --steps 50 && cp /tmp/trajectory/trajectory.json "$OUT/" ;;
     ddp)

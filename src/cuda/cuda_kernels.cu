@@ -9,9 +9,9 @@
 //   TF32) for fp32 operands, and bf16 operands with fp32 output and fp32
 //   accumulation for bf16 runs; plans (descriptors and the heuristic's
 //   algorithm) cached per shape. Attention: strided-batched cuBLAS GEMMs per
-//   sequence and a fused causal softmax (the T x T probabilities are kept,
-//   as the CPU keeps them; a fused attention that never stores them is the
-//   next step, docs/gpu.md).
+//   sequence and a fused causal softmax (the T x T probabilities kept, as
+//   the CPU's unfused layer keeps them); the fused attention that never
+//   stores them is cuda/flash_attention.cu's (--attention fused).
 // - Reductions over rows (bias, LayerNorm and position-embedding gradients,
 //   sums of squares) are two-stage with a fixed order: deterministic. The
 //   token-embedding gradient adds rows with atomics (a token may repeat):
@@ -37,6 +37,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "cuda/flash_attention.h"
 #include "cuda/module.h"
 
 namespace dpt::cuda {
@@ -834,6 +835,17 @@ class CudaKernels final : public Kernels {
     }
   }
 
+  // cuda/flash_attention.cu; D (rowsum(dO * O)) in scratch of its own.
+  void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
+                               int64_t NKV, int64_t hd) const override {
+    flash_forward(out, lse, qkv, B, T, NH, NKV, hd, stream_);
+  }
+  void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                                int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) const override {
+    float* D = static_cast<float*>(flash_rows_.get(static_cast<size_t>(B * NH * T) * sizeof(float), *this));
+    flash_backward(dqkv, dout, qkv, out, lse, D, B, T, NH, NKV, hd, stream_);
+  }
+
   void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) const override {
     embedding_kernel<float><<<blocks_for(N * C), kThreads, 0, stream_>>>(out, ids, table, N, C);
     LAUNCHED();
@@ -1100,7 +1112,7 @@ class CudaKernels final : public Kernels {
   mutable std::mutex result_mu_;
   mutable std::mutex plans_mu_;
   mutable std::map<PlanKey, Plan> plans_;
-  mutable Scratch datt_, rows_, squares_, columns_, rows_moved_;
+  mutable Scratch datt_, rows_, squares_, columns_, rows_moved_, flash_rows_;
   mutable std::mutex mu_;
   mutable std::unordered_map<void*, size_t> sizes_;
   mutable size_t in_use_ = 0, peak_ = 0;

@@ -50,7 +50,7 @@ class NcclComm {
 };
 
 // Bumped whenever the table changes, so an old library is refused.
-constexpr int kBackendAbi = 2;
+constexpr int kBackendAbi = 3;  // 3: Kernels::flash_attention_*
 
 struct Backend {
   int abi = kBackendAbi;

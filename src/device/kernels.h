@@ -22,6 +22,10 @@
 
 namespace dpt {
 
+// The largest head size the GPU's fused attention takes (a lane of a warp
+// holds hd / 32 channels of a row in registers; cuda/flash_attention.cu).
+inline constexpr int64_t kGpuFlashMaxHead = 256;
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -99,6 +103,16 @@ class Kernels {
                                      int64_t NKV, int64_t hd) const = 0;
   virtual void gqa_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int64_t B,
                                       int64_t T, int64_t NH, int64_t NKV, int64_t hd) const = 0;
+  // nn/flash_attention.h: the same causal attention without the T x T
+  // probabilities (its layouts as gqa_attention's), keeping lse [B, NH, T]
+  // (each row's log-sum-exp) for backward; dqkv written whole. fp32, as
+  // every attention here (a bf16 run's attention too). The GPU's takes
+  // head sizes up to kGpuFlashMaxHead (InputError past that).
+  virtual void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
+                                       int64_t NKV, int64_t hd) const = 0;
+  virtual void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                        const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                        int64_t hd) const = 0;
   // nn/embedding.h (ids are device int32s)
   virtual void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N,
                                  int64_t C) const = 0;

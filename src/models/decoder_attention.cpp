@@ -5,7 +5,6 @@
 
 #include "core/error.h"
 #include "models/decoder.h"
-#include "nn/flash_attention.h"
 #include "nn/rope.h"
 
 namespace dpt {
@@ -35,7 +34,7 @@ void Decoder::attend_forward(float* out, float* att, const float* qkv, int64_t B
   if (cp_size_ > 1)
     ring_attention_forward(out, att, qkv, ring_shape(B, T), *ring_, act_.ring);
   else if (fused_attention_)
-    flash_attention_forward(out, att, qkv, B, T, w.heads, w.kv, w.hd);
+    k().flash_attention_forward(out, att, qkv, B, T, w.heads, w.kv, w.hd);
   else if (config_.grouped())
     k().gqa_attention_forward(out, att, qkv, B, T, w.heads, w.kv, w.hd);
   else
@@ -48,7 +47,7 @@ void Decoder::attend_backward(float* dqkv, const float* dout, const float* qkv, 
   if (cp_size_ > 1)
     ring_attention_backward(dqkv, dout, qkv, out, att, ring_shape(B, T), *ring_, act_.ring);
   else if (fused_attention_)
-    flash_attention_backward(dqkv, dout, qkv, out, att, B, T, w.heads, w.kv, w.hd);
+    k().flash_attention_backward(dqkv, dout, qkv, out, att, B, T, w.heads, w.kv, w.hd);
   else if (config_.grouped())
     k().gqa_attention_backward(dqkv, dout, qkv, att, B, T, w.heads, w.kv, w.hd);
   else

@@ -136,8 +136,10 @@ ForwardStats Decoder::forward(const Batch& batch) {
   check_context_parallel(batch.T);
   // Under context parallelism this rank's rows of the sequences.
   const int64_t T = local_rows(batch.T), N = B * T;
-  if (fused_attention_ && device_ != Device::CPU)
-    throw InputError("--attention fused runs on the CPU (not yet with --device cuda)");
+  if (fused_attention_ && device_ != Device::CPU && w_.hd > kGpuFlashMaxHead)
+    throw InputError(fmt::format("--attention fused on the GPU takes head sizes up to {}, and this model's is {}; "
+                                 "--attention unfused takes any",
+                                 kGpuFlashMaxHead, w_.hd));
   if (sequence_parallel(N) && (device_ != Device::CPU || !whole()))
     throw InputError(
         "--sequence-parallel runs on the CPU without --pp (not yet with --device cuda or pipeline stages)");

@@ -54,6 +54,11 @@ void Model::set_device(Device d) {
   k_ = &kernels(d);
 }
 
+void Model::use_kernels(const Kernels& k) {
+  DPT_CHECK(k.device() == device_, "kernels of another device than the model's");
+  k_ = &k;
+}
+
 void Model::download_params(size_t begin, size_t n, float* host) const {
   DPT_CHECK(begin + n <= param_count(), "parameters [{}, {}) of {}", begin, begin + n, param_count());
   k_->download(host, params() + begin, n * sizeof(float));

@@ -170,6 +170,9 @@ class Model {
   void set_device(Device d);
   Device device() const { return device_; }
   const Kernels& k() const { return *k_; }
+  // Tests: computes through `k` (kernels of this model's device that wrap
+  // its own, e.g. to count calls) until set_device.
+  void use_kernels(const Kernels& k);
   // The model's own parameters copied to / from host memory (n floats from
   // element `begin` of the flat buffer), whatever the device.
   void download_params(size_t begin, size_t n, float* host) const;

@@ -47,7 +47,8 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
 // "Which attention runs by default"): on the CPU the fused one, measured
 // faster than the unfused layer at every context from 16 to 8,192 tokens,
 // with and without grouped heads (bench_kernels BM_attention_*); on CUDA
-// the unfused one, the only one built there.
+// the unfused one (cuBLAS GEMMs) until the fused kernel (fp32 CUDA cores)
+// has been measured against it on a GPU (docs/gpu.md).
 bool fused_attention_for(const TrainOptions& o);
 
 // --attention on a transformer (nothing on the MLP, whose flag check
