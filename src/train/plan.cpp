@@ -67,10 +67,16 @@ void check_fits(const StrategyOptions& options, const Model& model, size_t activ
       advice = fmt::format("--strategy {} would fit (about {} per rank)", s->name, human_bytes(need(*s)));
       break;
     }
+  // A need just over what is available would read "20.0 GiB ... but 20.0
+  // GiB": then both in MiB, where they differ.
+  std::string per_rank = human_bytes(mine), host = human_bytes(mine * here), have = human_bytes(available);
+  if (host == have) {
+    auto mib = [](size_t b) { return fmt::format("{:.1f} MiB", static_cast<double>(b) / double(1u << 20)); };
+    per_rank = mib(mine), host = mib(mine * here), have = mib(available);
+  }
   throw InputError(fmt::format("--strategy {} needs about {} per rank ({} for the {} rank{} on this host) but {} is "
                                "available; {}",
-                               options.strategy.name(), human_bytes(mine), human_bytes(mine * here), here, here == 1 ? "" : "s",
-                               human_bytes(available), advice));
+                               options.strategy.name(), per_rank, host, here, here == 1 ? "" : "s", have, advice));
 }
 
 MachineRates measure_machine(int threads, int ranks_here) {
