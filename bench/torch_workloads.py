@@ -5,7 +5,7 @@ Usage: /usr/bin/python3 bench/torch_workloads.py --workload mlp|gpt|llama
 (llama: Hugging Face transformers' LlamaForCausalLM at W-LLAMA's shape; run
 it with a Python that has transformers, e.g. the venv of
 scripts/make_hf_fixtures.py)
-           --threads N --steps S [--warmup W] [--json FILE]
+           --threads N --steps S [--warmup W] [--precision bf16] [--compile] [--json FILE]
 
 W-MLP: 784-1024-1024-10 ReLU MLP, cross-entropy, SGD (lr 0.05, momentum 0.9),
        batch 256, fp32.
@@ -153,6 +153,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=20, help="leading steps not measured")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
+    ap.add_argument("--compile", action="store_true",
+                    help="PyTorch 2: the model's forward through torch.compile (nn.Module.compile, in place); "
+                         "the compilation runs in the warm-up steps")
     ap.add_argument("--json", metavar="FILE", help="write the result as JSON")
     args = ap.parse_args()
     if args.threads < 1:
@@ -168,6 +171,12 @@ def main():
     setup = {"mlp": setup_mlp, "gpt": setup_gpt, "llama": setup_llama}[args.workload]
     model, opt, step_loss, flops, per_step = setup()
     model.train()
+    if args.compile:
+        if not hasattr(model, "compile"):
+            print(f"torch_workloads.py: --compile needs PyTorch 2.2 or later, not {torch.__version__}",
+                  file=sys.stderr)
+            return 1
+        model.compile()
 
     times, cpu_times = [], []
     for i in range(args.steps):
@@ -195,6 +204,7 @@ def main():
         "workload": args.workload,
         "threads": args.threads,
         "precision": args.precision,
+        "compiled": args.compile,
         "steps": args.steps,
         "warmup": args.warmup,
         "step_ms_median": median * 1e3,
@@ -209,7 +219,8 @@ def main():
         "data": "synthetic",
         "env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
     }
-    print(f"pytorch {torch.__version__} {args.workload} {args.precision}: threads {args.threads}, "
+    print(f"pytorch {torch.__version__} {args.workload} {args.precision}{' compiled' if args.compile else ''}: "
+          f"threads {args.threads}, "
           f"median step {result['step_ms_median']:.2f} ms over {len(times)} steps, "
           f"{result[unit]:.1f} {unit.replace('_per_s', '/s')}, {result['gflops']:.1f} GFLOP/s")
     if args.json:
