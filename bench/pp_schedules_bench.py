@@ -12,7 +12,7 @@ measured cost of each kind of chunk operation (F, B, W, or BW: the
 summary's pipeline.op_ms, ms per chunk and micro-batch, so F:B:W); each
 rank's idle fraction measured (its waits over its operations and waits,
 the executor's own count after the first step) beside the simulator's
-prediction from those costs (transfers free) and beside the formula;
+prediction from those costs (and the run's measured transfer time) and beside the formula;
 throughput against DDP x (1 - predicted idle of rank 0); peak RSS and the
 activation bytes the engine counts per rank. Also writes one Chrome trace
 per W-GPT schedule (--trace-out, 2 steps) for docs/pipeline.md's pictures

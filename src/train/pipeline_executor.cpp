@@ -302,7 +302,7 @@ double PipelineExecutor::forward_op(size_t k, int64_t step, StepBreakdown& t, Ti
   const auto tf = Clock::now();
   const size_t n = activation_elements(batch);
   use(k);
-  wait(sends_[arena(k)]);  // the arena's last micro-batch's sends read it
+  finish_send(sends_[arena(k)]);  // the arena's last micro-batch's sends read it
   set_phase("forward");
   fault_point("forward", step + 1, groups_.world().rank());
   if (a.chunk > 0) {
@@ -355,7 +355,7 @@ void PipelineExecutor::backward_op(size_t k, int64_t step, StepBreakdown& t, Tim
   }
   // B keeps a gradient over the chunk's output: its forward's send (long
   // received: this gradient came after it) must be done reading it.
-  if (a.kind == PipeAction::B) wait(sends_[arena(k)]);
+  if (a.kind == PipeAction::B) finish_send(sends_[arena(k)]);
   const auto tc = Clock::now();
   post_receive(k + 1);
   if (a.kind == PipeAction::BW)
@@ -402,6 +402,22 @@ void PipelineExecutor::weights_op(size_t k, int64_t step, StepBreakdown& t, Time
   if (tl) tl->add(Timeline::WeightGrad, step, a.micro, 0, tc, te);
 }
 
+double PipelineExecutor::median_transfer_ms() {
+  if (transfer_ms_.empty()) return 0.0;
+  auto mid = transfer_ms_.begin() + static_cast<std::ptrdiff_t>(transfer_ms_.size() / 2);
+  std::nth_element(transfer_ms_.begin(), mid, transfer_ms_.end());
+  return *mid;
+}
+
+void PipelineExecutor::finish_send(std::shared_ptr<comm::Work>& w) {
+  if (!w) return;
+  w->wait();
+  // From the communication thread's start of the send to the receiver
+  // having it: the transfer, the receives being posted early.
+  if (timing_) transfer_ms_.push_back(std::chrono::duration<double, std::milli>(w->finished_at() - w->started_at()).count());
+  w.reset();
+}
+
 void PipelineExecutor::time_op(const PipeAction& a, double busy_ms, double wait_ms) {
   if (!timing_) return;
   const size_t at = static_cast<size_t>(a.kind * chunks() + a.chunk);
@@ -430,7 +446,7 @@ double PipelineExecutor::run(int64_t step, StepBreakdown& t, Timeline* tl) {
   // The wait for the last transfers and the loss: the end of the bubble
   // (the head's rank is done long before rank 0's last backward).
   const auto tw = Clock::now();
-  for (auto& w : sends_) wait(w);
+  for (auto& w : sends_) finish_send(w);
   wait(tied_send_);
   // The loss is the head's rank's; every rank reports it.
   double mean = loss / static_cast<double>(program_.micro_batches);
@@ -485,12 +501,13 @@ nlohmann::json PipelineExecutor::detail() {
   }
   // The operations' costs (each chunk's, measured on its rank) and each
   // rank's idle fraction, gathered over the PP group.
-  const size_t K = op_ms_.size(), per = 2 * K + 2, P = static_cast<size_t>(mesh_.pp);
+  const size_t K = op_ms_.size(), per = 2 * K + 3, P = static_cast<size_t>(mesh_.pp);
   std::vector<double> times(per * P, 0.0);
   std::copy(op_ms_.begin(), op_ms_.end(), times.begin() + static_cast<std::ptrdiff_t>(per * s));
   std::copy(op_count_.begin(), op_count_.end(), times.begin() + static_cast<std::ptrdiff_t>(per * s + K));
   times[per * s + 2 * K] = waited_ms_;
   times[per * s + 2 * K + 1] = busy_ms_;
+  times[per * s + 2 * K + 2] = median_transfer_ms();
   groups_.pp().all_gather(times.data(), times.size() * 2, DType::F32);
   std::vector<double> sum(K, 0.0), count(K, 0.0);
   for (size_t r = 0; r < P; ++r)
@@ -506,6 +523,8 @@ nlohmann::json PipelineExecutor::detail() {
                           {"W", mean(PipeAction::W, S)}, {"BW", mean(PipeAction::BW, S)}};
   // Each chunk's own costs for the simulator (a BW's split evenly: it only adds B and W).
   PipeCosts costs;
+  for (size_t r = 0; r < P; ++r)  // the slowest link's
+    costs.transfer = std::max(costs.transfer, times[per * r + 2 * K + 2]);
   const bool split = pipe_splits_backward(program_);
   for (size_t c = 0; c < S; ++c) {
     const double bw = mean(PipeAction::BW, c);
@@ -522,7 +541,7 @@ nlohmann::json PipelineExecutor::detail() {
   const int M = program_.micro_batches;
   return {{"pp", mesh_.pp}, {"dp", mesh_.dp}, {"tp", mesh_.tp}, {"schedule", program_.schedule},
           {"virtual_stages", program_.v}, {"micro_batches", M},
-          {"bubble_formula", pipe_bubble_of(program_)}, {"op_ms", op_ms},
+          {"bubble_formula", pipe_bubble_of(program_)}, {"op_ms", op_ms}, {"transfer_ms", costs.transfer},
           {"stages", stages}};
 }
 

@@ -153,6 +153,11 @@ class PipelineExecutor : public Executor {
   // early (while the operation before computes) where its buffer is free.
   void post_receive(size_t k);
   void wait_receive(size_t k);
+  // Waits for a send to be received and, in a timed step, notes how long
+  // the transfer took (the simulator's transfer cost in the summary).
+  void finish_send(std::shared_ptr<comm::Work>& w);
+  // The median of those transfers (0 without any).
+  double median_transfer_ms();
   void set_phase(const char* phase);
   // A stage boundary's B x T x C floats (this CP rank's rows of the sequences).
   size_t activation_elements(const Batch& b) const {
@@ -190,6 +195,7 @@ class PipelineExecutor : public Executor {
   void time_op(const PipeAction& a, double busy_ms, double wait_ms);
   std::vector<double> op_ms_, op_count_;  // [kind x chunk]
   double waited_ms_ = 0.0, busy_ms_ = 0.0;
+  std::vector<double> transfer_ms_;  // every timed send's transfer
   bool timing_ = false;  // this step counts
   int64_t first_step_ = -1;
 };

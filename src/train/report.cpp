@@ -98,11 +98,12 @@ void Report::print_pipeline() const {
     predicted += fmt::format("{}{:.1f}%", predicted.empty() ? "" : " / ", 100.0 * st["idle_predicted"].get<double>());
   }
   const bool split = c["W"].get<double>() > 0.0;
-  std::printf("pipeline idle per rank: measured %s; simulated %s from the measured ms per chunk op (F %.2f, %s), "
-              "transfers free\n",
+  std::printf("pipeline idle per rank: measured %s; simulated %s from the measured ms per chunk op (F %.2f, %s) "
+              "and per transfer (%.3f, the sends' median)\n",
               measured.c_str(), predicted.c_str(), c["F"].get<double>(),
               split ? fmt::format("B {:.2f}, W {:.2f}", c["B"].get<double>(), c["W"].get<double>()).c_str()
-                    : fmt::format("BW {:.2f}", c["BW"].get<double>()).c_str());
+                    : fmt::format("BW {:.2f}", c["BW"].get<double>()).c_str(),
+              pipeline.value("transfer_ms", 0.0));
 }
 
 // Under --cp: how much of the ring's transfers the compute hid (rank 0's
