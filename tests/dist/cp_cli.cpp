@@ -26,7 +26,6 @@
 // "Within r": per tensor, max|a - b| <= r x max|b|.
 //
 // Registered in tests/CMakeLists.txt (ctest names cp_cli.*).
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -39,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../cli_run.h"
+#include "corpus_runs.h"
 #include "io/safetensors.h"
 
 namespace dpt {
@@ -46,7 +46,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::q;
-using test::read_file;
 using test::RunResult;
 
 std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
@@ -62,32 +61,10 @@ const std::string kLlama = fmt::format(
     kLayers, kLlamaKv, kContext);
 const std::string kSgd = " --optimizer sgd --lr 0.05 --momentum 0.9 --steps 20";
 
-class CpCliTest : public ::testing::Test {
+class CpCliTest : public test::CorpusRuns<CpCliTest> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / fmt::format("dpt_cp_cli_{}", ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    test::write_word_corpus(dir_ / "corpus.txt",
-                            {"the", "ring", "chunk", "keys", "values", "causal", "balance", "sum", "grad", "loss"});
-  }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
-
-  static RunResult train(int n, const std::string& args) {
-    return test::train_ranks(dpt_bin(), n, dir_ / "corpus.txt", args, dir_, 180);
-  }
-
-  static fs::path run_ok(int n, const std::string& name, const std::string& args) {
-    const fs::path stem = dir_ / name;
-    const RunResult r = train(n, fmt::format("{} --save {} --metrics-out {} --summary-out {}", args,
-                                             q(stem.string() + ".st"), q(stem.string() + ".jsonl"),
-                                             q(stem.string() + ".json")));
-    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
-    return stem;
-  }
-
-  static nlohmann::json summary(const fs::path& stem) {
-    return nlohmann::json::parse(read_file(stem.string() + ".json"));
+    make_folder("dpt_cp_cli", {"the", "ring", "chunk", "keys", "values", "causal", "balance", "sum", "grad", "loss"});
   }
   static uint64_t phase(const fs::path& stem, const char* name) {
     return summary(stem)["comm_bytes_per_phase"][name].get<uint64_t>();
@@ -109,7 +86,6 @@ class CpCliTest : public ::testing::Test {
                 b.filename().c_str(), worst);
   }
 
-  static inline fs::path dir_;
 };
 
 // Bytes of one key/value block on the ring: B sequences' T / cp rows of

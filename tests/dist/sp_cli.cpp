@@ -27,7 +27,6 @@
 // "Within r": per tensor, max|a - b| <= r x max|b|.
 //
 // Registered in tests/CMakeLists.txt (ctest names sp_cli.*).
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -40,6 +39,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../cli_run.h"
+#include "corpus_runs.h"
 #include "comm/types.h"
 #include "io/safetensors.h"
 
@@ -48,10 +48,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::q;
-using test::read_file;
 using test::RunResult;
-
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 
 constexpr int64_t kLayers = 2, kContext = 16, kVocab = 256, kGptWidth = 48, kLlamaWidth = 32;
 // Six heads: tp 2 and 3 divide them. One thread everywhere.
@@ -65,32 +62,10 @@ const std::string kLlama = fmt::format(
     kLayers, kLlamaWidth, kContext, kVocab);
 const std::string kSgd = " --optimizer sgd --lr 0.05 --momentum 0.9 --steps 20";
 
-class SpCliTest : public ::testing::Test {
+class SpCliTest : public test::CorpusRuns<SpCliTest> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / fmt::format("dpt_sp_cli_{}", ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    test::write_word_corpus(dir_ / "corpus.txt",
-                            {"the", "sequence", "slice", "rows", "gather", "scatter", "norm", "sum", "grad", "loss"});
-  }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
-
-  static RunResult train(int n, const std::string& args) {
-    return test::train_ranks(dpt_bin(), n, dir_ / "corpus.txt", args, dir_, 180);
-  }
-
-  static fs::path run_ok(int n, const std::string& name, const std::string& args) {
-    const fs::path stem = dir_ / name;
-    const RunResult r = train(n, fmt::format("{} --save {} --metrics-out {} --summary-out {}", args,
-                                             q(stem.string() + ".st"), q(stem.string() + ".jsonl"),
-                                             q(stem.string() + ".json")));
-    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
-    return stem;
-  }
-
-  static nlohmann::json summary(const fs::path& stem) {
-    return nlohmann::json::parse(read_file(stem.string() + ".json"));
+    make_folder("dpt_sp_cli", {"the", "sequence", "slice", "rows", "gather", "scatter", "norm", "sum", "grad", "loss"});
   }
 
   // Every element of every tensor, every logged loss and the validation loss.
@@ -105,7 +80,6 @@ class SpCliTest : public ::testing::Test {
                 b.filename().c_str(), worst);
   }
 
-  static inline fs::path dir_;
 };
 
 // What TP rank 0 (ring position 0) sends in a reduce-scatter and an
