@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "device/kernels.h"
+#include "decoder_step.h"
 #include "gpu_or_skip.h"
 #include "models/decoder.h"
 
@@ -154,20 +155,7 @@ std::vector<float> one_step_grads(const dpt::DecoderConfig& c, int64_t T, bool f
   d.init_params(5);
   d.set_fused_attention(fused);
   d.set_device(dpt::Device::CUDA);
-  std::mt19937 rng(static_cast<uint32_t>(T));
-  dpt::Batch batch;
-  batch.B = 2;
-  batch.T = T;
-  for (int64_t i = 0; i < 2 * T; ++i) {
-    batch.tokens.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab)));
-    batch.targets.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab)));
-  }
-  d.zero_grads();
-  d.forward(batch);
-  d.backward(1.0f);
-  std::vector<float> g(d.param_count());
-  d.k().download(g.data(), d.grads(), g.size() * sizeof(float));
-  return g;
+  return dpt::test::one_step_grads(d, dpt::test::random_batch(2, T, c.vocab, static_cast<uint64_t>(T)));
 }
 
 TEST_F(CudaFlashAttention, DecoderGradientsMatchUnfused) {

@@ -24,6 +24,7 @@
 #include "compare.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "decoder_step.h"
 #include "forwarding_kernels.h"
 #include "models/decoder.h"
 #include "nn/flash_attention.h"
@@ -151,18 +152,7 @@ std::vector<float> one_step_grads(const DecoderConfig& c, int64_t T, const Kerne
   d.init_params(5);
   d.set_fused_attention(true);
   if (k) d.use_kernels(*k);
-  Rng rng(static_cast<uint64_t>(T));
-  Batch batch;
-  batch.B = 2;
-  batch.T = T;
-  for (int64_t i = 0; i < 2 * T; ++i) {
-    batch.tokens.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab))));
-    batch.targets.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab))));
-  }
-  d.zero_grads();
-  d.forward(batch);
-  d.backward(1.0f);
-  return std::vector<float>(d.grads(), d.grads() + d.param_count());
+  return test::one_step_grads(d, test::random_batch(2, T, c.vocab, static_cast<uint64_t>(T)));
 }
 
 // One step's gradients of every parameter, the decoder's fused attention

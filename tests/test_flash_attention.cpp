@@ -22,6 +22,7 @@
 #include "forwarding_kernels.h"
 #include "nn/flash_attention.h"
 #include "nn/gqa_attention.h"
+#include "decoder_step.h"
 #include "models/decoder.h"
 #include "optim/optimizer.h"
 #include "train/rank_setup.h"
@@ -228,96 +229,115 @@ TEST(FlashBlock, NarrowVectorsRingMatchesTheWholeSequenceToo) {
   set_flash_attention_narrow_for_testing(false);
 }
 
-// One block against attention computed here in double precision from its
-// definition: query row r sees key c when r + delta >= c, the merge with an
-// earlier (out, lse) (some rows with none: lse -inf), and the backward's
-// sums added into dq, dk and dv that already hold values.
+// The definition tests' block: its shape, its inputs, what it held before
+// (out0, lse0: an earlier partial result, some rows with none; dq0, dkv0:
+// gradients already summed), and the kernel's final out and lse.
+struct DefBlock {
+  int64_t B = 2, NH = 4, NKV = 2, hd = 16, Tq = 0, Tk = 0, delta = 0;
+  int64_t ld() const { return (NH + 2 * NKV) * hd; }
+  int64_t kvld() const { return 2 * NKV * hd; }
+  int64_t C() const { return NH * hd; }
+  std::vector<float> qkv, kv, dout, out0, lse0, dq0, dkv0, out, lse;
+};
+struct DefResult {
+  std::vector<float> out, lse;
+  std::vector<double> dq, dkv;
+};
+
+// Row r of head h of sequence b in double precision from the definition:
+// it sees keys 0 .. r + delta; forward merges them with the old part
+// (weight e^lse0); backward adds this block's share from the kernel's final
+// out and lse (as ring attention passes them).
+void reference_row(const DefBlock& k, int64_t b, int64_t h, int64_t r, DefResult& ref) {
+  const int64_t ld = k.ld(), kvld = k.kvld(), C = k.C(), hd = k.hd, group = k.NH / k.NKV;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  const float* q = k.qkv.data() + (b * k.Tq + r) * ld + h * hd;
+  const auto key = [&](int64_t c) { return k.kv.data() + (b * k.Tk + c) * kvld + h / group * hd; };
+  const auto value = [&](int64_t c) { return key(c) + k.NKV * hd; };
+  const int64_t seen = std::min(k.Tk, r + k.delta + 1);
+  std::vector<double> p(static_cast<size_t>(seen));
+  const size_t li = static_cast<size_t>((b * k.NH + h) * k.Tq + r);
+  const double old = k.lse0[li];
+  double mx = old;
+  for (int64_t c = 0; c < seen; ++c) {
+    double sc = 0.0;
+    for (int64_t d = 0; d < hd; ++d) sc += static_cast<double>(q[d]) * key(c)[d];
+    p[static_cast<size_t>(c)] = sc * scale;
+    mx = std::max(mx, sc * scale);
+  }
+  double sum = std::isinf(old) ? 0.0 : std::exp(old - mx);
+  for (int64_t c = 0; c < seen; ++c) sum += std::exp(p[static_cast<size_t>(c)] - mx);
+  const double L = mx + std::log(sum);
+  float* o = ref.out.data() + (b * k.Tq + r) * C + h * hd;
+  for (int64_t d = 0; d < hd; ++d) {
+    double acc = std::isinf(old) ? 0.0 : std::exp(old - L) * o[d];
+    for (int64_t c = 0; c < seen; ++c) acc += std::exp(p[static_cast<size_t>(c)] - L) * value(c)[d];
+    o[d] = static_cast<float>(acc);
+  }
+  ref.lse[li] = static_cast<float>(L);
+  const float* go = k.dout.data() + (b * k.Tq + r) * C + h * hd;
+  const float* fo = k.out.data() + (b * k.Tq + r) * C + h * hd;
+  double D = 0.0;
+  for (int64_t d = 0; d < hd; ++d) D += static_cast<double>(go[d]) * fo[d];
+  for (int64_t c = 0; c < seen; ++c) {
+    const double pc = std::exp(p[static_cast<size_t>(c)] - k.lse[li]);
+    double dp = 0.0;
+    for (int64_t d = 0; d < hd; ++d) dp += static_cast<double>(go[d]) * value(c)[d];
+    const double dsc = pc * (dp - D);
+    double* dk = ref.dkv.data() + (b * k.Tk + c) * kvld + h / group * hd;
+    double* dv = dk + k.NKV * hd;
+    double* dqr = ref.dq.data() + (b * k.Tq + r) * ld + h * hd;
+    for (int64_t d = 0; d < hd; ++d) {
+      dqr[d] += dsc * key(c)[d] * scale;
+      dk[d] += dsc * q[d] * scale;
+      dv[d] += pc * go[d];
+    }
+  }
+}
+
+// One block against its definition (reference_row): the merge with an
+// earlier (out, lse) and the backward's sums added into dq, dk and dv that
+// already hold values.
 void one_block_matches_the_definition(int64_t Tq, int64_t Tk, int64_t delta) {
   SCOPED_TRACE(::testing::Message() << "Tq " << Tq << " Tk " << Tk << " delta " << delta);
-  const int64_t B = 2, NH = 4, NKV = 2, hd = 16, ld = (NH + 2 * NKV) * hd, kvld = 2 * NKV * hd, C = NH * hd;
-  const int64_t group = NH / NKV;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  DefBlock k;
+  k.Tq = Tq, k.Tk = Tk, k.delta = delta;
+  const int64_t B = k.B, NH = k.NH, NKV = k.NKV, hd = k.hd, ld = k.ld(), kvld = k.kvld(), C = k.C();
   Rng rng(static_cast<uint64_t>(Tq * 1000 + Tk + delta));
-  const auto qkv = random_vector(static_cast<size_t>(B * Tq * ld), rng);
-  const auto kv = random_vector(static_cast<size_t>(B * Tk * kvld), rng);
-  const auto dout = random_vector(static_cast<size_t>(B * Tq * C), rng);
-  auto out = random_vector(static_cast<size_t>(B * Tq * C), rng);
-  std::vector<float> lse(static_cast<size_t>(B * NH * Tq));
-  for (size_t i = 0; i < lse.size(); ++i) lse[i] = i % 3 == 0 ? -std::numeric_limits<float>::infinity() : rng.normal();
-  const auto out0 = out, lse0 = lse;
-  const auto dq0 = random_vector(qkv.size(), rng), dkv0 = random_vector(kv.size(), rng);
+  k.qkv = random_vector(static_cast<size_t>(B * Tq * ld), rng);
+  k.kv = random_vector(static_cast<size_t>(B * Tk * kvld), rng);
+  k.dout = random_vector(static_cast<size_t>(B * Tq * C), rng);
+  k.out0 = random_vector(static_cast<size_t>(B * Tq * C), rng);
+  k.lse0.resize(static_cast<size_t>(B * NH * Tq));
+  for (size_t i = 0; i < k.lse0.size(); ++i)
+    k.lse0[i] = i % 3 == 0 ? -std::numeric_limits<float>::infinity() : rng.normal();
+  k.dq0 = random_vector(k.qkv.size(), rng), k.dkv0 = random_vector(k.kv.size(), rng);
 
   FlashBlock f{};
   f.B = B, f.NH = NH, f.NKV = NKV, f.hd = hd, f.Tq = Tq, f.Tk = Tk, f.delta = delta;
-  f.q = qkv.data(), f.q_ld = ld, f.q_batch = Tq * ld;
-  f.k = kv.data(), f.v = kv.data() + NKV * hd, f.kv_ld = kvld, f.kv_batch = Tk * kvld;
+  f.q = k.qkv.data(), f.q_ld = ld, f.q_batch = Tq * ld;
+  f.k = k.kv.data(), f.v = k.kv.data() + NKV * hd, f.kv_ld = kvld, f.kv_batch = Tk * kvld;
   f.out_ld = C, f.out_batch = Tq * C, f.lse_T = Tq;
-  flash_block_forward(f, out.data(), lse.data());
-  auto dq = dq0, dkv = dkv0;
-  flash_block_backward(f, out.data(), dout.data(), lse.data(), dq.data(), dkv.data(), dkv.data() + NKV * hd);
+  k.out = k.out0, k.lse = k.lse0;
+  flash_block_forward(f, k.out.data(), k.lse.data());
+  auto dq = k.dq0, dkv = k.dkv0;
+  flash_block_backward(f, k.out.data(), k.dout.data(), k.lse.data(), dq.data(), dkv.data(), dkv.data() + NKV * hd);
 
-  std::vector<float> ref_out(out0), ref_lse(lse0);
-  std::vector<double> ref_dq(dq0.begin(), dq0.end()), ref_dkv(dkv0.begin(), dkv0.end());
-  std::vector<double> p(static_cast<size_t>(Tk)), ds(static_cast<size_t>(Tk));
+  DefResult ref{k.out0, k.lse0, {k.dq0.begin(), k.dq0.end()}, {k.dkv0.begin(), k.dkv0.end()}};
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
-      for (int64_t r = 0; r < Tq; ++r) {
-        const float* q = qkv.data() + (b * Tq + r) * ld + h * hd;
-        const auto key = [&](int64_t c) { return kv.data() + (b * Tk + c) * kvld + h / group * hd; };
-        const auto value = [&](int64_t c) { return key(c) + NKV * hd; };
-        const int64_t seen = std::min(Tk, r + delta + 1);  // keys 0 .. r + delta
-        // Forward: the old part weighs e^lse0, key c e^(q.k scale).
-        const size_t li = static_cast<size_t>((b * NH + h) * Tq + r);
-        const double old = lse0[li];
-        double mx = old;
-        for (int64_t c = 0; c < seen; ++c) {
-          double s = 0.0;
-          for (int64_t d = 0; d < hd; ++d) s += static_cast<double>(q[d]) * key(c)[d];
-          p[static_cast<size_t>(c)] = s * scale;
-          mx = std::max(mx, s * scale);
-        }
-        double sum = std::isinf(old) ? 0.0 : std::exp(old - mx);
-        for (int64_t c = 0; c < seen; ++c) sum += std::exp(p[static_cast<size_t>(c)] - mx);
-        const double L = mx + std::log(sum);
-        float* o = ref_out.data() + (b * Tq + r) * C + h * hd;
-        for (int64_t d = 0; d < hd; ++d) {
-          double acc = std::isinf(old) ? 0.0 : std::exp(old - L) * o[d];
-          for (int64_t c = 0; c < seen; ++c) acc += std::exp(p[static_cast<size_t>(c)] - L) * value(c)[d];
-          o[d] = static_cast<float>(acc);
-        }
-        ref_lse[li] = static_cast<float>(L);
-        // Backward from the kernel's final out and lse (as ring attention
-        // passes them), this block's keys only.
-        const float* go = dout.data() + (b * Tq + r) * C + h * hd;
-        const float* fo = out.data() + (b * Tq + r) * C + h * hd;
-        double D = 0.0;
-        for (int64_t d = 0; d < hd; ++d) D += static_cast<double>(go[d]) * fo[d];
-        for (int64_t c = 0; c < seen; ++c) {
-          const double pc = std::exp(p[static_cast<size_t>(c)] - lse[li]);
-          double dp = 0.0;
-          for (int64_t d = 0; d < hd; ++d) dp += static_cast<double>(go[d]) * value(c)[d];
-          const double dsc = pc * (dp - D);
-          double* dk = ref_dkv.data() + (b * Tk + c) * kvld + h / group * hd;
-          double* dv = dk + NKV * hd;
-          double* dqr = ref_dq.data() + (b * Tq + r) * ld + h * hd;
-          for (int64_t d = 0; d < hd; ++d) {
-            dqr[d] += dsc * key(c)[d] * scale;
-            dk[d] += dsc * q[d] * scale;
-            dv[d] += pc * go[d];
-          }
-        }
-      }
-  const std::vector<float> want_dq(ref_dq.begin(), ref_dq.end()), want_dkv(ref_dkv.begin(), ref_dkv.end());
-  EXPECT_LE(rel_diff(out, ref_out), 1e-5);
-  EXPECT_LE(rel_diff(lse, ref_lse), 1e-5);
+      for (int64_t r = 0; r < Tq; ++r) reference_row(k, b, h, r, ref);
+  const std::vector<float> want_dq(ref.dq.begin(), ref.dq.end()), want_dkv(ref.dkv.begin(), ref.dkv.end());
+  EXPECT_LE(rel_diff(k.out, ref.out), 1e-5);
+  EXPECT_LE(rel_diff(k.lse, ref.lse), 1e-5);
   EXPECT_LE(rel_diff(dq, want_dq), 1e-5);
   EXPECT_LE(rel_diff(dkv, want_dkv), 1e-5);
   // And the gradients differ from what they held: the sums are there.
-  EXPECT_GT(rel_diff(dq0, want_dq), 1e-3);
-  EXPECT_GT(rel_diff(dkv0, want_dkv), 1e-3);
+  EXPECT_GT(rel_diff(k.dq0, want_dq), 1e-3);
+  EXPECT_GT(rel_diff(k.dkv0, want_dkv), 1e-3);
   std::printf("[ measure  ] block Tq %lld Tk %lld delta %lld: out %.2e, lse %.2e, dq %.2e, dkv %.2e\n",
               static_cast<long long>(Tq), static_cast<long long>(Tk), static_cast<long long>(delta),
-              rel_diff(out, ref_out), rel_diff(lse, ref_lse), rel_diff(dq, want_dq), rel_diff(dkv, want_dkv));
+              rel_diff(k.out, ref.out), rel_diff(k.lse, ref.lse), rel_diff(dq, want_dq), rel_diff(dkv, want_dkv));
 }
 
 void blocks_match_the_definition() {
@@ -447,18 +467,7 @@ std::vector<float> one_step_grads(const DecoderConfig& c, int64_t T, DType preci
   d.init_params(5);
   d.set_precision(precision);
   d.set_fused_attention(fused);
-  Rng rng(static_cast<uint64_t>(T));
-  Batch batch;
-  batch.B = 2;
-  batch.T = T;
-  for (int64_t i = 0; i < 2 * T; ++i) {
-    batch.tokens.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab))));
-    batch.targets.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.vocab))));
-  }
-  d.zero_grads();
-  d.forward(batch);
-  d.backward(1.0f);
-  return std::vector<float>(d.grads(), d.grads() + d.param_count());
+  return test::one_step_grads(d, test::random_batch(2, T, c.vocab, static_cast<uint64_t>(T)));
 }
 
 TEST(FusedAttentionDecoder, Bf16GradientsMatchFp32Unfused) {
@@ -542,32 +551,25 @@ TEST(FusedAttentionDecoder, RunsThroughTheModelsKernels) {
   llama.vocab = 64, llama.layers = 2, llama.heads = 4, llama.kv_heads = 2, llama.width = 32, llama.context = 70;
   llama.intermediate = 48;
   DecoderConfig gpt{64, 2, 4, 32, 70};
-  Rng rng(3);
-  Batch batch;
-  batch.B = 2;
-  batch.T = 70;
-  for (int64_t i = 0; i < batch.B * batch.T; ++i) {
-    batch.tokens.push_back(static_cast<int32_t>(rng.below(64)));
-    batch.targets.push_back(static_cast<int32_t>(rng.below(64)));
-  }
+  const Batch batch = test::random_batch(2, 70, 64, 3);
   for (const DecoderConfig& c : {llama, gpt})
     for (bool fused : {true, false}) {
       SCOPED_TRACE(c.family + (fused ? " fused" : " unfused"));
       Decoder direct(c), counted(c);
       CountingKernels spy(cpu_kernels());
       counted.use_kernels(spy);
-      for (Decoder* d : {&direct, &counted}) {
+      std::vector<float> grads[2];
+      for (int i = 0; i < 2; ++i) {
+        Decoder* d = i == 0 ? &direct : &counted;
         d->init_params(9);
         d->set_fused_attention(fused);
-        d->zero_grads();
-        d->forward(batch);
-        d->backward(1.0f);
+        grads[i] = test::one_step_grads(*d, batch);
       }
       const int layers = static_cast<int>(c.layers);
       EXPECT_EQ(spy.fused_forward, fused ? layers : 0);
       EXPECT_EQ(spy.fused_backward, fused ? layers : 0);
       EXPECT_EQ(spy.unfused, fused ? 0 : layers);
-      EXPECT_EQ(0, std::memcmp(direct.grads(), counted.grads(), direct.param_count() * sizeof(float)));
+      EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)));
     }
 }
 

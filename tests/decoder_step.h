@@ -1,0 +1,39 @@
+// One training step of a Decoder in a test: a seeded batch of random
+// tokens and targets, and every parameter's gradient after one forward and
+// backward from zero. Shared by the fused-attention tests (CPU, emulated
+// CUDA kernels, GPU).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/rng.h"
+#include "models/decoder.h"
+
+namespace dpt::test {
+
+// B sequences of T tokens and targets below `vocab`, from `seed`.
+inline Batch random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  Batch batch;
+  batch.B = B;
+  batch.T = T;
+  for (int64_t i = 0; i < B * T; ++i) {
+    batch.tokens.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
+    batch.targets.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
+  }
+  return batch;
+}
+
+// d's gradients after one forward and backward of `batch` from zero, on the
+// host (downloaded from a device).
+inline std::vector<float> one_step_grads(Decoder& d, const Batch& batch) {
+  d.zero_grads();
+  d.forward(batch);
+  d.backward(1.0f);
+  std::vector<float> g(d.param_count());
+  d.k().download(g.data(), d.grads(), g.size() * sizeof(float));
+  return g;
+}
+
+}  // namespace dpt::test
