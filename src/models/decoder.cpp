@@ -526,6 +526,16 @@ double Decoder::recompute_flops(int64_t B) const {
   return static_cast<double>(B) * T / cp_size_ * (2.0 * L * config_.block_gemm_params() + 4.0 * L * T * att);
 }
 
+double Decoder::non_gemm_flops(int64_t B) const {
+  // The fused (and ring) attention's products: 12 L T att per token in
+  // train_flops, 4 more with checkpointing (as counted there).
+  if (!fused_attention_) return 0.0;
+  const double T = static_cast<double>(config_.context);
+  const double att = static_cast<double>(config_.heads * config_.head_dim());
+  const double L = static_cast<double>(blocks_.size()) / tp_.size;
+  return static_cast<double>(B) * T / cp_size_ * (checkpoint_ ? 16.0 : 12.0) * L * T * att;
+}
+
 void Decoder::tensor_sum(float* x, size_t n, TpReduce op) const {
   if (tp_.size == 1) return;
   DPT_CHECK(tp_reduce_ != nullptr, "a tensor-parallel decoder computes without its TP group's sum");

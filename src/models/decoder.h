@@ -106,6 +106,7 @@ class Decoder : public Model {
   void backward(float loss_scale) override;
   double train_flops(int64_t B) const override;
   double recompute_flops(int64_t B) const override;
+  double non_gemm_flops(int64_t B) const override;
   std::vector<int> unit_order() const override;
   int64_t positions() const override { return config_.context; }
   size_t activation_bytes_for(int64_t B) const override;  // one micro-batch through every chunk

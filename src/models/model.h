@@ -98,6 +98,10 @@ class Model {
   // FLOPs that activation checkpointing adds to train_flops(B): the
   // recomputed forwards (0 where checkpointing drops nothing).
   virtual double recompute_flops(int64_t /*B*/) const { return 0.0; }
+  // Of train_flops(B) + recompute_flops(B), those computed outside GEMM
+  // calls (a fused attention's products): the step budget's GEMM rate
+  // leaves them out.
+  virtual double non_gemm_flops(int64_t /*B*/) const { return 0.0; }
   // The units forward opens, in order, a unit opened twice listed twice (the
   // GPT's tied embedding); backward opens them in the reverse order. What a
   // zero3 step gathers follows from it (train/plan.h's planned_comm).

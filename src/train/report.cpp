@@ -70,15 +70,19 @@ void Report::print() const {
 
 // Where this rank's median step went: inside GEMM calls (nn/gemm.h's
 // gemm_seconds) or anything else, and the rate the GEMMs ran at: the
-// model's FLOPs per rank over the GEMM time, against the same measured peak
-// as the utilisation above. A step at the peak's rate needs both: GEMMs at
+// model's GEMM FLOPs per rank (without a fused attention's) over the GEMM
+// time, against the same measured peak as the utilisation above. A step at the peak's rate needs both: GEMMs at
 // the peak and nothing else.
 void Report::print_step_budget() const {
   const TrainResult& r = result;
   const StepBreakdown& b = r.breakdown;
   if (b.step_ms <= 0 || b.gemm_ms <= 0) return;
   const auto world = static_cast<double>(ranks.size());
-  const double flops_per_rank = r.gflops * 1e9 * r.step_ms_median * 1e-3 / world;
+  // The GEMMs' share of the model's FLOPs (a fused attention's products
+  // run outside GEMM calls).
+  const double all = model.train_flops(1) + model.recompute_flops(1);
+  const double gemm_share = all > 0 ? 1.0 - model.non_gemm_flops(1) / all : 1.0;
+  const double flops_per_rank = gemm_share * r.gflops * 1e9 * r.step_ms_median * 1e-3 / world;
   const double gemm_rate = flops_per_rank / (b.gemm_ms * 1e-3) / 1e9, peak = r.gemm_gflops / world;
   const double other = std::max(0.0, b.step_ms - b.gemm_ms);
   std::printf("step budget (%s median step %.2f ms): GEMMs %.2f ms (%.0f%%) at %.1f GFLOP/s = %.0f%% of the "
