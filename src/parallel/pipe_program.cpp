@@ -48,7 +48,9 @@ double ready_at(const PipeProgram& p, const Ends& e, const PipeAction& a, double
   return grad == kNever ? kNever : std::max(own, grad);
 }
 
-double cost_of(const PipeAction& a, const PipeCosts& k) {
+}  // namespace
+
+double pipe_cost_of(const PipeAction& a, const PipeCosts& k) {
   const bool own = static_cast<size_t>(a.chunk) < k.chunk.size();
   const double f = own ? k.chunk[static_cast<size_t>(a.chunk)][0] : k.f;
   const double b = own ? k.chunk[static_cast<size_t>(a.chunk)][1] : k.b;
@@ -61,6 +63,8 @@ double cost_of(const PipeAction& a, const PipeCosts& k) {
   }
   return 0.0;
 }
+
+namespace {
 
 void record(Ends& e, const PipeAction& a, double end) {
   const size_t i = e.at(a.chunk, a.micro);
@@ -83,7 +87,7 @@ std::string run(const PipeProgram& p, const PipeCosts& k, PipeSimulation* sim) {
         const PipeAction& a = p.ranks[r][next[r]];
         const double ready = ready_at(p, e, a, k.transfer);
         if (ready == kNever) break;
-        const double start = std::max(free[r], ready), c = cost_of(a, k);
+        const double start = std::max(free[r], ready), c = pipe_cost_of(a, k);
         free[r] = start + c;
         busy[r] += c;
         record(e, a, free[r]);

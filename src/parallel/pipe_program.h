@@ -29,6 +29,12 @@
 //   zb-v         V placement, B before F before W wherever ready, at most
 //                2 pp chunk activations in flight per rank (1f1b's peak in
 //                blocks): the same paper's ZB-V idea, built greedily.
+// The zero-bubble lists are built by running them: with `costs` given
+// (each chunk's F, B and W and the transfer), the builder runs with them
+// and with unit costs and keeps the list of the shorter simulated step
+// under `costs` (the greedy choice is a heuristic: either can win; a tie
+// keeps the unit one). The training run gives its chunks' FLOPs
+// (train/pipeline_executor.h: pipe_chunk_costs).
 // Every schedule runs each chunk's BW (or W) in micro-batch order, so the
 // weight gradients accumulate in the order one process sums them.
 #pragma once
@@ -56,11 +62,21 @@ struct PipeProgram {
   int chunks() const { return static_cast<int>(rank_of_chunk.size()); }
 };
 
+// Per chunk costs of its operations and of a transfer between ranks (any
+// unit); BW costs b + w. `chunk` (when not empty: one {f, b, w} per chunk)
+// gives each chunk its own (chunks differ: the embedding's, the head's).
+struct PipeCosts {
+  double f = 1.0, b = 1.0, w = 1.0, transfer = 0.0;
+  std::vector<std::array<double, 3>> chunk;
+};
+double pipe_cost_of(const PipeAction& a, const PipeCosts& costs);
+
 // The names --pp-schedule takes, and a schedule's program. InputError, one
 // sentence, for an unknown name or a shape it cannot run (interleaved with
 // M not a multiple of pp, v < 2 for interleaved, v != 2 for zb-v).
 std::vector<std::string> pipe_program_names();
-PipeProgram pipe_program(const std::string& schedule, int pp, int v, int micro_batches);
+PipeProgram pipe_program(const std::string& schedule, int pp, int v, int micro_batches,
+                         const PipeCosts& costs = {});
 // Chunks per rank for --virtual-stages v (0: the schedule's own: 2 for
 // interleaved and zb-v, 1 for the rest).
 int pipe_virtual_stages(const std::string& schedule, int v);
@@ -119,13 +135,6 @@ PipeSlots pipe_slot_table(const PipeProgram& p, int rank);
 // M, 1f1b min(M, pp - r), zb-h1 its F-to-W window).
 int pipe_arenas(const PipeProgram& p, int rank);
 
-// Per chunk costs of its operations and of a transfer between ranks (any
-// unit); BW costs b + w. `chunk` (when not empty: one {f, b, w} per chunk)
-// gives each chunk its own (chunks differ: the embedding's, the head's).
-struct PipeCosts {
-  double f = 1.0, b = 1.0, w = 1.0, transfer = 0.0;
-  std::vector<std::array<double, 3>> chunk;
-};
 struct PipeSimulation {
   double step = 0.0;          // the last operation's end
   std::vector<double> idle;   // per rank: 1 - busy / step

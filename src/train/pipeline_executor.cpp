@@ -1,6 +1,7 @@
 #include "train/pipeline_executor.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include "models/weights.h"
 #include "parallel/tensor_parallel.h"
 #include "train/data_source.h"
+#include "train/rank_setup.h"
 #include "core/timeline.h"
 #include "train/train.h"
 
@@ -28,15 +30,30 @@ void wait(std::shared_ptr<comm::Work>& w) {
 
 }  // namespace
 
-std::vector<DecoderStage> pipe_stages(const DecoderConfig& c, const PipeProgram& program, const std::string& split) {
+namespace {
+
+// Blocks per chunk: --pp-split's counts, or balanced by parameters (the
+// embedding and learned positions with chunk 0, the final norm and the
+// head, or the head's copy of the tied embedding, with the last).
+std::vector<int64_t> chunk_blocks(const DecoderConfig& c, int chunks, int v, const std::string& split) {
   const int64_t C = c.width, V = c.rows();
-  // Parameters held: the embedding (and learned positions) with chunk 0,
-  // the final norm and the head (or the head's copy of the tied embedding)
-  // with the last.
   const int64_t norm = c.norm == NormKind::LayerNorm ? 2 * C : C;
+  return pipe_split(split, chunks, c.layers, V * C + (c.rotary ? 0 : c.context * C), c.block_params(), V * C + norm, v);
+}
+
+// FLOPs per token of a block's F, B and W (attention's backward is all
+// input gradient; checkpointing recomputes the block's forward in B).
+std::array<double, 3> block_costs(const DecoderConfig& c, bool checkpoint) {
+  const double T = static_cast<double>(c.context), a = static_cast<double>(c.heads * c.head_dim());
+  const double G = c.block_gemm_params(), f = 2 * G + 4 * T * a;
+  return {f, 2 * G + 8 * T * a + (checkpoint ? f : 0.0), 2 * G};
+}
+
+}  // namespace
+
+std::vector<DecoderStage> pipe_stages(const DecoderConfig& c, const PipeProgram& program, const std::string& split) {
   const int S = program.chunks();
-  const std::vector<int64_t> counts =
-      pipe_split(split, S, c.layers, V * C + (c.rotary ? 0 : c.context * C), c.block_params(), V * C + norm, program.v);
+  const std::vector<int64_t> counts = chunk_blocks(c, S, program.v, split);
   std::vector<DecoderStage> stages(static_cast<size_t>(program.pp));
   for (auto& st : stages) st = DecoderStage{{}, false, false};
   int64_t first = 0;
@@ -50,9 +67,26 @@ std::vector<DecoderStage> pipe_stages(const DecoderConfig& c, const PipeProgram&
   return stages;
 }
 
+PipeCosts pipe_chunk_costs(const DecoderConfig& c, int chunks, int v, const std::string& split, bool checkpoint) {
+  const std::array<double, 3> block = block_costs(c, checkpoint);
+  const double head = 2.0 * static_cast<double>(c.vocab * c.width);  // per token, each of F, B and W
+  PipeCosts costs;
+  const std::vector<int64_t> counts = chunk_blocks(c, chunks, v, split);
+  for (int k = 0; k < chunks; ++k) {
+    const double n = static_cast<double>(counts[static_cast<size_t>(k)]), h = k == chunks - 1 ? head : 0.0;
+    costs.chunk.push_back({n * block[0] + h, n * block[1] + h, n * block[2] + h});
+  }
+  return costs;
+}
+
 PipeProgram run_program(const TrainOptions& o, int pp) {
-  return pipe_program(o.pp_schedule, pp, pipe_virtual_stages(o.pp_schedule, o.virtual_stages),
-                      static_cast<int>(o.grad_accum));
+  const int v = pipe_virtual_stages(o.pp_schedule, o.virtual_stages);
+  const auto M = static_cast<int>(o.grad_accum);
+  if (o.pp_schedule != "zb-h1" && o.pp_schedule != "zb-v") return pipe_program(o.pp_schedule, pp, v, M);
+  // The zero-bubble lists are built by running them with the chunks' costs.
+  const DecoderConfig c = DecoderConfig::from(model_hparams(o));
+  return pipe_program(o.pp_schedule, pp, v, M,
+                      pipe_chunk_costs(c, pp * v, v, o.pp_split, o.checkpoint_activations));
 }
 
 std::vector<DecoderStage> gpt_stages(const DecoderConfig& c, int pp, const std::string& split) {
@@ -183,14 +217,12 @@ size_t pipeline_buffer_bytes(const Decoder& stage, int pp) {
 }
 
 std::vector<ScheduleIdle> pipe_schedule_idles(const DecoderConfig& c, int pp, int M) {
-  const double T = static_cast<double>(c.context), a = static_cast<double>(c.heads * c.head_dim());
-  const double G = c.block_gemm_params();
-  const PipeCosts costs{2 * G + 4 * T * a, 2 * G + 8 * T * a, 2 * G, 0.0, {}};
   std::vector<ScheduleIdle> out;
   for (const std::string& name : pipe_program_names()) {
     const int v = pipe_virtual_stages(name, 0);
     if (c.layers < pp * v || (name == "interleaved" && M % pp != 0)) continue;
-    const PipeSimulation sim = simulate_pipe_program(pipe_program(name, pp, v, M), costs);
+    const PipeCosts costs = pipe_chunk_costs(c, pp * v, v, "", false);
+    const PipeSimulation sim = simulate_pipe_program(pipe_program(name, pp, v, M, costs), costs);
     double mean = 0.0;
     for (double i : sim.idle) mean += i / static_cast<double>(sim.idle.size());
     out.push_back({name, v, sim.idle[0], mean});
@@ -541,7 +573,8 @@ nlohmann::json PipelineExecutor::detail() {
   const int M = program_.micro_batches;
   return {{"pp", mesh_.pp}, {"dp", mesh_.dp}, {"tp", mesh_.tp}, {"schedule", program_.schedule},
           {"virtual_stages", program_.v}, {"micro_batches", M},
-          {"bubble_formula", pipe_bubble_of(program_)}, {"op_ms", op_ms}, {"transfer_ms", costs.transfer},
+          {"bubble_formula", pipe_bubble_of(program_)}, {"op_ms", op_ms}, {"chunk_op_ms", costs.chunk},
+          {"transfer_ms", costs.transfer},
           {"stages", stages}};
 }
 

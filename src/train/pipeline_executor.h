@@ -62,8 +62,14 @@ struct PipelineOptions {
 // (the embedding counted with chunk 0, the head with the last).
 std::vector<DecoderStage> pipe_stages(const DecoderConfig& config, const PipeProgram& program,
                                       const std::string& split);
+// Each chunk's F, B and W in FLOPs per token (its blocks', the head's on
+// the last; the embedding's lookups are free): what the zero-bubble
+// builders schedule by (transfers free).
+PipeCosts pipe_chunk_costs(const DecoderConfig& config, int chunks, int v, const std::string& split,
+                           bool checkpoint);
 // The run's program: --pp-schedule, --virtual-stages, --pp and its
-// micro-batches (InputError, one sentence, for one that cannot be).
+// micro-batches (InputError, one sentence, for one that cannot be); zb-h1
+// and zb-v built with pipe_chunk_costs.
 struct TrainOptions;
 PipeProgram run_program(const TrainOptions& o, int pp);
 // One chunk per rank (gpipe, 1f1b, zb-h1).
@@ -79,9 +85,10 @@ size_t pipeline_buffer_bytes(const Decoder& stage, int pp);
 
 // Every schedule that runs at pp and M for this decoder, with the idle
 // fraction the simulator predicts on rank 0 (and its mean over the ranks)
-// from costs by FLOPs: per token and block, F = 2 G + 4 T a, B = 2 G +
-// 8 T a (attention's backward is all input gradient), W = 2 G, G the
-// block's GEMM parameters and a the attention width; transfers free.
+// from costs by FLOPs (pipe_chunk_costs, blocks balanced by parameters):
+// per token and block, F = 2 G + 4 T a, B = 2 G + 8 T a (attention's
+// backward is all input gradient), W = 2 G, G the block's GEMM parameters
+// and a the attention width; the head 2 V C each; transfers free.
 struct ScheduleIdle {
   std::string schedule;
   int v = 1;
