@@ -13,7 +13,10 @@ summary's pipeline.op_ms, ms per chunk and micro-batch, so F:B:W); each
 rank's idle fraction measured (its waits over its operations and waits,
 the executor's own count after the first step) beside the simulator's
 prediction from those costs (and the run's measured transfer time) and beside the formula;
-throughput against DDP x (1 - predicted idle of rank 0); peak RSS and the
+throughput against DDP x (1 - predicted idle of rank 0), and against DDP on
+the pipeline's micro-batches (--micro-batches 4: 2 sequences each, the
+schedules' GEMM shapes) x (1 - rank 0's, and the ranks' mean, predicted
+idle); peak RSS and the
 activation bytes the engine counts per rank. Also writes one Chrome trace
 per W-GPT schedule (--trace-out, 2 steps) for docs/pipeline.md's pictures
 (bench/plot_timeline.py draws them).
@@ -44,6 +47,10 @@ def configs():
     out = []
     for w in WORKLOADS:
         out.append((f"{w} ddp", w, ["--strategy", "ddp"]))
+        # DDP on the pipeline's micro-batches (2 sequences each: 4 per rank):
+        # the same GEMM shapes, so what is left between it and a schedule is
+        # the schedule's idle (and the split backward's own cost).
+        out.append((f"{w} ddp m{M // 2}", w, ["--strategy", "ddp", "--micro-batches", str(M // 2)]))
         for s in SCHEDULES:
             out.append((f"{w} {s}", w, ["--pp", "2", "--pp-schedule", s, "--micro-batches", str(M)]))
     for s in ("1f1b", "zb-h1"):
@@ -105,7 +112,13 @@ def main():
         ddp = rows[f"{row['workload']} ddp"]["tokens_per_s"]
         row["vs_ddp"] = row["tokens_per_s"] / ddp
         if "idle_predicted" in row:
+            ddp_micro = rows[f"{row['workload']} ddp m{M // 2}"]["tokens_per_s"]
+            mean_predicted = statistics.mean(row["idle_predicted"])
             row["vs_ddp_times_1_minus_predicted"] = row["tokens_per_s"] / (ddp * (1 - row["idle_predicted"][0]))
+            row["vs_ddp_micro_times_1_minus_predicted"] = (
+                row["tokens_per_s"] / (ddp_micro * (1 - row["idle_predicted"][0])))
+            row["vs_ddp_micro_times_1_minus_mean_predicted"] = (
+                row["tokens_per_s"] / (ddp_micro * (1 - mean_predicted)))
             row["idle_gap_points"] = 100 * abs(row["idle_measured"][0] - row["idle_predicted"][0])
     result = {"workloads": {w: " ".join(f) for w, f in WORKLOADS.items()}, "common": " ".join(COMMON),
               "pp": 2, "micro_batches": M, "steps": a.steps, "repeat": a.repeat, "cores": os.cpu_count(),
@@ -119,7 +132,7 @@ def main():
                      else f"F {o['F']:.2f} BW {o['BW']:.2f}")
             extra = (f"  idle r0 {row['idle_measured'][0]:.3f} (sim {row['idle_predicted'][0]:.3f}, "
                      f"formula {row['bubble_formula']:.3f})  {costs}  x{row['vs_ddp_times_1_minus_predicted']:.2f} "
-                     f"of DDP(1-sim)")
+                     f"of DDP(1-sim), x{row['vs_ddp_micro_times_1_minus_predicted']:.2f} of DDP m{M // 2}(1-sim)")
         print(f"{name:24s} {row['tokens_per_s']:9.0f} tokens/s  x{row['vs_ddp']:.2f} DDP{extra}")
     print(f"wrote {a.out}")
 
