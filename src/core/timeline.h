@@ -32,8 +32,9 @@ class Timeline {
   explicit Timeline(size_t spans);
 
   // A span [t0, t1) of `kind` in `step`. Collectives name what they moved:
-  // `index` is the DDP bucket or the ZeRO unit, `bytes` its size; compute
-  // spans pass -1 and 0.
+  // `index` is the DDP bucket or the ZeRO unit, `bytes` its size; a
+  // pipeline's compute spans pass the micro-batch and, in `bytes`, the chunk;
+  // other compute spans -1 and 0.
   void add(Kind kind, int64_t step, int index, size_t bytes, Clock::time_point t0, Clock::time_point t1);
   void add(Kind kind, int64_t step, Clock::time_point t0, Clock::time_point t1) { add(kind, step, -1, 0, t0, t1); }
 

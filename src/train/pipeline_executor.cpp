@@ -21,6 +21,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// A pipeline span's chunk, in the timeline's bytes field (core/timeline.h).
+size_t chunk_tag(const PipeAction& a) { return static_cast<size_t>(a.chunk); }
+
 double ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
 void wait(std::shared_ptr<comm::Work>& w) {
@@ -360,8 +363,8 @@ double PipelineExecutor::forward_op(size_t k, int64_t step, StepBreakdown& t, Ti
   t.forward_ms += ms(tc, te);
   time_op(a, ms(tc, te), ms(tf, tc));
   if (tl) {
-    if (a.chunk > 0) tl->add(Timeline::CommWait, step, a.micro, 0, tf, tc);
-    tl->add(Timeline::Forward, step, a.micro, 0, tc, te);
+    if (a.chunk > 0) tl->add(Timeline::CommWait, step, a.micro, chunk_tag(a), tf, tc);
+    tl->add(Timeline::Forward, step, a.micro, chunk_tag(a), tc, te);
   }
   return loss;
 }
@@ -414,8 +417,8 @@ void PipelineExecutor::backward_op(size_t k, int64_t step, StepBreakdown& t, Tim
   t.backward_ms += ms(tc, te);
   time_op(a, ms(tc, te), ms(tb, tc));
   if (tl) {
-    if (a.chunk + 1 < chunks() || tied_in) tl->add(Timeline::CommWait, step, a.micro, 0, tb, tc);
-    tl->add(a.kind == PipeAction::BW ? Timeline::Backward : Timeline::InputGrad, step, a.micro, 0, tc, te);
+    if (a.chunk + 1 < chunks() || tied_in) tl->add(Timeline::CommWait, step, a.micro, chunk_tag(a), tb, tc);
+    tl->add(a.kind == PipeAction::BW ? Timeline::Backward : Timeline::InputGrad, step, a.micro, chunk_tag(a), tc, te);
   }
 }
 
@@ -431,7 +434,7 @@ void PipelineExecutor::weights_op(size_t k, int64_t step, StepBreakdown& t, Time
   const auto te = Clock::now();
   t.backward_ms += ms(tc, te);
   time_op(a, ms(tc, te), 0.0);
-  if (tl) tl->add(Timeline::WeightGrad, step, a.micro, 0, tc, te);
+  if (tl) tl->add(Timeline::WeightGrad, step, a.micro, chunk_tag(a), tc, te);
 }
 
 double PipelineExecutor::median_transfer_ms() {

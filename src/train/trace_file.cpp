@@ -69,6 +69,7 @@ void write_trace(const Timeline& timeline, AtomicFile* out, comm::ProcessGroup& 
       } else if (index >= 0) {  // a pipeline stage's micro-batch
         e["name"] = fmt::format("{} {}", kind_name(kind), index);
         args["micro_batch"] = index;
+        args["chunk"] = static_cast<int>(f[i + 3]);
       } else {
         e["name"] = kind_name(kind);
       }

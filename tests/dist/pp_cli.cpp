@@ -376,6 +376,7 @@ TEST_F(PpCliTest, TraceShowsEachStagesMicroBatches) {
     const std::string name = e["name"];
     if (!name.starts_with("forward") && !name.starts_with("backward")) continue;
     order[e["pid"].get<int>()] += fmt::format("{}{} ", name[0] == 'f' ? 'F' : 'B', e["args"]["micro_batch"].get<int>());
+    EXPECT_EQ(e["args"]["chunk"], e["pid"]) << name;  // one chunk per rank: chunk r on rank r
   }
   EXPECT_EQ(order[0], "F0 F1 F2 B0 F3 B1 B2 B3 ");
   EXPECT_EQ(order[1], "F0 F1 B0 F2 B1 F3 B2 B3 ");
