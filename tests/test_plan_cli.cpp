@@ -416,6 +416,27 @@ TEST_F(PlanCliTest, MeshRowsMatchRunsUnderEverySchedule) {
 // benchmark's shape (bench/pp_schedules_bench.py), fp32 and bf16, without
 // checkpointing (with it, W still needs each block's linears' inputs,
 // which 1F1B recomputes: docs/memory.md).
+// The schedules' table (mesh.schedules): every schedule that runs at pp 2,
+// M 8, each chunk's costs by FLOPs. The ordering the simulator must give:
+// gpipe's and 1f1b's bubble alike, and each later schedule below 1f1b's
+// (interleaved by v, zb-h1 by its W's, zb-v by both) on the ranks' mean.
+TEST_F(PlanCliTest, SchedulesTableOrdersTheBubbles) {
+  const RunResult r = dpt("plan --model gpt --layers 4 --heads 4 --width 256 --context 128 --batch 16 --ranks 2 "
+                          "--pp 2 --micro-batches 8 --json --memory 1T");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json plan = json::parse(r.out);
+  std::map<std::string, json> by;
+  for (const json& s : plan.at("mesh").at("schedules")) by[s.at("schedule")] = s;
+  ASSERT_EQ(by.size(), 5u);
+  auto mean = [&](const char* name) { return by.at(name).at("idle_mean").get<double>(); };
+  EXPECT_NEAR(by.at("gpipe").at("idle_rank0").get<double>(), by.at("1f1b").at("idle_rank0").get<double>(), 1e-12);
+  EXPECT_GT(mean("1f1b"), 0.1);  // (pp - 1) / (M + pp - 1) = 1/9 balanced; the head's chunk adds to it
+  EXPECT_LT(mean("interleaved"), 0.75 * mean("1f1b"));
+  EXPECT_LT(mean("zb-h1"), mean("1f1b"));
+  EXPECT_LT(mean("zb-v"), mean("zb-h1"));
+  EXPECT_LT(mean("zb-v"), 0.05);
+}
+
 TEST_F(PlanCliTest, ZbH1HoldsNoMoreActivationsThan1f1b) {
   for (const std::string model : {"--model gpt --layers 4 --heads 4 --width 256 --context 128", "--model llama"}) {
     json rows[2];

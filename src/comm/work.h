@@ -14,7 +14,8 @@ class Ledger;
 
 class Work {
  public:
-  Work(std::string op, Ledger* ledger) : op_(std::move(op)), ledger_(ledger) {}
+  Work(std::string op, Ledger* ledger)
+      : op_(std::move(op)), ledger_(ledger), queued_(std::chrono::steady_clock::now()) {}
 
   // Blocks until the operation finished; rethrows the error it stored. The
   // time spent blocked is added to the ledger's wait time for this op.
@@ -23,8 +24,10 @@ class Work {
   // The stored error (nullptr while running or after success).
   std::exception_ptr error() const;
 
-  // When the communication thread began and ended the operation; read them
-  // after wait() (the timeline of a step, docs/ddp.md).
+  // When the caller queued the operation (made it), and when the
+  // communication thread began and ended it; read them after wait() (the
+  // timeline of a step, docs/ddp.md).
+  std::chrono::steady_clock::time_point queued_at() const { return queued_; }
   std::chrono::steady_clock::time_point started_at() const;
   std::chrono::steady_clock::time_point finished_at() const;
 
@@ -38,6 +41,7 @@ class Work {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  const std::chrono::steady_clock::time_point queued_;
   std::chrono::steady_clock::time_point started_, finished_;
   std::exception_ptr error_;
 };

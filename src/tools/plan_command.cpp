@@ -83,9 +83,10 @@ void print_plan(const PlanRequest& r, const Model& model, const Plan& plan, cons
     std::string line;
     for (const ScheduleIdle& s : pipe_schedule_idles(DecoderConfig::from(model_hparams(r.run)), r.run.pp,
                                                      static_cast<int>(r.grad_accum)))
-      line += fmt::format("{}{}{} {:.1f}%", line.empty() ? "" : ", ", s.schedule,
-                          s.v > 1 ? fmt::format(" (v {})", s.v) : "", 100.0 * s.idle_first);
-    std::printf("schedules at pp %d, M %lld, rank 0's idle simulated from FLOPs (F, B, W; transfers free): %s\n",
+      line += fmt::format("{}{}{} {:.1f} / {:.1f}%", line.empty() ? "" : ", ", s.schedule,
+                          s.v > 1 ? fmt::format(" (v {})", s.v) : "", 100.0 * s.idle_first, 100.0 * s.idle_mean);
+    std::printf("schedules at pp %d, M %lld, idle simulated from FLOPs (F, B, W per chunk, the head's on the last; "
+                "transfers free), rank 0 / the ranks' mean: %s\n",
                 r.run.pp, static_cast<long long>(r.grad_accum), line.c_str());
   }
   std::printf("memory: %s for the %d rank%s on this host; rates %s: GEMM %.1f GFLOP/s per rank (%s, %d thread%s), "
