@@ -79,21 +79,24 @@ void exchange(const OpContext& ctx, Peer* to, int to_rank, const void* src, size
       backoff.reset();
       continue;
     }
+    using W = Backoff::Waiting;
     if (!received)
-      backoff.idle(from, from_rank);
+      backoff.idle(from, from_rank, sent ? W::Receive : W::Either);
     else
-      backoff.idle(to, to_rank);
+      backoff.idle(to, to_rank, W::Send);
   }
 }
 
 Backoff::Backoff(const OpContext& ctx) : ctx_(ctx), last_health_(std::chrono::steady_clock::now()) {}
 
-void Backoff::idle(Peer* peer, int peer_rank) {
+void Backoff::idle(Peer* peer, int peer_rank, Waiting waiting) {
   ++idle_;
   if (idle_ < 512) {
     DPT_CPU_RELAX();
   } else if (idle_ < 640) {
     sched_yield();
+  } else if (waiting != Waiting::Either && peer->sleep_until_moved(waiting == Waiting::Receive, 10'000'000L)) {
+    check(peer, peer_rank);  // a sleep can be 10 ms: the health and the deadline after each
   } else {
     timespec ts{0, 20000};
     nanosleep(&ts, nullptr);

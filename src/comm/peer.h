@@ -44,6 +44,10 @@ class Peer {
   virtual Transfer progress_recv() = 0;
   // False once the peer is known to have died (shared memory checks its pid).
   virtual bool alive() { return true; }
+  // Sleeps until the transfer under way in one direction (the receive, or
+  // else the send) may move, or at most timeout_ns; false, at once, where
+  // the transport cannot tell (the caller naps instead).
+  virtual bool sleep_until_moved(bool /*receiving*/, long /*timeout_ns*/) { return false; }
   virtual const char* kind() const = 0;  // "shm" or "mpi"
 };
 
@@ -64,19 +68,24 @@ struct OpContext {
 std::string peer_name(const OpContext& ctx, int rank);
 
 // How a rank waits on its peers: spin briefly (a partner that is ready is
-// microseconds away), yield a little, then nap in short sleeps, so a peer
-// that is still computing does not find this rank's communication thread
-// burning a core its own compute thread (or, with ranks sharing cores, its
-// neighbour) needs. Every so often it checks the deadline and whether the
+// microseconds away), yield a little, then sleep until the peer moves the
+// transfer (shared memory: a futex the peer wakes) or, where the transport
+// cannot say, nap in short sleeps, so a peer that is still computing does
+// not find this rank's communication thread burning a core its own compute
+// thread (or, with ranks sharing cores, its neighbour) needs: a pipeline's
+// receive is posted an operation ahead, and 20-us naps through a 2 ms
+// operation were 3,000 context switches a step on 2 cores. Every so often it checks the deadline and whether the
 // peer waited on is still alive (only shared-memory peers can tell).
 class Backoff {
  public:
   explicit Backoff(const OpContext& ctx);
   // Something moved: the next wait starts with spinning again.
   void reset() { idle_ = 0; }
-  // One idle round waiting on `peer` (rank peer_rank). Throws CommError when
-  // the peer has exited or the deadline has passed.
-  void idle(Peer* peer, int peer_rank);
+  // One idle round waiting on `peer` (rank peer_rank): for its receive, its
+  // send, or either (both under way: only naps can wait on two). Throws
+  // CommError when the peer has exited or the deadline has passed.
+  enum class Waiting { Receive, Send, Either };
+  void idle(Peer* peer, int peer_rank, Waiting waiting = Waiting::Either);
   // The checks alone (the peer's health at most every 100 ms), for a
   // caller that waits its own way.
   void check(Peer* peer, int peer_rank);

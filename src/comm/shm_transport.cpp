@@ -10,13 +10,20 @@
 #include <cstdio>
 #include <cstring>
 
+#include "comm/futex.h"
 #include "comm/types.h"
 
 namespace dpt::comm {
 
 namespace {
 constexpr size_t kHeaderBytes = 4096;  // pids of the local ranks
+
+// A count moved: its futex word follows, and a peer asleep on it is woken.
+void publish(std::atomic<uint32_t>& word, std::atomic<uint32_t>& asleep, uint64_t count) {
+  word.store(static_cast<uint32_t>(count), std::memory_order_seq_cst);
+  if (asleep.load(std::memory_order_seq_cst) != 0) futex_wake_all(&word);
 }
+}  // namespace
 
 size_t ShmSegment::total_bytes(int local_count) {
   const size_t pairs = static_cast<size_t>(local_count) * static_cast<size_t>(local_count);
@@ -108,6 +115,7 @@ Transfer ShmPeer::progress_send() {
     out_->head.store(++out_head_, std::memory_order_release);
     send_off_ += n;
   }
+  if (send_off_ != before) publish(out_->head_word, out_->receiver_asleep, out_head_);
   if (send_off_ == send_bytes_) return Transfer::Done;
   return send_off_ != before ? Transfer::Moved : Transfer::Idle;
 }
@@ -128,8 +136,24 @@ Transfer ShmPeer::progress_recv() {
     in_->tail.store(++in_tail_, std::memory_order_release);
     recv_off_ += n;
   }
+  if (recv_off_ != before) publish(in_->tail_word, in_->sender_asleep, in_tail_);
   if (recv_off_ == recv_bytes_) return Transfer::Done;
   return recv_off_ != before ? Transfer::Moved : Transfer::Idle;
+}
+
+bool ShmPeer::sleep_until_moved(bool receiving, long timeout_ns) {
+  // The sleeper raises its flag, then looks once more (sequentially
+  // consistent on both sides: either the other side's publish sees the flag
+  // and wakes it, or this look sees the new count and does not sleep).
+  std::atomic<uint32_t>& word = receiving ? in_->head_word : out_->tail_word;
+  std::atomic<uint32_t>& asleep = receiving ? in_->receiver_asleep : out_->sender_asleep;
+  // Nothing to read: head is still our tail. No free slot: tail is still
+  // kSlots behind our head.
+  const auto stuck = static_cast<uint32_t>(receiving ? in_tail_ : out_head_ - ShmSegment::kSlots);
+  asleep.store(1, std::memory_order_seq_cst);
+  if (word.load(std::memory_order_seq_cst) == stuck) futex_wait(&word, stuck, timeout_ns);
+  asleep.store(0, std::memory_order_relaxed);
+  return true;
 }
 
 bool ShmPeer::alive() {

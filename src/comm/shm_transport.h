@@ -24,11 +24,17 @@ class ShmSegment {
   static constexpr size_t kSlots = 8;
   static constexpr size_t kSlotBytes = 64 * 1024;
 
+  // head_word and tail_word repeat the counts' low 32 bits as futex words:
+  // a receiver with nothing to read sleeps on head_word, a sender with no
+  // free slot on tail_word, each having said so in its asleep flag so the
+  // other side wakes it (and only then makes the system call).
   struct alignas(64) Channel {
     std::atomic<uint64_t> head;  // slots written (producer)
-    char pad0[56];
+    std::atomic<uint32_t> head_word, receiver_asleep;
+    char pad0[48];
     std::atomic<uint64_t> tail;  // slots consumed (consumer)
-    char pad1[56];
+    std::atomic<uint32_t> tail_word, sender_asleep;
+    char pad1[48];
     char* slot(uint64_t i) { return reinterpret_cast<char*>(this + 1) + (i % kSlots) * kSlotBytes; }
   };
 
@@ -62,6 +68,7 @@ class ShmPeer : public Peer {
   void start_recv(void* dst, size_t bytes, Combine c) override;
   Transfer progress_recv() override;
   bool alive() override;
+  bool sleep_until_moved(bool receiving, long timeout_ns) override;
   const char* kind() const override { return "shm"; }
 
  private:

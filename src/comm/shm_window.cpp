@@ -1,9 +1,7 @@
 #include "comm/shm_window.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "comm/futex.h"
+
 namespace dpt::comm {
 
 namespace {
@@ -19,15 +19,6 @@ namespace {
 // writes that hand it to every rank.
 constexpr size_t kPieceBytes = 16 * 1024;
 
-// The word is in memory other processes map: shared futexes (no
-// FUTEX_PRIVATE_FLAG).
-void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, long timeout_ns) {
-  timespec ts{timeout_ns / 1000000000L, timeout_ns % 1000000000L};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
-}
-void futex_wake_all(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
-}
 bool reached(uint32_t value, uint32_t tag) { return static_cast<int32_t>(value - tag) >= 0; }
 
 size_t block_bytes_for(size_t bytes) { return (ShmWindow::kHeaderBytes + bytes + 4095) / 4096 * 4096; }

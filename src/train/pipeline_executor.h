@@ -163,8 +163,8 @@ class PipelineExecutor : public Executor {
   // Waits for a send to be received and, in a timed step, notes how long
   // the transfer took (the simulator's transfer cost in the summary).
   void finish_send(std::shared_ptr<comm::Work>& w);
-  // The median of those transfers (0 without any).
-  double median_transfer_ms();
+  // The mean of those transfers (0 without any).
+  double mean_transfer_ms() const;
   void set_phase(const char* phase);
   // A stage boundary's B x T x C floats (this CP rank's rows of the sequences).
   size_t activation_elements(const Batch& b) const {
@@ -202,7 +202,8 @@ class PipelineExecutor : public Executor {
   void time_op(const PipeAction& a, double busy_ms, double wait_ms);
   std::vector<double> op_ms_, op_count_;  // [kind x chunk]
   double waited_ms_ = 0.0, busy_ms_ = 0.0;
-  std::vector<double> transfer_ms_;  // every timed send's transfer
+  double transfer_ms_ = 0.0;  // the timed sends' transfers, summed
+  int64_t transfers_ = 0;
   bool timing_ = false;  // this step counts
   int64_t first_step_ = -1;
 };

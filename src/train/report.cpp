@@ -103,7 +103,7 @@ void Report::print_pipeline() const {
   }
   const bool split = c["W"].get<double>() > 0.0;
   std::printf("pipeline idle per rank: measured %s; simulated %s from the measured ms per chunk op (F %.2f, %s) "
-              "and per transfer (%.3f, the sends' median)\n",
+              "and per transfer (%.3f, the sends' mean from issue to received)\n",
               measured.c_str(), predicted.c_str(), c["F"].get<double>(),
               split ? fmt::format("B {:.2f}, W {:.2f}", c["B"].get<double>(), c["W"].get<double>()).c_str()
                     : fmt::format("BW {:.2f}", c["BW"].get<double>()).c_str(),
