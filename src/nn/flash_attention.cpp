@@ -2,14 +2,25 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "core/cpu_level.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "nn/fast_exp.h"
+
+// AVX-512 BF16's vdpbf16ps, compiled for that target alone (no x86-64
+// level includes it) and run where the CPU has it (flash_attention_dpbf16).
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define DPT_FLASH_DPBF16 1
+#define DPT_DPBF16_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512cd,avx512bf16,avx2,fma,bmi,bmi2,f16c,lzcnt,movbe")))
+#endif
 
 namespace dpt {
 
@@ -47,6 +58,12 @@ constexpr int64_t kTile = kFlashTile;
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 std::atomic<bool> force_narrow{false};
+std::atomic<bool> force_no_dpbf16{false};
+
+// How the tile products compute: fp32 (FlashProducts::F32); or on bf16
+// values (FlashProducts::BF16) through vdpbf16ps (Dp) or through fp32 FMAs
+// on the same values widened (Widen: what runs without AVX-512 BF16).
+enum class Mode { F32, Widen, Dp };
 
 // Whether this copy of the code runs 16-float vectors in registers: the
 // x86-64-v4 clone, which the loader picks exactly on CPUs with these
@@ -112,6 +129,75 @@ __attribute__((always_inline)) inline void block_cols(bool wide, int64_t nv, flo
     }
 }
 
+// The bf16 products. vdpbf16ps adds to each of 16 fp32 lanes the products
+// of a pair of bf16s (elements 2i and 2i + 1 of its operands, the low and
+// high halves of 32-bit word i), so both operands hold pairs along the
+// reduction: A(m, p) is the 32-bit word of the pair (A(m, 2p), A(m, 2p + 1))
+// at A[m lda + p], broadcast; B's word p, column n at B[p ldb + n], 16
+// columns to a vector. k0, k1 count pairs. Without vdpbf16ps (Widen) the
+// same words are widened to fp32 (a bf16 is the top half of an fp32) and
+// multiplied with FMAs: each product of two bf16s is exact in fp32 either
+// way; the sums may round differently.
+typedef uint32_t w16 __attribute__((vector_size(64)));
+typedef uint32_t w16u __attribute__((vector_size(64), aligned(4), may_alias));
+typedef uint32_t w8 __attribute__((vector_size(32)));
+typedef uint32_t w8u __attribute__((vector_size(32), aligned(4), may_alias));
+typedef uint32_t word __attribute__((may_alias));
+template <typename V>
+struct Words;
+template <>
+struct Words<v16> {
+  using type = w16;
+  using unaligned = w16u;
+};
+template <>
+struct Words<v8> {
+  using type = w8;
+  using unaligned = w8u;
+};
+
+inline float low_half(uint32_t w) { return std::bit_cast<float>(w << 16); }
+inline float high_half(uint32_t w) { return std::bit_cast<float>(w & 0xffff0000u); }
+
+
+inline uint16_t round_bf16(float x) { return to_bf16(x).bits; }
+inline float bf16_value(uint16_t b) { return to_f32(bf16{b}); }
+inline const word* words(const std::vector<uint16_t>& b) { return reinterpret_cast<const word*>(b.data()); }
+
+// The bf16 packings, each rounding once: rows [0, n) of a head's slice
+// (times scale) into dst [rows][hdp] (a row's channels in pairs: A of a
+// product over channels) ...
+__attribute__((always_inline)) inline void pack_rows_bf16(uint16_t* dst, const float* src, int64_t ld, int64_t n,
+                                                          int64_t rows, int64_t hd, int64_t hdp, float scale) {
+  for (int64_t r = 0; r < n; ++r) {
+    uint16_t* d = dst + r * hdp;
+    for (int64_t c = 0; c < hd; ++c) d[c] = round_bf16(src[r * ld + c] * scale);
+    std::fill(d + hd, d + hdp, uint16_t{0});
+  }
+  std::fill(dst + n * hdp, dst + rows * hdp, uint16_t{0});
+}
+
+// ... into pairs of rows, [rows / 2][hdp] words (B of a product over rows
+// or keys) ...
+__attribute__((always_inline)) inline void pack_row_pairs_bf16(uint16_t* dst, const float* src, int64_t ld,
+                                                               int64_t n, int64_t rows, int64_t hd, int64_t hdp,
+                                                               float scale) {
+  std::fill(dst, dst + rows * hdp, uint16_t{0});
+  for (int64_t r = 0; r < n; ++r) {
+    uint16_t* d = dst + (r / 2) * hdp * 2 + (r & 1);
+    for (int64_t c = 0; c < hd; ++c) d[2 * c] = round_bf16(src[r * ld + c] * scale);
+  }
+}
+
+// ... and transposed into pairs of channels, [hdp / 2][kTile] words (B of
+// a product over channels: K^T, V^T).
+__attribute__((always_inline)) inline void pack_channel_pairs_bf16(uint16_t* dst, const float* src, int64_t ld,
+                                                                   int64_t n, int64_t hd, int64_t hdp) {
+  std::fill(dst, dst + hdp * kTile, uint16_t{0});
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < hd; ++c) dst[((c / 2) * kTile + r) * 2 + (c & 1)] = round_bf16(src[r * ld + c]);
+}
+
 // Rows [0, n) of a head's slice (hd channels at stride ld) into dst
 // [rows][hdp], times `scale`; the padding (channels hd.., rows n..rows)
 // zero.
@@ -152,84 +238,20 @@ inline int64_t live_row(int64_t i, int64_t delta, int64_t j0, int64_t nj) {
 
 struct ForwardScratch {
   std::vector<float> q, kt, v, s, o, m, l;
+  std::vector<uint16_t> qb, kt2;  // bf16 products: Q row-major, K^T in pairs of channels
 };
 
-// One query tile [i0, i0 + ni) of one head (q, out: the head's slices of
-// one sequence; k, v: its key/value head's) against every key tile it sees,
-// into out's rows and lse's (lse: the head's row 0). merge: (out, lse) hold
-// an earlier partial result (lse -inf: none) and get the union; else they
-// are written. A row that sees no key is left as it was.
-DPT_CPU_CLONES void forward_tile(const FlashBlock& s, const float* q, const float* k, const float* v, float* out,
-                                 float* lse, int64_t i0, int64_t ni, float scale, bool wide, bool merge,
-                                 ForwardScratch& w) {
-  const int64_t hd = s.hd, hdp = hd_padded(s), nv = hdp / kV, delta = s.delta;
-  w.q.resize(static_cast<size_t>(kTile * hdp));
-  w.kt.resize(static_cast<size_t>(hd * kTile));
-  w.v.resize(static_cast<size_t>(kTile * hdp));
-  w.s.resize(static_cast<size_t>(kTile * kTile));
-  w.o.assign(static_cast<size_t>(kTile * hdp), 0.0f);
-  w.m.assign(static_cast<size_t>(kTile), -std::numeric_limits<float>::infinity());
-  w.l.assign(static_cast<size_t>(kTile), 0.0f);
-  float *Q = w.q.data(), *Kt = w.kt.data(), *V = w.v.data(), *S = w.s.data(), *O = w.o.data();
-  pack_rows(Q, q + i0 * s.q_ld, s.q_ld, ni, kTile, hd, hdp, scale);
-  const int64_t nip = round_up(ni, kMR), key_end = std::min(s.Tk, i0 + ni + delta);
-  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
-    const int64_t nj = std::min(kTile, s.Tk - j0);
-    pack_transposed(Kt, k + j0 * s.kv_ld, s.kv_ld, nj, hd);
-    pack_rows(V, v + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
-    for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // S = (scale Q) K^T, the live columns of each row block
-      block_cols(wide, round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV, S + r0 * kTile, kTile, Q + r0 * hdp,
-                 hdp, 1, Kt, kTile, 0, hd, false);
-    for (int64_t r = 0; r < ni; ++r) {  // the online softmax: P = e^(S - m), O and l rescaled to the new m
-      float* row = S + r * kTile;
-      const int64_t live = live_row(i0 + r, delta, j0, nj);
-      if (live == 0) {  // a row before this tile's first key (its block's P V reads the row: zeros)
-        std::fill(row, row + kTile, 0.0f);
-        continue;
-      }
-      float mx = w.m[r];
-#pragma omp simd reduction(max : mx)
-      for (int64_t c = 0; c < live; ++c) mx = std::max(mx, row[c]);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t c = 0; c < live; ++c) {
-        row[c] = fast_exp(row[c] - mx);
-        sum += row[c];
-      }
-      std::fill(row + live, row + kTile, 0.0f);
-      const float keep = fast_exp(w.m[r] - mx);  // 0 (e^-80) on a row's first live tile, where O and l are 0
-      float* orow = O + r * hdp;
-#pragma omp simd
-      for (int64_t d = 0; d < hdp; ++d) orow[d] *= keep;
-      w.l[r] = w.l[r] * keep + sum;
-      w.m[r] = mx;
-    }
-    for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // O += P V
-      block_cols(wide, nv, O + r0 * hdp, hdp, S + r0 * kTile, kTile, 1, V, hdp, 0,
-                 live_keys(i0, r0, delta, j0, nj), true);
-  }
-  for (int64_t r = 0; r < ni; ++r) {
-    if (w.l[r] == 0.0f) continue;  // saw no key
-    float* o = out + (i0 + r) * s.out_ld;
-    const float inv = 1.0f / w.l[r], blk_lse = w.m[r] + std::log(w.l[r]);
-    const float old = merge ? lse[i0 + r] : -std::numeric_limits<float>::infinity();  // written, not read, unmerged
-    if (old == -std::numeric_limits<float>::infinity()) {
-      for (int64_t d = 0; d < hd; ++d) o[d] = O[r * hdp + d] * inv;
-      lse[i0 + r] = blk_lse;
-      continue;
-    }
-    // L = log(e^old + e^blk), each part weighted by its share e^(part - L).
-    const float hi = std::max(old, blk_lse), L = hi + std::log1p(std::exp(std::min(old, blk_lse) - hi));
-    const float w_old = std::exp(old - L), w_blk = std::exp(blk_lse - L) * inv;
-    for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * w_old + O[r * hdp + d] * w_blk;
-    lse[i0 + r] = L;
-  }
-}
 
 struct BackScratch {
   std::vector<float> q, dout, dq, D, L;  // the head's, [Tp][hdp] and [Tp]
   std::vector<float> kt, vt, k, dk, dv;  // the key tile's
   std::vector<float> p, ds;              // the tile pair's
+  // bf16 products: the head's Q (scaled) and dO row-major and in pairs of
+  // rows; the key tile's K^T and V^T in pairs of channels, K in pairs of
+  // rows; the tile pair's P and dS row-major and transposed; each query
+  // row's sum of dS's rounding (E) and the key-bias correction's running sum.
+  std::vector<uint16_t> qb, q2, dob, do2, kt2, vt2, k2, pb, pt, dsb, dst;
+  std::vector<float> E, corr;
   // Sized for Tp padded positions of hd (padded: hdp) channels; grows once.
   void size(int64_t Tp, int64_t hd, int64_t hdp) {
     for (auto* b : {&q, &dout, &dq}) b->resize(static_cast<size_t>(Tp * hdp));
@@ -238,100 +260,104 @@ struct BackScratch {
     for (auto* b : {&k, &dk, &dv}) b->resize(static_cast<size_t>(kTile * hdp));
     for (auto* b : {&p, &ds}) b->resize(static_cast<size_t>(kTile * kTile));
   }
+  void size_bf16(int64_t Tp, int64_t hdp) {
+    for (auto* b : {&qb, &q2, &dob, &do2}) b->resize(static_cast<size_t>(Tp * hdp));
+    for (auto* b : {&kt2, &vt2, &k2}) b->resize(static_cast<size_t>(kTile * hdp));
+    for (auto* b : {&pb, &pt, &dsb, &dst}) b->resize(static_cast<size_t>(kTile * kTile));
+    E.resize(static_cast<size_t>(Tp));
+    corr.resize(static_cast<size_t>(hdp));
+  }
 };
 
-// Every query head of key/value head g of one sequence (every pointer: that
-// sequence's row 0, head 0): each key tile's dK and dV summed over the
-// query tiles that see it (FlashAttention-2's order), dQ over the head's key
-// tiles. accumulate: every gradient added to what dq, dk and dv hold; else
-// dq written, and the group's first head writes dk and dv, the others add.
-DPT_CPU_CLONES void backward_group(const FlashBlock& s, const float* q, const float* k, const float* v,
-                                   const float* dout, const float* out, const float* lse, float* dq, float* dk,
-                                   float* dv, int64_t g, float scale, bool wide, bool accumulate, BackScratch& w) {
-  const int64_t Tq = s.Tq, Tk = s.Tk, delta = s.delta, hd = s.hd, hdp = hd_padded(s), nv = hdp / kV;
-  const int64_t Tp = round_up(Tq, kTile), ldo = s.out_ld;
-  w.size(Tp, hd, hdp);
-  float *Q = w.q.data(), *dO = w.dout.data(), *dQ = w.dq.data(), *Kt = w.kt.data(), *Vt = w.vt.data();
-  float *K = w.k.data(), *dK = w.dk.data(), *dV = w.dv.data(), *P = w.p.data(), *dS = w.ds.data();
-  k += g * hd, v += g * hd, dk += g * hd, dv += g * hd;
-  // Key tiles past the last query row's sight get nothing.
-  const int64_t key_end = std::min(Tk, Tq + delta);
-  for (int64_t h = g * group_of(s); h < (g + 1) * group_of(s); ++h) {
-    const bool add = accumulate || h != g * group_of(s);
-    pack_rows(Q, q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
-    pack_rows(dO, dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
-    std::fill(w.dq.begin(), w.dq.end(), 0.0f);
-    for (int64_t t = 0; t < Tq; ++t) {  // D = rowsum(dO * O)
-      const float* o = out + t * ldo + h * hd;
-      float d = 0.0f;
-      for (int64_t c = 0; c < hd; ++c) d += dO[t * hdp + c] * o[c];
-      w.D[static_cast<size_t>(t)] = d;
-      w.L[static_cast<size_t>(t)] = lse[h * s.lse_T + t];
+// dK's share of dS's bf16 rounding, taken back out. A softmax ignores a
+// constant added to every score, so rowsum(dS) = 0 and the keys' gradients
+// sum to zero in the key bias's direction: in fp32 that sum is rounding
+// (about 1e-9 of the value bias's gradient), but rounding dS to bf16 leaves
+// each row a residual E_r = rowsum(bf16(dS) - dS) and the keys' sum
+// sum_r E_r q_r, bf16 noise that AdamW would turn into lr-sized steps of the
+// key bias (docs/precision.md). Each row's residual is spread evenly over the
+// n_r keys of this block it sees: key c loses sum over the rows r that see
+// it of E_r q_r / n_r (a suffix sum over the rows), which takes the whole
+// sum_r E_r q_r back out and moves each key by bf16-rounding-sized amounts.
+// w.qb holds the head's (scaled, rounded) Q, w.E its rows' residuals.
+__attribute__((always_inline)) inline void key_bias_correction(const FlashBlock& s, BackScratch& w, float* dk,
+                                                               int64_t hd, int64_t hdp) {
+  const int64_t Tq = s.Tq, Tk = s.Tk, delta = s.delta;
+  float* acc = w.corr.data();
+  std::fill(acc, acc + hd, 0.0f);
+  int64_t r = Tq - 1;
+  for (int64_t c = std::min(Tk, Tq + delta) - 1; c >= 0; --c) {
+    for (; r >= 0 && r + delta >= c; --r) {  // the rows that see key c and not key c + 1
+      const float e = w.E[static_cast<size_t>(r)] / static_cast<float>(std::min(Tk, r + delta + 1));
+      const uint16_t* qr = w.qb.data() + r * hdp;
+      for (int64_t d = 0; d < hd; ++d) acc[d] += e * bf16_value(qr[d]);
     }
-    for (int64_t j0 = 0; j0 < (accumulate ? key_end : Tk); j0 += kTile) {
-      const int64_t nj = std::min(kTile, Tk - j0);
-      pack_transposed(Kt, k + j0 * s.kv_ld, s.kv_ld, nj, hd);
-      pack_transposed(Vt, v + j0 * s.kv_ld, s.kv_ld, nj, hd);
-      pack_rows(K, k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
-      std::fill(w.dk.begin(), w.dk.end(), 0.0f);
-      std::fill(w.dv.begin(), w.dv.end(), 0.0f);
-      // The first query tile with a row that sees key j0 (row j0 - delta).
-      for (int64_t i0 = std::max<int64_t>(0, j0 - delta) / kTile * kTile; i0 < Tq; i0 += kTile) {
-        const int64_t ni = std::min(kTile, Tq - i0), nip = round_up(ni, kMR);
-        const float* Qi = Q + i0 * hdp;
-        const float* dOi = dO + i0 * hdp;
-        for (int64_t r0 = 0; r0 < nip; r0 += kMR) {  // S = (scale Q) K^T and dP = dO V^T, live columns
-          const int64_t cols = round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV;
-          block_cols(wide, cols, P + r0 * kTile, kTile, Qi + r0 * hdp, hdp, 1, Kt, kTile, 0, hd, false);
-          block_cols(wide, cols, dS + r0 * kTile, kTile, dOi + r0 * hdp, hdp, 1, Vt, kTile, 0, hd, false);
-        }
-        for (int64_t r = 0; r < nip; ++r) {  // P = e^(S - lse); dS = P (dP - D)
-          float *p = P + r * kTile, *ds = dS + r * kTile;
-          const int64_t live = r < ni ? live_row(i0 + r, delta, j0, nj) : 0;
-          const float lr = w.L[static_cast<size_t>(i0 + r)], Dr = w.D[static_cast<size_t>(i0 + r)];
-#pragma omp simd
-          for (int64_t c = 0; c < live; ++c) {
-            p[c] = fast_exp(p[c] - lr);
-            ds[c] = p[c] * (ds[c] - Dr);
-          }
-          std::fill(p + live, p + kTile, 0.0f);
-          std::fill(ds + live, ds + kTile, 0.0f);
-        }
-        // dV += P^T dO and dK += dS^T (scale Q) over the rows that see each
-        // block of keys (row r sees key c when i0 + r + delta >= j0 + c).
-        for (int64_t c0 = 0; c0 < nj; c0 += kMR) {
-          const int64_t r_first = std::clamp<int64_t>(j0 + c0 - delta - i0, 0, ni);
-          block_cols(wide, nv, dV + c0 * hdp, hdp, P + c0, 1, kTile, dOi, hdp, r_first, ni, true);
-          block_cols(wide, nv, dK + c0 * hdp, hdp, dS + c0, 1, kTile, Qi, hdp, r_first, ni, true);
-        }
-        for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // dQ += dS K (its scale applied once, at the end)
-          block_cols(wide, nv, dQ + (i0 + r0) * hdp, hdp, dS + r0 * kTile, kTile, 1, K, hdp, 0,
-                     live_keys(i0, r0, delta, j0, nj), true);
-      }
-      for (int64_t c = 0; c < nj; ++c) {
-        float* dkr = dk + (j0 + c) * s.kv_ld;
-        float* dvr = dv + (j0 + c) * s.kv_ld;
-        for (int64_t d = 0; d < hd; ++d) {
-          dkr[d] = (add ? dkr[d] : 0.0f) + dK[c * hdp + d];
-          dvr[d] = (add ? dvr[d] : 0.0f) + dV[c * hdp + d];
-        }
-      }
-    }
-    for (int64_t t = 0; t < Tq; ++t) {
-      float* dqr = dq + t * s.q_ld + h * hd;
-      for (int64_t d = 0; d < hd; ++d) dqr[d] = (accumulate ? dqr[d] : 0.0f) + dQ[t * hdp + d] * scale;
-    }
+    float* dkr = dk + c * s.kv_ld;
+    for (int64_t d = 0; d < hd; ++d) dkr[d] -= acc[d];
   }
 }
 
+
+// The tile kernels: for the build's targets, and for AVX-512 BF16.
+namespace tiles {
+#include "nn/flash_tiles.inc"
+}  // namespace tiles
+#if defined(DPT_FLASH_DPBF16)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512cd,avx512bf16,avx2,fma,bmi,bmi2,f16c,lzcnt,movbe")
+namespace tiles_dp {
+#include "nn/flash_tiles.inc"
+}  // namespace tiles_dp
+#pragma GCC pop_options
+#endif
+
+DPT_CPU_CLONES void forward_tile(const FlashBlock& s, const float* q, const float* k, const float* v, float* out,
+                                 float* lse, int64_t i0, int64_t ni, float scale, bool wide, bool merge,
+                                 ForwardScratch& w) {
+  tiles::forward_tile_as<Mode::F32>(s, q, k, v, out, lse, i0, ni, scale, wide, merge, w);
+}
+DPT_CPU_CLONES void forward_tile_widen(const FlashBlock& s, const float* q, const float* k, const float* v,
+                                       float* out, float* lse, int64_t i0, int64_t ni, float scale, bool wide,
+                                       bool merge, ForwardScratch& w) {
+  tiles::forward_tile_as<Mode::Widen>(s, q, k, v, out, lse, i0, ni, scale, wide, merge, w);
+}
+#if defined(DPT_FLASH_DPBF16)
+DPT_DPBF16_TARGET void forward_tile_dp(const FlashBlock& s, const float* q, const float* k, const float* v,
+                                       float* out, float* lse, int64_t i0, int64_t ni, float scale, bool merge,
+                                       ForwardScratch& w) {
+  tiles_dp::forward_tile_as<Mode::Dp>(s, q, k, v, out, lse, i0, ni, scale, true, merge, w);
+}
+#endif
+
+DPT_CPU_CLONES void backward_group(const FlashBlock& s, const float* q, const float* k, const float* v,
+                                   const float* dout, const float* out, const float* lse, float* dq, float* dk,
+                                   float* dv, int64_t g, float scale, bool wide, bool accumulate, BackScratch& w) {
+  tiles::backward_group_as<Mode::F32>(s, q, k, v, dout, out, lse, dq, dk, dv, g, scale, wide, accumulate, w);
+}
+DPT_CPU_CLONES void backward_group_widen(const FlashBlock& s, const float* q, const float* k, const float* v,
+                                         const float* dout, const float* out, const float* lse, float* dq, float* dk,
+                                         float* dv, int64_t g, float scale, bool wide, bool accumulate,
+                                         BackScratch& w) {
+  tiles::backward_group_as<Mode::Widen>(s, q, k, v, dout, out, lse, dq, dk, dv, g, scale, wide, accumulate, w);
+}
+#if defined(DPT_FLASH_DPBF16)
+DPT_DPBF16_TARGET void backward_group_dp(const FlashBlock& s, const float* q, const float* k, const float* v,
+                                         const float* dout, const float* out, const float* lse, float* dq, float* dk,
+                                         float* dv, int64_t g, float scale, bool accumulate, BackScratch& w) {
+  tiles_dp::backward_group_as<Mode::Dp>(s, q, k, v, dout, out, lse, dq, dk, dv, g, scale, true, accumulate, w);
+}
+#endif
+
 // The whole-sequence layout of flash_attention_*: qkv rows, delta 0.
-FlashBlock whole_sequence(const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
+FlashBlock whole_sequence(const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd,
+                          FlashProducts products) {
   const int64_t ld = (NH + 2 * NKV) * hd;
   FlashBlock s{};
   s.B = B, s.NH = NH, s.NKV = NKV, s.hd = hd, s.Tq = T, s.Tk = T, s.delta = 0;
   s.q = qkv, s.q_ld = ld, s.q_batch = T * ld;
   s.k = qkv + NH * hd, s.v = qkv + (NH + NKV) * hd, s.kv_ld = ld, s.kv_batch = T * ld;
   s.out_ld = NH * hd, s.out_batch = T * NH * hd, s.lse_T = T;
+  s.products = products;
   return s;
 }
 
@@ -342,11 +368,27 @@ void check(const FlashBlock& s) {
             s.hd, s.NH, s.NKV, s.delta);
 }
 
+bool has_dpbf16() {
+#if defined(DPT_FLASH_DPBF16)
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  return has && !force_narrow.load(std::memory_order_relaxed) && !force_no_dpbf16.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+Mode mode_of(const FlashBlock& s) {
+  if (s.products == FlashProducts::F32) return Mode::F32;
+  return has_dpbf16() ? Mode::Dp : Mode::Widen;
+}
+
 // Forward over (sequence, head, query tile); merge as forward_tile's.
 void run_forward(const FlashBlock& s, float* out, float* lse, bool merge) {
   check(s);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
   const bool wide = wide_vectors();
+  const Mode mode = mode_of(s);
   const int64_t tiles = (s.Tq + kTile - 1) / kTile;
 #pragma omp parallel
   {
@@ -357,8 +399,17 @@ void run_forward(const FlashBlock& s, float* out, float* lse, bool merge) {
       for (int64_t h = 0; h < s.NH; ++h)
         for (int64_t i = 0; i < tiles; ++i) {
           const int64_t g = h / group_of(s), i0 = i * kTile, kv = b * s.kv_batch + g * s.hd;
-          forward_tile(s, s.q + b * s.q_batch + h * s.hd, s.k + kv, s.v + kv, out + b * s.out_batch + h * s.hd,
-                       lse + (b * s.NH + h) * s.lse_T, i0, std::min(kTile, s.Tq - i0), scale, wide, merge, w);
+          const float *q = s.q + b * s.q_batch + h * s.hd, *k = s.k + kv, *v = s.v + kv;
+          float *o = out + b * s.out_batch + h * s.hd, *l = lse + (b * s.NH + h) * s.lse_T;
+          const int64_t ni = std::min(kTile, s.Tq - i0);
+          if (mode == Mode::F32)
+            forward_tile(s, q, k, v, o, l, i0, ni, scale, wide, merge, w);
+#if defined(DPT_FLASH_DPBF16)
+          else if (mode == Mode::Dp)
+            forward_tile_dp(s, q, k, v, o, l, i0, ni, scale, merge, w);
+#endif
+          else
+            forward_tile_widen(s, q, k, v, o, l, i0, ni, scale, wide, merge, w);
         }
   }
 }
@@ -369,6 +420,7 @@ void run_backward(const FlashBlock& s, const float* out, const float* dout, cons
   check(s);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
   const bool wide = wide_vectors();
+  const Mode mode = mode_of(s);
 #pragma omp parallel
   {
     static thread_local BackScratch w;
@@ -376,8 +428,17 @@ void run_backward(const FlashBlock& s, const float* out, const float* dout, cons
     for (int64_t b = 0; b < s.B; ++b)
       for (int64_t g = 0; g < s.NKV; ++g) {
         const int64_t qb = b * s.q_batch, kvb = b * s.kv_batch, ob = b * s.out_batch;
-        backward_group(s, s.q + qb, s.k + kvb, s.v + kvb, dout + ob, out + ob, lse + b * s.NH * s.lse_T, dq + qb,
-                       dk + kvb, dv + kvb, g, scale, wide, accumulate, w);
+        const float *q = s.q + qb, *k = s.k + kvb, *v = s.v + kvb, *l = lse + b * s.NH * s.lse_T;
+        if (mode == Mode::F32)
+          backward_group(s, q, k, v, dout + ob, out + ob, l, dq + qb, dk + kvb, dv + kvb, g, scale, wide, accumulate,
+                         w);
+#if defined(DPT_FLASH_DPBF16)
+        else if (mode == Mode::Dp)
+          backward_group_dp(s, q, k, v, dout + ob, out + ob, l, dq + qb, dk + kvb, dv + kvb, g, scale, accumulate, w);
+#endif
+        else
+          backward_group_widen(s, q, k, v, dout + ob, out + ob, l, dq + qb, dk + kvb, dv + kvb, g, scale, wide,
+                               accumulate, w);
       }
   }
 }
@@ -385,15 +446,17 @@ void run_backward(const FlashBlock& s, const float* out, const float* dout, cons
 }  // namespace
 
 void set_flash_attention_narrow_for_testing(bool on) { force_narrow.store(on); }
+void set_flash_attention_no_dpbf16_for_testing(bool on) { force_no_dpbf16.store(on); }
+bool flash_attention_dpbf16() { return has_dpbf16(); }
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                             int64_t hd) {
-  run_forward(whole_sequence(qkv, B, T, NH, NKV, hd), out, lse, false);
+                             int64_t hd, FlashProducts products) {
+  run_forward(whole_sequence(qkv, B, T, NH, NKV, hd, products), out, lse, false);
 }
 
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
-  run_backward(whole_sequence(qkv, B, T, NH, NKV, hd), out, dout, lse, dqkv, dqkv + NH * hd,
+                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd, FlashProducts products) {
+  run_backward(whole_sequence(qkv, B, T, NH, NKV, hd, products), out, dout, lse, dqkv, dqkv + NH * hd,
                dqkv + (NH + NKV) * hd, false);
 }
 
