@@ -160,8 +160,17 @@ inline float low_half(uint32_t w) { return std::bit_cast<float>(w << 16); }
 inline float high_half(uint32_t w) { return std::bit_cast<float>(w & 0xffff0000u); }
 
 
-inline uint16_t round_bf16(float x) { return to_bf16(x).bits; }
-inline float bf16_value(uint16_t b) { return to_f32(bf16{b}); }
+// An fp32's bits rounded to bf16 in the top half (to nearest, ties to
+// even; a NaN stays a quiet NaN), as core/dtype.h's to_bf16, but without
+// its branch, so the packing loops vectorize.
+inline uint32_t rounded_bits(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : u + 0x7fffu + ((u >> 16) & 1u);
+}
+inline uint16_t round_bf16(float x) { return static_cast<uint16_t>(rounded_bits(x) >> 16); }
+inline float bf16_value(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+// The word of the pair (a, b): a's bf16 in the low half, b's in the high.
+inline uint32_t pair_word(float a, float b) { return (rounded_bits(a) >> 16) | (rounded_bits(b) & 0xffff0000u); }
 inline const word* words(const std::vector<uint16_t>& b) { return reinterpret_cast<const word*>(b.data()); }
 
 // The bf16 packings, each rounding once: rows [0, n) of a head's slice
@@ -171,7 +180,9 @@ __attribute__((always_inline)) inline void pack_rows_bf16(uint16_t* dst, const f
                                                           int64_t rows, int64_t hd, int64_t hdp, float scale) {
   for (int64_t r = 0; r < n; ++r) {
     uint16_t* d = dst + r * hdp;
-    for (int64_t c = 0; c < hd; ++c) d[c] = round_bf16(src[r * ld + c] * scale);
+    const float* x = src + r * ld;
+#pragma omp simd
+    for (int64_t c = 0; c < hd; ++c) d[c] = round_bf16(x[c] * scale);
     std::fill(d + hd, d + hdp, uint16_t{0});
   }
   std::fill(dst + n * hdp, dst + rows * hdp, uint16_t{0});
@@ -179,23 +190,43 @@ __attribute__((always_inline)) inline void pack_rows_bf16(uint16_t* dst, const f
 
 // ... into pairs of rows, [rows / 2][hdp] words (B of a product over rows
 // or keys) ...
-__attribute__((always_inline)) inline void pack_row_pairs_bf16(uint16_t* dst, const float* src, int64_t ld,
+__attribute__((always_inline)) inline void pack_row_pairs_bf16(uint32_t* dst, const float* src, int64_t ld,
                                                                int64_t n, int64_t rows, int64_t hd, int64_t hdp,
                                                                float scale) {
-  std::fill(dst, dst + rows * hdp, uint16_t{0});
-  for (int64_t r = 0; r < n; ++r) {
-    uint16_t* d = dst + (r / 2) * hdp * 2 + (r & 1);
-    for (int64_t c = 0; c < hd; ++c) d[2 * c] = round_bf16(src[r * ld + c] * scale);
+  for (int64_t r = 0; r < rows; r += 2) {
+    uint32_t* d = dst + (r / 2) * hdp;
+    const float *x = src + r * ld, *y = src + (r + 1) * ld;
+    if (r + 1 < n) {
+#pragma omp simd
+      for (int64_t c = 0; c < hd; ++c) d[c] = pair_word(x[c] * scale, y[c] * scale);
+    } else if (r < n) {
+#pragma omp simd
+      for (int64_t c = 0; c < hd; ++c) d[c] = pair_word(x[c] * scale, 0.0f);
+    } else {
+      std::fill(d, d + hd, 0u);
+    }
+    std::fill(d + hd, d + hdp, 0u);
   }
 }
 
 // ... and transposed into pairs of channels, [hdp / 2][kTile] words (B of
-// a product over channels: K^T, V^T).
-__attribute__((always_inline)) inline void pack_channel_pairs_bf16(uint16_t* dst, const float* src, int64_t ld,
-                                                                   int64_t n, int64_t hd, int64_t hdp) {
-  std::fill(dst, dst + hdp * kTile, uint16_t{0});
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < hd; ++c) dst[((c / 2) * kTile + r) * 2 + (c & 1)] = round_bf16(src[r * ld + c]);
+// a product over channels: K^T, V^T): each row rounded whole, then its
+// words (pairs of channels) spread down a column.
+__attribute__((always_inline)) inline void pack_channel_pairs_bf16(uint32_t* dst, const float* src, int64_t ld,
+                                                                   int64_t n, int64_t hd, int64_t hdp,
+                                                                   uint16_t* row) {
+  const word* pairs = reinterpret_cast<const word*>(row);
+  for (int64_t r = 0; r < kTile; ++r) {
+    if (r < n) {
+      const float* x = src + r * ld;
+#pragma omp simd
+      for (int64_t c = 0; c < hd; ++c) row[c] = round_bf16(x[c]);
+      std::fill(row + hd, row + hdp, uint16_t{0});
+    } else {
+      std::fill(row, row + hdp, uint16_t{0});
+    }
+    for (int64_t c = 0; c < hdp / 2; ++c) dst[c * kTile + r] = pairs[c];
+  }
 }
 
 // Rows [0, n) of a head's slice (hd channels at stride ld) into dst
@@ -238,8 +269,77 @@ inline int64_t live_row(int64_t i, int64_t delta, int64_t j0, int64_t nj) {
 
 struct ForwardScratch {
   std::vector<float> q, kt, v, s, o, m, l;
-  std::vector<uint16_t> qb, kt2;  // bf16 products: Q row-major, K^T in pairs of channels
+  std::vector<uint16_t> qb, row;  // bf16 products: Q row-major, a row being packed
+  std::vector<uint32_t> kt2;      // K^T in pairs of channels
 };
+
+// Rows [0, n) of a head's slice rounded to bf16 and kept in fp32, into dst
+// [rows][hdp] (the forward's V under bf16 products); padding zero.
+__attribute__((always_inline)) inline void pack_rows_bf16_values(float* dst, const float* src, int64_t ld, int64_t n,
+                                                                 int64_t rows, int64_t hd, int64_t hdp) {
+  for (int64_t r = 0; r < n; ++r) {
+    float* d = dst + r * hdp;
+    const float* x = src + r * ld;
+#pragma omp simd
+    for (int64_t c = 0; c < hd; ++c) d[c] = std::bit_cast<float>(rounded_bits(x[c]) & 0xffff0000u);
+    std::fill(d + hd, d + hdp, 0.0f);
+  }
+  std::fill(dst + n * hdp, dst + rows * hdp, 0.0f);
+}
+
+// The forward's online softmax over key tile j0 (nj keys): S's rows [0, ni)
+// become P = e^(S - m), and O's rows and l are rescaled to the new maxima m.
+__attribute__((always_inline)) inline void online_softmax(float* S, float* O, int64_t i0, int64_t ni, int64_t delta,
+                                                          int64_t j0, int64_t nj, int64_t hdp, ForwardScratch& w) {
+  for (int64_t r = 0; r < ni; ++r) {
+    float* row = S + r * kTile;
+    const int64_t live = live_row(i0 + r, delta, j0, nj);
+    if (live == 0) {  // a row before this tile's first key (its block's P V reads the row: zeros)
+      std::fill(row, row + kTile, 0.0f);
+      continue;
+    }
+    float mx = w.m[r];
+#pragma omp simd reduction(max : mx)
+    for (int64_t c = 0; c < live; ++c) mx = std::max(mx, row[c]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < live; ++c) {
+      row[c] = fast_exp(row[c] - mx);
+      sum += row[c];
+    }
+    std::fill(row + live, row + kTile, 0.0f);
+    const float keep = fast_exp(w.m[r] - mx);  // 0 (e^-80) on a row's first live tile, where O and l are 0
+    float* orow = O + r * hdp;
+#pragma omp simd
+    for (int64_t d = 0; d < hdp; ++d) orow[d] *= keep;
+    w.l[r] = w.l[r] * keep + sum;
+    w.m[r] = mx;
+  }
+}
+
+// The query tile's rows [0, ni) from O / l into out and lse; merge as
+// forward_tile_as's.
+__attribute__((always_inline)) inline void finish_rows(const FlashBlock& s, float* out, float* lse, int64_t i0,
+                                                       int64_t ni, bool merge, ForwardScratch& w) {
+  const int64_t hd = s.hd, hdp = hd_padded(s);
+  const float* O = w.o.data();
+  for (int64_t r = 0; r < ni; ++r) {
+    if (w.l[r] == 0.0f) continue;  // saw no key
+    float* o = out + (i0 + r) * s.out_ld;
+    const float inv = 1.0f / w.l[r], blk_lse = w.m[r] + std::log(w.l[r]);
+    const float old = merge ? lse[i0 + r] : -std::numeric_limits<float>::infinity();  // written, not read, unmerged
+    if (old == -std::numeric_limits<float>::infinity()) {
+      for (int64_t d = 0; d < hd; ++d) o[d] = O[r * hdp + d] * inv;
+      lse[i0 + r] = blk_lse;
+      continue;
+    }
+    // L = log(e^old + e^blk), each part weighted by its share e^(part - L).
+    const float hi = std::max(old, blk_lse), L = hi + std::log1p(std::exp(std::min(old, blk_lse) - hi));
+    const float w_old = std::exp(old - L), w_blk = std::exp(blk_lse - L) * inv;
+    for (int64_t d = 0; d < hd; ++d) o[d] = o[d] * w_old + O[r * hdp + d] * w_blk;
+    lse[i0 + r] = L;
+  }
+}
 
 
 struct BackScratch {
@@ -248,9 +348,10 @@ struct BackScratch {
   std::vector<float> p, ds;              // the tile pair's
   // bf16 products: the head's Q (scaled) and dO row-major and in pairs of
   // rows; the key tile's K^T and V^T in pairs of channels, K in pairs of
-  // rows; the tile pair's P and dS row-major and transposed; each query
-  // row's sum of dS's rounding (E) and the key-bias correction's running sum.
-  std::vector<uint16_t> qb, q2, dob, do2, kt2, vt2, k2, pb, pt, dsb, dst;
+  // rows; the tile pair's P and dS in pairs of rows, dS row-major too; each
+  // query row's sum of dS's rounding (E) and key_bias_correction's sum.
+  std::vector<uint16_t> qb, dob, dsb, row;
+  std::vector<uint32_t> q2, do2, kt2, vt2, k2, pt2, dst2;
   std::vector<float> E, corr;
   // Sized for Tp padded positions of hd (padded: hdp) channels; grows once.
   void size(int64_t Tp, int64_t hd, int64_t hdp) {
@@ -261,28 +362,141 @@ struct BackScratch {
     for (auto* b : {&p, &ds}) b->resize(static_cast<size_t>(kTile * kTile));
   }
   void size_bf16(int64_t Tp, int64_t hdp) {
-    for (auto* b : {&qb, &q2, &dob, &do2}) b->resize(static_cast<size_t>(Tp * hdp));
-    for (auto* b : {&kt2, &vt2, &k2}) b->resize(static_cast<size_t>(kTile * hdp));
-    for (auto* b : {&pb, &pt, &dsb, &dst}) b->resize(static_cast<size_t>(kTile * kTile));
+    for (auto* b : {&qb, &dob}) b->resize(static_cast<size_t>(Tp * hdp));
+    for (auto* b : {&q2, &do2}) b->resize(static_cast<size_t>(Tp / 2 * hdp));
+    for (auto* b : {&kt2, &vt2, &k2}) b->resize(static_cast<size_t>(kTile / 2 * hdp));
+    for (auto* b : {&pt2, &dst2}) b->resize(static_cast<size_t>(kTile / 2 * kTile));
+    dsb.resize(static_cast<size_t>(kTile * kTile));
+    row.resize(static_cast<size_t>(hdp));
     E.resize(static_cast<size_t>(Tp));
     corr.resize(static_cast<size_t>(hdp));
   }
 };
+
+// A head's packed copies for its backward (Q scaled; bf16: also in pairs
+// of rows), D = rowsum(dO O) (bf16: with the dO the products read, so that
+// it matches their rowsum(P dP)), its rows' lse, and dQ and E zeroed.
+template <Mode M>
+__attribute__((always_inline)) inline void backward_head(const FlashBlock& s, const float* q, const float* dout,
+                                                         const float* out, const float* lse, int64_t h, float scale,
+                                                         BackScratch& w) {
+  const int64_t Tq = s.Tq, hd = s.hd, hdp = hd_padded(s), Tp = round_up(Tq, kTile), ldo = s.out_ld;
+  if constexpr (M == Mode::F32) {
+    pack_rows(w.q.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
+    pack_rows(w.dout.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
+  } else {
+    pack_rows_bf16(w.qb.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
+    pack_row_pairs_bf16(w.q2.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
+    pack_rows_bf16(w.dob.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
+    pack_row_pairs_bf16(w.do2.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
+    std::fill(w.E.begin(), w.E.end(), 0.0f);
+  }
+  std::fill(w.dq.begin(), w.dq.end(), 0.0f);
+  for (int64_t t = 0; t < Tq; ++t) {  // D = rowsum(dO * O)
+    const float* o = out + t * ldo + h * hd;
+    float d = 0.0f;
+    if constexpr (M == Mode::F32) {
+      for (int64_t c = 0; c < hd; ++c) d += w.dout[static_cast<size_t>(t * hdp + c)] * o[c];
+    } else {
+      for (int64_t c = 0; c < hd; ++c) d += bf16_value(w.dob[static_cast<size_t>(t * hdp + c)]) * o[c];
+    }
+    w.D[static_cast<size_t>(t)] = d;
+    w.L[static_cast<size_t>(t)] = lse[h * s.lse_T + t];
+  }
+}
+
+// Key tile [j0, j0 + nj) of key/value head k, v (already offset to it).
+template <Mode M>
+__attribute__((always_inline)) inline void backward_key_tile(const FlashBlock& s, const float* k, const float* v,
+                                                             int64_t j0, int64_t nj, BackScratch& w) {
+  const int64_t hd = s.hd, hdp = hd_padded(s);
+  if constexpr (M == Mode::F32) {
+    pack_transposed(w.kt.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd);
+    pack_transposed(w.vt.data(), v + j0 * s.kv_ld, s.kv_ld, nj, hd);
+    pack_rows(w.k.data(), k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
+  } else {
+    pack_channel_pairs_bf16(w.kt2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp, w.row.data());
+    pack_channel_pairs_bf16(w.vt2.data(), v + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp, w.row.data());
+    pack_row_pairs_bf16(w.k2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
+  }
+  std::fill(w.dk.begin(), w.dk.end(), 0.0f);
+  std::fill(w.dv.begin(), w.dv.end(), 0.0f);
+}
+
+// The tile pair's P = e^(S - lse) and dS = P (dP - D) from S and dP (in
+// w.p, w.ds), rows [0, nip) of query tile i0 (rows ni.. zero); bf16: their
+// copies in pairs of rows (P^T and dS^T of dV += P^T dO and dK += dS^T Q
+// read them so) and dS row-major (dQ += dS K), and each row's rounding of
+// dS added to E.
+template <Mode M>
+__attribute__((always_inline)) inline void backward_probabilities(const FlashBlock& s, int64_t i0, int64_t ni,
+                                                                  int64_t j0, int64_t nj, BackScratch& w) {
+  const int64_t nip = round_up(ni, kMR);
+  for (int64_t r = 0; r < nip; ++r) {
+    float *p = w.p.data() + r * kTile, *ds = w.ds.data() + r * kTile;
+    const int64_t live = r < ni ? live_row(i0 + r, s.delta, j0, nj) : 0;
+    const float lr = w.L[static_cast<size_t>(i0 + r)], Dr = w.D[static_cast<size_t>(i0 + r)];
+#pragma omp simd
+    for (int64_t c = 0; c < live; ++c) {
+      p[c] = fast_exp(p[c] - lr);
+      ds[c] = p[c] * (ds[c] - Dr);
+    }
+    std::fill(p + live, p + kTile, 0.0f);
+    std::fill(ds + live, ds + kTile, 0.0f);
+    if constexpr (M != Mode::F32) {
+      uint16_t* dsb = w.dsb.data() + r * kTile;
+      float rounding = 0.0f;
+#pragma omp simd reduction(+ : rounding)
+      for (int64_t c = 0; c < kTile; ++c) {
+        const uint32_t b = rounded_bits(ds[c]);
+        dsb[c] = static_cast<uint16_t>(b >> 16);
+        rounding += std::bit_cast<float>(b & 0xffff0000u) - ds[c];
+      }
+      if (r < ni) w.E[static_cast<size_t>(i0 + r)] += rounding;
+    }
+  }
+  if constexpr (M != Mode::F32) {
+    for (int64_t r = 0; r < nip; r += 2) {
+      const float *p = w.p.data() + r * kTile, *ds = w.ds.data() + r * kTile;
+      uint32_t *pt = w.pt2.data() + r / 2 * kTile, *dst = w.dst2.data() + r / 2 * kTile;
+#pragma omp simd
+      for (int64_t c = 0; c < kTile; ++c) {
+        pt[c] = pair_word(p[c], p[c + kTile]);
+        dst[c] = pair_word(ds[c], ds[c + kTile]);
+      }
+    }
+  }
+}
+
+// Key tile j0's dK and dV (w.dk, w.dv) into dk and dv: added (add) or
+// written.
+__attribute__((always_inline)) inline void write_key_tile(const FlashBlock& s, float* dk, float* dv, int64_t j0,
+                                                          int64_t nj, bool add, BackScratch& w) {
+  const int64_t hd = s.hd, hdp = hd_padded(s);
+  for (int64_t c = 0; c < nj; ++c) {
+    float* dkr = dk + (j0 + c) * s.kv_ld;
+    float* dvr = dv + (j0 + c) * s.kv_ld;
+    for (int64_t d = 0; d < hd; ++d) {
+      dkr[d] = (add ? dkr[d] : 0.0f) + w.dk[static_cast<size_t>(c * hdp + d)];
+      dvr[d] = (add ? dvr[d] : 0.0f) + w.dv[static_cast<size_t>(c * hdp + d)];
+    }
+  }
+}
 
 // dK's share of dS's bf16 rounding, taken back out. A softmax ignores a
 // constant added to every score, so rowsum(dS) = 0 and the keys' gradients
 // sum to zero in the key bias's direction: in fp32 that sum is rounding
 // (about 1e-9 of the value bias's gradient), but rounding dS to bf16 leaves
 // each row a residual E_r = rowsum(bf16(dS) - dS) and the keys' sum
-// sum_r E_r q_r, bf16 noise that AdamW would turn into lr-sized steps of the
-// key bias (docs/precision.md). Each row's residual is spread evenly over the
-// n_r keys of this block it sees: key c loses sum over the rows r that see
-// it of E_r q_r / n_r (a suffix sum over the rows), which takes the whole
+// sum_r E_r q_r, bf16 noise (3e-6 of the value bias's gradient, measured)
+// that AdamW would turn into lr-sized steps of the key bias
+// (docs/precision.md). Each row's residual is spread evenly over the n_r
+// keys of this block it sees: key c loses sum over the rows r that see it
+// of E_r q_r / n_r (a suffix sum over the rows), which takes the whole
 // sum_r E_r q_r back out and moves each key by bf16-rounding-sized amounts.
 // w.qb holds the head's (scaled, rounded) Q, w.E its rows' residuals.
-__attribute__((always_inline)) inline void key_bias_correction(const FlashBlock& s, BackScratch& w, float* dk,
-                                                               int64_t hd, int64_t hdp) {
-  const int64_t Tq = s.Tq, Tk = s.Tk, delta = s.delta;
+__attribute__((always_inline)) inline void key_bias_correction(const FlashBlock& s, BackScratch& w, float* dk) {
+  const int64_t Tq = s.Tq, Tk = s.Tk, delta = s.delta, hd = s.hd, hdp = hd_padded(s);
   float* acc = w.corr.data();
   std::fill(acc, acc + hd, 0.0f);
   int64_t r = Tq - 1;
@@ -290,6 +504,7 @@ __attribute__((always_inline)) inline void key_bias_correction(const FlashBlock&
     for (; r >= 0 && r + delta >= c; --r) {  // the rows that see key c and not key c + 1
       const float e = w.E[static_cast<size_t>(r)] / static_cast<float>(std::min(Tk, r + delta + 1));
       const uint16_t* qr = w.qb.data() + r * hdp;
+#pragma omp simd
       for (int64_t d = 0; d < hd; ++d) acc[d] += e * bf16_value(qr[d]);
     }
     float* dkr = dk + c * s.kv_ld;
@@ -297,16 +512,15 @@ __attribute__((always_inline)) inline void key_bias_correction(const FlashBlock&
   }
 }
 
-
 // The tile kernels: for the build's targets, and for AVX-512 BF16.
 namespace tiles {
-#include "nn/flash_tiles.inc"
+#include "nn/flash_tiles.h"
 }  // namespace tiles
 #if defined(DPT_FLASH_DPBF16)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512cd,avx512bf16,avx2,fma,bmi,bmi2,f16c,lzcnt,movbe")
 namespace tiles_dp {
-#include "nn/flash_tiles.inc"
+#include "nn/flash_tiles.h"
 }  // namespace tiles_dp
 #pragma GCC pop_options
 #endif
