@@ -397,8 +397,10 @@ __attribute__((always_inline)) inline void backward_head(const FlashBlock& s, co
     float d = 0.0f;
     if constexpr (M == Mode::F32) {
       for (int64_t c = 0; c < hd; ++c) d += w.dout[static_cast<size_t>(t * hdp + c)] * o[c];
-    } else {
-      for (int64_t c = 0; c < hd; ++c) d += bf16_value(w.dob[static_cast<size_t>(t * hdp + c)]) * o[c];
+    } else {  // in vectors (the fp32 path's serial sum keeps its bits)
+      const uint16_t* dob = w.dob.data() + t * hdp;
+#pragma omp simd reduction(+ : d)
+      for (int64_t c = 0; c < hd; ++c) d += bf16_value(dob[c]) * o[c];
     }
     w.D[static_cast<size_t>(t)] = d;
     w.L[static_cast<size_t>(t)] = lse[h * s.lse_T + t];
