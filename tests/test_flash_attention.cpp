@@ -368,7 +368,9 @@ TEST(FlashBlock, RingOfBlockPairsMatchesTheWholeSequence) { ring_blocks_match_th
 TEST(FlashBlockBf16, RingOfBlockPairsMatchesTheWholeSequence) {
   set_threads(1);
   for (int64_t N : {2, 4})
-    for (int64_t NKV : {4, 1}) ring_matches_the_whole_sequence(Ring{2, N, 70, 4, NKV, 16, FlashProducts::BF16}, false);
+    for (int64_t L : {4, 5, 70})
+      for (int64_t NKV : {4, 1}) ring_matches_the_whole_sequence(Ring{2, N, L, 4, NKV, 16, FlashProducts::BF16}, false);
+  ring_matches_the_whole_sequence(Ring{2, 2, 4, 4, 2, 8, FlashProducts::BF16}, false);
   ring_matches_the_whole_sequence(Ring{1, 2, 70, 4, 2, 80, FlashProducts::BF16}, true);
 }
 

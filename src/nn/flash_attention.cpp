@@ -287,8 +287,46 @@ __attribute__((always_inline)) inline void pack_rows_bf16_values(float* dst, con
   std::fill(dst + n * hdp, dst + rows * hdp, 0.0f);
 }
 
+// Row reductions in kV running lanes, which vectorise (GCC keeps a plain
+// float sum serial, in order: a chain of dependent adds, which was most of
+// the bf16 forward's time once its products ran on vdpbf16ps). The bf16
+// paths use them; the fp32 path keeps its serial sums and so its bits.
+// The largest of init and x[0, n).
+__attribute__((always_inline)) inline float max_in_lanes(const float* x, int64_t n, float init) {
+  float part[kV];
+  std::fill(part, part + kV, init);
+  int64_t c = 0;
+  for (; c + kV <= n; c += kV)
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < kV; ++j) part[j] = std::max(part[j], x[c + j]);
+  for (; c < n; ++c) part[0] = std::max(part[0], x[c]);
+  float m = part[0];
+  for (int64_t j = 1; j < kV; ++j) m = std::max(m, part[j]);
+  return m;
+}
+// x[0, n) replaced by e^(x - mx); their sum.
+__attribute__((always_inline)) inline float exp_sum_in_lanes(float* x, int64_t n, float mx) {
+  float part[kV] = {};
+  int64_t c = 0;
+  for (; c + kV <= n; c += kV)
+#pragma GCC unroll 16
+    for (int64_t j = 0; j < kV; ++j) {
+      x[c + j] = fast_exp(x[c + j] - mx);
+      part[j] += x[c + j];
+    }
+  for (; c < n; ++c) {
+    x[c] = fast_exp(x[c] - mx);
+    part[0] += x[c];
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j < kV; ++j) sum += part[j];
+  return sum;
+}
+
 // The forward's online softmax over key tile j0 (nj keys): S's rows [0, ni)
 // become P = e^(S - m), and O's rows and l are rescaled to the new maxima m.
+// lanes: the row's max and sum in lanes (the bf16 path).
+template <bool kLanes>
 __attribute__((always_inline)) inline void online_softmax(float* S, float* O, int64_t i0, int64_t ni, int64_t delta,
                                                           int64_t j0, int64_t nj, int64_t hdp, ForwardScratch& w) {
   for (int64_t r = 0; r < ni; ++r) {
@@ -298,14 +336,18 @@ __attribute__((always_inline)) inline void online_softmax(float* S, float* O, in
       std::fill(row, row + kTile, 0.0f);
       continue;
     }
-    float mx = w.m[r];
+    float mx = w.m[r], sum = 0.0f;
+    if constexpr (kLanes) {
+      mx = max_in_lanes(row, live, mx);
+      sum = exp_sum_in_lanes(row, live, mx);
+    } else {
 #pragma omp simd reduction(max : mx)
-    for (int64_t c = 0; c < live; ++c) mx = std::max(mx, row[c]);
-    float sum = 0.0f;
+      for (int64_t c = 0; c < live; ++c) mx = std::max(mx, row[c]);
 #pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < live; ++c) {
-      row[c] = fast_exp(row[c] - mx);
-      sum += row[c];
+      for (int64_t c = 0; c < live; ++c) {
+        row[c] = fast_exp(row[c] - mx);
+        sum += row[c];
+      }
     }
     std::fill(row + live, row + kTile, 0.0f);
     const float keep = fast_exp(w.m[r] - mx);  // 0 (e^-80) on a row's first live tile, where O and l are 0
@@ -447,13 +489,16 @@ __attribute__((always_inline)) inline void backward_probabilities(const FlashBlo
     std::fill(ds + live, ds + kTile, 0.0f);
     if constexpr (M != Mode::F32) {
       uint16_t* dsb = w.dsb.data() + r * kTile;
+      float part[kV] = {};  // the row's rounding, in lanes (see max_in_lanes)
+      for (int64_t c = 0; c < kTile; c += kV)
+#pragma GCC unroll 16
+        for (int64_t j = 0; j < kV; ++j) {
+          const uint32_t b = rounded_bits(ds[c + j]);
+          dsb[c + j] = static_cast<uint16_t>(b >> 16);
+          part[j] += std::bit_cast<float>(b & 0xffff0000u) - ds[c + j];
+        }
       float rounding = 0.0f;
-#pragma omp simd reduction(+ : rounding)
-      for (int64_t c = 0; c < kTile; ++c) {
-        const uint32_t b = rounded_bits(ds[c]);
-        dsb[c] = static_cast<uint16_t>(b >> 16);
-        rounding += std::bit_cast<float>(b & 0xffff0000u) - ds[c];
-      }
+      for (int64_t j = 0; j < kV; ++j) rounding += part[j];
       if (r < ni) w.E[static_cast<size_t>(i0 + r)] += rounding;
     }
   }

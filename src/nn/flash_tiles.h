@@ -125,7 +125,7 @@ __attribute__((always_inline)) inline void forward_tile_as(const FlashBlock& s, 
         block_cols_bf16<M>(wide, round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV, S + r0 * kTile, kTile,
                            words(w.qb) + r0 * hdp / 2, hdp / 2, 1, w.kt2.data(), kTile, 0, (hd + 1) / 2, false);
     }
-    online_softmax(S, O, i0, ni, delta, j0, nj, hdp, w);
+    online_softmax<M != Mode::F32>(S, O, i0, ni, delta, j0, nj, hdp, w);
     for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // O += P V
       block_cols(wide, nv, O + r0 * hdp, hdp, S + r0 * kTile, kTile, 1, V, hdp, 0,
                  live_keys(i0, r0, delta, j0, nj), true);
