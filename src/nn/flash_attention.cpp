@@ -14,8 +14,9 @@
 #include "nn/fast_exp.h"
 
 // AVX-512 BF16's vdpbf16ps, compiled for that target alone (no x86-64
-// level includes it) and run where the CPU has it (flash_attention_dpbf16).
-#if defined(__x86_64__) && defined(__GNUC__)
+// level includes it) and run where the CPU has it (flash_attention_dpbf16);
+// GCC's target pragma and attribute, as core/cpu_level.h's clones.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #define DPT_FLASH_DPBF16 1
 #define DPT_DPBF16_TARGET \
