@@ -288,40 +288,44 @@ __attribute__((always_inline)) inline void pack_rows_bf16_values(float* dst, con
   std::fill(dst + n * hdp, dst + rows * hdp, 0.0f);
 }
 
-// Row reductions in kV running lanes, which vectorise (GCC keeps a plain
-// float sum serial, in order: a chain of dependent adds, which was most of
-// the bf16 forward's time once its products ran on vdpbf16ps). The bf16
-// paths use them; the fp32 path keeps its serial sums and so its bits.
+// Row reductions in kV running lanes over whole vectors (the columns past
+// n masked), which vectorise: GCC keeps a plain float sum serial, in order,
+// a chain of dependent adds, and leaves a loop's last partial vector to
+// scalar code; with the products on vdpbf16ps those were most of the bf16
+// forward's time. The lanes are then folded as a tree (4 levels, not a
+// chain of 15). The bf16 paths use them; the fp32 path keeps its serial
+// sums and so its bits. x is read up to n rounded up to kV (<= kTile).
+__attribute__((always_inline)) inline float fold_max(float* part) {
+  for (int64_t w = kV / 2; w >= 1; w /= 2)
+    for (int64_t j = 0; j < w; ++j) part[j] = std::max(part[j], part[j + w]);
+  return part[0];
+}
+__attribute__((always_inline)) inline float fold_sum(float* part) {
+  for (int64_t w = kV / 2; w >= 1; w /= 2)
+    for (int64_t j = 0; j < w; ++j) part[j] += part[j + w];
+  return part[0];
+}
 // The largest of init and x[0, n).
 __attribute__((always_inline)) inline float max_in_lanes(const float* x, int64_t n, float init) {
   float part[kV];
   std::fill(part, part + kV, init);
-  int64_t c = 0;
-  for (; c + kV <= n; c += kV)
-#pragma GCC unroll 16
-    for (int64_t j = 0; j < kV; ++j) part[j] = std::max(part[j], x[c + j]);
-  for (; c < n; ++c) part[0] = std::max(part[0], x[c]);
-  float m = part[0];
-  for (int64_t j = 1; j < kV; ++j) m = std::max(m, part[j]);
-  return m;
+  for (int64_t c = 0; c < n; c += kV)
+#pragma omp simd
+    for (int64_t j = 0; j < kV; ++j)
+      part[j] = std::max(part[j], c + j < n ? x[c + j] : -std::numeric_limits<float>::infinity());
+  return fold_max(part);
 }
-// x[0, n) replaced by e^(x - mx); their sum.
+// x[0, n) replaced by e^(x - mx) (and x[n, n rounded up) by 0); their sum.
 __attribute__((always_inline)) inline float exp_sum_in_lanes(float* x, int64_t n, float mx) {
   float part[kV] = {};
-  int64_t c = 0;
-  for (; c + kV <= n; c += kV)
-#pragma GCC unroll 16
+  for (int64_t c = 0; c < n; c += kV)
+#pragma omp simd
     for (int64_t j = 0; j < kV; ++j) {
-      x[c + j] = fast_exp(x[c + j] - mx);
+      const float e = fast_exp(x[c + j] - mx);
+      x[c + j] = c + j < n ? e : 0.0f;
       part[j] += x[c + j];
     }
-  for (; c < n; ++c) {
-    x[c] = fast_exp(x[c] - mx);
-    part[0] += x[c];
-  }
-  float sum = 0.0f;
-  for (int64_t j = 0; j < kV; ++j) sum += part[j];
-  return sum;
+  return fold_sum(part);
 }
 
 // The forward's online softmax over key tile j0 (nj keys): S's rows [0, ni)
@@ -411,7 +415,7 @@ struct BackScratch {
     for (auto* b : {&pt2, &dst2}) b->resize(static_cast<size_t>(kTile / 2 * kTile));
     dsb.resize(static_cast<size_t>(kTile * kTile));
     row.resize(static_cast<size_t>(hdp));
-    E.resize(static_cast<size_t>(Tp));
+    E.resize(static_cast<size_t>(Tp * kV));
     corr.resize(static_cast<size_t>(hdp));
   }
 };
@@ -481,26 +485,35 @@ __attribute__((always_inline)) inline void backward_probabilities(const FlashBlo
     float *p = w.p.data() + r * kTile, *ds = w.ds.data() + r * kTile;
     const int64_t live = r < ni ? live_row(i0 + r, s.delta, j0, nj) : 0;
     const float lr = w.L[static_cast<size_t>(i0 + r)], Dr = w.D[static_cast<size_t>(i0 + r)];
+    if constexpr (M == Mode::F32) {
 #pragma omp simd
-    for (int64_t c = 0; c < live; ++c) {
-      p[c] = fast_exp(p[c] - lr);
-      ds[c] = p[c] * (ds[c] - Dr);
-    }
-    std::fill(p + live, p + kTile, 0.0f);
-    std::fill(ds + live, ds + kTile, 0.0f);
-    if constexpr (M != Mode::F32) {
+      for (int64_t c = 0; c < live; ++c) {
+        p[c] = fast_exp(p[c] - lr);
+        ds[c] = p[c] * (ds[c] - Dr);
+      }
+      std::fill(p + live, p + kTile, 0.0f);
+      std::fill(ds + live, ds + kTile, 0.0f);
+    } else {  // whole vectors, the columns past live masked (see max_in_lanes)
+      for (int64_t c = 0; c < live; c += kV)
+#pragma omp simd
+        for (int64_t j = 0; j < kV; ++j) {
+          const float e = fast_exp(p[c + j] - lr);
+          const bool seen = c + j < live;
+          ds[c + j] = seen ? e * (ds[c + j] - Dr) : 0.0f;
+          p[c + j] = seen ? e : 0.0f;
+        }
+      std::fill(p + round_up(live, kV), p + kTile, 0.0f);
+      std::fill(ds + round_up(live, kV), ds + kTile, 0.0f);
+      // dS's bf16 copy and its rounding, kept in lanes per row (E: [Tp][kV]).
       uint16_t* dsb = w.dsb.data() + r * kTile;
-      float part[kV] = {};  // the row's rounding, in lanes (see max_in_lanes)
+      float* part = w.E.data() + (i0 + r) * kV;
       for (int64_t c = 0; c < kTile; c += kV)
-#pragma GCC unroll 16
+#pragma omp simd
         for (int64_t j = 0; j < kV; ++j) {
           const uint32_t b = rounded_bits(ds[c + j]);
           dsb[c + j] = static_cast<uint16_t>(b >> 16);
           part[j] += std::bit_cast<float>(b & 0xffff0000u) - ds[c + j];
         }
-      float rounding = 0.0f;
-      for (int64_t j = 0; j < kV; ++j) rounding += part[j];
-      if (r < ni) w.E[static_cast<size_t>(i0 + r)] += rounding;
     }
   }
   if constexpr (M != Mode::F32) {
@@ -550,7 +563,7 @@ __attribute__((always_inline)) inline void key_bias_correction(const FlashBlock&
   int64_t r = Tq - 1;
   for (int64_t c = std::min(Tk, Tq + delta) - 1; c >= 0; --c) {
     for (; r >= 0 && r + delta >= c; --r) {  // the rows that see key c and not key c + 1
-      const float e = w.E[static_cast<size_t>(r)] / static_cast<float>(std::min(Tk, r + delta + 1));
+      const float e = fold_sum(w.E.data() + r * kV) / static_cast<float>(std::min(Tk, r + delta + 1));
       const uint16_t* qr = w.qb.data() + r * hdp;
 #pragma omp simd
       for (int64_t d = 0; d < hd; ++d) acc[d] += e * bf16_value(qr[d]);
