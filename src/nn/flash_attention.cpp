@@ -62,8 +62,10 @@ std::atomic<bool> force_narrow{false};
 std::atomic<bool> force_no_dpbf16{false};
 
 // How the tile products compute: fp32 (FlashProducts::F32); or on bf16
-// values (FlashProducts::BF16) through vdpbf16ps (Dp) or through fp32 FMAs
-// on the same values widened (Widen: what runs without AVX-512 BF16).
+// values (FlashProducts::BF16) through vdpbf16ps on bf16 pairs (Dp), or
+// through the fp32 path's products on the same values rounded to bf16 and
+// kept in fp32 (Widen: what runs without AVX-512 BF16; the products of two
+// bf16s are exact in fp32, so only the order of the sums differs from Dp's).
 enum class Mode { F32, Widen, Dp };
 
 // Whether this copy of the code runs 16-float vectors in registers: the
@@ -130,19 +132,14 @@ __attribute__((always_inline)) inline void block_cols(bool wide, int64_t nv, flo
     }
 }
 
-// The bf16 products. vdpbf16ps adds to each of 16 fp32 lanes the products
-// of a pair of bf16s (elements 2i and 2i + 1 of its operands, the low and
-// high halves of 32-bit word i), so both operands hold pairs along the
-// reduction: A(m, p) is the 32-bit word of the pair (A(m, 2p), A(m, 2p + 1))
-// at A[m lda + p], broadcast; B's word p, column n at B[p ldb + n], 16
-// columns to a vector. k0, k1 count pairs. Without vdpbf16ps (Widen) the
-// same words are widened to fp32 (a bf16 is the top half of an fp32) and
-// multiplied with FMAs: each product of two bf16s is exact in fp32 either
-// way; the sums may round differently.
+// The vdpbf16ps products (Mode::Dp). vdpbf16ps adds to each of 16 fp32
+// lanes the products of a pair of bf16s (elements 2i and 2i + 1 of its
+// operands, the low and high halves of 32-bit word i), so both operands
+// hold pairs along the reduction: A(m, p), the 32-bit word of the pair
+// (A(m, 2p), A(m, 2p + 1)), at A[m sam + p sak], broadcast; B's word p,
+// column n at B[p ldb + n], 16 columns to a vector. k0, k1 count pairs.
 typedef uint32_t w16 __attribute__((vector_size(64)));
 typedef uint32_t w16u __attribute__((vector_size(64), aligned(4), may_alias));
-typedef uint32_t w8 __attribute__((vector_size(32)));
-typedef uint32_t w8u __attribute__((vector_size(32), aligned(4), may_alias));
 typedef uint32_t word __attribute__((may_alias));
 template <typename V>
 struct Words;
@@ -151,14 +148,6 @@ struct Words<v16> {
   using type = w16;
   using unaligned = w16u;
 };
-template <>
-struct Words<v8> {
-  using type = w8;
-  using unaligned = w8u;
-};
-
-inline float low_half(uint32_t w) { return std::bit_cast<float>(w << 16); }
-inline float high_half(uint32_t w) { return std::bit_cast<float>(w & 0xffff0000u); }
 
 
 // An fp32's bits rounded to bf16 in the top half (to nearest, ties to
@@ -230,26 +219,37 @@ __attribute__((always_inline)) inline void pack_channel_pairs_bf16(uint32_t* dst
   }
 }
 
+// x itself (kRound false), or rounded to bf16 and kept in fp32.
+template <bool kRound>
+__attribute__((always_inline)) inline float as_products_read(float x) {
+  if constexpr (kRound)
+    return std::bit_cast<float>(rounded_bits(x) & 0xffff0000u);
+  else
+    return x;
+}
+
 // Rows [0, n) of a head's slice (hd channels at stride ld) into dst
-// [rows][hdp], times `scale`; the padding (channels hd.., rows n..rows)
-// zero.
+// [rows][hdp], times `scale` (kRound: then rounded to bf16); the padding
+// (channels hd.., rows n..rows) zero.
+template <bool kRound = false>
 __attribute__((always_inline)) inline void pack_rows(float* dst, const float* src, int64_t ld, int64_t n, int64_t rows,
                                                      int64_t hd, int64_t hdp, float scale) {
   for (int64_t r = 0; r < n; ++r) {
     float* d = dst + r * hdp;
-    for (int64_t c = 0; c < hd; ++c) d[c] = src[r * ld + c] * scale;
+    for (int64_t c = 0; c < hd; ++c) d[c] = as_products_read<kRound>(src[r * ld + c] * scale);
     std::fill(d + hd, d + hdp, 0.0f);
   }
   std::fill(dst + n * hdp, dst + rows * hdp, 0.0f);
 }
 
-// Rows [0, n) of a head's slice transposed into dst [hd][kTile], columns
-// n.. zero.
+// Rows [0, n) of a head's slice transposed into dst [hd][kTile] (kRound:
+// rounded to bf16), columns n.. zero.
+template <bool kRound = false>
 __attribute__((always_inline)) inline void pack_transposed(float* dst, const float* src, int64_t ld, int64_t n,
                                                            int64_t hd) {
   for (int64_t d = 0; d < hd; ++d) std::fill(dst + d * kTile + n, dst + (d + 1) * kTile, 0.0f);
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t d = 0; d < hd; ++d) dst[d * kTile + r] = src[r * ld + d];
+    for (int64_t d = 0; d < hd; ++d) dst[d * kTile + r] = as_products_read<kRound>(src[r * ld + d]);
 }
 
 // FlashBlock's layout, per head: the padded head width and the group size.
@@ -273,20 +273,6 @@ struct ForwardScratch {
   std::vector<uint16_t> qb, row;  // bf16 products: Q row-major, a row being packed
   std::vector<uint32_t> kt2;      // K^T in pairs of channels
 };
-
-// Rows [0, n) of a head's slice rounded to bf16 and kept in fp32, into dst
-// [rows][hdp] (the forward's V under bf16 products); padding zero.
-__attribute__((always_inline)) inline void pack_rows_bf16_values(float* dst, const float* src, int64_t ld, int64_t n,
-                                                                 int64_t rows, int64_t hd, int64_t hdp) {
-  for (int64_t r = 0; r < n; ++r) {
-    float* d = dst + r * hdp;
-    const float* x = src + r * ld;
-#pragma omp simd
-    for (int64_t c = 0; c < hd; ++c) d[c] = std::bit_cast<float>(rounded_bits(x[c]) & 0xffff0000u);
-    std::fill(d + hd, d + hdp, 0.0f);
-  }
-  std::fill(dst + n * hdp, dst + rows * hdp, 0.0f);
-}
 
 // Row reductions in kV running lanes over whole vectors (the columns past
 // n masked), which vectorise: GCC keeps a plain float sum serial, in order,
@@ -428,9 +414,10 @@ __attribute__((always_inline)) inline void backward_head(const FlashBlock& s, co
                                                          const float* out, const float* lse, int64_t h, float scale,
                                                          BackScratch& w) {
   const int64_t Tq = s.Tq, hd = s.hd, hdp = hd_padded(s), Tp = round_up(Tq, kTile), ldo = s.out_ld;
-  if constexpr (M == Mode::F32) {
-    pack_rows(w.q.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
-    pack_rows(w.dout.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
+  if constexpr (M != Mode::Dp) {
+    pack_rows<M == Mode::Widen>(w.q.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
+    pack_rows<M == Mode::Widen>(w.dout.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
+    if constexpr (M == Mode::Widen) std::fill(w.E.begin(), w.E.end(), 0.0f);
   } else {
     pack_rows_bf16(w.qb.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
     pack_row_pairs_bf16(w.q2.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
@@ -444,7 +431,11 @@ __attribute__((always_inline)) inline void backward_head(const FlashBlock& s, co
     float d = 0.0f;
     if constexpr (M == Mode::F32) {
       for (int64_t c = 0; c < hd; ++c) d += w.dout[static_cast<size_t>(t * hdp + c)] * o[c];
-    } else {  // in vectors (the fp32 path's serial sum keeps its bits)
+    } else if constexpr (M == Mode::Widen) {  // in vectors (the fp32 path's serial sum keeps its bits)
+      const float* dob = w.dout.data() + t * hdp;
+#pragma omp simd reduction(+ : d)
+      for (int64_t c = 0; c < hd; ++c) d += dob[c] * o[c];
+    } else {
       const uint16_t* dob = w.dob.data() + t * hdp;
 #pragma omp simd reduction(+ : d)
       for (int64_t c = 0; c < hd; ++c) d += bf16_value(dob[c]) * o[c];
@@ -459,10 +450,10 @@ template <Mode M>
 __attribute__((always_inline)) inline void backward_key_tile(const FlashBlock& s, const float* k, const float* v,
                                                              int64_t j0, int64_t nj, BackScratch& w) {
   const int64_t hd = s.hd, hdp = hd_padded(s);
-  if constexpr (M == Mode::F32) {
-    pack_transposed(w.kt.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd);
-    pack_transposed(w.vt.data(), v + j0 * s.kv_ld, s.kv_ld, nj, hd);
-    pack_rows(w.k.data(), k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
+  if constexpr (M != Mode::Dp) {
+    pack_transposed<M == Mode::Widen>(w.kt.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd);
+    pack_transposed<M == Mode::Widen>(w.vt.data(), v + j0 * s.kv_ld, s.kv_ld, nj, hd);
+    pack_rows<M == Mode::Widen>(w.k.data(), k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
   } else {
     pack_channel_pairs_bf16(w.kt2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp, w.row.data());
     pack_channel_pairs_bf16(w.vt2.data(), v + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp, w.row.data());
@@ -504,19 +495,26 @@ __attribute__((always_inline)) inline void backward_probabilities(const FlashBlo
         }
       std::fill(p + round_up(live, kV), p + kTile, 0.0f);
       std::fill(ds + round_up(live, kV), ds + kTile, 0.0f);
-      // dS's bf16 copy and its rounding, kept in lanes per row (E: [Tp][kV]).
+      // dS's bf16 copy (Widen: P and dS rounded in place) and dS's
+      // rounding, kept in lanes per row (E: [Tp][kV]).
       uint16_t* dsb = w.dsb.data() + r * kTile;
       float* part = w.E.data() + (i0 + r) * kV;
       for (int64_t c = 0; c < kTile; c += kV)
 #pragma omp simd
         for (int64_t j = 0; j < kV; ++j) {
           const uint32_t b = rounded_bits(ds[c + j]);
-          dsb[c + j] = static_cast<uint16_t>(b >> 16);
-          part[j] += std::bit_cast<float>(b & 0xffff0000u) - ds[c + j];
+          const float rounded = std::bit_cast<float>(b & 0xffff0000u);
+          part[j] += rounded - ds[c + j];
+          if constexpr (M == Mode::Widen) {
+            ds[c + j] = rounded;
+            p[c + j] = as_products_read<true>(p[c + j]);
+          } else {
+            dsb[c + j] = static_cast<uint16_t>(b >> 16);
+          }
         }
     }
   }
-  if constexpr (M != Mode::F32) {
+  if constexpr (M == Mode::Dp) {
     for (int64_t r = 0; r < nip; r += 2) {
       const float *p = w.p.data() + r * kTile, *ds = w.ds.data() + r * kTile;
       uint32_t *pt = w.pt2.data() + r / 2 * kTile, *dst = w.dst2.data() + r / 2 * kTile;
@@ -555,7 +553,9 @@ __attribute__((always_inline)) inline void write_key_tile(const FlashBlock& s, f
 // keys of this block it sees: key c loses sum over the rows r that see it
 // of E_r q_r / n_r (a suffix sum over the rows), which takes the whole
 // sum_r E_r q_r back out and moves each key by bf16-rounding-sized amounts.
-// w.qb holds the head's (scaled, rounded) Q, w.E its rows' residuals.
+// w.qb (Widen: w.q) holds the head's (scaled, rounded) Q, w.E its rows'
+// residuals.
+template <Mode M>
 __attribute__((always_inline)) inline void key_bias_correction(const FlashBlock& s, BackScratch& w, float* dk) {
   const int64_t Tq = s.Tq, Tk = s.Tk, delta = s.delta, hd = s.hd, hdp = hd_padded(s);
   float* acc = w.corr.data();
@@ -564,9 +564,15 @@ __attribute__((always_inline)) inline void key_bias_correction(const FlashBlock&
   for (int64_t c = std::min(Tk, Tq + delta) - 1; c >= 0; --c) {
     for (; r >= 0 && r + delta >= c; --r) {  // the rows that see key c and not key c + 1
       const float e = fold_sum(w.E.data() + r * kV) / static_cast<float>(std::min(Tk, r + delta + 1));
-      const uint16_t* qr = w.qb.data() + r * hdp;
+      if constexpr (M == Mode::Widen) {
+        const float* qr = w.q.data() + r * hdp;
 #pragma omp simd
-      for (int64_t d = 0; d < hd; ++d) acc[d] += e * bf16_value(qr[d]);
+        for (int64_t d = 0; d < hd; ++d) acc[d] += e * qr[d];
+      } else {
+        const uint16_t* qr = w.qb.data() + r * hdp;
+#pragma omp simd
+        for (int64_t d = 0; d < hd; ++d) acc[d] += e * bf16_value(qr[d]);
+      }
     }
     float* dkr = dk + c * s.kv_ld;
     for (int64_t d = 0; d < hd; ++d) dkr[d] -= acc[d];

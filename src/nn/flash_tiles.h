@@ -6,8 +6,8 @@
 // before including it.
 
 // C[m][0 .. NV vectors) (+)= sum over word k in [k0, k1) of the pair
-// products of A(m, k) = A[m sam + k sak] and B[k][...] (block's, on pairs:
-// see the bf16 products' note in flash_attention.cpp).
+// products of A(m, k) = A[m sam + k sak] and B[k][...] (block's, on pairs
+// through vdpbf16ps: see the note on Mode::Dp in flash_attention.cpp).
 template <typename V, int NV, Mode M>
 __attribute__((always_inline)) inline void block_bf16(float* C, int64_t ldc, const word* A, int64_t sam, int64_t sak,
                                                       const word* B, int64_t ldb, int64_t k0, int64_t k1, bool acc) {
@@ -24,34 +24,18 @@ __attribute__((always_inline)) inline void block_bf16(float* C, int64_t ldc, con
     W b[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) b[v] = *reinterpret_cast<const WU*>(B + k * ldb + v * kL);
-    if constexpr (M == Mode::Dp) {
 #if defined(DPT_FLASH_DPBF16)
-      static_assert(sizeof(V) == 64, "vdpbf16ps runs on 16-float vectors");
+    static_assert(M == Mode::Dp && sizeof(V) == 64, "vdpbf16ps runs on 16-float vectors");
 #pragma GCC unroll 4
-      for (int m = 0; m < kMR; ++m) {
-        const __m512i a = _mm512_set1_epi32(static_cast<int>(A[m * sam + k * sak]));
+    for (int m = 0; m < kMR; ++m) {
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(A[m * sam + k * sak]));
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v)
-          c[m][v] = reinterpret_cast<V>(_mm512_dpbf16_ps(reinterpret_cast<__m512>(c[m][v]),
-                                                         reinterpret_cast<__m512bh>(a),
-                                                         reinterpret_cast<__m512bh>(b[v])));
-      }
-#endif
-    } else {
-      V lo[NV], hi[NV];
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) {
-        lo[v] = reinterpret_cast<V>(b[v] << 16);
-        hi[v] = reinterpret_cast<V>(b[v] & 0xffff0000u);
-      }
-#pragma GCC unroll 4
-      for (int m = 0; m < kMR; ++m) {
-        const uint32_t a = A[m * sam + k * sak];
-        const float alo = low_half(a), ahi = high_half(a);
-#pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) c[m][v] += alo * lo[v] + ahi * hi[v];
-      }
+      for (int v = 0; v < NV; ++v)
+        c[m][v] = reinterpret_cast<V>(_mm512_dpbf16_ps(reinterpret_cast<__m512>(c[m][v]),
+                                                       reinterpret_cast<__m512bh>(a),
+                                                       reinterpret_cast<__m512bh>(b[v])));
     }
+#endif
   }
 #pragma GCC unroll 4
   for (int m = 0; m < kMR; ++m)
@@ -59,18 +43,12 @@ __attribute__((always_inline)) inline void block_bf16(float* C, int64_t ldc, con
     for (int v = 0; v < NV; ++v) *reinterpret_cast<VU*>(C + m * ldc + v * kL) = c[m][v];
 }
 
-// block_cols's bf16 twin (A, B and the k range in 32-bit words of pairs).
+// block_cols's bf16 twin (A, B and the k range in 32-bit words of pairs),
+// in 16-float vectors (vdpbf16ps is AVX-512's).
 template <Mode M>
-__attribute__((always_inline)) inline void block_cols_bf16(bool wide, int64_t nv, float* C, int64_t ldc,
+__attribute__((always_inline)) inline void block_cols_bf16(bool, int64_t nv, float* C, int64_t ldc,
                                                            const word* A, int64_t sam, int64_t sak, const word* B,
                                                            int64_t ldb, int64_t k0, int64_t k1, bool acc) {
-  if constexpr (M == Mode::Widen) {
-    if (!wide) {
-      for (int64_t v0 = 0; v0 < nv; ++v0, C += kV, B += kV)
-        block_bf16<v8, 2, M>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc);
-      return;
-    }
-  }
   for (int64_t v0 = 0; v0 < nv; v0 += 4, C += 4 * kV, B += 4 * kV) switch (std::min<int64_t>(4, nv - v0)) {
       case 1: block_bf16<v16, 1, M>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
       case 2: block_bf16<v16, 2, M>(C, ldc, A, sam, sak, B, ldb, k0, k1, acc); break;
@@ -101,8 +79,8 @@ __attribute__((always_inline)) inline void forward_tile_as(const FlashBlock& s, 
   w.m.assign(static_cast<size_t>(kTile), -std::numeric_limits<float>::infinity());
   w.l.assign(static_cast<size_t>(kTile), 0.0f);
   float *Q = w.q.data(), *Kt = w.kt.data(), *V = w.v.data(), *S = w.s.data(), *O = w.o.data();
-  if constexpr (M == Mode::F32) {
-    pack_rows(Q, q + i0 * s.q_ld, s.q_ld, ni, kTile, hd, hdp, scale);
+  if constexpr (M != Mode::Dp) {
+    pack_rows<M == Mode::Widen>(Q, q + i0 * s.q_ld, s.q_ld, ni, kTile, hd, hdp, scale);
   } else {
     w.qb.resize(static_cast<size_t>(kTile * hdp));
     w.row.resize(static_cast<size_t>(hdp));
@@ -112,15 +90,15 @@ __attribute__((always_inline)) inline void forward_tile_as(const FlashBlock& s, 
   const int64_t nip = round_up(ni, kMR), key_end = std::min(s.Tk, i0 + ni + delta);
   for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
     const int64_t nj = std::min(kTile, s.Tk - j0);
-    if constexpr (M == Mode::F32) {
-      pack_transposed(Kt, k + j0 * s.kv_ld, s.kv_ld, nj, hd);
-      pack_rows(V, v + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
+    if constexpr (M != Mode::Dp) {
+      pack_transposed<M == Mode::Widen>(Kt, k + j0 * s.kv_ld, s.kv_ld, nj, hd);
+      pack_rows<M == Mode::Widen>(V, v + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
       for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // S = (scale Q) K^T, the live columns of each row block
         block_cols(wide, round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV, S + r0 * kTile, kTile, Q + r0 * hdp,
                    hdp, 1, Kt, kTile, 0, hd, false);
     } else {
       pack_channel_pairs_bf16(w.kt2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp, w.row.data());
-      pack_rows_bf16_values(V, v + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp);
+      pack_rows<true>(V, v + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);  // V rounded, read in fp32
       for (int64_t r0 = 0; r0 < nip; r0 += kMR)
         block_cols_bf16<M>(wide, round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV, S + r0 * kTile, kTile,
                            words(w.qb) + r0 * hdp / 2, hdp / 2, 1, w.kt2.data(), kTile, 0, (hd + 1) / 2, false);
@@ -145,7 +123,7 @@ __attribute__((always_inline)) inline void backward_tile_pair(const FlashBlock& 
   const float* dOi = w.dout.data() + i0 * hdp;
   for (int64_t r0 = 0; r0 < nip; r0 += kMR) {  // S = (scale Q) K^T and dP = dO V^T, live columns
     const int64_t cols = round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV;
-    if constexpr (M == Mode::F32) {
+    if constexpr (M != Mode::Dp) {
       block_cols(wide, cols, P + r0 * kTile, kTile, Qi + r0 * hdp, hdp, 1, w.kt.data(), kTile, 0, hd, false);
       block_cols(wide, cols, dS + r0 * kTile, kTile, dOi + r0 * hdp, hdp, 1, w.vt.data(), kTile, 0, hd, false);
     } else {
@@ -163,7 +141,7 @@ __attribute__((always_inline)) inline void backward_tile_pair(const FlashBlock& 
   // the first sees none of the block's keys: its P and dS are 0).
   for (int64_t c0 = 0; c0 < nj; c0 += kMR) {
     const int64_t r_first = std::clamp<int64_t>(j0 + c0 - delta - i0, 0, ni);
-    if constexpr (M == Mode::F32) {
+    if constexpr (M != Mode::Dp) {
       block_cols(wide, nv, dV + c0 * hdp, hdp, P + c0, 1, kTile, dOi, hdp, r_first, ni, true);
       block_cols(wide, nv, dK + c0 * hdp, hdp, dS + c0, 1, kTile, Qi, hdp, r_first, ni, true);
     } else {
@@ -176,7 +154,7 @@ __attribute__((always_inline)) inline void backward_tile_pair(const FlashBlock& 
   }
   for (int64_t r0 = 0; r0 < nip; r0 += kMR) {  // dQ += dS K (its scale applied once, at the end)
     const int64_t live = live_keys(i0, r0, delta, j0, nj);
-    if constexpr (M == Mode::F32)
+    if constexpr (M != Mode::Dp)
       block_cols(wide, nv, dQ + (i0 + r0) * hdp, hdp, dS + r0 * kTile, kTile, 1, w.k.data(), hdp, 0, live, true);
     else
       block_cols_bf16<M>(wide, nv, dQ + (i0 + r0) * hdp, hdp, words(w.dsb) + r0 * kTile / 2, kTile / 2, 1,
@@ -215,7 +193,7 @@ __attribute__((always_inline)) inline void backward_group_as(const FlashBlock& s
         backward_tile_pair<M>(s, i0, std::min(kTile, Tq - i0), j0, nj, wide, w);
       write_key_tile(s, dk, dv, j0, nj, add, w);
     }
-    if constexpr (M != Mode::F32) key_bias_correction(s, w, dk);
+    if constexpr (M != Mode::F32) key_bias_correction<M>(s, w, dk);
     for (int64_t t = 0; t < Tq; ++t) {
       float* dqr = dq + t * s.q_ld + h * hd;
       const float* dQ = w.dq.data() + t * hdp;
