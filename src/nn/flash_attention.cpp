@@ -406,6 +406,15 @@ struct BackScratch {
   }
 };
 
+// Element i of the head's packed dO as the products read it (bf16 paths).
+template <Mode M>
+__attribute__((always_inline)) inline float dout_read(const BackScratch& w, int64_t i) {
+  if constexpr (M == Mode::Widen)
+    return w.dout[static_cast<size_t>(i)];
+  else
+    return bf16_value(w.dob[static_cast<size_t>(i)]);
+}
+
 // A head's packed copies for its backward (Q scaled; bf16: also in pairs
 // of rows), D = rowsum(dO O) (bf16: with the dO the products read, so that
 // it matches their rowsum(P dP)), its rows' lse, and dQ and E zeroed.
@@ -431,14 +440,14 @@ __attribute__((always_inline)) inline void backward_head(const FlashBlock& s, co
     float d = 0.0f;
     if constexpr (M == Mode::F32) {
       for (int64_t c = 0; c < hd; ++c) d += w.dout[static_cast<size_t>(t * hdp + c)] * o[c];
-    } else if constexpr (M == Mode::Widen) {  // in vectors (the fp32 path's serial sum keeps its bits)
-      const float* dob = w.dout.data() + t * hdp;
-#pragma omp simd reduction(+ : d)
-      for (int64_t c = 0; c < hd; ++c) d += dob[c] * o[c];
-    } else {
-      const uint16_t* dob = w.dob.data() + t * hdp;
-#pragma omp simd reduction(+ : d)
-      for (int64_t c = 0; c < hd; ++c) d += bf16_value(dob[c]) * o[c];
+    } else {  // in lanes (see max_in_lanes; the fp32 path's serial sum keeps its bits)
+      float part[kV] = {};
+      int64_t c = 0;
+      for (; c + kV <= hd; c += kV)
+#pragma omp simd
+        for (int64_t j = 0; j < kV; ++j) part[j] += dout_read<M>(w, t * hdp + c + j) * o[c + j];
+      for (; c < hd; ++c) part[0] += dout_read<M>(w, t * hdp + c) * o[c];
+      d = fold_sum(part);
     }
     w.D[static_cast<size_t>(t)] = d;
     w.L[static_cast<size_t>(t)] = lse[h * s.lse_T + t];
