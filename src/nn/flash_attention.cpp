@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "core/cpu_level.h"
-#include "core/dtype.h"
 #include "core/error.h"
 #include "nn/fast_exp.h"
 
