@@ -43,7 +43,7 @@ TOKENS_PER_STEP = 8192
 
 def kernels(a, contexts):
     """Medians of BM_attention_* per (shape, T, kind), in ms, and kept bytes."""
-    pattern = "BM_attention_(un)?fused/T:({})/".format("|".join(str(t) for t in contexts))
+    pattern = "BM_attention_(un)?fused(_bf16(_fma)?)?/T:({})/".format("|".join(str(t) for t in contexts))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.json")
         cmd = [os.path.join(a.build, "bench", "bench_kernels"), f"--benchmark_filter={pattern}",
@@ -59,7 +59,7 @@ def kernels(a, contexts):
             continue
         name = r["run_name"]  # BM_attention_fused/T:128/heads:4/kv:2/real_time
         parts = dict(p.split(":") for p in name.split("/")[1:4])
-        kind = "fused" if "_fused" in name else "unfused"
+        kind = name.split("/")[0][len("BM_attention_"):]  # unfused, fused, fused_bf16, fused_bf16_fma
         shape = next(s for s, (h, kv) in SHAPES.items() if (h, kv) == (int(parts["heads"]), int(parts["kv"])))
         unit = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[r["time_unit"]]
         out.setdefault(shape, {}).setdefault(parts["T"], {})[kind] = {
@@ -70,6 +70,8 @@ def kernels(a, contexts):
             row.setdefault("unfused", {"ms": None, "kept_bytes": heads * T * T * 4, "not_run": "T x T per head"})
             if row.get("fused", {}).get("ms") and row["unfused"].get("ms"):
                 row["fused_over_unfused"] = row["fused"]["ms"] / row["unfused"]["ms"]
+            if row.get("fused", {}).get("ms") and row.get("fused_bf16", {}).get("ms"):
+                row["fused_over_fused_bf16"] = row["fused"]["ms"] / row["fused_bf16"]["ms"]
     return out
 
 
@@ -143,7 +145,8 @@ def main():
         for T, row in sorted(rows.items(), key=lambda x: int(x[0])):
             u, f = row["unfused"], row["fused"]
             print(f"{shape} T {T}: unfused {'-' if u['ms'] is None else format(u['ms'], '.3f')} ms "
-                  f"(keeps {u['kept_bytes']} B), fused {f['ms']:.3f} ms (keeps {f['kept_bytes']} B)")
+                  f"(keeps {u['kept_bytes']} B), fused {f['ms']:.3f} ms (keeps {f['kept_bytes']} B)" +
+                  "".join(f", {k} {row[k]['ms']:.3f} ms" for k in ("fused_bf16", "fused_bf16_fma") if k in row))
     if not a.no_steps:
         steps = {}
         for T in contexts:

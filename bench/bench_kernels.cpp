@@ -492,8 +492,10 @@ BENCHMARK(BM_sgd_step)->ArgNames({"threads", "zeroed"})->ArgsProduct({{1, 2}, {0
 // W-GPT's (4 heads, no grouping): the unfused layer (probabilities kept,
 // T x T per head) against the fused one (log-sum-exp kept). Args: T, query
 // heads, key/value heads; one thread. (The --attention default's rule,
-// docs/memory.md, is read off these.)
-void attention_case(benchmark::State& state, bool fused) {
+// docs/memory.md, is read off these.) The fused one also with a bf16 run's
+// products (FlashProducts::BF16): on vdpbf16ps where the CPU has it, and
+// through fp32 FMAs on the bf16 values (_fma: what runs without it).
+void attention_case(benchmark::State& state, bool fused, dpt::FlashProducts products = dpt::FlashProducts::F32) {
   dpt::set_threads(1);
   const int64_t T = state.range(0), NH = state.range(1), NKV = state.range(2), hd = 64, ld = (NH + 2 * NKV) * hd;
   auto qkv = random_buffer(T * ld, 1), dout = random_buffer(T * NH * hd, 2);
@@ -501,8 +503,9 @@ void attention_case(benchmark::State& state, bool fused) {
   auto saved = zero_buffer(fused ? NH * T : NH * T * T);
   for (auto _ : state) {
     if (fused) {
-      dpt::flash_attention_forward(out.f32(), saved.f32(), qkv.f32(), 1, T, NH, NKV, hd);
-      dpt::flash_attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), out.f32(), saved.f32(), 1, T, NH, NKV, hd);
+      dpt::flash_attention_forward(out.f32(), saved.f32(), qkv.f32(), 1, T, NH, NKV, hd, products);
+      dpt::flash_attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), out.f32(), saved.f32(), 1, T, NH, NKV, hd,
+                                    products);
     } else {
       dpt::gqa_attention_forward(out.f32(), saved.f32(), qkv.f32(), 1, T, NH, NKV, hd);
       dpt::gqa_attention_backward(dqkv.f32(), dout.f32(), qkv.f32(), saved.f32(), 1, T, NH, NKV, hd);
@@ -516,6 +519,15 @@ void attention_case(benchmark::State& state, bool fused) {
 }
 void BM_attention_unfused(benchmark::State& state) { attention_case(state, false); }
 void BM_attention_fused(benchmark::State& state) { attention_case(state, true); }
+void BM_attention_fused_bf16(benchmark::State& state) {
+  state.counters["dpbf16"] = dpt::flash_attention_dpbf16() ? 1 : 0;
+  attention_case(state, true, dpt::FlashProducts::BF16);
+}
+void BM_attention_fused_bf16_fma(benchmark::State& state) {
+  dpt::set_flash_attention_no_dpbf16_for_testing(true);
+  attention_case(state, true, dpt::FlashProducts::BF16);
+  dpt::set_flash_attention_no_dpbf16_for_testing(false);
+}
 void attention_shapes(benchmark::internal::Benchmark* b, int64_t max_T) {
   b->ArgNames({"T", "heads", "kv"});
   for (int64_t T : {16, 32, 64, 128, 256, 512, 2048, 8192})
@@ -526,5 +538,7 @@ void attention_shapes(benchmark::internal::Benchmark* b, int64_t max_T) {
 // The unfused layer at 8192 would hold 1 GiB per head: not run.
 BENCHMARK(BM_attention_unfused)->Apply([](benchmark::internal::Benchmark* b) { attention_shapes(b, 2048); });
 BENCHMARK(BM_attention_fused)->Apply([](benchmark::internal::Benchmark* b) { attention_shapes(b, 8192); });
+BENCHMARK(BM_attention_fused_bf16)->Apply([](benchmark::internal::Benchmark* b) { attention_shapes(b, 8192); });
+BENCHMARK(BM_attention_fused_bf16_fma)->Apply([](benchmark::internal::Benchmark* b) { attention_shapes(b, 8192); });
 
 }  // namespace

@@ -50,6 +50,136 @@ struct Case {
   int64_t B, T, NH, NKV, hd;
 };
 
+// The keys' gradients summed over a sequence's positions, per (sequence,
+// key head, channel): the key bias's gradient direction, exactly zero in
+// exact arithmetic (a softmax ignores a constant added to every score). The
+// largest such sum over max|dK|.
+double key_sum(const std::vector<float>& dqkv, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
+  const int64_t ld = (NH + 2 * NKV) * hd;
+  double worst = 0.0, peak = 0.0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < NKV * hd; ++c) {
+      double sum = 0.0;
+      for (int64_t t = 0; t < T; ++t) {
+        const double x = dqkv[static_cast<size_t>((b * T + t) * ld + NH * hd + c)];
+        sum += x;
+        peak = std::max(peak, std::fabs(x));
+      }
+      worst = std::max(worst, std::fabs(sum));
+    }
+  return peak > 0 ? worst / peak : worst;
+}
+
+// One tensor of dqkv's three (0: dq, 1: dk, 2: dv), for per-tensor bounds.
+std::vector<float> part(const std::vector<float>& dqkv, const Case& c, int which) {
+  const int64_t ld = (c.NH + 2 * c.NKV) * c.hd, from = which == 0 ? 0 : (c.NH + (which - 1) * c.NKV) * c.hd;
+  const int64_t width = (which == 0 ? c.NH : c.NKV) * c.hd;
+  std::vector<float> v;
+  for (int64_t r = 0; r < c.B * c.T; ++r)
+    v.insert(v.end(), dqkv.begin() + r * ld + from, dqkv.begin() + r * ld + from + width);
+  return v;
+}
+
+struct Attended {
+  std::vector<float> out, lse, dqkv;
+};
+Attended fused(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout, FlashProducts products) {
+  Attended a{std::vector<float>(dout.size()), std::vector<float>(static_cast<size_t>(c.B * c.NH * c.T)),
+             std::vector<float>(qkv.size(), 7.0f)};
+  flash_attention_forward(a.out.data(), a.lse.data(), qkv.data(), c.B, c.T, c.NH, c.NKV, c.hd, products);
+  flash_attention_backward(a.dqkv.data(), dout.data(), qkv.data(), a.out.data(), a.lse.data(), c.B, c.T, c.NH, c.NKV,
+                           c.hd, products);
+  return a;
+}
+
+const Case kBf16Cases[] = {Case{2, 1, 4, 2, 16},    Case{2, 7, 4, 4, 16},   Case{2, 64, 4, 2, 16},
+                           Case{2, 129, 4, 1, 8},   Case{1, 1000, 2, 1, 16}, Case{1, 129, 2, 1, 64},
+                           Case{1, 200, 2, 2, 80},  Case{1, 130, 2, 1, 128}, Case{2, 128, 4, 4, 64}};
+
+// A bf16 run's products (FlashProducts::BF16) against the fp32 fused
+// kernel and the unfused fp32 layer: out and each of dq, dk, dv within the
+// bf16 tolerance of the decoder's bf16 tests (1.6e-2 per tensor), and not
+// equal to fp32 (the products do round: a "bf16" path that did not would
+// fail); the keys' gradients sum to fp32 rounding (key_sum, 1e-5; without
+// key_bias_correction 1.3e-3 to 9.4e-3, measured); the same bits twice, and
+// at 1 and 2 threads.
+TEST(FlashAttentionBf16, MatchesFp32FusedAndUnfusedWithinBf16Tolerance) {
+  for (const Case& c : kBf16Cases) {
+    SCOPED_TRACE(::testing::Message() << "T " << c.T << " heads " << c.NH << "/" << c.NKV << " of " << c.hd);
+    Rng rng(static_cast<uint64_t>(c.T + c.hd));
+    const auto qkv = random_vector(static_cast<size_t>(c.B * c.T * (c.NH + 2 * c.NKV) * c.hd), rng);
+    const auto dout = random_vector(static_cast<size_t>(c.B * c.T * c.NH * c.hd), rng);
+    set_threads(1);
+    const Attended f32 = fused(c, qkv, dout, FlashProducts::F32), b16 = fused(c, qkv, dout, FlashProducts::BF16);
+    std::vector<float> out0(dout.size()), att(static_cast<size_t>(c.B * c.NH * c.T * c.T)), dqkv0(qkv.size());
+    gqa_attention_forward(out0.data(), att.data(), qkv.data(), c.B, c.T, c.NH, c.NKV, c.hd);
+    gqa_attention_backward(dqkv0.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.NH, c.NKV, c.hd);
+    double worst = rel_diff(b16.out, f32.out);
+    EXPECT_LE(rel_diff(b16.out, f32.out), 1.6e-2);
+    EXPECT_LE(rel_diff(b16.out, out0), 1.6e-2);
+    // At T 1 the keys' gradient is zero in exact arithmetic (one key: dS =
+    // 0), rounding noise in both: there dqkv is held as a whole.
+    if (c.T == 1) {
+      EXPECT_LE(rel_diff(b16.dqkv, f32.dqkv), 1.6e-2);
+      EXPECT_LE(rel_diff(b16.dqkv, dqkv0), 1.6e-2);
+    }
+    for (int which = 0; which < (c.T == 1 ? 0 : 3); ++which) {
+      const auto got = part(b16.dqkv, c, which);
+      EXPECT_LE(rel_diff(got, part(f32.dqkv, c, which)), 1.6e-2) << "gradient " << which;
+      EXPECT_LE(rel_diff(got, part(dqkv0, c, which)), 1.6e-2) << "gradient " << which;
+      worst = std::max(worst, rel_diff(got, part(f32.dqkv, c, which)));
+    }
+    EXPECT_GT(rel_diff(b16.out, f32.out), 1e-5);
+    if (c.T > 1) {
+      EXPECT_LE(key_sum(b16.dqkv, c.B, c.T, c.NH, c.NKV, c.hd), 1e-5);
+    }
+    std::printf("[ measure  ] bf16 T %lld hd %lld: worst tensor %.2e of fp32's; key sum %.2e (fp32 %.2e)\n",
+                static_cast<long long>(c.T), static_cast<long long>(c.hd), worst,
+                key_sum(b16.dqkv, c.B, c.T, c.NH, c.NKV, c.hd), key_sum(f32.dqkv, c.B, c.T, c.NH, c.NKV, c.hd));
+    const Attended again = fused(c, qkv, dout, FlashProducts::BF16);
+    set_threads(2);
+    const Attended two = fused(c, qkv, dout, FlashProducts::BF16);
+    set_threads(1);
+    for (const Attended* a : {&again, &two}) {
+      EXPECT_EQ(a->out, b16.out);
+      EXPECT_EQ(a->lse, b16.lse);
+      EXPECT_EQ(a->dqkv, b16.dqkv);
+    }
+  }
+}
+
+// What runs without AVX-512 BF16 (fp32 FMAs on the same bf16 values, in
+// 16- and 8-float vectors) against vdpbf16ps: the same products of the same
+// values, summed in another order; where that moves a P or dS element
+// across a bf16 rounding boundary it rounds the other way (2^-9 of it), so
+// within 1e-4 per tensor (measured at most 1.6e-6).
+TEST(FlashAttentionBf16, FmaPathsMatchTheDpbf16Path) {
+  if (!flash_attention_dpbf16()) GTEST_SKIP() << "this CPU has no AVX-512 BF16: only the FMA path runs here";
+  set_threads(1);
+  for (const Case& c : kBf16Cases) {
+    SCOPED_TRACE(::testing::Message() << "T " << c.T << " heads " << c.NH << "/" << c.NKV << " of " << c.hd);
+    Rng rng(static_cast<uint64_t>(c.T + c.hd));
+    const auto qkv = random_vector(static_cast<size_t>(c.B * c.T * (c.NH + 2 * c.NKV) * c.hd), rng);
+    const auto dout = random_vector(static_cast<size_t>(c.B * c.T * c.NH * c.hd), rng);
+    const Attended dp = fused(c, qkv, dout, FlashProducts::BF16);
+    set_flash_attention_no_dpbf16_for_testing(true);
+    const Attended fma = fused(c, qkv, dout, FlashProducts::BF16);
+    set_flash_attention_no_dpbf16_for_testing(false);
+    set_flash_attention_narrow_for_testing(true);
+    const Attended narrow = fused(c, qkv, dout, FlashProducts::BF16);
+    set_flash_attention_narrow_for_testing(false);
+    for (const Attended* a : {&fma, &narrow}) {
+      EXPECT_LE(rel_diff(a->out, dp.out), 1e-4);
+      EXPECT_LE(rel_diff(a->dqkv, dp.dqkv), 1e-4);
+      for (int which = 0; which < (c.T == 1 ? 0 : 3); ++which)
+        EXPECT_LE(rel_diff(part(a->dqkv, c, which), part(dp.dqkv, c, which)), 1e-4) << "gradient " << which;
+    }
+    std::printf("[ measure  ] bf16 T %lld hd %lld: fma path %.2e, 8-float %.2e of vdpbf16ps's dqkv\n",
+                static_cast<long long>(c.T), static_cast<long long>(c.hd), rel_diff(fma.dqkv, dp.dqkv),
+                rel_diff(narrow.dqkv, dp.dqkv));
+  }
+}
+
 void matches_the_unfused_layer();
 
 TEST(FlashAttention, MatchesTheUnfusedLayerForwardAndBackward) { matches_the_unfused_layer(); }
@@ -112,6 +242,7 @@ TEST(FlashAttention, DiffersFromAttentionWithoutTheCausalMask) {
 // key chunk b (a >= b) is one block, delta = (a - b) L.
 struct Ring {
   int64_t B, N, L, NH, NKV, hd;
+  FlashProducts products = FlashProducts::F32;
   int64_t ld() const { return (NH + 2 * NKV) * hd; }
   int64_t kv_ld() const { return 2 * NKV * hd; }
   int64_t chunk(int64_t rank, int64_t slot) const { return slot == 0 ? rank : 2 * N - 1 - rank; }
@@ -126,6 +257,7 @@ struct Ring {
     f.q = qkv.data() + qs * L * ld(), f.q_ld = ld(), f.q_batch = 2 * L * ld();
     f.k = kv.data() + ks * L * kv_ld(), f.v = f.k + NKV * hd, f.kv_ld = kv_ld(), f.kv_batch = 2 * L * kv_ld();
     f.out_ld = NH * hd, f.out_batch = 2 * L * NH * hd, f.lse_T = 2 * L;
+    f.products = products;
     return f;
   }
 };
@@ -142,15 +274,17 @@ std::vector<std::pair<int64_t, int64_t>> ring_order(const Ring& r, int64_t rank,
 }
 
 void ring_matches_the_whole_sequence(const Ring& r, bool reversed) {
+  const bool b16 = r.products == FlashProducts::BF16;
   SCOPED_TRACE(::testing::Message() << "N " << r.N << " L " << r.L << " heads " << r.NH << "/" << r.NKV << " of "
-                                    << r.hd << (reversed ? " reversed" : ""));
+                                    << r.hd << (reversed ? " reversed" : "") << (b16 ? " bf16" : ""));
   const int64_t T = 2 * r.N * r.L, ld = r.ld(), kvld = r.kv_ld(), C = r.NH * r.hd, L = r.L;
   Rng rng(static_cast<uint64_t>(T + r.NKV));
   const auto qkv = random_vector(static_cast<size_t>(r.B * T * ld), rng);
   const auto dout = random_vector(static_cast<size_t>(r.B * T * C), rng);
   std::vector<float> out(dout.size()), lse(static_cast<size_t>(r.B * r.NH * T)), dqkv(qkv.size());
-  flash_attention_forward(out.data(), lse.data(), qkv.data(), r.B, T, r.NH, r.NKV, r.hd);
-  flash_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), r.B, T, r.NH, r.NKV, r.hd);
+  flash_attention_forward(out.data(), lse.data(), qkv.data(), r.B, T, r.NH, r.NKV, r.hd, r.products);
+  flash_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), r.B, T, r.NH, r.NKV, r.hd,
+                           r.products);
 
   // Each rank's slices of the whole sequence's tensors; rows (b, slot, t)
   // of a rank are rows (b, chunk(slot) L + t) of the sequence.
@@ -200,11 +334,17 @@ void ring_matches_the_whole_sequence(const Ring& r, bool reversed) {
             ring_lse[static_cast<size_t>((b * r.NH + h) * T + whole - b * T)] =
                 l[i][static_cast<size_t>((b * r.NH + h) * 2 * L + s * L + t)];
         }
-  EXPECT_LE(rel_diff(ring_out, out), 1e-5);
-  EXPECT_LE(rel_diff(ring_lse, lse), 1e-5);
-  EXPECT_LE(rel_diff(ring_dqkv, dqkv), 1e-5);
-  std::printf("[ measure  ] ring N %lld L %lld heads %lld/%lld: out %.2e, lse %.2e, dqkv %.2e\n",
-              static_cast<long long>(r.N), static_cast<long long>(L), static_cast<long long>(r.NH),
+  // bf16: the blocks accumulate in another order, and each spreads its
+  // rows' dS rounding over its own keys (key_bias_correction).
+  const double tolerance = b16 ? 1.6e-2 : 1e-5;
+  EXPECT_LE(rel_diff(ring_out, out), tolerance);
+  EXPECT_LE(rel_diff(ring_lse, lse), tolerance);
+  EXPECT_LE(rel_diff(ring_dqkv, dqkv), tolerance);
+  if (b16) {
+    EXPECT_LE(key_sum(ring_dqkv, r.B, T, r.NH, r.NKV, r.hd), 1e-5);
+  }
+  std::printf("[ measure  ] ring%s N %lld L %lld heads %lld/%lld: out %.2e, lse %.2e, dqkv %.2e\n",
+              b16 ? " bf16" : "", static_cast<long long>(r.N), static_cast<long long>(L), static_cast<long long>(r.NH),
               static_cast<long long>(r.NKV), rel_diff(ring_out, out), rel_diff(ring_lse, lse),
               rel_diff(ring_dqkv, dqkv));
 }
@@ -222,6 +362,17 @@ void ring_blocks_match_the_whole_sequence() {
 }
 
 TEST(FlashBlock, RingOfBlockPairsMatchesTheWholeSequence) { ring_blocks_match_the_whole_sequence(); }
+
+// Under bf16 products: each rank's blocks against the bf16 whole sequence,
+// and the keys' gradients still sum to fp32 rounding in every channel.
+TEST(FlashBlockBf16, RingOfBlockPairsMatchesTheWholeSequence) {
+  set_threads(1);
+  for (int64_t N : {2, 4})
+    for (int64_t L : {4, 5, 70})
+      for (int64_t NKV : {4, 1}) ring_matches_the_whole_sequence(Ring{2, N, L, 4, NKV, 16, FlashProducts::BF16}, false);
+  ring_matches_the_whole_sequence(Ring{2, 2, 4, 4, 2, 8, FlashProducts::BF16}, false);
+  ring_matches_the_whole_sequence(Ring{1, 2, 70, 4, 2, 80, FlashProducts::BF16}, true);
+}
 
 TEST(FlashBlock, NarrowVectorsRingMatchesTheWholeSequenceToo) {
   set_flash_attention_narrow_for_testing(true);

@@ -149,6 +149,15 @@ class CpuKernels final : public Kernels {
                                 int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) const override {
     dpt::flash_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hd);
   }
+  void flash_attention_bf16_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
+                                    int64_t NKV, int64_t hd) const override {
+    dpt::flash_attention_forward(out, lse, qkv, B, T, NH, NKV, hd, FlashProducts::BF16);
+  }
+  void flash_attention_bf16_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                     const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                     int64_t hd) const override {
+    dpt::flash_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hd, FlashProducts::BF16);
+  }
   void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N, int64_t C) const override {
     dpt::embedding_forward(out, ids, table, N, C);
   }

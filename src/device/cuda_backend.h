@@ -50,7 +50,7 @@ class NcclComm {
 };
 
 // Bumped whenever the table changes, so an old library is refused.
-constexpr int kBackendAbi = 3;  // 3: Kernels::flash_attention_*
+constexpr int kBackendAbi = 4;  // 4: Kernels::flash_attention_bf16_* (the vtable grew)
 
 struct Backend {
   int abi = kBackendAbi;

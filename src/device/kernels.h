@@ -105,14 +105,26 @@ class Kernels {
                                       int64_t T, int64_t NH, int64_t NKV, int64_t hd) const = 0;
   // nn/flash_attention.h: the same causal attention without the T x T
   // probabilities (its layouts as gqa_attention's), keeping lse [B, NH, T]
-  // (each row's log-sum-exp) for backward; dqkv written whole. fp32, as
-  // every attention here (a bf16 run's attention too). The GPU's takes
-  // head sizes up to kGpuFlashMaxHead (InputError past that).
+  // (each row's log-sum-exp) for backward; dqkv written whole. fp32. The
+  // GPU's takes head sizes up to kGpuFlashMaxHead (InputError past that).
   virtual void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
                                        int64_t NKV, int64_t hd) const = 0;
   virtual void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                         const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                         int64_t hd) const = 0;
+  // The same for a bf16 run: the products read bf16 copies of their inputs
+  // and accumulate in fp32 (nn/flash_attention.h, FlashProducts::BF16);
+  // inputs, outputs and lse fp32 as above. A backend without such products
+  // (the GPU's) computes them in fp32.
+  virtual void flash_attention_bf16_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                                            int64_t NH, int64_t NKV, int64_t hd) const {
+    flash_attention_forward(out, lse, qkv, B, T, NH, NKV, hd);
+  }
+  virtual void flash_attention_bf16_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                             const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                             int64_t hd) const {
+    flash_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hd);
+  }
   // nn/embedding.h (ids are device int32s)
   virtual void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t N,
                                  int64_t C) const = 0;

@@ -378,7 +378,9 @@ class Decoder : public Model {
     else
       return b.att + B * w_.heads * T;
   }
-  RingShape ring_shape(int64_t B, int64_t T) const { return {B, T, w_.heads, w_.kv, w_.hd}; }
+  RingShape ring_shape(int64_t B, int64_t T) const {
+    return {B, T, w_.heads, w_.kv, w_.hd, precision_ == DType::BF16 ? FlashProducts::BF16 : FlashProducts::F32};
+  }
   // Context parallelism: the position in its sequence of local row t of T,
   // this rank's rows of a batch of whole sequences, and the learned
   // positions' forward and backward over the local rows.

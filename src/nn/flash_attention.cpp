@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -10,6 +11,16 @@
 #include "core/cpu_level.h"
 #include "core/error.h"
 #include "nn/fast_exp.h"
+
+// AVX-512 BF16's vdpbf16ps, compiled for that target alone (no x86-64
+// level includes it) and run where the CPU has it (flash_attention_dpbf16);
+// GCC's target pragma and attribute, as core/cpu_level.h's clones.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define DPT_FLASH_DPBF16 1
+#define DPT_DPBF16_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512cd,avx512bf16,avx2,fma,bmi,bmi2,f16c,lzcnt,movbe")))
+#endif
 
 namespace dpt {
 
@@ -47,6 +58,14 @@ constexpr int64_t kTile = kFlashTile;
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 std::atomic<bool> force_narrow{false};
+std::atomic<bool> force_no_dpbf16{false};
+
+// How the tile products compute: fp32 (FlashProducts::F32); or on bf16
+// values (FlashProducts::BF16) through vdpbf16ps on bf16 pairs (Dp), or
+// through the fp32 path's products on the same values rounded to bf16 and
+// kept in fp32 (Widen: what runs without AVX-512 BF16; the products of two
+// bf16s are exact in fp32, so only the order of the sums differs from Dp's).
+enum class Mode { F32, Widen, Dp };
 
 // Whether this copy of the code runs 16-float vectors in registers: the
 // x86-64-v4 clone, which the loader picks exactly on CPUs with these
@@ -112,26 +131,124 @@ __attribute__((always_inline)) inline void block_cols(bool wide, int64_t nv, flo
     }
 }
 
+// The vdpbf16ps products (Mode::Dp). vdpbf16ps adds to each of 16 fp32
+// lanes the products of a pair of bf16s (elements 2i and 2i + 1 of its
+// operands, the low and high halves of 32-bit word i), so both operands
+// hold pairs along the reduction: A(m, p), the 32-bit word of the pair
+// (A(m, 2p), A(m, 2p + 1)), at A[m sam + p sak], broadcast; B's word p,
+// column n at B[p ldb + n], 16 columns to a vector. k0, k1 count pairs.
+typedef uint32_t w16 __attribute__((vector_size(64)));
+typedef uint32_t w16u __attribute__((vector_size(64), aligned(4), may_alias));
+typedef uint32_t word __attribute__((may_alias));
+template <typename V>
+struct Words;
+template <>
+struct Words<v16> {
+  using type = w16;
+  using unaligned = w16u;
+};
+
+
+// An fp32's bits rounded to bf16 in the top half (to nearest, ties to
+// even; a NaN stays a quiet NaN), as core/dtype.h's to_bf16, but without
+// its branch, so the packing loops vectorize.
+inline uint32_t rounded_bits(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : u + 0x7fffu + ((u >> 16) & 1u);
+}
+inline uint16_t round_bf16(float x) { return static_cast<uint16_t>(rounded_bits(x) >> 16); }
+inline float bf16_value(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+// The word of the pair (a, b): a's bf16 in the low half, b's in the high.
+inline uint32_t pair_word(float a, float b) { return (rounded_bits(a) >> 16) | (rounded_bits(b) & 0xffff0000u); }
+inline const word* words(const std::vector<uint16_t>& b) { return reinterpret_cast<const word*>(b.data()); }
+
+// The bf16 packings, each rounding once: rows [0, n) of a head's slice
+// (times scale) into dst [rows][hdp] (a row's channels in pairs: A of a
+// product over channels) ...
+__attribute__((always_inline)) inline void pack_rows_bf16(uint16_t* dst, const float* src, int64_t ld, int64_t n,
+                                                          int64_t rows, int64_t hd, int64_t hdp, float scale) {
+  for (int64_t r = 0; r < n; ++r) {
+    uint16_t* d = dst + r * hdp;
+    const float* x = src + r * ld;
+#pragma omp simd
+    for (int64_t c = 0; c < hd; ++c) d[c] = round_bf16(x[c] * scale);
+    std::fill(d + hd, d + hdp, uint16_t{0});
+  }
+  std::fill(dst + n * hdp, dst + rows * hdp, uint16_t{0});
+}
+
+// ... into pairs of rows, [rows / 2][hdp] words (B of a product over rows
+// or keys) ...
+__attribute__((always_inline)) inline void pack_row_pairs_bf16(uint32_t* dst, const float* src, int64_t ld,
+                                                               int64_t n, int64_t rows, int64_t hd, int64_t hdp,
+                                                               float scale) {
+  for (int64_t r = 0; r < rows; r += 2) {
+    uint32_t* d = dst + (r / 2) * hdp;
+    const float *x = src + r * ld, *y = src + (r + 1) * ld;
+    if (r + 1 < n) {
+#pragma omp simd
+      for (int64_t c = 0; c < hd; ++c) d[c] = pair_word(x[c] * scale, y[c] * scale);
+    } else if (r < n) {
+#pragma omp simd
+      for (int64_t c = 0; c < hd; ++c) d[c] = pair_word(x[c] * scale, 0.0f);
+    } else {
+      std::fill(d, d + hd, 0u);
+    }
+    std::fill(d + hd, d + hdp, 0u);
+  }
+}
+
+// ... and transposed into pairs of channels, [hdp / 2][kTile] words (B of
+// a product over channels: K^T, V^T): each row rounded whole, then its
+// words (pairs of channels) spread down a column.
+__attribute__((always_inline)) inline void pack_channel_pairs_bf16(uint32_t* dst, const float* src, int64_t ld,
+                                                                   int64_t n, int64_t hd, int64_t hdp,
+                                                                   uint16_t* row) {
+  const word* pairs = reinterpret_cast<const word*>(row);
+  for (int64_t r = 0; r < kTile; ++r) {
+    if (r < n) {
+      const float* x = src + r * ld;
+#pragma omp simd
+      for (int64_t c = 0; c < hd; ++c) row[c] = round_bf16(x[c]);
+      std::fill(row + hd, row + hdp, uint16_t{0});
+    } else {
+      std::fill(row, row + hdp, uint16_t{0});
+    }
+    for (int64_t c = 0; c < hdp / 2; ++c) dst[c * kTile + r] = pairs[c];
+  }
+}
+
+// x itself (kRound false), or rounded to bf16 and kept in fp32.
+template <bool kRound>
+__attribute__((always_inline)) inline float as_products_read(float x) {
+  if constexpr (kRound)
+    return std::bit_cast<float>(rounded_bits(x) & 0xffff0000u);
+  else
+    return x;
+}
+
 // Rows [0, n) of a head's slice (hd channels at stride ld) into dst
-// [rows][hdp], times `scale`; the padding (channels hd.., rows n..rows)
-// zero.
+// [rows][hdp], times `scale` (kRound: then rounded to bf16); the padding
+// (channels hd.., rows n..rows) zero.
+template <bool kRound = false>
 __attribute__((always_inline)) inline void pack_rows(float* dst, const float* src, int64_t ld, int64_t n, int64_t rows,
                                                      int64_t hd, int64_t hdp, float scale) {
   for (int64_t r = 0; r < n; ++r) {
     float* d = dst + r * hdp;
-    for (int64_t c = 0; c < hd; ++c) d[c] = src[r * ld + c] * scale;
+    for (int64_t c = 0; c < hd; ++c) d[c] = as_products_read<kRound>(src[r * ld + c] * scale);
     std::fill(d + hd, d + hdp, 0.0f);
   }
   std::fill(dst + n * hdp, dst + rows * hdp, 0.0f);
 }
 
-// Rows [0, n) of a head's slice transposed into dst [hd][kTile], columns
-// n.. zero.
+// Rows [0, n) of a head's slice transposed into dst [hd][kTile] (kRound:
+// rounded to bf16), columns n.. zero.
+template <bool kRound = false>
 __attribute__((always_inline)) inline void pack_transposed(float* dst, const float* src, int64_t ld, int64_t n,
                                                            int64_t hd) {
   for (int64_t d = 0; d < hd; ++d) std::fill(dst + d * kTile + n, dst + (d + 1) * kTile, 0.0f);
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t d = 0; d < hd; ++d) dst[d * kTile + r] = src[r * ld + d];
+    for (int64_t d = 0; d < hd; ++d) dst[d * kTile + r] = as_products_read<kRound>(src[r * ld + d]);
 }
 
 // FlashBlock's layout, per head: the padded head width and the group size.
@@ -152,62 +269,92 @@ inline int64_t live_row(int64_t i, int64_t delta, int64_t j0, int64_t nj) {
 
 struct ForwardScratch {
   std::vector<float> q, kt, v, s, o, m, l;
+  std::vector<uint16_t> qb, row;  // bf16 products: Q row-major, a row being packed
+  std::vector<uint32_t> kt2;      // K^T in pairs of channels
 };
 
-// One query tile [i0, i0 + ni) of one head (q, out: the head's slices of
-// one sequence; k, v: its key/value head's) against every key tile it sees,
-// into out's rows and lse's (lse: the head's row 0). merge: (out, lse) hold
-// an earlier partial result (lse -inf: none) and get the union; else they
-// are written. A row that sees no key is left as it was.
-DPT_CPU_CLONES void forward_tile(const FlashBlock& s, const float* q, const float* k, const float* v, float* out,
-                                 float* lse, int64_t i0, int64_t ni, float scale, bool wide, bool merge,
-                                 ForwardScratch& w) {
-  const int64_t hd = s.hd, hdp = hd_padded(s), nv = hdp / kV, delta = s.delta;
-  w.q.resize(static_cast<size_t>(kTile * hdp));
-  w.kt.resize(static_cast<size_t>(hd * kTile));
-  w.v.resize(static_cast<size_t>(kTile * hdp));
-  w.s.resize(static_cast<size_t>(kTile * kTile));
-  w.o.assign(static_cast<size_t>(kTile * hdp), 0.0f);
-  w.m.assign(static_cast<size_t>(kTile), -std::numeric_limits<float>::infinity());
-  w.l.assign(static_cast<size_t>(kTile), 0.0f);
-  float *Q = w.q.data(), *Kt = w.kt.data(), *V = w.v.data(), *S = w.s.data(), *O = w.o.data();
-  pack_rows(Q, q + i0 * s.q_ld, s.q_ld, ni, kTile, hd, hdp, scale);
-  const int64_t nip = round_up(ni, kMR), key_end = std::min(s.Tk, i0 + ni + delta);
-  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
-    const int64_t nj = std::min(kTile, s.Tk - j0);
-    pack_transposed(Kt, k + j0 * s.kv_ld, s.kv_ld, nj, hd);
-    pack_rows(V, v + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
-    for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // S = (scale Q) K^T, the live columns of each row block
-      block_cols(wide, round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV, S + r0 * kTile, kTile, Q + r0 * hdp,
-                 hdp, 1, Kt, kTile, 0, hd, false);
-    for (int64_t r = 0; r < ni; ++r) {  // the online softmax: P = e^(S - m), O and l rescaled to the new m
-      float* row = S + r * kTile;
-      const int64_t live = live_row(i0 + r, delta, j0, nj);
-      if (live == 0) {  // a row before this tile's first key (its block's P V reads the row: zeros)
-        std::fill(row, row + kTile, 0.0f);
-        continue;
-      }
-      float mx = w.m[r];
+// Row reductions in kV running lanes over whole vectors (the columns past
+// n masked), which vectorise: GCC keeps a plain float sum serial, in order,
+// a chain of dependent adds, and leaves a loop's last partial vector to
+// scalar code; with the products on vdpbf16ps those were most of the bf16
+// forward's time. The lanes are then folded as a tree (4 levels, not a
+// chain of 15). The bf16 paths use them; the fp32 path keeps its serial
+// sums and so its bits. x is read up to n rounded up to kV (<= kTile).
+__attribute__((always_inline)) inline float fold_max(float* part) {
+  for (int64_t w = kV / 2; w >= 1; w /= 2)
+    for (int64_t j = 0; j < w; ++j) part[j] = std::max(part[j], part[j + w]);
+  return part[0];
+}
+__attribute__((always_inline)) inline float fold_sum(float* part) {
+  for (int64_t w = kV / 2; w >= 1; w /= 2)
+    for (int64_t j = 0; j < w; ++j) part[j] += part[j + w];
+  return part[0];
+}
+// The largest of init and x[0, n).
+__attribute__((always_inline)) inline float max_in_lanes(const float* x, int64_t n, float init) {
+  float part[kV];
+  std::fill(part, part + kV, init);
+  for (int64_t c = 0; c < n; c += kV)
+#pragma omp simd
+    for (int64_t j = 0; j < kV; ++j)
+      part[j] = std::max(part[j], c + j < n ? x[c + j] : -std::numeric_limits<float>::infinity());
+  return fold_max(part);
+}
+// x[0, n) replaced by e^(x - mx) (and x[n, n rounded up) by 0); their sum.
+__attribute__((always_inline)) inline float exp_sum_in_lanes(float* x, int64_t n, float mx) {
+  float part[kV] = {};
+  for (int64_t c = 0; c < n; c += kV)
+#pragma omp simd
+    for (int64_t j = 0; j < kV; ++j) {
+      const float e = fast_exp(x[c + j] - mx);
+      x[c + j] = c + j < n ? e : 0.0f;
+      part[j] += x[c + j];
+    }
+  return fold_sum(part);
+}
+
+// The forward's online softmax over key tile j0 (nj keys): S's rows [0, ni)
+// become P = e^(S - m), and O's rows and l are rescaled to the new maxima m.
+// lanes: the row's max and sum in lanes (the bf16 path).
+template <bool kLanes>
+__attribute__((always_inline)) inline void online_softmax(float* S, float* O, int64_t i0, int64_t ni, int64_t delta,
+                                                          int64_t j0, int64_t nj, int64_t hdp, ForwardScratch& w) {
+  for (int64_t r = 0; r < ni; ++r) {
+    float* row = S + r * kTile;
+    const int64_t live = live_row(i0 + r, delta, j0, nj);
+    if (live == 0) {  // a row before this tile's first key (its block's P V reads the row: zeros)
+      std::fill(row, row + kTile, 0.0f);
+      continue;
+    }
+    float mx = w.m[r], sum = 0.0f;
+    if constexpr (kLanes) {
+      mx = max_in_lanes(row, live, mx);
+      sum = exp_sum_in_lanes(row, live, mx);
+    } else {
 #pragma omp simd reduction(max : mx)
       for (int64_t c = 0; c < live; ++c) mx = std::max(mx, row[c]);
-      float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
       for (int64_t c = 0; c < live; ++c) {
         row[c] = fast_exp(row[c] - mx);
         sum += row[c];
       }
-      std::fill(row + live, row + kTile, 0.0f);
-      const float keep = fast_exp(w.m[r] - mx);  // 0 (e^-80) on a row's first live tile, where O and l are 0
-      float* orow = O + r * hdp;
-#pragma omp simd
-      for (int64_t d = 0; d < hdp; ++d) orow[d] *= keep;
-      w.l[r] = w.l[r] * keep + sum;
-      w.m[r] = mx;
     }
-    for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // O += P V
-      block_cols(wide, nv, O + r0 * hdp, hdp, S + r0 * kTile, kTile, 1, V, hdp, 0,
-                 live_keys(i0, r0, delta, j0, nj), true);
+    std::fill(row + live, row + kTile, 0.0f);
+    const float keep = fast_exp(w.m[r] - mx);  // 0 (e^-80) on a row's first live tile, where O and l are 0
+    float* orow = O + r * hdp;
+#pragma omp simd
+    for (int64_t d = 0; d < hdp; ++d) orow[d] *= keep;
+    w.l[r] = w.l[r] * keep + sum;
+    w.m[r] = mx;
   }
+}
+
+// The query tile's rows [0, ni) from O / l into out and lse; merge as
+// forward_tile_as's.
+__attribute__((always_inline)) inline void finish_rows(const FlashBlock& s, float* out, float* lse, int64_t i0,
+                                                       int64_t ni, bool merge, ForwardScratch& w) {
+  const int64_t hd = s.hd, hdp = hd_padded(s);
+  const float* O = w.o.data();
   for (int64_t r = 0; r < ni; ++r) {
     if (w.l[r] == 0.0f) continue;  // saw no key
     float* o = out + (i0 + r) * s.out_ld;
@@ -226,10 +373,18 @@ DPT_CPU_CLONES void forward_tile(const FlashBlock& s, const float* q, const floa
   }
 }
 
+
 struct BackScratch {
   std::vector<float> q, dout, dq, D, L;  // the head's, [Tp][hdp] and [Tp]
   std::vector<float> kt, vt, k, dk, dv;  // the key tile's
   std::vector<float> p, ds;              // the tile pair's
+  // bf16 products: the head's Q (scaled) and dO row-major and in pairs of
+  // rows; the key tile's K^T and V^T in pairs of channels, K in pairs of
+  // rows; the tile pair's P and dS in pairs of rows, dS row-major too; each
+  // query row's sum of dS's rounding (E) and key_bias_correction's sum.
+  std::vector<uint16_t> qb, dob, dsb, row;
+  std::vector<uint32_t> q2, do2, kt2, vt2, k2, pt2, dst2;
+  std::vector<float> E, corr;
   // Sized for Tp padded positions of hd (padded: hdp) channels; grows once.
   void size(int64_t Tp, int64_t hd, int64_t hdp) {
     for (auto* b : {&q, &dout, &dq}) b->resize(static_cast<size_t>(Tp * hdp));
@@ -238,100 +393,260 @@ struct BackScratch {
     for (auto* b : {&k, &dk, &dv}) b->resize(static_cast<size_t>(kTile * hdp));
     for (auto* b : {&p, &ds}) b->resize(static_cast<size_t>(kTile * kTile));
   }
+  void size_bf16(int64_t Tp, int64_t hdp) {
+    for (auto* b : {&qb, &dob}) b->resize(static_cast<size_t>(Tp * hdp));
+    for (auto* b : {&q2, &do2}) b->resize(static_cast<size_t>(Tp / 2 * hdp));
+    for (auto* b : {&kt2, &vt2, &k2}) b->resize(static_cast<size_t>(kTile / 2 * hdp));
+    for (auto* b : {&pt2, &dst2}) b->resize(static_cast<size_t>(kTile / 2 * kTile));
+    dsb.resize(static_cast<size_t>(kTile * kTile));
+    row.resize(static_cast<size_t>(hdp));
+    E.resize(static_cast<size_t>(Tp * kV));
+    corr.resize(static_cast<size_t>(hdp));
+  }
 };
 
-// Every query head of key/value head g of one sequence (every pointer: that
-// sequence's row 0, head 0): each key tile's dK and dV summed over the
-// query tiles that see it (FlashAttention-2's order), dQ over the head's key
-// tiles. accumulate: every gradient added to what dq, dk and dv hold; else
-// dq written, and the group's first head writes dk and dv, the others add.
-DPT_CPU_CLONES void backward_group(const FlashBlock& s, const float* q, const float* k, const float* v,
-                                   const float* dout, const float* out, const float* lse, float* dq, float* dk,
-                                   float* dv, int64_t g, float scale, bool wide, bool accumulate, BackScratch& w) {
-  const int64_t Tq = s.Tq, Tk = s.Tk, delta = s.delta, hd = s.hd, hdp = hd_padded(s), nv = hdp / kV;
-  const int64_t Tp = round_up(Tq, kTile), ldo = s.out_ld;
-  w.size(Tp, hd, hdp);
-  float *Q = w.q.data(), *dO = w.dout.data(), *dQ = w.dq.data(), *Kt = w.kt.data(), *Vt = w.vt.data();
-  float *K = w.k.data(), *dK = w.dk.data(), *dV = w.dv.data(), *P = w.p.data(), *dS = w.ds.data();
-  k += g * hd, v += g * hd, dk += g * hd, dv += g * hd;
-  // Key tiles past the last query row's sight get nothing.
-  const int64_t key_end = std::min(Tk, Tq + delta);
-  for (int64_t h = g * group_of(s); h < (g + 1) * group_of(s); ++h) {
-    const bool add = accumulate || h != g * group_of(s);
-    pack_rows(Q, q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
-    pack_rows(dO, dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
-    std::fill(w.dq.begin(), w.dq.end(), 0.0f);
-    for (int64_t t = 0; t < Tq; ++t) {  // D = rowsum(dO * O)
-      const float* o = out + t * ldo + h * hd;
-      float d = 0.0f;
-      for (int64_t c = 0; c < hd; ++c) d += dO[t * hdp + c] * o[c];
-      w.D[static_cast<size_t>(t)] = d;
-      w.L[static_cast<size_t>(t)] = lse[h * s.lse_T + t];
-    }
-    for (int64_t j0 = 0; j0 < (accumulate ? key_end : Tk); j0 += kTile) {
-      const int64_t nj = std::min(kTile, Tk - j0);
-      pack_transposed(Kt, k + j0 * s.kv_ld, s.kv_ld, nj, hd);
-      pack_transposed(Vt, v + j0 * s.kv_ld, s.kv_ld, nj, hd);
-      pack_rows(K, k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
-      std::fill(w.dk.begin(), w.dk.end(), 0.0f);
-      std::fill(w.dv.begin(), w.dv.end(), 0.0f);
-      // The first query tile with a row that sees key j0 (row j0 - delta).
-      for (int64_t i0 = std::max<int64_t>(0, j0 - delta) / kTile * kTile; i0 < Tq; i0 += kTile) {
-        const int64_t ni = std::min(kTile, Tq - i0), nip = round_up(ni, kMR);
-        const float* Qi = Q + i0 * hdp;
-        const float* dOi = dO + i0 * hdp;
-        for (int64_t r0 = 0; r0 < nip; r0 += kMR) {  // S = (scale Q) K^T and dP = dO V^T, live columns
-          const int64_t cols = round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV;
-          block_cols(wide, cols, P + r0 * kTile, kTile, Qi + r0 * hdp, hdp, 1, Kt, kTile, 0, hd, false);
-          block_cols(wide, cols, dS + r0 * kTile, kTile, dOi + r0 * hdp, hdp, 1, Vt, kTile, 0, hd, false);
-        }
-        for (int64_t r = 0; r < nip; ++r) {  // P = e^(S - lse); dS = P (dP - D)
-          float *p = P + r * kTile, *ds = dS + r * kTile;
-          const int64_t live = r < ni ? live_row(i0 + r, delta, j0, nj) : 0;
-          const float lr = w.L[static_cast<size_t>(i0 + r)], Dr = w.D[static_cast<size_t>(i0 + r)];
+// Element i of the head's packed dO as the products read it (bf16 paths).
+template <Mode M>
+__attribute__((always_inline)) inline float dout_read(const BackScratch& w, int64_t i) {
+  if constexpr (M == Mode::Widen)
+    return w.dout[static_cast<size_t>(i)];
+  else
+    return bf16_value(w.dob[static_cast<size_t>(i)]);
+}
+
+// A head's packed copies for its backward (Q scaled; bf16: also in pairs
+// of rows), D = rowsum(dO O) (bf16: with the dO the products read, so that
+// it matches their rowsum(P dP)), its rows' lse, and dQ and E zeroed.
+template <Mode M>
+__attribute__((always_inline)) inline void backward_head(const FlashBlock& s, const float* q, const float* dout,
+                                                         const float* out, const float* lse, int64_t h, float scale,
+                                                         BackScratch& w) {
+  const int64_t Tq = s.Tq, hd = s.hd, hdp = hd_padded(s), Tp = round_up(Tq, kTile), ldo = s.out_ld;
+  if constexpr (M != Mode::Dp) {
+    pack_rows<M == Mode::Widen>(w.q.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
+    pack_rows<M == Mode::Widen>(w.dout.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
+    if constexpr (M == Mode::Widen) std::fill(w.E.begin(), w.E.end(), 0.0f);
+  } else {
+    pack_rows_bf16(w.qb.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
+    pack_row_pairs_bf16(w.q2.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
+    pack_rows_bf16(w.dob.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
+    pack_row_pairs_bf16(w.do2.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
+    std::fill(w.E.begin(), w.E.end(), 0.0f);
+  }
+  std::fill(w.dq.begin(), w.dq.end(), 0.0f);
+  for (int64_t t = 0; t < Tq; ++t) {  // D = rowsum(dO * O)
+    const float* o = out + t * ldo + h * hd;
+    float d = 0.0f;
+    if constexpr (M == Mode::F32) {
+      for (int64_t c = 0; c < hd; ++c) d += w.dout[static_cast<size_t>(t * hdp + c)] * o[c];
+    } else {  // in lanes (see max_in_lanes; the fp32 path's serial sum keeps its bits)
+      float part[kV] = {};
+      int64_t c = 0;
+      for (; c + kV <= hd; c += kV)
 #pragma omp simd
-          for (int64_t c = 0; c < live; ++c) {
-            p[c] = fast_exp(p[c] - lr);
-            ds[c] = p[c] * (ds[c] - Dr);
-          }
-          std::fill(p + live, p + kTile, 0.0f);
-          std::fill(ds + live, ds + kTile, 0.0f);
-        }
-        // dV += P^T dO and dK += dS^T (scale Q) over the rows that see each
-        // block of keys (row r sees key c when i0 + r + delta >= j0 + c).
-        for (int64_t c0 = 0; c0 < nj; c0 += kMR) {
-          const int64_t r_first = std::clamp<int64_t>(j0 + c0 - delta - i0, 0, ni);
-          block_cols(wide, nv, dV + c0 * hdp, hdp, P + c0, 1, kTile, dOi, hdp, r_first, ni, true);
-          block_cols(wide, nv, dK + c0 * hdp, hdp, dS + c0, 1, kTile, Qi, hdp, r_first, ni, true);
-        }
-        for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // dQ += dS K (its scale applied once, at the end)
-          block_cols(wide, nv, dQ + (i0 + r0) * hdp, hdp, dS + r0 * kTile, kTile, 1, K, hdp, 0,
-                     live_keys(i0, r0, delta, j0, nj), true);
-      }
-      for (int64_t c = 0; c < nj; ++c) {
-        float* dkr = dk + (j0 + c) * s.kv_ld;
-        float* dvr = dv + (j0 + c) * s.kv_ld;
-        for (int64_t d = 0; d < hd; ++d) {
-          dkr[d] = (add ? dkr[d] : 0.0f) + dK[c * hdp + d];
-          dvr[d] = (add ? dvr[d] : 0.0f) + dV[c * hdp + d];
-        }
-      }
+        for (int64_t j = 0; j < kV; ++j) part[j] += dout_read<M>(w, t * hdp + c + j) * o[c + j];
+      for (; c < hd; ++c) part[0] += dout_read<M>(w, t * hdp + c) * o[c];
+      d = fold_sum(part);
     }
-    for (int64_t t = 0; t < Tq; ++t) {
-      float* dqr = dq + t * s.q_ld + h * hd;
-      for (int64_t d = 0; d < hd; ++d) dqr[d] = (accumulate ? dqr[d] : 0.0f) + dQ[t * hdp + d] * scale;
+    w.D[static_cast<size_t>(t)] = d;
+    w.L[static_cast<size_t>(t)] = lse[h * s.lse_T + t];
+  }
+}
+
+// Key tile [j0, j0 + nj) of key/value head k, v (already offset to it).
+template <Mode M>
+__attribute__((always_inline)) inline void backward_key_tile(const FlashBlock& s, const float* k, const float* v,
+                                                             int64_t j0, int64_t nj, BackScratch& w) {
+  const int64_t hd = s.hd, hdp = hd_padded(s);
+  if constexpr (M != Mode::Dp) {
+    pack_transposed<M == Mode::Widen>(w.kt.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd);
+    pack_transposed<M == Mode::Widen>(w.vt.data(), v + j0 * s.kv_ld, s.kv_ld, nj, hd);
+    pack_rows<M == Mode::Widen>(w.k.data(), k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
+  } else {
+    pack_channel_pairs_bf16(w.kt2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp, w.row.data());
+    pack_channel_pairs_bf16(w.vt2.data(), v + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp, w.row.data());
+    pack_row_pairs_bf16(w.k2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
+  }
+  std::fill(w.dk.begin(), w.dk.end(), 0.0f);
+  std::fill(w.dv.begin(), w.dv.end(), 0.0f);
+}
+
+// The tile pair's P = e^(S - lse) and dS = P (dP - D) from S and dP (in
+// w.p, w.ds), rows [0, nip) of query tile i0 (rows ni.. zero); bf16: their
+// copies in pairs of rows (P^T and dS^T of dV += P^T dO and dK += dS^T Q
+// read them so) and dS row-major (dQ += dS K), and each row's rounding of
+// dS added to E.
+template <Mode M>
+__attribute__((always_inline)) inline void backward_probabilities(const FlashBlock& s, int64_t i0, int64_t ni,
+                                                                  int64_t j0, int64_t nj, BackScratch& w) {
+  const int64_t nip = round_up(ni, kMR);
+  for (int64_t r = 0; r < nip; ++r) {
+    float *p = w.p.data() + r * kTile, *ds = w.ds.data() + r * kTile;
+    const int64_t live = r < ni ? live_row(i0 + r, s.delta, j0, nj) : 0;
+    const float lr = w.L[static_cast<size_t>(i0 + r)], Dr = w.D[static_cast<size_t>(i0 + r)];
+    if constexpr (M == Mode::F32) {
+#pragma omp simd
+      for (int64_t c = 0; c < live; ++c) {
+        p[c] = fast_exp(p[c] - lr);
+        ds[c] = p[c] * (ds[c] - Dr);
+      }
+      std::fill(p + live, p + kTile, 0.0f);
+      std::fill(ds + live, ds + kTile, 0.0f);
+    } else {  // whole vectors, the columns past live masked (see max_in_lanes)
+      for (int64_t c = 0; c < live; c += kV)
+#pragma omp simd
+        for (int64_t j = 0; j < kV; ++j) {
+          const float e = fast_exp(p[c + j] - lr);
+          const bool seen = c + j < live;
+          ds[c + j] = seen ? e * (ds[c + j] - Dr) : 0.0f;
+          p[c + j] = seen ? e : 0.0f;
+        }
+      std::fill(p + round_up(live, kV), p + kTile, 0.0f);
+      std::fill(ds + round_up(live, kV), ds + kTile, 0.0f);
+      // dS's bf16 copy (Widen: P and dS rounded in place) and dS's
+      // rounding, kept in lanes per row (E: [Tp][kV]).
+      uint16_t* dsb = w.dsb.data() + r * kTile;
+      float* part = w.E.data() + (i0 + r) * kV;
+      for (int64_t c = 0; c < kTile; c += kV)
+#pragma omp simd
+        for (int64_t j = 0; j < kV; ++j) {
+          const uint32_t b = rounded_bits(ds[c + j]);
+          const float rounded = std::bit_cast<float>(b & 0xffff0000u);
+          part[j] += rounded - ds[c + j];
+          if constexpr (M == Mode::Widen) {
+            ds[c + j] = rounded;
+            p[c + j] = as_products_read<true>(p[c + j]);
+          } else {
+            dsb[c + j] = static_cast<uint16_t>(b >> 16);
+          }
+        }
+    }
+  }
+  if constexpr (M == Mode::Dp) {
+    for (int64_t r = 0; r < nip; r += 2) {
+      const float *p = w.p.data() + r * kTile, *ds = w.ds.data() + r * kTile;
+      uint32_t *pt = w.pt2.data() + r / 2 * kTile, *dst = w.dst2.data() + r / 2 * kTile;
+#pragma omp simd
+      for (int64_t c = 0; c < kTile; ++c) {
+        pt[c] = pair_word(p[c], p[c + kTile]);
+        dst[c] = pair_word(ds[c], ds[c + kTile]);
+      }
     }
   }
 }
 
+// Key tile j0's dK and dV (w.dk, w.dv) into dk and dv: added (add) or
+// written.
+__attribute__((always_inline)) inline void write_key_tile(const FlashBlock& s, float* dk, float* dv, int64_t j0,
+                                                          int64_t nj, bool add, BackScratch& w) {
+  const int64_t hd = s.hd, hdp = hd_padded(s);
+  for (int64_t c = 0; c < nj; ++c) {
+    float* dkr = dk + (j0 + c) * s.kv_ld;
+    float* dvr = dv + (j0 + c) * s.kv_ld;
+    for (int64_t d = 0; d < hd; ++d) {
+      dkr[d] = (add ? dkr[d] : 0.0f) + w.dk[static_cast<size_t>(c * hdp + d)];
+      dvr[d] = (add ? dvr[d] : 0.0f) + w.dv[static_cast<size_t>(c * hdp + d)];
+    }
+  }
+}
+
+// dK's share of dS's bf16 rounding, taken back out. A softmax ignores a
+// constant added to every score, so rowsum(dS) = 0 and the keys' gradients
+// sum to zero in the key bias's direction: in fp32 that sum is rounding
+// (about 1e-9 of the value bias's gradient), but rounding dS to bf16 leaves
+// each row a residual E_r = rowsum(bf16(dS) - dS) and the keys' sum
+// sum_r E_r q_r, bf16 noise (3e-6 of the value bias's gradient, measured)
+// that AdamW would turn into lr-sized steps of the key bias
+// (docs/precision.md). Each row's residual is spread evenly over the n_r
+// keys of this block it sees: key c loses sum over the rows r that see it
+// of E_r q_r / n_r (a suffix sum over the rows), which takes the whole
+// sum_r E_r q_r back out and moves each key by bf16-rounding-sized amounts.
+// w.qb (Widen: w.q) holds the head's (scaled, rounded) Q, w.E its rows'
+// residuals.
+template <Mode M>
+__attribute__((always_inline)) inline void key_bias_correction(const FlashBlock& s, BackScratch& w, float* dk) {
+  const int64_t Tq = s.Tq, Tk = s.Tk, delta = s.delta, hd = s.hd, hdp = hd_padded(s);
+  float* acc = w.corr.data();
+  std::fill(acc, acc + hd, 0.0f);
+  int64_t r = Tq - 1;
+  for (int64_t c = std::min(Tk, Tq + delta) - 1; c >= 0; --c) {
+    for (; r >= 0 && r + delta >= c; --r) {  // the rows that see key c and not key c + 1
+      const float e = fold_sum(w.E.data() + r * kV) / static_cast<float>(std::min(Tk, r + delta + 1));
+      if constexpr (M == Mode::Widen) {
+        const float* qr = w.q.data() + r * hdp;
+#pragma omp simd
+        for (int64_t d = 0; d < hd; ++d) acc[d] += e * qr[d];
+      } else {
+        const uint16_t* qr = w.qb.data() + r * hdp;
+#pragma omp simd
+        for (int64_t d = 0; d < hd; ++d) acc[d] += e * bf16_value(qr[d]);
+      }
+    }
+    float* dkr = dk + c * s.kv_ld;
+    for (int64_t d = 0; d < hd; ++d) dkr[d] -= acc[d];
+  }
+}
+
+// The tile kernels: for the build's targets, and for AVX-512 BF16.
+namespace tiles {
+#include "nn/flash_tiles.h"
+}  // namespace tiles
+#if defined(DPT_FLASH_DPBF16)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512cd,avx512bf16,avx2,fma,bmi,bmi2,f16c,lzcnt,movbe")
+namespace tiles_dp {
+#include "nn/flash_tiles.h"
+}  // namespace tiles_dp
+#pragma GCC pop_options
+#endif
+
+DPT_CPU_CLONES void forward_tile(const FlashBlock& s, const float* q, const float* k, const float* v, float* out,
+                                 float* lse, int64_t i0, int64_t ni, float scale, bool wide, bool merge,
+                                 ForwardScratch& w) {
+  tiles::forward_tile_as<Mode::F32>(s, q, k, v, out, lse, i0, ni, scale, wide, merge, w);
+}
+DPT_CPU_CLONES void forward_tile_widen(const FlashBlock& s, const float* q, const float* k, const float* v,
+                                       float* out, float* lse, int64_t i0, int64_t ni, float scale, bool wide,
+                                       bool merge, ForwardScratch& w) {
+  tiles::forward_tile_as<Mode::Widen>(s, q, k, v, out, lse, i0, ni, scale, wide, merge, w);
+}
+#if defined(DPT_FLASH_DPBF16)
+DPT_DPBF16_TARGET void forward_tile_dp(const FlashBlock& s, const float* q, const float* k, const float* v,
+                                       float* out, float* lse, int64_t i0, int64_t ni, float scale, bool merge,
+                                       ForwardScratch& w) {
+  tiles_dp::forward_tile_as<Mode::Dp>(s, q, k, v, out, lse, i0, ni, scale, true, merge, w);
+}
+#endif
+
+DPT_CPU_CLONES void backward_group(const FlashBlock& s, const float* q, const float* k, const float* v,
+                                   const float* dout, const float* out, const float* lse, float* dq, float* dk,
+                                   float* dv, int64_t g, float scale, bool wide, bool accumulate, BackScratch& w) {
+  tiles::backward_group_as<Mode::F32>(s, q, k, v, dout, out, lse, dq, dk, dv, g, scale, wide, accumulate, w);
+}
+DPT_CPU_CLONES void backward_group_widen(const FlashBlock& s, const float* q, const float* k, const float* v,
+                                         const float* dout, const float* out, const float* lse, float* dq, float* dk,
+                                         float* dv, int64_t g, float scale, bool wide, bool accumulate,
+                                         BackScratch& w) {
+  tiles::backward_group_as<Mode::Widen>(s, q, k, v, dout, out, lse, dq, dk, dv, g, scale, wide, accumulate, w);
+}
+#if defined(DPT_FLASH_DPBF16)
+DPT_DPBF16_TARGET void backward_group_dp(const FlashBlock& s, const float* q, const float* k, const float* v,
+                                         const float* dout, const float* out, const float* lse, float* dq, float* dk,
+                                         float* dv, int64_t g, float scale, bool accumulate, BackScratch& w) {
+  tiles_dp::backward_group_as<Mode::Dp>(s, q, k, v, dout, out, lse, dq, dk, dv, g, scale, true, accumulate, w);
+}
+#endif
+
 // The whole-sequence layout of flash_attention_*: qkv rows, delta 0.
-FlashBlock whole_sequence(const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
+FlashBlock whole_sequence(const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd,
+                          FlashProducts products) {
   const int64_t ld = (NH + 2 * NKV) * hd;
   FlashBlock s{};
   s.B = B, s.NH = NH, s.NKV = NKV, s.hd = hd, s.Tq = T, s.Tk = T, s.delta = 0;
   s.q = qkv, s.q_ld = ld, s.q_batch = T * ld;
   s.k = qkv + NH * hd, s.v = qkv + (NH + NKV) * hd, s.kv_ld = ld, s.kv_batch = T * ld;
   s.out_ld = NH * hd, s.out_batch = T * NH * hd, s.lse_T = T;
+  s.products = products;
   return s;
 }
 
@@ -342,11 +657,27 @@ void check(const FlashBlock& s) {
             s.hd, s.NH, s.NKV, s.delta);
 }
 
+bool has_dpbf16() {
+#if defined(DPT_FLASH_DPBF16)
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  return has && !force_narrow.load(std::memory_order_relaxed) && !force_no_dpbf16.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+Mode mode_of(const FlashBlock& s) {
+  if (s.products == FlashProducts::F32) return Mode::F32;
+  return has_dpbf16() ? Mode::Dp : Mode::Widen;
+}
+
 // Forward over (sequence, head, query tile); merge as forward_tile's.
 void run_forward(const FlashBlock& s, float* out, float* lse, bool merge) {
   check(s);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
   const bool wide = wide_vectors();
+  const Mode mode = mode_of(s);
   const int64_t tiles = (s.Tq + kTile - 1) / kTile;
 #pragma omp parallel
   {
@@ -357,8 +688,17 @@ void run_forward(const FlashBlock& s, float* out, float* lse, bool merge) {
       for (int64_t h = 0; h < s.NH; ++h)
         for (int64_t i = 0; i < tiles; ++i) {
           const int64_t g = h / group_of(s), i0 = i * kTile, kv = b * s.kv_batch + g * s.hd;
-          forward_tile(s, s.q + b * s.q_batch + h * s.hd, s.k + kv, s.v + kv, out + b * s.out_batch + h * s.hd,
-                       lse + (b * s.NH + h) * s.lse_T, i0, std::min(kTile, s.Tq - i0), scale, wide, merge, w);
+          const float *q = s.q + b * s.q_batch + h * s.hd, *k = s.k + kv, *v = s.v + kv;
+          float *o = out + b * s.out_batch + h * s.hd, *l = lse + (b * s.NH + h) * s.lse_T;
+          const int64_t ni = std::min(kTile, s.Tq - i0);
+          if (mode == Mode::F32)
+            forward_tile(s, q, k, v, o, l, i0, ni, scale, wide, merge, w);
+#if defined(DPT_FLASH_DPBF16)
+          else if (mode == Mode::Dp)
+            forward_tile_dp(s, q, k, v, o, l, i0, ni, scale, merge, w);
+#endif
+          else
+            forward_tile_widen(s, q, k, v, o, l, i0, ni, scale, wide, merge, w);
         }
   }
 }
@@ -369,6 +709,7 @@ void run_backward(const FlashBlock& s, const float* out, const float* dout, cons
   check(s);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
   const bool wide = wide_vectors();
+  const Mode mode = mode_of(s);
 #pragma omp parallel
   {
     static thread_local BackScratch w;
@@ -376,8 +717,17 @@ void run_backward(const FlashBlock& s, const float* out, const float* dout, cons
     for (int64_t b = 0; b < s.B; ++b)
       for (int64_t g = 0; g < s.NKV; ++g) {
         const int64_t qb = b * s.q_batch, kvb = b * s.kv_batch, ob = b * s.out_batch;
-        backward_group(s, s.q + qb, s.k + kvb, s.v + kvb, dout + ob, out + ob, lse + b * s.NH * s.lse_T, dq + qb,
-                       dk + kvb, dv + kvb, g, scale, wide, accumulate, w);
+        const float *q = s.q + qb, *k = s.k + kvb, *v = s.v + kvb, *l = lse + b * s.NH * s.lse_T;
+        if (mode == Mode::F32)
+          backward_group(s, q, k, v, dout + ob, out + ob, l, dq + qb, dk + kvb, dv + kvb, g, scale, wide, accumulate,
+                         w);
+#if defined(DPT_FLASH_DPBF16)
+        else if (mode == Mode::Dp)
+          backward_group_dp(s, q, k, v, dout + ob, out + ob, l, dq + qb, dk + kvb, dv + kvb, g, scale, accumulate, w);
+#endif
+        else
+          backward_group_widen(s, q, k, v, dout + ob, out + ob, l, dq + qb, dk + kvb, dv + kvb, g, scale, wide,
+                               accumulate, w);
       }
   }
 }
@@ -385,15 +735,17 @@ void run_backward(const FlashBlock& s, const float* out, const float* dout, cons
 }  // namespace
 
 void set_flash_attention_narrow_for_testing(bool on) { force_narrow.store(on); }
+void set_flash_attention_no_dpbf16_for_testing(bool on) { force_no_dpbf16.store(on); }
+bool flash_attention_dpbf16() { return has_dpbf16(); }
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                             int64_t hd) {
-  run_forward(whole_sequence(qkv, B, T, NH, NKV, hd), out, lse, false);
+                             int64_t hd, FlashProducts products) {
+  run_forward(whole_sequence(qkv, B, T, NH, NKV, hd, products), out, lse, false);
 }
 
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) {
-  run_backward(whole_sequence(qkv, B, T, NH, NKV, hd), out, dout, lse, dqkv, dqkv + NH * hd,
+                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd, FlashProducts products) {
+  run_backward(whole_sequence(qkv, B, T, NH, NKV, hd, products), out, dout, lse, dqkv, dqkv + NH * hd,
                dqkv + (NH + NKV) * hd, false);
 }
 

@@ -20,14 +20,29 @@ namespace dpt {
 
 inline constexpr int64_t kFlashTile = 64;
 
+// What the tile products read. F32: fp32 throughout (an fp32 run). BF16 (a
+// --precision bf16 run, as PyTorch autocast's SDPA): the products read bf16
+// copies of their inputs, rounded once as the tiles are packed, and
+// accumulate in fp32 (AVX-512 BF16's vdpbf16ps where the CPU has it, else
+// fp32 FMAs on the same bf16 values); the softmax, lse, the online
+// rescaling, D = rowsum(dO O) and every output stay fp32. Two things keep
+// the key biases' gradient (exactly zero in exact arithmetic) at fp32
+// rounding rather than bf16 noise (docs/precision.md): the forward's P V
+// reads the probabilities in fp32 (V in bf16), so D matches the backward's
+// rowsum(P dP); and the bf16 rounding of dS, which breaks rowsum(dS) = 0, is
+// summed per query row and taken back out of dK spread over the keys the
+// row sees, so the keys' gradients sum as if dS had not been rounded.
+enum class FlashProducts { F32, BF16 };
+
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
-                             int64_t NKV, int64_t hd);
+                             int64_t NKV, int64_t hd, FlashProducts products = FlashProducts::F32);
 
 // dqkv written (as gqa_attention_backward's). Each (batch, key/value head)
 // pair is one thread's work, its group's query heads in order: the bits do
 // not depend on the thread count.
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd);
+                              int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd,
+                              FlashProducts products = FlashProducts::F32);
 
 // One block pair of ring attention (context parallelism, docs/context_parallel.md):
 // Tq query rows against Tk key/value rows of other layouts, where query row
@@ -46,6 +61,7 @@ struct FlashBlock {
   const float* v;
   int64_t kv_ld, kv_batch;
   int64_t out_ld, out_batch, lse_T;
+  FlashProducts products = FlashProducts::F32;
 };
 
 // Merges the block's attention into (out, lse): on entry they hold the
@@ -64,5 +80,11 @@ void flash_block_backward(const FlashBlock& blk, const float* out, const float* 
 // Tests only: the 8-float-vector products (what runs without AVX-512) even
 // where the 16-float ones would, so an AVX-512 host checks both.
 void set_flash_attention_narrow_for_testing(bool on);
+// Tests only: FlashProducts::BF16 through fp32 FMAs on the bf16 values (what
+// runs on a CPU without AVX-512 BF16) even where vdpbf16ps would run.
+void set_flash_attention_no_dpbf16_for_testing(bool on);
+// Whether FlashProducts::BF16 runs on AVX-512 BF16's vdpbf16ps here (the
+// CPU has it, this build holds the code, no test switched it off).
+bool flash_attention_dpbf16();
 
 }  // namespace dpt

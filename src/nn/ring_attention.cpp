@@ -44,7 +44,8 @@ bool pair(const RingShape& s, int rank, int src, int size, int qi, int ki, const
                    .kv_batch = s.Tl * w,
                    .out_ld = s.NH * s.hd,
                    .out_batch = s.Tl * s.NH * s.hd,
-                   .lse_T = s.Tl};
+                   .lse_T = s.Tl,
+                   .products = s.products};
   return true;
 }
 

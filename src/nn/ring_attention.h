@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "nn/flash_attention.h"
+
 namespace dpt {
 
 // What ring attention asks of its CP group. start() begins sending n floats
@@ -45,6 +47,7 @@ inline int64_t context_position(int64_t row, int64_t Tl, int rank, int size) {
 
 struct RingShape {
   int64_t B, Tl, NH, NKV, hd;
+  FlashProducts products = FlashProducts::F32;  // a bf16 run's: FlashProducts::BF16
   // Floats of one block on the ring: every local row's keys and values.
   size_t block() const { return static_cast<size_t>(B * Tl * 2 * NKV * hd); }
   // Floats of the scratch forward and backward use: two blocks forward
