@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -191,6 +192,24 @@ TEST_F(CliTest, DeviceAndHsdpAreChecked) {
                 fused.err.find("without CUDA") != std::string::npos)
         << fused.err;
   }
+  // --attention-products bf16: a bf16 run's fused attention on the CPU, refused
+  // elsewhere in one sentence each; it trains (loss falls) where it runs.
+  expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --attention-products bf16", kSmallGpt),
+                    "this run is fp32");
+  expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --precision bf16 --attention unfused "
+                                "--attention-products bf16",
+                                kSmallGpt),
+                    "this run's attention is unfused");
+  expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --precision bf16 --device cuda "
+                                "--attention fused --attention-products bf16",
+                                kSmallGpt),
+                    "runs on the CPU only");
+  const RunResult products = run(fmt::format(
+      "train --model gpt {} --synthetic --steps 30 --threads 1 --precision bf16 --attention-products bf16", kSmallGpt));
+  ASSERT_EQ(products.code, 0) << products.err;
+  std::smatch loss;
+  ASSERT_TRUE(std::regex_search(products.out, loss, std::regex(R"(train loss ([0-9.]+) -> ([0-9.]+))"))) << products.out;
+  EXPECT_LT(std::stod(loss[2]), std::stod(loss[1]));
   // hsdp's shard groups: only hsdp has them, and they must divide the ranks
   // (one rank here: a group of 2 cannot).
   expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --strategy zero3 --shard-group 1", kSmallGpt),

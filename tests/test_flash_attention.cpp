@@ -613,11 +613,13 @@ TEST(FusedAttentionDecoder, TrainsTheSameModelAsUnfusedInBf16) {
 // (docs/precision.md: AdamW turns that noise into lr-sized steps). Measured:
 // about 8e-10 of the value biases' gradient, fused and unfused; 4.2e-6 when
 // the fused backward read the bf16 copy of its output.
-std::vector<float> one_step_grads(const DecoderConfig& c, int64_t T, DType precision, bool fused) {
+std::vector<float> one_step_grads(const DecoderConfig& c, int64_t T, DType precision, bool fused,
+                                  bool bf16_products = false) {
   Decoder d(c);
   d.init_params(5);
   d.set_precision(precision);
   d.set_fused_attention(fused);
+  d.set_bf16_attention_products(bf16_products);
   return test::one_step_grads(d, test::random_batch(2, T, c.vocab, static_cast<uint64_t>(T)));
 }
 
@@ -628,28 +630,30 @@ TEST(FusedAttentionDecoder, Bf16GradientsMatchFp32Unfused) {
   llama.intermediate = 48;
   DecoderConfig gpt{64, 2, 4, 32, 1000};
   for (const DecoderConfig& c : {llama, gpt})
-    for (int64_t T : {1, 7, 64, 129, 1000}) {
-      SCOPED_TRACE(::testing::Message() << c.family << " T " << T);
-      const auto ref = one_step_grads(c, T, DType::F32, false), got = one_step_grads(c, T, DType::BF16, true);
-      const Decoder layout_of(c);
-      double worst = 0.0;
-      for (const Slot& s : layout_of.layout().slots()) {
-        const std::vector<float> a(got.begin() + s.offset, got.begin() + s.offset + s.numel),
-            b(ref.begin() + s.offset, ref.begin() + s.offset + s.numel);
-        EXPECT_LE(rel_diff(a, b), 1.6e-2) << s.name;
-        worst = std::max(worst, rel_diff(a, b));
+    for (int64_t T : {1, 7, 64, 129, 1000})
+      for (bool products : {false, true}) {  // --attention-products fp32, bf16
+        SCOPED_TRACE(::testing::Message() << c.family << " T " << T << (products ? " bf16 products" : ""));
+        const auto ref = one_step_grads(c, T, DType::F32, false), got = one_step_grads(c, T, DType::BF16, true, products);
+        const Decoder layout_of(c);
+        double worst = 0.0;
+        for (const Slot& s : layout_of.layout().slots()) {
+          const std::vector<float> a(got.begin() + s.offset, got.begin() + s.offset + s.numel),
+              b(ref.begin() + s.offset, ref.begin() + s.offset + s.numel);
+          EXPECT_LE(rel_diff(a, b), 1.6e-2) << s.name;
+          worst = std::max(worst, rel_diff(a, b));
+        }
+        std::printf("[ measure  ] %s T %lld bf16 fused%s: worst tensor %.2e\n", c.family.c_str(),
+                    static_cast<long long>(T), products ? " (bf16 products)" : "", worst);
       }
-      std::printf("[ measure  ] %s T %lld bf16 fused: worst tensor %.2e\n", c.family.c_str(),
-                  static_cast<long long>(T), worst);
-    }
 }
 
 TEST(FusedAttentionDecoder, Bf16KeyBiasGradientStaysRounding) {
   set_threads(1);
   DecoderConfig gpt{64, 2, 4, 32, 129};
   const Decoder layout_of(gpt);
-  for (bool fused : {false, true}) {
-    const auto g = one_step_grads(gpt, 129, DType::BF16, fused);
+  for (int mode : {0, 1, 2}) {  // unfused, fused, fused with --attention-products bf16
+    const bool fused = mode > 0;
+    const auto g = one_step_grads(gpt, 129, DType::BF16, fused, mode == 2);
     for (const Slot& s : layout_of.layout().slots()) {
       if (s.name.find("c_attn.bias") == std::string::npos) continue;
       // [q | k | v] biases, C each: the keys' against the values'.
@@ -660,7 +664,7 @@ TEST(FusedAttentionDecoder, Bf16KeyBiasGradientStaysRounding) {
       }
       EXPECT_LE(key, 1e-7 * value) << s.name << (fused ? " fused" : " unfused");
       std::printf("[ measure  ] %s %s: key bias gradient %.2e of the value bias's\n", s.name.c_str(),
-                  fused ? "fused" : "unfused", key / value);
+                  mode == 2 ? "fused, bf16 products" : fused ? "fused" : "unfused", key / value);
     }
   }
 }

@@ -119,6 +119,10 @@ class Decoder : public Model {
   // kept for backward instead of every head's T x T probabilities. fp32 on
   // the CPU; InputError, one sentence, otherwise (checked at forward).
   void set_fused_attention(bool on) { fused_attention_ = on; }
+  // The fused attention's products on bf16 copies of their inputs (fp32
+  // sums, softmax and outputs; nn/flash_attention.h): --attention-products
+  // bf16, for bf16 runs on the CPU (run_checks refuses the rest).
+  void set_bf16_attention_products(bool on) { bf16_attention_products_ = on; }
   bool fused_attention() const { return fused_attention_; }
   // Context parallelism (docs/context_parallel.md): of every sequence's 2 x
   // size chunks this rank holds chunks rank and 2 size - 1 - rank. forward
@@ -379,7 +383,7 @@ class Decoder : public Model {
       return b.att + B * w_.heads * T;
   }
   RingShape ring_shape(int64_t B, int64_t T) const {
-    return {B, T, w_.heads, w_.kv, w_.hd, precision_ == DType::BF16 ? FlashProducts::BF16 : FlashProducts::F32};
+    return {B, T, w_.heads, w_.kv, w_.hd, bf16_attention_products_ ? FlashProducts::BF16 : FlashProducts::F32};
   }
   // Context parallelism: the position in its sequence of local row t of T,
   // this rank's rows of a batch of whole sequences, and the learned
@@ -476,6 +480,7 @@ class Decoder : public Model {
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   bool stop_at_logits_ = false;  // logits(): forward ends with the packed logits
   bool fused_attention_ = false;
+  bool bf16_attention_products_ = false;
   int cp_size_ = 1, cp_rank_ = 0;
   ContextRing* ring_ = nullptr;
   int head_ = -1;  // an untied head's slot (lm_head.weight), on the last stage

@@ -33,7 +33,7 @@ void Decoder::attend_forward(float* out, float* att, const float* qkv, int64_t B
   const Widths& w = w_;
   if (cp_size_ > 1)
     ring_attention_forward(out, att, qkv, ring_shape(B, T), *ring_, act_.ring);
-  else if (fused_attention_ && precision_ == DType::BF16)
+  else if (fused_attention_ && bf16_attention_products_)
     k().flash_attention_bf16_forward(out, att, qkv, B, T, w.heads, w.kv, w.hd);
   else if (fused_attention_)
     k().flash_attention_forward(out, att, qkv, B, T, w.heads, w.kv, w.hd);
@@ -48,7 +48,7 @@ void Decoder::attend_backward(float* dqkv, const float* dout, const float* qkv, 
   const Widths& w = w_;
   if (cp_size_ > 1)
     ring_attention_backward(dqkv, dout, qkv, out, att, ring_shape(B, T), *ring_, act_.ring);
-  else if (fused_attention_ && precision_ == DType::BF16)
+  else if (fused_attention_ && bf16_attention_products_)
     k().flash_attention_bf16_backward(dqkv, dout, qkv, out, att, B, T, w.heads, w.kv, w.hd);
   else if (fused_attention_)
     k().flash_attention_backward(dqkv, dout, qkv, out, att, B, T, w.heads, w.kv, w.hd);

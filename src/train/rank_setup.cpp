@@ -54,7 +54,10 @@ bool fused_attention_for(const TrainOptions& o) {
 }
 
 void set_attention(const TrainOptions& o, Model& model) {
-  if (auto* d = dynamic_cast<Decoder*>(&model)) d->set_fused_attention(fused_attention_for(o));
+  if (auto* d = dynamic_cast<Decoder*>(&model)) {
+    d->set_fused_attention(fused_attention_for(o));
+    d->set_bf16_attention_products(o.attention_products == "bf16");
+  }
 }
 
 std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {

@@ -174,6 +174,15 @@ namespace {
 // and with --device cuda (cuda/flash_attention.cu; head sizes up to 256,
 // checked by the decoder, which knows its head size).
 void check_attention(const TrainOptions& o) {
+  if (o.attention_products == "bf16") {
+    if (o.precision != DType::BF16)
+      throw InputError("--attention-products bf16 rounds a bf16 run's attention inputs; this run is fp32 (add "
+                       "--precision bf16)");
+    if (!fused_attention_for(o))
+      throw InputError("--attention-products bf16 is the fused attention's setting; this run's attention is unfused");
+    if (o.device != Device::CPU)
+      throw InputError("--attention-products bf16 runs on the CPU only (the CUDA fused attention computes in fp32)");
+  }
   if (o.attention != "fused") return;
   if (o.model == "mlp") throw InputError("--attention is a transformer's setting; the mlp model has no attention");
 }

@@ -55,6 +55,9 @@ struct TrainOptions {
   // --attention fused or unfused (models/decoder.h); empty: the default,
   // fused on the CPU and unfused on CUDA (fused_attention_for, docs/memory.md).
   std::string attention;
+  // --attention-products: fp32 (default) or bf16 (the fused attention's
+  // products on bf16 copies of their inputs; --precision bf16 on the CPU).
+  std::string attention_products = "fp32";
   // Compute precision (docs/precision.md): F32, or BF16 (bf16 compute copies
   // of the parameters, fp32 master weights, fp32 gradients and reductions).
   DType precision = DType::F32;

@@ -149,15 +149,7 @@ TEST_F(CpCliTest, CheckpointingAndBf16) {
   EXPECT_EQ(summary(ck)["planned_comm_bytes_per_step"].get<uint64_t>(),
             summary(ck)["comm_bytes_per_step"].get<uint64_t>());
 
-  // bf16 at lr 0.02: a bf16 run's fused attention reads bf16 copies in its
-  // products, and the ring's blocks round P and dS apart from the whole
-  // sequence's tiles (about 1e-4 of dqkv, FlashBlockBf16 in
-  // test_flash_attention); at kSgd's lr 0.05 this Llama's loss spikes at
-  // steps 15-18 (2.1 to 3.45, fp32 attention too), which amplifies any
-  // difference (0.17 of the loss by step 20). At 0.02 it trains smoothly and
-  // the losses agree within 4e-4.
-  const std::string bf16 =
-      kLlama + " --optimizer sgd --lr 0.02 --momentum 0.9 --steps 20 --batch 4 --micro-batches 2 --precision bf16";
+  const std::string bf16 = kLlama + kSgd + " --batch 4 --micro-batches 2 --precision bf16";
   expect_within(run_ok(2, "llama_cp2_bf16", bf16 + " --cp 2"), run_ok(1, "llama_one_bf16", bf16), 1e-2);
 }
 
