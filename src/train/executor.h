@@ -47,9 +47,9 @@ class Executor {
   virtual void after_step() {}
   // Whether every gradient is final, and nothing but the update reads the
   // reduced gradients, once strategy.finish_backward() returns, so the
-  // strategy may update inside it (Strategy::allow_early_update). A
-  // pipeline stage's executor says no (its default): it is the lead's to
-  // decide when its stages' gradients are done.
+  // strategy may update inside it (Strategy::allow_early_update). The
+  // pipeline executor keeps the default, false: its steps keep the update
+  // after every reduction (not checked against its schedules' ordering).
   virtual bool update_may_start_at_finish() const { return false; }
   // Writes the whole model's weights (collective over every rank).
   virtual void save(const std::string& path, const SaveOptions& options) = 0;
