@@ -475,9 +475,7 @@ TEST(Ddp, ClippingUpdatesAfterAll) {
   o.summary_out = temp_path("mlp_clip") + ".json";
   const TrainRun run = run_ddp(o, "mlp_clip");
   EXPECT_TRUE(run.ok);
-  if (me() == 0 && run.ok) {
-    EXPECT_EQ(early_update_steps(o.summary_out), 0);
-  }
+  if (me() == 0 && run.ok) EXPECT_EQ(early_update_steps(o.summary_out), 0);
 }
 
 TEST(Ddp, NaiveDpMatchesDdp) {
