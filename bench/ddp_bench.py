@@ -4,17 +4,13 @@ single process and against PyTorch.
 
 Usage: /usr/bin/python3 bench/ddp_bench.py [--dpt build/dpt] [--workload mlp|gpt|all]
            [--steps N] [--skip-torch] [--only KEY,...] [--repeat K] [--out FILE.json]
-           [--dpt-before OTHER/dpt]
 
 For each workload it runs, one after the other (each configuration once):
 
   engine DDP, 2 ranks x 1 thread   dpt launch -n 2 -- dpt train --threads 1 ...
     default (overlapped, 25 MiB buckets; on one host the all-reduce runs
-    in place in a shared window; each bucket updated once reduced),
-    DPT_COMM_IN_PLACE=0 (through the ring's slots), --no-overlap,
-    --no-overlap-update (the update after every bucket), --per-param, and
-    --bucket-mb 0.25, 1, 4, 25; with --dpt-before, the default DDP run of
-    another binary (an earlier build) too, in the same rounds
+    in place in a shared window), DPT_COMM_IN_PLACE=0 (through the ring's
+    slots), --no-overlap, --per-param, and --bucket-mb 0.25, 1, 4, 25
   engine DP, 2 replica threads     dpt train --strategy dp --dp-replicas 2 --threads 1
   2 independent processes          dpt train --threads 1 --batch B/2, both at
                                    once: the ceiling for 2 ranks, no comm
@@ -96,11 +92,6 @@ def configurations(args, workload, tmp):
                 [dpt, "launch", "-n", str(RANKS), "--"] + train("ddp_slots", "--threads", "1"),
                 path("ddp_slots"), env))
     ddp("ddp_no_overlap", "engine DDP --no-overlap", "--no-overlap")
-    ddp("ddp_update_after", "engine DDP --no-overlap-update", "--no-overlap-update")
-    if args.dpt_before:
-        before = args.dpt_before
-        cmd = [before, "launch", "-n", str(RANKS), "--"] + [before] + train("ddp_before", "--threads", "1")[1:]
-        out.append(("ddp_before", "engine DDP, --dpt-before's binary", "engine", cmd, path("ddp_before"), None))
     ddp("ddp_per_param", "engine DDP --per-param", "--per-param")
     for mb in BUCKETS_MB:
         ddp(f"ddp_bucket_{mb:g}mb", f"engine DDP --bucket-mb {mb:g}", "--bucket-mb", f"{mb:g}")
@@ -272,11 +263,6 @@ def ratios_of(by):
         if "single_t1" in by else None,
         "engine_ddp_over_ceiling": ratio(by.get("ddp"), by.get("pair")),
         "engine_ddp_in_place_over_slots": ratio(by.get("ddp"), by.get("ddp_slots")),
-        # The update per bucket against the update after every bucket (the
-        # same binary), and both (and an earlier binary's DDP) against the pair.
-        "engine_ddp_over_update_after": ratio(by.get("ddp"), by.get("ddp_update_after")),
-        "engine_ddp_update_after_over_ceiling": ratio(by.get("ddp_update_after"), by.get("pair")),
-        "engine_ddp_before_over_ceiling": ratio(by.get("ddp_before"), by.get("pair")),
     }
 
 
@@ -331,16 +317,6 @@ def bench_workload(args, workload):
          ratios["scaling_ceiling_independent_processes"], "")
     show("engine DDP / that ceiling", ratios["engine_ddp_over_ceiling"], "")
     show("engine DDP in place / through the ring's slots", ratios["engine_ddp_in_place_over_slots"])
-    show("engine DDP / DDP --no-overlap-update", ratios["engine_ddp_over_update_after"])
-    show("engine DDP --no-overlap-update / the ceiling", ratios["engine_ddp_update_after_over_ceiling"], "")
-    show("engine DDP of --dpt-before / the ceiling", ratios["engine_ddp_before_over_ceiling"], "")
-    if args.repeat > 1:
-        for key, name in (("engine_ddp_over_ceiling", "DDP / ceiling"),
-                          ("engine_ddp_update_after_over_ceiling", "DDP --no-overlap-update / ceiling"),
-                          ("engine_ddp_before_over_ceiling", "DDP of --dpt-before / ceiling")):
-            values = [pr[key] for pr in per_round if isinstance(pr[key], float)]
-            if values:
-                print(f"  {name}, per round: {', '.join(f'{v:.3f}' for v in values)}")
     show("scaling efficiency, engine DP", ratios["scaling_efficiency_engine_dp"], "")
     show("scaling efficiency, PyTorch DDP (against PyTorch 1 thread)",
          ratios["scaling_efficiency_torch_ddp"], "")
@@ -366,16 +342,12 @@ def main():
                     "also PyTorch's, with a quarter warm-up")
     ap.add_argument("--skip-torch", action="store_true", help="run only the engine configurations")
     ap.add_argument("--only", metavar="KEY,...",
-                    help="run only these configurations (keys: ddp, ddp_slots, ddp_no_overlap, ddp_update_after, "
-                         "ddp_before (with --dpt-before), ddp_per_param, ddp_bucket_<mb>mb, dp, pair, single_t1, "
-                         "single_t2, torch_ddp, torch_t1, torch_t2)")
+                    help="run only these configurations (keys: ddp, ddp_slots, ddp_no_overlap, ddp_per_param, "
+                         "ddp_bucket_<mb>mb, dp, pair, single_t1, single_t2, torch_ddp, torch_t1, torch_t2)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds of every configuration, interleaved; medians reported (default 1)")
     ap.add_argument("--out", metavar="FILE.json",
                     help="results file (default bench/results/ddp_<workload>.json)")
-    ap.add_argument("--dpt-before", metavar="OTHER/dpt",
-                    help="also run the default DDP configuration with this binary (an earlier build), key "
-                         "ddp_before, in the same rounds")
     args = ap.parse_args()
     if args.steps is not None and args.steps < 4:
         ap.error("--steps must be >= 4")
@@ -383,8 +355,6 @@ def main():
         ap.error("--repeat must be >= 1")
     if not os.access(args.dpt, os.X_OK):
         ap.error(f"{args.dpt} is not an executable (build it: cmake --build build --target dpt)")
-    if args.dpt_before and not os.access(args.dpt_before, os.X_OK):
-        ap.error(f"--dpt-before: {args.dpt_before} is not an executable")
 
     workloads = ["mlp", "gpt"] if args.workload == "all" else [args.workload]
     results = {w: bench_workload(args, w) for w in workloads}

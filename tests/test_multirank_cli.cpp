@@ -500,13 +500,8 @@ std::map<int, RankSteps> read_trace(const fs::path& f, std::map<int, std::string
 }
 
 // Checks the trace of a 2-rank DDP run of `steps` steps whose last `traced`
-// were recorded, against the buckets of its summary. early: the steps that
-// are not logged (all traced ones but the last, with --log-every past the
-// run) update each bucket once it is reduced, so their compute thread
-// alternates a wait and an update per bucket (docs/ddp.md, step 6); the
-// others wait once and update once.
-void check_ddp_trace(const fs::path& trace, const json& summary, int64_t steps, int64_t traced, bool overlap,
-                     bool early) {
+// were recorded, against the buckets of its summary.
+void check_ddp_trace(const fs::path& trace, const json& summary, int64_t steps, int64_t traced, bool overlap) {
   std::map<int, std::string> names;
   const auto ranks = read_trace(trace, &names);
   ASSERT_EQ(ranks.size(), 2u);
@@ -515,43 +510,27 @@ void check_ddp_trace(const fs::path& trace, const json& summary, int64_t steps, 
   const size_t buckets = summary["ddp"]["buckets"].size();
   ASSERT_GT(buckets, 1u);
   constexpr double kSlack = 2.0;  // us: timestamps are rounded by the JSON writer
-  const auto by_start = [](std::vector<Span> v) {
-    std::sort(v.begin(), v.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
-    return v;
-  };
   for (const auto& [pid, r] : ranks) {
     SCOPED_TRACE(fmt::format("rank {}", pid));
     ASSERT_EQ(r.phases.size(), static_cast<size_t>(traced));
     EXPECT_EQ(r.phases.begin()->first, steps - traced);
     for (const auto& [step, phases] : r.phases) {
       SCOPED_TRACE(fmt::format("step {}", step));
-      const bool per_bucket = early && step + 1 < steps;
-      for (const char* p : {"data", "forward", "backward"})
+      for (const char* p : {"data", "forward", "backward", "comm wait", "optimizer"})
         ASSERT_EQ(phases.count(p) ? phases.at(p).size() : 0u, 1u) << p;
-      ASSERT_TRUE(phases.count("comm wait") && phases.count("optimizer"));
-      const std::vector<Span> w = by_start(phases.at("comm wait")), o = by_start(phases.at("optimizer"));
-      // The waits, and the updates with the optimizer's tail after the last.
-      ASSERT_EQ(w.size(), per_bucket ? buckets : 1u);
-      ASSERT_EQ(o.size(), per_bucket ? buckets + 1 : 1u);
-      // One thread: data, forward, backward, then wait, update, wait,
-      // update... (one of each unless per bucket), in order.
-      const Span d = phases.at("data")[0], f = phases.at("forward")[0], b = phases.at("backward")[0];
+      // One thread: data, forward, backward, wait, optimizer in order.
+      const Span d = phases.at("data")[0], f = phases.at("forward")[0], b = phases.at("backward")[0],
+                 w = phases.at("comm wait")[0], o = phases.at("optimizer")[0];
       EXPECT_LE(d.end, f.start + kSlack);
       EXPECT_LE(f.end, b.start + kSlack);
-      EXPECT_LE(b.end, w[0].start + kSlack);
-      for (size_t i = 0; i < w.size(); ++i) {
-        EXPECT_LE(w[i].end, o[i].start + kSlack) << "wait " << i;
-        if (i + 1 < w.size()) {
-          EXPECT_LE(o[i].end, w[i + 1].start + kSlack) << "update " << i;
-        }
-      }
+      EXPECT_LE(b.end, w.start + kSlack);
+      EXPECT_LE(w.end, o.start + kSlack);
       // Every bucket's all-reduce ran in this step, after forward, and was
-      // over before its update (per bucket: that bucket's; else the one
-      // update, which waits for them all).
+      // over before the optimizer (which waits for them).
       ASSERT_EQ(r.all_reduce.at(step).size(), buckets);
       for (const auto& [bucket, a] : r.all_reduce.at(step)) {
         EXPECT_GE(a.start + kSlack, b.start) << "bucket " << bucket;
-        EXPECT_LE(a.end, o[per_bucket ? static_cast<size_t>(bucket) : 0].start + kSlack) << "bucket " << bucket;
+        EXPECT_LE(a.end, o.start + kSlack) << "bucket " << bucket;
         if (!overlap) {
           EXPECT_GE(a.start + kSlack, b.end) << "bucket " << bucket << " ran before backward ended";
         }
@@ -569,23 +548,16 @@ void check_ddp_trace(const fs::path& trace, const json& summary, int64_t steps, 
 }
 
 TEST_F(MultirankCliTest, TraceShowsEveryRanksStepsAndBuckets) {
-  struct Variant {
-    const char* flags;
-    bool overlap, early;
-  };
-  for (const Variant v : {Variant{"", true, true}, Variant{" --no-overlap", false, true},
-                          Variant{" --no-overlap-update", true, false}}) {
-    SCOPED_TRACE(*v.flags ? v.flags : "default");
+  for (const bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "--no-overlap");
     const fs::path trace = dir_ / "trace.json", summary = dir_ / "trace_summary.json";
     // 64 KiB buckets: the 200 KB of gradients make four.
     RunResult r = launch2(fmt::format("train --model mlp --synthetic --steps 7 --sizes {} --threads 1 --quiet "
                                       "--first-bucket-mb 0.0625 --bucket-mb 0.0625 --trace-out {} --trace-steps 3 "
-                                      "--log-every 100 --summary-out {}{}",
-                                      kSizes, q(trace), q(summary), v.flags));
+                                      "--summary-out {}{}",
+                                      kSizes, q(trace), q(summary), overlap ? "" : " --no-overlap"));
     ASSERT_EQ(r.code, 0) << r.all();
-    const json s = json::parse(read_file(summary));
-    EXPECT_EQ(s["ddp"]["early_update_steps"].get<int64_t>(), v.early ? 6 : 0);
-    check_ddp_trace(trace, s, 7, 3, v.overlap, v.early);
+    check_ddp_trace(trace, json::parse(read_file(summary)), 7, 3, overlap);
   }
 }
 

@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <iterator>
 #include <vector>
 
 #include <fmt/format.h>
@@ -273,48 +272,6 @@ void expect_copy_is_the_rounded_update(const std::string& name) {
 
 TEST(Bf16Copy, SgdWritesTheRoundedParameters) { expect_copy_is_the_rounded_update("sgd"); }
 TEST(Bf16Copy, AdamWWritesTheRoundedParameters) { expect_copy_is_the_rounded_update("adamw"); }
-
-// step_range (DDP's update bucket by bucket): one prepare, then ranges that
-// cover the span in any order, cut anywhere (inside slots, at odd sizes, as
-// DDP's buckets are cut from the end): parameters, state, zeroed gradients
-// and the bf16 copy bitwise those of one whole step, on every step (SGD's
-// first step initialises the momentum, AdamW's bias correction counts).
-void expect_ranges_match_whole(const std::string& name) {
-  Layout l = mixed_layout();
-  const size_t N = l.numel(), begin = 7, n = 900;
-  OptimizerConfig c;
-  c.name = name;
-  c.momentum = 0.9f;
-  c.weight_decay = 0.2f;
-  auto whole = make_optimizer(c, l, begin, n), ranged = make_optimizer(c, l, begin, n);
-  ASSERT_TRUE(ranged->state_in_ram());
-  std::vector<float> p_whole = random_vector(n, 8), p_ranged = p_whole;
-  std::vector<bf16> copy_whole(n), copy_ranged(n);
-  // Ranges from the end of the span backwards, as the buckets are.
-  const size_t cuts[] = {n, 883, 640, 639, 512, 221, 16, 0};
-  for (int t = 0; t < 3; ++t) {
-    SCOPED_TRACE(fmt::format("{} step {}", name, t + 1));
-    const std::vector<float> g = random_vector(N, 500 + t);
-    std::vector<float> g_whole = g, g_ranged = g;
-    whole->step(p_whole.data(), g_whole.data() + begin, 0.01f, GradsAfter::Zeroed, copy_whole.data());
-    ranged->prepare(p_ranged.data(), g_ranged.data() + begin, 0.01f, copy_ranged.data(), GradsAfter::Zeroed);
-    for (size_t k = 0; k + 1 < std::size(cuts); ++k) ranged->step_range(cuts[k + 1], cuts[k] - cuts[k + 1]);
-    ASSERT_TRUE(test::bitwise_equal(p_ranged.data(), p_whole.data(), n)) << "parameters";
-    ASSERT_EQ(g_ranged, g_whole) << "gradients";
-    std::vector<float> a(n), b(n);
-    for (size_t i = 0; i < whole->state_names().size(); ++i) {
-      whole->read_state(i, 0, n, a.data());
-      ranged->read_state(i, 0, n, b.data());
-      ASSERT_TRUE(test::bitwise_equal(b.data(), a.data(), n)) << "state " << whole->state_names()[i];
-    }
-    for (size_t i = 0; i < n; ++i) ASSERT_EQ(copy_ranged[i].bits, copy_whole[i].bits) << "bf16 copy " << i;
-  }
-  EXPECT_EQ(ranged->steps(), whole->steps());
-  EXPECT_THROW(ranged->step_range(n - 4, 5), InternalError);
-}
-
-TEST(StepRange, SgdRangesAreBitwiseOneStep) { expect_ranges_match_whole("sgd"); }
-TEST(StepRange, AdamWRangesAreBitwiseOneStep) { expect_ranges_match_whole("adamw"); }
 
 TEST(Sharding, SpanPastTheLayoutIsAnInternalError) {
   Layout l = tiny_layout();

@@ -46,24 +46,6 @@ void Optimizer::step(float* params, float* grads, float lr, GradsAfter after, bf
   tier_->stream(&j, 1);
 }
 
-bool Optimizer::state_in_ram() {
-  if (masters_) return false;
-  for (size_t i = 0; i < tensors_; ++i)
-    if (!tier_->data(region_, i)) return false;
-  return true;
-}
-
-void Optimizer::step_range(size_t lo, size_t k) {
-  DPT_CHECK(lo + k <= n_, "optimizer range {}..{} past its span of {}", lo, lo + k, n_);
-  float* state[StateTier::kMaxTensors] = {};
-  for (size_t i = 0; i < tensors_; ++i) {
-    state[i] = tier_->data(region_, i);
-    DPT_CHECK(state[i] != nullptr, "a ranged optimizer step needs its state in RAM");
-    state[i] += lo;
-  }
-  update(lo, k, state);
-}
-
 void step_prepared(const std::vector<std::unique_ptr<Optimizer>>& optimizers) {
   if (optimizers.empty()) return;
   // Kept between calls: a step allocates nothing.

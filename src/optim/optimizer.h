@@ -61,16 +61,6 @@ class Optimizer : private ChunkKernel {
   // The same for several optimizers as one pass of their shared tier
   // (step_prepared): each is prepared with its span's pointers first.
   void prepare(float* params, float* grads, float lr, bf16* publish = nullptr, GradsAfter after = GradsAfter::Kept);
-  // After prepare(): the update of elements [lo, lo + k) of the span alone,
-  // for a caller that gets the span's gradients final a part at a time (DDP
-  // updates each bucket as its all-reduce completes, parallel/replicated.cpp).
-  // The update is elementwise, so the parts give the bits of one whole pass;
-  // the parts must cover the span once per prepare(). Needs the state in
-  // RAM (state_in_ram()).
-  void step_range(size_t lo, size_t k);
-  // Whether step_range can run: every state tensor in RAM and the
-  // parameters outside the tier (no --offload).
-  bool state_in_ram();
   // The master weights' tensor (optimizers made with masters).
   size_t master_tensor() const { return tensors_ - 1; }
   bool masters() const { return masters_; }

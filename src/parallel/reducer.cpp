@@ -116,24 +116,17 @@ void Reducer::launch_ready() {
   }
 }
 
-double Reducer::finish(const Reduced& reduced) {
+double Reducer::finish() {
   if (!sync_) return 0.0;
   for (const Bucket& b : buckets_)
     DPT_CHECK(b.pending == 0, "bucket {}..{} still waits for {} gradients after backward", b.offset,
               b.offset + b.numel, b.pending);
   launch_ready();
   counting_ = false;
-  double waited = 0.0;
-  for (Bucket& b : buckets_) {
-    b.wait_from = std::chrono::steady_clock::now();
-    b.work->wait();
-    b.wait_to = std::chrono::steady_clock::now();
-    waited += std::chrono::duration<double>(b.wait_to - b.wait_from).count();
-    if (!reduced) continue;
-    if (options_.reduce_dtype == DType::BF16) convert(model_.grads() + b.offset, wire_.b16() + b.offset, b.numel);
-    reduced(b.offset, b.numel);
-  }
-  if (options_.reduce_dtype == DType::BF16 && !reduced)
+  auto t0 = std::chrono::steady_clock::now();
+  for (Bucket& b : buckets_) b.work->wait();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (options_.reduce_dtype == DType::BF16)
     for (const Bucket& b : buckets_) convert(model_.grads() + b.offset, wire_.b16() + b.offset, b.numel);
   return waited;
 }

@@ -12,14 +12,10 @@
 // (Model::on_grads_ready); each bucket counts down its elements, and a bucket
 // that reaches zero is handed to the communication thread at once, buckets
 // strictly in index order (so every rank issues the same collectives in the
-// same order). The optimizer step waits for all of them (finish()), or,
-// given a callback, takes each bucket as its all-reduce completes (DDP's
-// update overlapped with the later buckets' reduction).
+// same order). The optimizer step waits for all of them (finish()).
 #pragma once
 
-#include <chrono>
 #include <cstddef>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -37,20 +33,12 @@ struct ReducerOptions {
   // (half the bytes) and widened back into the fp32 gradients after the
   // wait (--reduce-dtype bf16; the gradients themselves stay fp32).
   DType reduce_dtype = DType::F32;
-  // DDP's update bucket by bucket inside finish(), each bucket's as soon as
-  // its all-reduce completes, on the steps that allow it (no clipping, no
-  // logged norm: DdpStrategy::allow_early_update). false: every step waits
-  // for every bucket, then updates all parameters (--no-overlap-update;
-  // the same bits either way).
-  bool update_per_bucket = true;
 };
 
 struct Bucket {
   size_t offset = 0, numel = 0;  // range of the flat gradient buffer
   size_t pending = 0;            // elements whose gradient is not final yet
   std::shared_ptr<comm::Work> work;
-  // finish()'s wait for this bucket's all-reduce (the last finish's).
-  std::chrono::steady_clock::time_point wait_from, wait_to;
 };
 
 class Reducer {
@@ -65,14 +53,8 @@ class Reducer {
   void prepare(bool sync);
   // After the last micro-step's backward: launches what is left and waits
   // for every bucket. Returns the seconds spent waiting (exposed
-  // communication). With `reduced`, waits for the buckets one by one in
-  // index order and calls reduced(offset, numel) with each bucket's range
-  // of gradients as soon as it is reduced (and, under reduce_dtype bf16,
-  // widened back), while the later buckets are still in flight; its time
-  // is not in the seconds returned. Not called after a non-synchronising
-  // micro-step (nothing was reduced).
-  using Reduced = std::function<void(size_t offset, size_t numel)>;
-  double finish(const Reduced& reduced = nullptr);
+  // communication).
+  double finish();
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // Bytes of the bf16 copy the reductions run on (0 when they run in fp32).

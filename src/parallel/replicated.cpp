@@ -83,18 +83,15 @@ DdpStrategy::DdpStrategy(const StrategyOptions& options, Model& model, comm::Pro
   pg_.broadcast(model_.params(), model_.param_count(), DType::F32, 0);
   verify_replicas(model_, pg_, 0);
   reducer_ = std::make_unique<Reducer>(model_, pg_, options_.ddp);
-  updates_.reserve(reducer_->buckets().size());  // a step allocates nothing
-  early_possible_ = options_.ddp.update_per_bucket && model_.device() == Device::CPU && opt_->state_in_ram();
 }
 
 std::string DdpStrategy::describe() const {
   const auto& b = reducer_->buckets();
-  return fmt::format("ddp: {} buckets (first {:.2f} MiB, cap {:.1f} MiB){}{}{}", b.size(),
+  return fmt::format("ddp: {} buckets (first {:.2f} MiB, cap {:.1f} MiB){}{}", b.size(),
                      b.front().numel * 4.0 / (1 << 20), options_.ddp.bucket_bytes / double(1 << 20),
                      options_.ddp.per_param ? ", one per parameter"
                                             : (options_.ddp.overlap ? ", overlapped with backward" : ", after backward"),
-                     reducer_->in_place() ? ", all-reduced in place (shared window)" : "",
-                     early_possible_ ? ", each bucket updated once reduced" : "");
+                     reducer_->in_place() ? ", all-reduced in place (shared window)" : "");
 }
 
 nlohmann::json DdpStrategy::detail() const {
@@ -103,80 +100,14 @@ nlohmann::json DdpStrategy::detail() const {
   return {{"buckets", buckets},
           {"overlap", options_.ddp.overlap},
           {"per_param", options_.ddp.per_param},
-          {"in_place", reducer_->in_place()},
-          {"update_per_bucket", options_.ddp.update_per_bucket},
-          {"early_update_steps", early_steps_}};
+          {"in_place", reducer_->in_place()}};
 }
 
 float DdpStrategy::loss_scale() const { return 1.0f / static_cast<float>(pg_.size()); }
 
-void DdpStrategy::begin_step() {
-  early_asked_ = early_done_ = false;
-  LocalStrategy::begin_step();
-}
-
 void DdpStrategy::begin_micro_step(bool last) { reducer_->prepare(last); }
 
-// The update bucket by bucket needs what Optimizer::step_range needs: the
-// optimizer state in RAM (not --offload optimizer or params, whose file tier
-// streams the span in chunks of its own) and the parameters on the CPU (a
-// GPU's update is queued, not run, by the host: nothing to overlap there).
-// Everywhere else, and with --no-overlap-update, the step keeps today's
-// order: finish waits for every bucket, step() updates every parameter.
-void DdpStrategy::allow_early_update(float lr) {
-  if (!early_possible_) return;
-  early_asked_ = true;
-  early_lr_ = lr;
-}
-
-// With the early update, bucket i's parameters are updated as soon as its
-// all-reduce completes, while buckets i+1.. are still reduced by the
-// communication thread. Only the elements of bucket i are touched (the
-// buckets are disjoint and start on cache lines of the gradient buffer), and
-// its all-reduce has left the shared window (every rank is done reading
-// and writing it: comm/shm_window.h), so zeroing its gradients (the update
-// consumes them) races with nothing. The update is elementwise: the same
-// arithmetic on every element as step()'s single pass, bit for bit
-// (tests/dist/dist_ddp.cpp checks).
-double DdpStrategy::finish_backward() {
-  early_done_ = false;
-  early_s_ = 0.0;
-  updates_.clear();
-  if (!early_asked_) return reducer_->finish();
-  early_asked_ = false;
-  bf16* copy = nullptr;
-  bool prepared = false;
-  const double waited = reducer_->finish([&](size_t offset, size_t numel) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (!prepared) {  // the step's scalars (its count, bias corrections) once
-      copy = model_.params16_for_update();
-      opt_->prepare(model_.params(), model_.grads(), early_lr_, copy, GradsAfter::Zeroed);
-      prepared = true;
-    }
-    opt_->step_range(offset, numel);
-    const auto t1 = std::chrono::steady_clock::now();
-    early_s_ += std::chrono::duration<double>(t1 - t0).count();
-    updates_.emplace_back(t0, t1);
-  });
-  if (prepared) {  // every bucket was updated (the buckets cover the buffer)
-    if (copy) model_.params16_written();
-    early_done_ = true;
-    ++early_steps_;
-  }
-  return waited;
-}
-
-double DdpStrategy::take_early_update() {
-  const double s = early_s_;
-  early_s_ = 0.0;
-  return s;
-}
-
-void DdpStrategy::step(float lr) {
-  if (!early_done_) return LocalStrategy::step(lr);
-  early_done_ = false;
-  grads_zero_ = true;  // the bucket updates consumed them
-}
+double DdpStrategy::finish_backward() { return reducer_->finish(); }
 
 void DdpStrategy::verify(int64_t step) { verify_replicas(model_, pg_, step); }
 
@@ -201,16 +132,9 @@ void DdpStrategy::trace(Timeline& tl, int64_t step) const {
     if (buckets[i].work)
       tl.add(Timeline::AllReduce, step, static_cast<int>(i), buckets[i].numel * dtype_size(options_.ddp.reduce_dtype),
              buckets[i].work->started_at(), buckets[i].work->finished_at());
-  // With the early update the compute thread alternated between waiting for
-  // a bucket and updating it: those spans replace the step's one comm wait.
-  if (!updates_.empty())
-    for (size_t i = 0; i < buckets.size() && i < updates_.size(); ++i) {
-      tl.add(Timeline::CommWait, step, buckets[i].wait_from, buckets[i].wait_to);
-      tl.add(Timeline::Optimizer, step, updates_[i].first, updates_[i].second);
-    }
 }
 
-size_t DdpStrategy::trace_spans() const { return 3 * reducer_->buckets().size(); }
+size_t DdpStrategy::trace_spans() const { return reducer_->buckets().size(); }
 
 MemoryBytes DdpStrategy::bytes() const {
   MemoryBytes b = LocalStrategy::bytes();

@@ -1,11 +1,8 @@
 // Local and DDP: every rank holds the whole model (parallel/replicated.cpp).
 #pragma once
 
-#include <chrono>
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "parallel/reducer.h"
 #include "parallel/strategy.h"
@@ -48,12 +45,8 @@ class DdpStrategy : public LocalStrategy {
   std::string describe() const override;
   nlohmann::json detail() const override;
   float loss_scale() const override;
-  void begin_step() override;
   void begin_micro_step(bool last) override;
-  void allow_early_update(float lr) override;
   double finish_backward() override;
-  double take_early_update() override;
-  void step(float lr) override;
   void verify(int64_t step) override;
   std::vector<StateSpan> state_spans() override;
   void restored(int64_t optimizer_steps) override;
@@ -63,15 +56,6 @@ class DdpStrategy : public LocalStrategy {
 
  private:
   std::unique_ptr<Reducer> reducer_;
-  // The step's update inside finish_backward (allow_early_update): asked
-  // for with the step's lr, done (step() has nothing left to update), its
-  // seconds, and when each bucket's update ran (the timeline).
-  bool early_possible_ = false;  // update_per_bucket, on the CPU, state in RAM
-  bool early_asked_ = false, early_done_ = false;
-  int64_t early_steps_ = 0;  // steps updated bucket by bucket (the summary's detail)
-  float early_lr_ = 0.0f;
-  double early_s_ = 0.0;
-  std::vector<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> updates_;
 };
 
 // The catalog's records (parallel/catalog.h).

@@ -8,8 +8,7 @@
 //                       model.forward / model.backward (the model calls the
 //                       strategy's UnitStore at unit boundaries; gradient
 //                       ranges become final and start their reduction)
-//              s.finish_backward()        wait for the reductions (after
-//                                         allow_early_update(lr): and update)
+//              s.finish_backward()        wait for the reductions
 //              s.grad_norm_squared()      global, across shards
 //              s.scale_grads(clip)        clipping
 //              s.step(lr)                 the optimizer, then any all-gather
@@ -115,18 +114,6 @@ class Strategy {
   // After the last micro-step's backward: every reduction complete.
   // Returns the seconds spent waiting (exposed communication).
   virtual double finish_backward() = 0;
-  // Before the step's first micro-step, on steps where nothing needs the
-  // reduced gradients as a whole before the update (no clipping, no logged
-  // gradient norm, every gradient final when finish_backward returns): the
-  // strategy may run the update of step(lr) inside finish_backward, a part
-  // as soon as its reduction completes, while later parts are still being
-  // reduced. Only DDP does (bucket by bucket, parallel/replicated.cpp); the
-  // others ignore it and update in step(). The update is elementwise: the
-  // same bits either way.
-  virtual void allow_early_update(float /*lr*/) {}
-  // Seconds of update that the last finish_backward ran (0: none; step()
-  // then updates). The step's optimizer time counts them.
-  virtual double take_early_update() { return 0.0; }
   // Sum of squares of the reduced gradient over all parameters (every rank
   // gets the same value; a collective where gradients are sharded).
   virtual double grad_norm_squared() = 0;

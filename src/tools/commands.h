@@ -56,7 +56,6 @@ class TrainCommand {
   int threads_ = 0;
   double bucket_mb_ = 25.0, first_bucket_mb_ = 1.0, comm_timeout_s_ = 0.0;
   bool no_overlap_ = false;
-  bool no_overlap_update_ = false;
   RunFlags run_flags_;  // the flags train shares with plan
   std::string strategy_, prefetch_ = "both", offload_;
   double memory_budget_mb_ = 0.0;

@@ -164,8 +164,6 @@ void TrainCommand::add_parallel_flags() {
   cmd_->add_option("--first-bucket-mb", first_bucket_mb_, "ddp: cap of the first bucket in MiB")
       ->check(positive());
   cmd_->add_flag("--no-overlap", no_overlap_, "ddp: all-reduce the buckets after backward, not during it");
-  cmd_->add_flag("--no-overlap-update", no_overlap_update_,
-                 "ddp: update after every bucket is reduced, not each bucket as soon as it is (same bits)");
   cmd_->add_flag("--per-param", o.ddp.per_param, "ddp: one all-reduce per parameter tensor, no buckets");
   cmd_->add_option("--sampler-tail", o.sampler_tail,
                    "samples left when the dataset does not divide by the ranks: drop or pad")
@@ -203,7 +201,6 @@ int TrainCommand::run() {
   opts_.ddp.bucket_bytes = static_cast<size_t>(bucket_mb_ * (1 << 20));
   opts_.ddp.first_bucket_bytes = static_cast<size_t>(first_bucket_mb_ * (1 << 20));
   opts_.ddp.overlap = !no_overlap_;
-  opts_.ddp.update_per_bucket = !no_overlap_update_;
   opts_.memory_budget = static_cast<size_t>(memory_budget_mb_ * (1 << 20));
   comm::Config config = comm::Config::from_env();
   if (!comm_algo_.empty()) config.algo = comm::parse_algo(comm_algo_);

@@ -6,8 +6,7 @@
 //              executor.run(step, times, timeline)   every micro-batch's
 //                  forward and backward; returns the step's mean loss, the
 //                  same on every rank of a replica
-//              strategy.finish_backward()             (and the update, on
-//                                                     steps that allow it)
+//              strategy.finish_backward()
 //              executor.grad_norm_squared()           the whole model's
 //              strategy.scale_grads(), strategy.step()
 //              executor.after_step()                  copies kept in step
@@ -45,12 +44,6 @@ class Executor {
   // every rank.
   virtual double grad_norm_squared() = 0;
   virtual void after_step() {}
-  // Whether every gradient is final, and nothing but the update reads the
-  // reduced gradients, once strategy.finish_backward() returns, so the
-  // strategy may update inside it (Strategy::allow_early_update). The
-  // pipeline executor keeps the default, false: its steps keep the update
-  // after every reduction (not checked against its schedules' ordering).
-  virtual bool update_may_start_at_finish() const { return false; }
   // Writes the whole model's weights (collective over every rank).
   virtual void save(const std::string& path, const SaveOptions& options) = 0;
   // Collective over every rank: what save() writes, in memory. The whole
@@ -81,7 +74,6 @@ class SequentialExecutor : public Executor {
   // Under TP, each rank's share summed over the TP group (models/model.h's
   // grad_squares counts the replicated tensors once in that sum).
   double grad_norm_squared() override;
-  bool update_may_start_at_finish() const override { return true; }
   void save(const std::string& path, const SaveOptions& options) override;
   void gather_weights(float* whole) override;
   size_t trace_spans() const override;

@@ -35,30 +35,16 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   auto t0 = Clock::now();
   const double cpu0 = process_cpu_ms(), gemm0 = gemm_seconds();
   c.strategy.begin_step();
-  out.lr = o.schedule.at(step);
-  // The update may run inside the wait for the reductions, each part as
-  // soon as it is reduced, when nothing needs the gradients as a whole
-  // first: not to clip (the norm reads every gradient), nor on a logged
-  // step (its norm is logged). Every rank takes the same branch.
-  const bool early = o.clip <= 0.0f && !log_step && c.executor.update_may_start_at_finish();
-  if (early) c.strategy.allow_early_update(out.lr);
   out.loss = c.executor.run(step, t, tl);
   auto tw = Clock::now();
   fault_point("reduce", step + 1, rank);
   t.comm_wait_ms += c.strategy.finish_backward() * 1000.0;  // after a pipeline's waits for its neighbours
-  // What of the update ran inside finish_backward, between its waits: the
-  // optimizer's time, not the comm wait (which counts the waits alone).
-  const double early_update_ms = c.strategy.take_early_update() * 1000.0;
   t.gather_ms = c.strategy.take_gather_wait() * 1000.0;
   auto to = Clock::now();
-  // Busy from leaving the last reduction (with the early update: after its
-  // last bucket's update, which every rank does alike) to arriving here.
   if (c.left_reduction == Clock::time_point{}) c.left_reduction = t0;  // the first step
   t.busy_ms = std::chrono::duration<double, std::milli>(tw - c.left_reduction).count();
   c.left_reduction = to;
-  // One process waits for nothing; with the early update the strategy
-  // traces its waits and updates bucket by bucket instead.
-  if (tl && c.pg.size() > 1 && early_update_ms == 0.0) tl->add(Timeline::CommWait, step, tw, to);
+  if (tl && c.pg.size() > 1) tl->add(Timeline::CommWait, step, tw, to);  // one process waits for nothing
   // The global gradient norm is needed to clip, and logged; it costs a pass
   // over the gradients (and a collective where they are sharded), so it is
   // skipped on other steps. Every rank takes the same branch.
@@ -66,9 +52,10 @@ StepOutcome train_step(StepContext& c, int64_t step, bool log_step, Timeline* tl
   fault_point("optimizer", step + 1, rank);
   if (o.clip > 0.0f || log_step) out.grad_norm = std::sqrt(c.executor.grad_norm_squared());
   if (o.clip > 0.0f) c.strategy.scale_grads(clip_factor(out.grad_norm, o.clip));
-  c.strategy.step(out.lr);  // after an early update: nothing left to update
+  out.lr = o.schedule.at(step);
+  c.strategy.step(out.lr);
   c.executor.after_step();
-  t.optimizer_ms = since_ms(to) + early_update_ms;
+  t.optimizer_ms = since_ms(to);
   c.pg.set_phase("other");  // evaluation, the logged loss, replica checks
   if (tl) {
     tl->add(Timeline::Optimizer, step, to, Clock::now());

@@ -42,7 +42,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -51,7 +50,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "comm/process_group.h"
 #include "core/error.h"
@@ -396,86 +394,6 @@ TEST(Ddp, InPlaceAllReduceMatchesTheRingBitwise) {
   if (me() == 0 && run.ok) {
     EXPECT_TRUE(bitwise) << "the in-place all-reduce adds in the ring's order: expected bitwise equality";
   }
-}
-
-// The update bucket by bucket as each all-reduce completes (the default,
-// ReducerOptions::update_per_bucket) against the update after every bucket
-// is reduced (the path every step took before it): the update is
-// elementwise, so the weights must be bitwise equal, at every N. log_every
-// past the run: every step but the last (always logged) takes the
-// per-bucket path, which the summary's count of such steps proves. Each
-// case is a configuration the per-bucket update has to get right: several
-// buckets (MLP, SGD with momentum, 64 KiB caps), AdamW with the bf16
-// compute copy written in the update, gradients reduced in bf16, and
-// gradient accumulation (only the last micro-batch synchronises).
-struct EarlyCase {
-  std::string tag;
-  std::function<TrainOptions()> options;
-};
-
-int64_t early_update_steps(const std::string& summary) {
-  std::ifstream f(summary);
-  const nlohmann::json j = nlohmann::json::parse(f);
-  std::remove(summary.c_str());
-  return j.at("ddp").at("early_update_steps").get<int64_t>();
-}
-
-TEST(Ddp, UpdatePerBucketMatchesUpdateAfterAllBitwise) {
-  const std::vector<EarlyCase> cases = {
-      {"mlp_sgd_small_buckets",
-       [] {
-         TrainOptions o = mlp_options();
-         o.ddp.first_bucket_bytes = o.ddp.bucket_bytes = 64u << 10;
-         return o;
-       }},
-      {"gpt_adamw_bf16",
-       [] {
-         TrainOptions o = gpt_options();
-         o.precision = DType::BF16;
-         o.ddp.first_bucket_bytes = o.ddp.bucket_bytes = 16u << 10;
-         return o;
-       }},
-      {"mlp_reduce_bf16_accum2",
-       [] {
-         TrainOptions o = mlp_options();
-         o.ddp.reduce_dtype = DType::BF16;
-         o.grad_accum = 2;
-         return o;
-       }},
-  };
-  for (const EarlyCase& c : cases) {
-    TrainRun runs[2];
-    int64_t early[2] = {-1, -1};
-    for (int per_bucket = 0; per_bucket < 2; ++per_bucket) {
-      TrainOptions o = c.options();
-      o.log_every = o.steps + 1;
-      o.ddp.update_per_bucket = per_bucket == 1;
-      const std::string tag = c.tag + (per_bucket ? "_per_bucket" : "_after_all");
-      o.summary_out = temp_path(tag) + ".json";
-      runs[per_bucket] = run_ddp(o, tag);
-      EXPECT_TRUE(runs[per_bucket].ok) << tag;
-      if (me() == 0 && runs[per_bucket].ok) early[per_bucket] = early_update_steps(o.summary_out);
-    }
-    const bool bitwise = expect_close(runs[1], runs[0], kGptTol, c.tag + ": update per bucket vs after all");
-    if (me() == 0 && runs[0].ok && runs[1].ok) {
-      EXPECT_TRUE(bitwise) << c.tag << ": an elementwise update in parts: expected bitwise equality";
-      const int64_t steps = c.options().steps;
-      EXPECT_EQ(early[1], steps - 1) << c.tag << ": every step but the logged last one updates per bucket";
-      EXPECT_EQ(early[0], 0) << c.tag;
-    }
-  }
-}
-
-// Clipping needs the global norm of every reduced gradient before any
-// update: such a run never updates per bucket (and trains as before).
-TEST(Ddp, ClippingUpdatesAfterAll) {
-  TrainOptions o = mlp_options();
-  o.log_every = o.steps + 1;
-  o.clip = 1.0f;
-  o.summary_out = temp_path("mlp_clip") + ".json";
-  const TrainRun run = run_ddp(o, "mlp_clip");
-  EXPECT_TRUE(run.ok);
-  if (me() == 0 && run.ok) EXPECT_EQ(early_update_steps(o.summary_out), 0);
 }
 
 TEST(Ddp, NaiveDpMatchesDdp) {
