@@ -10,6 +10,9 @@
 //   none      nobody misbehaves
 // --shared: the data lives in a shared window (ProcessGroup::shared_memory),
 // so the all_reduces run in place (exit 2 where the group has no window).
+// --p2p: instead of all_reduces, rank 1 sends to rank 0, which receives
+// (and checks the values): on one host the receiver sleeps on the link's
+// futex (comm/shm_transport.h) and must still notice a sender that died.
 // A rank that catches an error prints "rank R: <what()>" on stderr and
 // leaves with _exit(1) (MPI finalisation could hang with a dead peer); a rank
 // that saw none prints "rank R: no error" and exits 0.
@@ -21,6 +24,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,7 +35,7 @@
 namespace {
 
 [[noreturn]] void usage(const char* msg) {
-  std::fprintf(stderr, "dist_failure: %s\nusage: dist_failure --mode die|skip|mismatch|late|none [--timeout-ms N] [--shared]\n", msg);
+  std::fprintf(stderr, "dist_failure: %s\nusage: dist_failure --mode die|skip|mismatch|late|none [--timeout-ms N] [--shared] [--p2p]\n", msg);
   std::exit(2);
 }
 
@@ -40,7 +44,7 @@ namespace {
 int main(int argc, char** argv) {
   std::string mode;
   long timeout_ms = 3000;
-  bool shared = false;
+  bool shared = false, p2p = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mode" && i + 1 < argc) {
@@ -51,6 +55,8 @@ int main(int argc, char** argv) {
       if (*end != '\0' || timeout_ms <= 0) usage("--timeout-ms needs a positive integer");
     } else if (a == "--shared") {
       shared = true;
+    } else if (a == "--p2p") {
+      p2p = true;
     } else {
       usage(("unknown argument '" + a + "'").c_str());
     }
@@ -98,7 +104,15 @@ int main(int argc, char** argv) {
           continue;
         }
       }
-      pg->all_reduce(data, kCount, dpt::DType::F32, dpt::comm::ReduceOp::Sum);
+      if (!p2p) {
+        pg->all_reduce(data, kCount, dpt::DType::F32, dpt::comm::ReduceOp::Sum);
+      } else if (rank == 1) {
+        pg->send(data, kCount, dpt::DType::F32, 0);
+      } else if (rank == 0) {
+        pg->recv(data, kCount, dpt::DType::F32, 1);
+        for (size_t i = 0; i < kCount; ++i)
+          if (data[i] != static_cast<float>(1 + op)) throw std::runtime_error("received the wrong values");
+      }
     }
     std::fprintf(stderr, "rank %d: no error\n", rank);
     std::fflush(nullptr);

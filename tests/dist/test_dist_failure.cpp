@@ -132,6 +132,22 @@ TEST(InPlaceFailure, NoneWhenNobodyMisbehaves) {
     EXPECT_TRUE(has(r.output, "rank " + std::to_string(rank) + ": no error")) << r.output;
 }
 
+// Point to point on one host: rank 0's receive sleeps on the link's futex
+// (comm/shm_transport.h) while rank 1 computes; when rank 1 dies instead of
+// sending, the receiver's health check after each sleep (at most 10 ms)
+// still finds it within its 100 ms cadence: the job ends in seconds, long
+// before the 60 s deadline, naming the receive. And with nobody dying the
+// five messages arrive with their values.
+TEST(P2pFailure, AReceiverAsleepOnTheLinkSeesItsSenderDie) {
+  const JobResult r = run_job(mpirun(2, algo_env("ring"), "--mode die --timeout-ms 60000 --p2p"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_LT(r.seconds, 30.0) << r.output;
+  EXPECT_TRUE(has(r.output, "recv #2 of 4000 bytes failed: rank 1 has exited")) << r.output;
+  const JobResult ok = run_job(mpirun(2, algo_env("ring"), "--mode none --timeout-ms 60000 --p2p"));
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  EXPECT_TRUE(has(ok.output, "rank 0: no error")) << ok.output;
+}
+
 TEST(FailureConfig, UnknownAlgorithmIsAClearError) {
   const JobResult r = run_job(mpirun(1, "-x DPT_COMM_ALGO=foo", "--mode none --timeout-ms 3000"));
   EXPECT_NE(r.status, 0) << r.output;
