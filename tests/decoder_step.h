@@ -25,6 +25,16 @@ inline Batch random_batch(int64_t B, int64_t T, int64_t vocab, uint64_t seed) {
   return batch;
 }
 
+// Two-block decoders of vocabulary 64 and 4 query heads for the attention
+// tests: Llama (2 key/value heads, rotary, SwiGLU of 1.5 x width) and
+// GPT-2 (plain heads, biases), at `width` and `context`.
+inline std::vector<DecoderConfig> small_llama_and_gpt(int64_t width, int64_t context) {
+  DecoderConfig llama = DecoderConfig::llama();
+  llama.vocab = 64, llama.layers = 2, llama.heads = 4, llama.kv_heads = 2, llama.width = width;
+  llama.context = context, llama.intermediate = width * 3 / 2;
+  return {llama, DecoderConfig{64, 2, 4, width, context}};
+}
+
 // d's gradients after one forward and backward of `batch` from zero, on the
 // host (downloaded from a device).
 inline std::vector<float> one_step_grads(Decoder& d, const Batch& batch) {

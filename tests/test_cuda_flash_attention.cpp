@@ -159,11 +159,8 @@ std::vector<float> one_step_grads(const dpt::DecoderConfig& c, int64_t T, bool f
 }
 
 TEST_F(CudaFlashAttention, DecoderGradientsMatchUnfused) {
-  dpt::DecoderConfig llama = dpt::DecoderConfig::llama();
-  llama.vocab = 64, llama.layers = 2, llama.heads = 4, llama.kv_heads = 2, llama.width = 64, llama.context = 129;
-  llama.intermediate = 96;
-  dpt::DecoderConfig gpt{64, 2, 4, 64, 129};
-  for (const dpt::DecoderConfig& c : {llama, gpt})
+  const auto configs = dpt::test::small_llama_and_gpt(64, 129);  // Llama, GPT-2
+  for (const dpt::DecoderConfig& c : configs)
     for (int64_t T : {7, 129}) {
       SCOPED_TRACE(c.family + " T " + std::to_string(T));
       const auto fused = one_step_grads(c, T, true), unfused = one_step_grads(c, T, false);

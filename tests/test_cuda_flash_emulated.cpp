@@ -160,12 +160,9 @@ std::vector<float> one_step_grads(const DecoderConfig& c, int64_t T, const Kerne
 // Llama (grouped heads of 16, rotary) and GPT-2 (plain heads of 16, biases).
 TEST(CudaFlashEmulated, DecoderGradientsMatchTheCpu) {
   set_threads(1);
-  DecoderConfig llama = DecoderConfig::llama();
-  llama.vocab = 64, llama.layers = 2, llama.heads = 4, llama.kv_heads = 2, llama.width = 64, llama.context = 70;
-  llama.intermediate = 96;
-  DecoderConfig gpt{64, 2, 4, 64, 70};
+  const auto configs = test::small_llama_and_gpt(64, 70);  // Llama, GPT-2
   const EmulatedFlashKernels emulated;
-  for (const DecoderConfig& c : {llama, gpt})
+  for (const DecoderConfig& c : configs)
     for (int64_t T : {7, 70}) {
       SCOPED_TRACE(c.family + " T " + std::to_string(T));
       const auto got = one_step_grads(c, T, &emulated), want = one_step_grads(c, T, nullptr);

@@ -584,13 +584,9 @@ void train_both(const DecoderConfig& c, bool checkpoint, DType precision = DType
 }
 
 TEST(FusedAttentionDecoder, TrainsTheSameModelAsUnfused) {
-  DecoderConfig llama = DecoderConfig::llama();
-  llama.vocab = 64, llama.layers = 2, llama.heads = 4, llama.kv_heads = 2, llama.width = 32, llama.context = 70;
-  llama.intermediate = 48;
-  DecoderConfig gpt{64, 2, 4, 32, 70};
+  const auto configs = test::small_llama_and_gpt(32, 70);  // Llama, GPT-2
   for (bool checkpoint : {false, true}) {
-    train_both(llama, checkpoint);
-    train_both(gpt, checkpoint);
+    for (const DecoderConfig& c : configs) train_both(c, checkpoint);
   }
 }
 
@@ -598,11 +594,8 @@ TEST(FusedAttentionDecoder, TrainsTheSameModelAsUnfused) {
 // bf16 runs can agree: 20 steps, Llama and GPT-2 configurations, every
 // parameter within 1.6e-2 (both compute attention in fp32 over the fp32 qkv).
 TEST(FusedAttentionDecoder, TrainsTheSameModelAsUnfusedInBf16) {
-  DecoderConfig llama = DecoderConfig::llama();
-  llama.vocab = 64, llama.layers = 2, llama.heads = 4, llama.kv_heads = 2, llama.width = 32, llama.context = 70;
-  llama.intermediate = 48;
-  DecoderConfig gpt{64, 2, 4, 32, 70};
-  for (const DecoderConfig& c : {llama, gpt}) train_both(c, false, DType::BF16);
+  const auto configs = test::small_llama_and_gpt(32, 70);  // Llama, GPT-2
+  for (const DecoderConfig& c : configs) train_both(c, false, DType::BF16);
 }
 
 // One bf16 step's gradients, fused, against the fp32 unfused layer's: every
@@ -625,11 +618,8 @@ std::vector<float> one_step_grads(const DecoderConfig& c, int64_t T, DType preci
 
 TEST(FusedAttentionDecoder, Bf16GradientsMatchFp32Unfused) {
   set_threads(1);
-  DecoderConfig llama = DecoderConfig::llama();
-  llama.vocab = 64, llama.layers = 2, llama.heads = 4, llama.kv_heads = 2, llama.width = 32, llama.context = 1000;
-  llama.intermediate = 48;
-  DecoderConfig gpt{64, 2, 4, 32, 1000};
-  for (const DecoderConfig& c : {llama, gpt})
+  const auto configs = test::small_llama_and_gpt(32, 1000);  // Llama, GPT-2
+  for (const DecoderConfig& c : configs)
     for (int64_t T : {1, 7, 64, 129, 1000})
       for (bool products : {false, true}) {  // --attention-products fp32, bf16
         SCOPED_TRACE(::testing::Message() << c.family << " T " << T << (products ? " bf16 products" : ""));
@@ -702,12 +692,9 @@ class CountingKernels : public test::ForwardingKernels {
 
 TEST(FusedAttentionDecoder, RunsThroughTheModelsKernels) {
   set_threads(1);
-  DecoderConfig llama = DecoderConfig::llama();
-  llama.vocab = 64, llama.layers = 2, llama.heads = 4, llama.kv_heads = 2, llama.width = 32, llama.context = 70;
-  llama.intermediate = 48;
-  DecoderConfig gpt{64, 2, 4, 32, 70};
+  const auto configs = test::small_llama_and_gpt(32, 70);  // Llama, GPT-2
   const Batch batch = test::random_batch(2, 70, 64, 3);
-  for (const DecoderConfig& c : {llama, gpt})
+  for (const DecoderConfig& c : configs)
     for (bool fused : {true, false}) {
       SCOPED_TRACE(c.family + (fused ? " fused" : " unfused"));
       Decoder direct(c), counted(c);

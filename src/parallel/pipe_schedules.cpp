@@ -179,7 +179,6 @@ PipeProgram zero_bubble(const std::string& name, int pp, int v, int M, const Pip
   // is a heuristic, and either build can win (ties keep the unit one).
   PipeProgram unit = p;
   Greedy(unit, held_cap, w_cap, PipeCosts{}).run();
-  if (costs.chunk.empty() && costs.f == costs.b && costs.b == costs.w && costs.transfer == 0.0) return unit;
   Greedy(p, held_cap, w_cap, costs).run();
   return simulate_pipe_program(p, costs).step < simulate_pipe_program(unit, costs).step ? p : unit;
 }

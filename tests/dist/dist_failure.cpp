@@ -39,81 +39,92 @@ namespace {
   std::exit(2);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Options {
   std::string mode;
   long timeout_ms = 3000;
   bool shared = false, p2p = false;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mode" && i + 1 < argc) {
-      mode = argv[++i];
+      o.mode = argv[++i];
     } else if (a == "--timeout-ms" && i + 1 < argc) {
       char* end = nullptr;
-      timeout_ms = std::strtol(argv[++i], &end, 10);
-      if (*end != '\0' || timeout_ms <= 0) usage("--timeout-ms needs a positive integer");
+      o.timeout_ms = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || o.timeout_ms <= 0) usage("--timeout-ms needs a positive integer");
     } else if (a == "--shared") {
-      shared = true;
+      o.shared = true;
     } else if (a == "--p2p") {
-      p2p = true;
+      o.p2p = true;
     } else {
       usage(("unknown argument '" + a + "'").c_str());
     }
   }
-  if (mode != "die" && mode != "skip" && mode != "mismatch" && mode != "none" &&
-      mode != "late") usage("--mode is required");
+  if (o.mode != "die" && o.mode != "skip" && o.mode != "mismatch" && o.mode != "none" && o.mode != "late")
+    usage("--mode is required");
+  return o;
+}
 
+// The five operations, rank 1 misbehaving at the third as o.mode says.
+void run_ops(dpt::comm::ProcessGroup& pg, float* data, size_t count, int rank, const Options& o) {
+  for (int op = 1; op <= 5; ++op) {
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(rank + op);
+    if (op == 3 && rank == 1) {
+      if (o.mode == "die") {
+        _exit(0);
+      } else if (o.mode == "skip") {
+        std::this_thread::sleep_for(std::chrono::seconds(20));
+        _exit(0);
+      } else if (o.mode == "mismatch") {
+        pg.all_gather(data, count, dpt::DType::F32);
+        continue;
+      }
+    }
+    if (!o.p2p) {
+      pg.all_reduce(data, count, dpt::DType::F32, dpt::comm::ReduceOp::Sum);
+    } else if (rank == 1) {
+      pg.send(data, count, dpt::DType::F32, 0);
+    } else if (rank == 0) {
+      pg.recv(data, count, dpt::DType::F32, 1);
+      for (size_t i = 0; i < count; ++i)
+        if (data[i] != static_cast<float>(1 + op)) throw std::runtime_error("received the wrong values");
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
   int rank = dpt::comm::launcher_rank();  // for messages before the group exists
-  if (mode == "late" && rank == 1) {
+  if (o.mode == "late" && rank == 1) {
     // A rank that never joins: the others wait in the group's set-up.
     std::this_thread::sleep_for(std::chrono::seconds(20));
     _exit(0);
   }
   try {
     dpt::comm::Config config = dpt::comm::Config::from_env();
-    config.timeout = std::chrono::milliseconds(timeout_ms);
-    if (mode == "mismatch") config.check_order = true;
+    config.timeout = std::chrono::milliseconds(o.timeout_ms);
+    if (o.mode == "mismatch") config.check_order = true;
     auto pg = dpt::comm::ProcessGroup::create(config);
     rank = pg->rank();
-    if (pg->size() < 2 && mode != "none") {
-      std::fprintf(stderr, "rank %d: mode %s needs at least two ranks\n", rank, mode.c_str());
+    if (pg->size() < 2 && o.mode != "none") {
+      std::fprintf(stderr, "rank %d: mode %s needs at least two ranks\n", rank, o.mode.c_str());
       std::fflush(nullptr);
       _exit(2);
     }
-
     constexpr size_t kCount = 1000;
     std::vector<float> own(kCount);
-    std::shared_ptr<void> window = shared ? pg->shared_memory(kCount * sizeof(float)) : nullptr;
-    if (shared && !window) {
+    std::shared_ptr<void> window = o.shared ? pg->shared_memory(kCount * sizeof(float)) : nullptr;
+    if (o.shared && !window) {
       std::fprintf(stderr, "rank %d: --shared, but this group has no shared window\n", rank);
       std::fflush(nullptr);
       _exit(2);
     }
-    float* data = window ? static_cast<float*>(window.get()) : own.data();
-    for (int op = 1; op <= 5; ++op) {
-      for (size_t i = 0; i < kCount; ++i) data[i] = static_cast<float>(rank + op);
-      if (op == 3 && rank == 1) {
-        if (mode == "die") {
-          _exit(0);
-        } else if (mode == "skip") {
-          std::this_thread::sleep_for(std::chrono::seconds(20));
-          _exit(0);
-        } else if (mode == "mismatch") {
-          pg->all_gather(data, kCount, dpt::DType::F32);
-          continue;
-        }
-      }
-      if (!p2p) {
-        pg->all_reduce(data, kCount, dpt::DType::F32, dpt::comm::ReduceOp::Sum);
-      } else if (rank == 1) {
-        pg->send(data, kCount, dpt::DType::F32, 0);
-      } else if (rank == 0) {
-        pg->recv(data, kCount, dpt::DType::F32, 1);
-        for (size_t i = 0; i < kCount; ++i)
-          if (data[i] != static_cast<float>(1 + op)) throw std::runtime_error("received the wrong values");
-      }
-    }
+    run_ops(*pg, window ? static_cast<float*>(window.get()) : own.data(), kCount, rank, o);
     std::fprintf(stderr, "rank %d: no error\n", rank);
     std::fflush(nullptr);
     pg.reset();
