@@ -8,6 +8,7 @@
 #include <new>
 
 #include "core/error.h"
+#include "core/host_alloc.h"
 #include "device/kernels.h"
 #include "nn/activations.h"
 #include "nn/attention.h"
@@ -33,14 +34,9 @@ class CpuKernels final : public Kernels {
   Device device() const override { return Device::CPU; }
 
   void* alloc(size_t bytes) const override {
-    if (bytes == 0) return nullptr;
-    const size_t rounded = (bytes + 255) / 256 * 256;
-    void* p = std::aligned_alloc(256, rounded);
-    if (!p) throw std::bad_alloc();
-    std::memset(p, 0, rounded);
-    return p;
+    return host_alloc(bytes);
   }
-  void free(void* p) const override { std::free(p); }
+  void free(void* p) const override { host_free(p); }
   void zero(void* p, size_t bytes) const override {
     if (bytes) std::memset(p, 0, bytes);
   }
