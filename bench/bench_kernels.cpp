@@ -201,6 +201,37 @@ BENCHMARK_CAPTURE(BM_linear_backward, gpt_c_fc, kN, kC, 4 * kC, true)->Apply(thr
 BENCHMARK_CAPTURE(BM_linear_backward, mlp_fc1, kMlpBatch, kMlpIn, kMlpHidden, false)
     ->Apply(thread_counts);
 
+// c_fc's weight gradient alone (dW += dout^T inp, accumulated into dW) at a
+// pipeline micro-batch's rows (256: 2 sequences of 128) and DDP's (1024),
+// with dW in cache or not. Between micro-batches a step runs every other
+// layer, so each micro-batch's dW GEMM meets its gradient evicted (the
+// inputs it has just made or read stay warm): what micro-batching costs
+// beside the GEMMs' own shapes (docs/pipeline.md).
+void BM_weight_grad(benchmark::State& state, bool cold_grad) {
+  dpt::set_threads(1);
+  const int64_t N = state.range(0), C = kC, OC = 4 * kC;
+  auto dout = random_buffer(N * OC, 21, -0.01f, 0.01f), inp = random_buffer(N * C, 22);
+  auto dweight = zero_buffer(OC * C);
+  std::vector<float> evict(size_t{12} << 20, 1.0f);  // 48 MiB: past the L3
+  float sink = 0.0f;
+  for (auto _ : state) {
+    if (cold_grad) {
+      state.PauseTiming();
+      for (size_t i = 0; i < evict.size(); i += 16) sink += (evict[i] += 1.0f);
+      for (const dpt::FlatBuffer* b : {&dout, &inp})
+        for (int64_t i = 0; i < static_cast<int64_t>(b->numel()); i += 16) sink += b->f32()[i];
+      state.ResumeTiming();
+    }
+    dpt::linear_backward_weight(dweight.f32(), dout.f32(), inp.f32(), N, C, OC, 0, OC);
+    benchmark::DoNotOptimize(dweight.f32());
+    benchmark::ClobberMemory();
+  }
+  benchmark::DoNotOptimize(sink);
+  report_flops(state, 2.0 * N * C * OC);
+}
+BENCHMARK_CAPTURE(BM_weight_grad, hot, false)->ArgName("rows")->Arg(256)->Arg(1024)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_weight_grad, cold, true)->ArgName("rows")->Arg(256)->Arg(1024)->Unit(benchmark::kMicrosecond);
+
 // ---------------------------------------------------------------- GELU
 // Over W-GPT's MLP hidden activations, N * 4C elements.
 
