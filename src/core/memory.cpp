@@ -7,9 +7,9 @@
 namespace dpt {
 
 namespace {
-// A "Key:   12345 kB" line of /proc/self/status, in bytes (0 if absent).
-size_t status_kib_field(const char* key) {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
+// A "Key:   12345 kB" line of a /proc/self file, in bytes (0 if absent).
+size_t kib_field(const char* file, const char* key) {
+  std::FILE* f = std::fopen(file, "r");
   if (!f) return 0;
   char line[256];
   const size_t n = std::strlen(key);
@@ -24,8 +24,10 @@ size_t status_kib_field(const char* key) {
 }
 }  // namespace
 
-size_t peak_rss_bytes() { return status_kib_field("VmHWM:"); }
+size_t peak_rss_bytes() { return kib_field("/proc/self/status", "VmHWM:"); }
 
-size_t current_rss_bytes() { return status_kib_field("VmRSS:"); }
+size_t current_rss_bytes() { return kib_field("/proc/self/status", "VmRSS:"); }
+
+size_t huge_page_bytes() { return kib_field("/proc/self/smaps_rollup", "AnonHugePages:"); }
 
 }  // namespace dpt

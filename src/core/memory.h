@@ -15,4 +15,9 @@ size_t peak_rss_bytes();
 // Resident set size now (VmRSS), in bytes.
 size_t current_rss_bytes();
 
+// Bytes of this process's anonymous memory on transparent huge pages now
+// (AnonHugePages of /proc/self/smaps_rollup; 0 where the kernel has none):
+// whether core/host_alloc.h's advice was taken.
+size_t huge_page_bytes();
+
 }  // namespace dpt

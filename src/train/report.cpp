@@ -43,7 +43,8 @@ void Report::print() const {
               m.gradients * kMiB, m.optimizer * kMiB);
   if (m.gathered || m.scratch)
     std::printf("gathered units %.1f MiB, communication scratch %.1f MiB, ", m.gathered * kMiB, m.scratch * kMiB);
-  std::printf("activations %.1f MiB, peak RSS %.1f MiB\n", r.activation_bytes * kMiB, r.peak_rss * kMiB);
+  std::printf("activations %.1f MiB, peak RSS %.1f MiB (%.1f MiB on huge pages at the end)\n",
+              r.activation_bytes * kMiB, r.peak_rss * kMiB, r.huge_pages * kMiB);
   if (o.device != Device::CPU) {
     const DeviceMemory dm = device_memory(o.device);
     std::printf("device memory (%s): %.1f MiB allocated, peak %.1f MiB\n", device_name(o.device), dm.in_use * kMiB,
@@ -277,7 +278,8 @@ nlohmann::json Report::json() const {
             {"comm", ledger},
             {"bytes", {{"parameters", m.parameters}, {"gradients", m.gradients}, {"optimizer", m.optimizer},
                        {"gathered", m.gathered}, {"scratch", m.scratch}, {"activations", r.activation_bytes},
-                       {"offloaded", m.offloaded}, {"peak_rss", r.peak_rss}}},
+                       {"offloaded", m.offloaded}, {"peak_rss", r.peak_rss},
+                       {"huge_pages", r.huge_pages}}},
             {"strategy_detail", strategy.describe()},
             {"mesh", {{"tp", o.tp}, {"pp", o.pp}, {"cp", o.cp}, {"dp", static_cast<int>(ranks.size()) / (o.tp * o.pp * o.cp)}}}};
   if (!r.topology.is_null()) j["topology"] = r.topology;

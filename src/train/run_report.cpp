@@ -173,6 +173,7 @@ void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& mode
                 Executor& executor, bool evaluated, const StepTimes& times, double baseline, double total_s,
                 bool quiet, TrainResult& r) {
   r.peak_rss = peak_rss_bytes();
+  r.huge_pages = huge_page_bytes();
   r.memory = strategy.bytes();
   r.activation_bytes = executor.activation_bytes();
   std::vector<RankTimes> ranks = gather_ranks(pg, r, o, model, times, baseline);

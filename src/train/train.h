@@ -186,6 +186,7 @@ struct TrainResult {
   double gflops = 0.0, mfu = 0.0, gemm_gflops = 0.0;  // the GEMM backend's peak, measured
   double scaling_efficiency = 0.0;  // with a baseline, else 0
   size_t peak_rss = 0;
+  size_t huge_pages = 0;    // of it, on transparent huge pages at the end (core/host_alloc.h)
   double ring_wait_ms = 0;  // --cp: this rank's mean wait per step for ring attention's transfers
   MemoryBytes memory;          // this rank, as the strategy accounts it
   size_t activation_bytes = 0; // this rank's activation arena
