@@ -452,6 +452,19 @@ TEST_F(CliTest, TraceOutInAMissingDirectoryFailsBeforeTraining) {
   EXPECT_TRUE(r.err.starts_with("dpt: error: /nonexistent/trace.json")) << r.err;
 }
 
+// Building a model looked each new slot's name up by a linear search: a
+// 20,000-block GPT (240,000 slots) took minutes before the memory check
+// could refuse it; now a second.
+TEST_F(CliTest, ADeepModelIsRefusedByTheMemoryCheckWithoutHanging) {
+  const RunResult r = test::run_shell(
+      fmt::format("{}/dpt train --model gpt --layers 20000 --width 32 --heads 2 --context 4 --batch 1 --synthetic "
+                  "--steps 1 --quiet --threads 1 --memory-budget-mb 1",
+                  DPT_BINARY_DIR),
+      dir_, 60);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("--strategy local needs about"), std::string::npos) << r.err;
+}
+
 TEST_F(CliTest, GptEvalOnTextShorterThanOneWindow) {
   ASSERT_EQ(gpt_train_.code, 0) << gpt_train_.err;
   const fs::path p = dir_ / "short.txt";
