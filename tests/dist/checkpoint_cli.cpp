@@ -329,6 +329,29 @@ TEST_F(BadCheckpoint, AManifestThatIsNotJsonIsRefused) {
   expect_refused("manifest.json: the manifest is not valid JSON");
 }
 
+// A directory where a file belongs: reading a directory as a stream threw
+// std::ios_base::failure (exit 2, "basic_filebuf::underflow"), and a shard's
+// size read as 0 bytes, "truncated".
+TEST_F(BadCheckpoint, AManifestThatIsADirectoryIsRefused) {
+  fs::remove(path("ck/step-00000002/manifest.json"));
+  fs::create_directory(path("ck/step-00000002/manifest.json"));
+  expect_refused("manifest.json: the checkpoint's manifest is not a file");
+}
+
+TEST_F(BadCheckpoint, AShardThatIsADirectoryIsNamed) {
+  fs::remove(shard_);
+  fs::create_directory(shard_);
+  expect_refused("rank-00001-of-00002.safetensors: not a file");
+}
+
+TEST_F(BadCheckpoint, AFileIsNotACheckpointDirectory) {
+  std::ofstream(path("weights.safetensors")) << "x";
+  const RunResult r =
+      train(1, fmt::format("{} {} --steps 4 --resume {}", kGpt, kQuiet, q(path("weights.safetensors"))));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("weights.safetensors: a file, not a checkpoint directory"), std::string::npos) << r.err;
+}
+
 TEST_F(BadCheckpoint, ANonexistentDirectoryIsRefused) {
   const RunResult r = train(1, fmt::format("{} {} --steps 4 --resume {}", kGpt, kQuiet, q(path("nowhere"))));
   EXPECT_EQ(r.code, 1);
