@@ -213,6 +213,37 @@ TEST_F(FileKindsTest, LoadingATextFileSaysItIsNotSafetensors) {
                          "'{' must open it)");
 }
 
+// A directory where a file belongs, beside weights or a tokenizer: read as a
+// stream it threw std::ios_base::failure (exit 2, "basic_filebuf::underflow
+// error reading the file"), and a merges.txt directory read as no merges
+// (exit 0, a tokenizer that merges nothing).
+TEST_F(FileKindsTest, ADirectoryWhereAFileBelongsIsOneSentence) {
+  const fs::path hf = fs::path(DPT_SOURCE_DIR) / "tests/fixtures/hf/gpt2";
+  const fs::path tok = fs::path(DPT_SOURCE_DIR) / "tests/fixtures/tokenizer/gpt2_style_files";
+  const std::string t = text("dirs.txt");
+  // Each copy with one file replaced by a directory of its name.
+  const auto copy_with_dir = [&](const fs::path& from, const std::string& name, const std::string& dir) {
+    const fs::path to = dir_ / name;
+    fs::copy(from, to, fs::copy_options::recursive);
+    fs::remove(to / dir);
+    fs::create_directory(to / dir);
+    return to;
+  };
+  const fs::path config = copy_with_dir(hf, "config_dir", "config.json");
+  expect_refused(dpt(fmt::format("eval --threads 1 --weights {} --data {}", q(config), q(t))),
+                 (config / "config.json").string() + ": a directory, not a config.json");
+  const fs::path gen = copy_with_dir(hf, "generation_dir", "generation_config.json");
+  expect_refused(dpt(fmt::format("generate --threads 1 --weights {} --prompt-ids 1 --output ids", q(gen))),
+                 (gen / "generation_config.json").string() + ": a directory, not a JSON file");
+  const fs::path index = copy_with_dir(hf, "index_dir", "model.safetensors.index.json");
+  expect_refused(dpt(fmt::format("eval --threads 1 --weights {} --data {}", q(index), q(t))),
+                 (index / "model.safetensors.index.json").string() + ": a directory, not a safetensors index");
+  const fs::path merges = copy_with_dir(tok, "merges_dir", "merges.txt");
+  expect_refused(dpt(fmt::format("tokens --tokenizer {} --input {} --out {}", q(merges), q(t), q(dir_ / "m_out"))),
+                 (merges / "merges.txt").string() + ": a directory, not a merges.txt");
+  EXPECT_FALSE(fs::exists(dir_ / "m_out"));
+}
+
 TEST_F(FileKindsTest, SyntheticWithDataIsRefused) {
   const std::string t = text("s.txt");
   expect_refused(dpt(fmt::format("train {} --steps 1 --synthetic --data {}", kGpt, q(t))),

@@ -482,6 +482,14 @@ TEST_F(GenerateCli, BadInputIsOneSentence) {
   }
 }
 
+// A directory opened as a stream and threw std::ios_base::failure when read:
+// exit 2, "internal error: basic_filebuf::underflow error reading the file".
+TEST_F(GenerateCli, APromptFileThatIsADirectoryIsRefused) {
+  const test::RunResult r = dpt(fmt::format("--weights {} --prompt-file {}", test::q(fixture("gpt2")), test::q(dir_)));
+  EXPECT_EQ(r.code, 1) << r.all();
+  EXPECT_EQ(r.err, fmt::format("dpt: error: {}: a directory, not a prompt file\n", dir_.string()));
+}
+
 TEST_F(GenerateCli, AnMlpIsRefused) {
   Mlp mlp(MlpConfig{{784, 16, 10}});
   mlp.init_params(1);

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "data/bpe_tokenizer.h"
 #include "data/byte_level.h"
+#include "io/read_checks.h"
 
 namespace dpt {
 
@@ -19,6 +20,7 @@ using nlohmann::json;
 namespace {
 
 std::string read_text(const std::string& path) {
+  refuse_directory(path, "a tokenizer file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(fmt::format("{}: cannot open", path));
   return {std::istreambuf_iterator<char>(in), {}};
@@ -188,6 +190,8 @@ BpeTokenizer BpeTokenizer::from_vocab_merges(const std::string& vocab_path, cons
   const json vocab = parse(read_text(vocab_path), vocab_path);
   if (!vocab.is_object()) refuse(vocab_path, "not a vocab.json (not a JSON object of token to id)");
   std::vector<std::pair<std::string, std::string>> merges;
+  // A directory would read as no merges at all, silently.
+  refuse_directory(merges_path, "a merges.txt");
   std::ifstream in(merges_path);
   if (!in) throw IoError(fmt::format("{}: cannot open", merges_path));
   std::string line;

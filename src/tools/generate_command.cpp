@@ -15,6 +15,7 @@
 #include "core/threads.h"
 #include "data/bpe_tokenizer.h"
 #include "data/utf8.h"
+#include "io/read_checks.h"
 #include "models/decoder.h"
 #include "models/generate.h"
 #include "models/hf_config.h"
@@ -50,6 +51,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 std::string read_file(const std::string& path) {
+  refuse_directory(path, "a prompt file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(fmt::format("{}: cannot open the prompt file", path));
   return {std::istreambuf_iterator<char>(in), {}};
