@@ -28,8 +28,21 @@ namespace dpt {
 
 namespace {
 
-// Token ids written as "1, 2 3" (commas and/or spaces).
+// Token ids written as "1, 2 3" (commas and/or spaces). A comma without an
+// id on each side is refused: "1,,2" or "1,2," is more likely a list missing
+// an id than 1,2.
 std::vector<int32_t> parse_ids(const std::string& text) {
+  bool id_before = false;  // since the start or the last comma
+  for (const char c : text) {
+    if (c != ',') {
+      id_before = id_before || c != ' ';
+      continue;
+    }
+    if (!id_before) throw InputError(fmt::format("--prompt-ids '{}': a comma with no id before it", text));
+    id_before = false;
+  }
+  if (!id_before && text.find(',') != std::string::npos)
+    throw InputError(fmt::format("--prompt-ids '{}': a comma with no id after it", text));
   std::string s = text;
   std::replace(s.begin(), s.end(), ',', ' ');
   std::istringstream in(s);
