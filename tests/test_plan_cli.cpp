@@ -623,6 +623,15 @@ TEST_F(PlanCliTest, ImpossibleMeshesAreRefused) {
                            "the mlp model has none");
 }
 
+// A --pp-split with a final comma read as the counts before it, and an
+// empty one as no split (balanced by parameters): both ran.
+TEST_F(PlanCliTest, APpSplitMissingACountIsRefused) {
+  const std::string plan = "plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --ranks 2 --pp 2 ";
+  test::expect_one_refusal(dpt(plan + "--pp-split 1,2,"), "--pp-split '1,2,': '' is not a positive number of blocks");
+  test::expect_one_refusal(dpt(plan + "--pp-split ''"), "--pp-split is empty");
+  EXPECT_EQ(dpt(plan + "--pp-split 1,2").code, 0);
+}
+
 TEST_F(PlanCliTest, BadInputIsOneSentenceAndExitOne) {
   for (const char* args : {"--model gpt --ranks 2 --strategy bogus", "--model gpt --ranks 0",
                            "--model gpt --ranks 2 --memory lots", "--model gpt --ranks 2 --memory -5G",
