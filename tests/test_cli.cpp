@@ -500,7 +500,7 @@ TEST_F(CliTest, NoSubcommandIsAUserError) { expect_user_error("", "subcommand");
 TEST_F(CliTest, NonFiniteNumbersAreRefusedInEveryFloatFlag) {
   for (const char* flag : {"--lr", "--momentum", "--beta1", "--beta2", "--eps", "--weight-decay", "--min-lr", "--clip",
                            "--val-fraction", "--bucket-mb", "--first-bucket-mb", "--comm-timeout",
-                           "--memory-budget-mb"})
+                           "--memory-budget-mb", "--save-shard-mb", "--offload-chunk-mb"})
     for (const char* value : {"nan", "inf", "-inf"})
       expect_user_error(fmt::format("train --model gpt --steps 1 --threads 1 {} {}", flag, value),
                         fmt::format("{}: must be", flag));

@@ -114,7 +114,7 @@ void TrainCommand::add_output_flags() {
           "--save as a sharded set, as published models ship (model-0000k-of-0000n.safetensors and an "
           "index .json), of at most this many MB of tensors per file; a --save path ending in "
           ".safetensors.index.json shards at 5000 MB without it")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd_->add_option_function<std::string>(
           "--save-dtype", [&o](const std::string& t) { o.save_dtype = parse_save_dtype(t); },
           "--save's tensors: fp32 (default), bf16 or fp16 (half the bytes; rounded to nearest even, fp16 "
