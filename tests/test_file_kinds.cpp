@@ -287,5 +287,32 @@ TEST_F(FileKindsTest, OtherContradictingFlagsAreRefused) {
   EXPECT_EQ(dpt(fmt::format("train {} --quiet --steps 1 --synthetic --schedule cosine --min-lr 0.001", kGpt)).code, 0);
 }
 
+// Flags that shape what --save or --checkpoint-dir writes, given without it:
+// they ran to exit 0 and wrote nothing. And --save-format hf of the MLP,
+// which wrote the engine's layout under the name of Hugging Face's.
+TEST_F(FileKindsTest, FlagsOfAnOutputThatIsNotGivenAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--save-format hf", "--save-format sets how --save writes the trained weights, and --save is not given"},
+      {"--save-dtype bf16", "--save-dtype sets how --save writes the trained weights, and --save is not given"},
+      {"--save-shard-mb 10", "--save-shard-mb sets how --save writes the trained weights, and --save is not given"},
+      {"--checkpoint-every 1", "--checkpoint-every sets when checkpoints are written into --checkpoint-dir, and "
+                               "--checkpoint-dir is not given"},
+      {"--keep 2", "--keep sets how many checkpoints --checkpoint-dir keeps, and --checkpoint-dir is not given"},
+  };
+  for (const auto& [flags, says] : cases) {
+    SCOPED_TRACE(flags);
+    const RunResult r = dpt(fmt::format("train {} --quiet --steps 1 --synthetic {}", kGpt, flags));
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.err, "dpt: error: " + says + "\n");
+  }
+  const RunResult mlp =
+      dpt(fmt::format("train --model mlp --sizes 784,8,10 --threads 1 --quiet --steps 1 --synthetic --save {} "
+                      "--save-format hf",
+                      q(dir_ / "mlp_hf.safetensors")));
+  EXPECT_EQ(mlp.code, 1) << mlp.err;
+  EXPECT_EQ(mlp.err.rfind("dpt: error: --save-format hf contradicts the mlp model", 0), 0u) << mlp.err;
+  EXPECT_FALSE(fs::exists(dir_ / "mlp_hf.safetensors"));
+}
+
 }  // namespace
 }  // namespace dpt
