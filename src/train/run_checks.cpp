@@ -107,7 +107,7 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
   if (o.model == "mlp")
     throw InputError(fmt::format("--tp splits a transformer's attention heads and MLP; the {} model has none", o.model));
   check_mesh_strategy(o.strategy, not_yet);
-  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
+  if (o.device != Device::CPU) throw InputError(fmt::format("--device cuda is not built {} yet", not_yet));
   const DecoderConfig c = DecoderConfig::from(model_hparams(o));
   if (c.heads % mesh.tp != 0)
     throw InputError(fmt::format("--tp {} does not divide the model's {} attention heads (a TP rank holds whole "
@@ -138,7 +138,7 @@ void check_context_parallel(const TrainOptions& o, const Mesh& mesh) {
                                  "none",
                                  o.model));
   check_mesh_strategy(o.strategy, not_yet);
-  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
+  if (o.device != Device::CPU) throw InputError(fmt::format("--device cuda is not built {} yet", not_yet));
   if (o.attention == "unfused")
     throw InputError(fmt::format("--cp passes keys and values round a ring into the fused attention; --attention "
                                  "unfused is not built {}",
@@ -160,7 +160,7 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
   if (o.model == "mlp")
     throw InputError(fmt::format("--pp splits a transformer's blocks into stages; the {} model has none", o.model));
   check_mesh_strategy(o.strategy, not_yet);
-  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
+  if (o.device != Device::CPU) throw InputError(fmt::format("--device cuda is not built {} yet", not_yet));
   const PipeProgram program = run_program(o, mesh.pp);  // throws for a schedule that cannot be
   const PipeCheck valid = check_pipe_program(program);
   if (!valid.error.empty())
