@@ -322,6 +322,14 @@ TEST_F(BadCheckpoint, AnotherModelIsRefused) {
                  "--model gpt --layers 3 --width 32 --heads 2 --context 16 --batch 8");
 }
 
+// A GPT checkpoint resumed as the mlp said "the checkpoint holds a model with
+// block_size=16, this run's has no block_size": a setting, not the model.
+TEST_F(BadCheckpoint, AnotherFamilyIsRefusedNamingBoth) {
+  expect_refused("the checkpoint holds a gpt model, and this run's is mlp", "", kMlp);
+  expect_refused("the checkpoint holds a gpt model, and this run's is llama", "",
+                 "--model llama --layers 2 --width 32 --heads 2 --kv-heads 1 --context 16 --batch 8");
+}
+
 TEST_F(BadCheckpoint, AnotherOptimizerIsRefused) { expect_refused("exp_avg", "--optimizer sgd"); }
 
 TEST_F(BadCheckpoint, AManifestThatIsNotJsonIsRefused) {
