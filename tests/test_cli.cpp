@@ -506,6 +506,17 @@ TEST_F(CliTest, NonFiniteNumbersAreRefusedInEveryFloatFlag) {
                         fmt::format("{}: must be", flag));
 }
 
+// The mlp read no transformer setting and the GPT no --sizes: each was
+// dropped silently. A final comma in --sizes read as the sizes before it.
+TEST_F(CliTest, ModelSettingsOfAnotherModelAreRefused) {
+  const std::string train = "train --synthetic --steps 1 --quiet --threads 1 ";
+  expect_user_error(train + "--model mlp --layers 3", "model setting n_layer is a transformer's, not the mlp's");
+  expect_user_error(train + "--model mlp --vocab 100", "model setting vocab_size is a transformer's, not the mlp's");
+  expect_user_error(train + "--model gpt " + kSmallGpt + " --sizes 784,10", "model setting sizes is the mlp's, not gpt's");
+  expect_user_error(train + "--model mlp --sizes 784,10,", "MLP sizes '784,10,' must be positive integers");
+  expect_user_error("eval --threads 1 --layers 3 --weights " + q(mlp_weights_), "n_layer is a transformer's");
+}
+
 TEST_F(CliTest, OutOfRangeFlagsSayTheRangeReadably) {
   const RunResult r = run("train --model mlp --steps 1 --momentum 2");
   EXPECT_EQ(r.code, 1);
