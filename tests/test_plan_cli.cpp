@@ -632,6 +632,13 @@ TEST_F(PlanCliTest, APpSplitMissingACountIsRefused) {
   EXPECT_EQ(dpt(plan + "--pp-split 1,2").code, 0);
 }
 
+// --meshes over 7 ranks, whose batch of 16 no mesh splits: no row, and the
+// reason dereferenced the smallest of no rows (a segmentation fault).
+TEST_F(PlanCliTest, MeshesOfAWorldNoLayoutRunsIsTrainingsSentence) {
+  test::expect_one_refusal(dpt("plan --model gpt --ranks 7 --meshes --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1"),
+                           "global batch 16 does not split into 7 ranks x 1 equal micro-batches");
+}
+
 TEST_F(PlanCliTest, BadInputIsOneSentenceAndExitOne) {
   for (const char* args : {"--model gpt --ranks 2 --strategy bogus", "--model gpt --ranks 0",
                            "--model gpt --ranks 2 --memory lots", "--model gpt --ranks 2 --memory -5G",
