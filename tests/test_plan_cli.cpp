@@ -643,7 +643,9 @@ TEST_F(PlanCliTest, BadInputIsOneSentenceAndExitOne) {
   for (const char* args : {"--model gpt --ranks 2 --strategy bogus", "--model gpt --ranks 0",
                            "--model gpt --ranks 2 --memory lots", "--model gpt --ranks 2 --memory -5G",
                            "--model gpt --ranks 2 --strategy local", "--model gpt --ranks 3 --batch 16",
-                           "--ranks 2", "--model gpt --ranks 2 --offload-dir /nonexistent"}) {
+                           "--ranks 2", "--model gpt --ranks 2 --offload-dir /nonexistent",
+                           // read as no --memory (the default), and as 0 or 2^63 bytes (past size_t)
+                           "--model gpt --ranks 2 --memory ''", "--model gpt --ranks 2 --memory 99999999999999999999T"}) {
     const RunResult r = dpt(fmt::format("plan {} --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1", args));
     EXPECT_EQ(r.code, 1) << args << ": " << r.all();
     EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;

@@ -43,6 +43,8 @@ size_t parse_bytes(const std::string& text) {
       if (unit == n) scale = factor;
   if (end == s || scale == 0 || !std::isfinite(v) || v <= 0)
     throw InputError(fmt::format("--memory '{}' is not a positive number of bytes (e.g. 24G, 512MiB, 1073741824)", text));
+  // Converting a double past size_t's range is undefined (in practice 0 or 2^63).
+  if (v * scale >= 0x1p64) throw InputError(fmt::format("--memory '{}' is more bytes than 16 EiB", text));
   return static_cast<size_t>(v * scale);
 }
 
@@ -180,7 +182,8 @@ int PlanCommand::run() {
     const comm::Config config = comm::Config::from_env();  // what `dpt train` would start with
     r.in_place = config.algo == comm::Algo::Ring && config.in_place;
   }
-  r.available = memory_.empty() ? host_available_bytes() : parse_bytes(memory_);
+  // Given empty, --memory is refused, not read as the default.
+  r.available = cmd_->count("--memory") == 0 ? host_available_bytes() : parse_bytes(memory_);
   r.offload_dir = offload_dir_;
   r.disk_free = check_offload_dir(offload_dir_, 0);  // one sentence for a directory the tier would refuse
   auto model = make_model(model_hparams(opts_));
