@@ -236,6 +236,30 @@ TEST_F(MultirankCliTest, LaunchOfZeroRanksFails) {
   }
 }
 
+// mpirun -n 99999 forked ranks onto a 2-core host for a minute and did not
+// stop at SIGTERM; a missing or non-executable program was mpirun's boxed
+// paragraph and status 132 or 134, as if a rank had crashed.
+TEST_F(MultirankCliTest, LaunchRefusesTooManyRanksPerSlotAndAMissingProgram) {
+  const RunResult many = dpt("launch -n 99999 -- /bin/echo hi");
+  EXPECT_EQ(many.code, 1) << many.err;
+  EXPECT_TRUE(many.err.starts_with("dpt: error: -n 99999 puts 99999 ranks on this host of ")) << many.err;
+  EXPECT_TRUE(has(many.err, "more than 64 per slot")) << many.err;
+  EXPECT_EQ(many.out, "");
+  const fs::path hosts = dir_ / "two_hosts";
+  std::ofstream(hosts) << "a slots=1\nb slots=2\n";
+  const RunResult spread = dpt(fmt::format("launch -n 300 --hostfile {} --dry-run -- /bin/echo hi", q(hosts)));
+  EXPECT_EQ(spread.err, "dpt: error: -n 300 puts 150 ranks on host a of 1 slot, more than 64 per slot (each rank is "
+                        "a process with its own memory and threads); give fewer ranks, or hosts in a --hostfile\n");
+  for (const auto& [program, says] : std::vector<std::pair<std::string, std::string>>{
+           {"/nonexistent/prog", "/nonexistent/prog: no such program"},
+           {"no_such_program_xyz", "no_such_program_xyz: no such program on PATH"},
+           {"/etc/passwd", "/etc/passwd: not an executable file"}}) {
+    const RunResult r = dpt("launch -n 2 -- " + program);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.err, "dpt: error: " + says + "\n");
+  }
+}
+
 // ---------------------------------------------------------------- errors once
 
 // Lines of `text` that hold `what`.
