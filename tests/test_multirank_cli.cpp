@@ -276,6 +276,16 @@ void expect_no_mpirun_text(const std::string& err) {
     EXPECT_FALSE(has(err, text)) << text << " in:\n" << err;
 }
 
+// A launch inside a launched job: mpirun's "does not support recursive
+// calls" banner from every rank, then "rank 0 exited with status 1".
+TEST_F(MultirankCliTest, LaunchInsideALaunchedJobIsOneSentence) {
+  const RunResult r = dpt(fmt::format("launch -n 2 -- {} launch -n 2 -- /bin/echo hi", q(dpt_bin())));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(has(r.err, "dpt launch runs here as a rank of an mpirun job of 2 ranks")) << r.err;
+  EXPECT_FALSE(has(r.err, "recursive")) << r.err;
+  EXPECT_EQ(count_lines(r.err, "error:"), 1) << r.err;
+}
+
 // A bad mesh, and the other checks train makes before it builds anything,
 // are refused by the launcher in train's own sentence, once, before any
 // rank starts: no "dpt[rank N]" (which a rank would print), no mpirun text,

@@ -287,6 +287,11 @@ int LaunchCommand::run() {
   // Set by the precheck for its own child only; a rank that saw it would
   // check and stop instead of training.
   ::unsetenv(kPrecheckWorld);
+  // mpirun refuses to run inside its own job with a banner from every rank.
+  if (const char* size = std::getenv("OMPI_COMM_WORLD_SIZE"))
+    throw InputError(fmt::format("dpt launch runs here as a rank of an mpirun job of {} ranks, and mpirun does not "
+                                 "run inside its own jobs: give the command to one dpt launch",
+                                 size));
   const auto args = mpirun_args();
   // A `dpt train` command that would fail alike on every rank (its flags,
   // its mesh for -n ranks) is refused here, once, before any rank starts;
