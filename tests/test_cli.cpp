@@ -517,6 +517,17 @@ TEST_F(CliTest, ModelSettingsOfAnotherModelAreRefused) {
   expect_user_error("eval --threads 1 --layers 3 --weights " + q(mlp_weights_), "n_layer is a transformer's");
 }
 
+// dpt bench data took its sizes unchecked: --context 0 divided by zero
+// counting windows (SIGFPE), a NaN --seconds read nothing.
+TEST_F(CliTest, BenchDataSizesAreChecked) {
+  const fs::path shards = dir_ / "bench_shards";
+  ASSERT_EQ(run(fmt::format("tokens --input {} --out {}", q(text_), q(shards))).code, 0);
+  for (const char* flag : {"--context", "--batch", "--vocab", "--seconds"})
+    for (const char* value : {"0", "-1", "nan"})
+      expect_user_error(fmt::format("bench data --data {} {} {}", q(shards), flag, value),
+                        fmt::format("{}: ", flag));
+}
+
 TEST_F(CliTest, OutOfRangeFlagsSayTheRangeReadably) {
   const RunResult r = run("train --model mlp --steps 1 --momentum 2");
   EXPECT_EQ(r.code, 1);
