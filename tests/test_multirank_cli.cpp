@@ -276,6 +276,16 @@ void expect_no_mpirun_text(const std::string& err) {
     EXPECT_FALSE(has(err, text)) << text << " in:\n" << err;
 }
 
+// A line without its host: mpirun read "slots=2" as a host's name and
+// answered with a boxed parse error.
+TEST_F(MultirankCliTest, AHostfileLineWithoutItsHostIsRefused) {
+  std::ofstream(dir_ / "no_host") << "slots=2\n";
+  const RunResult no_host = dpt(fmt::format("launch -n 2 --hostfile {} -- /bin/echo hi", q(dir_ / "no_host")));
+  EXPECT_EQ(no_host.err, fmt::format("dpt: error: {}:1: 'slots=2' is not a host name: a line starts with the host\n",
+                                     (dir_ / "no_host").string()));
+  EXPECT_EQ(no_host.code, 1);
+}
+
 // A launch inside a launched job: mpirun's "does not support recursive
 // calls" banner from every rank, then "rank 0 exited with status 1".
 TEST_F(MultirankCliTest, LaunchInsideALaunchedJobIsOneSentence) {

@@ -73,6 +73,10 @@ std::vector<Host> read_hostfile(const std::string& path, int default_slots) {
     std::istringstream words(line);
     Host h;
     if (!(words >> h.name)) continue;
+    // "slots=4" alone on a line is a host name to mpirun, which then fails
+    // with a boxed parse error.
+    if (h.name.find('=') != std::string::npos)
+      throw InputError(fmt::format("{}:{}: '{}' is not a host name: a line starts with the host", path, lineno, h.name));
     h.slots = default_slots;
     for (std::string w; words >> w;) {
       if (w.rfind("slots=", 0) != 0) continue;  // max_slots= and others: mpirun's business
