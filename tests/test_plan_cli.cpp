@@ -639,6 +639,17 @@ TEST_F(PlanCliTest, MeshesOfAWorldNoLayoutRunsIsTrainingsSentence) {
                            "global batch 16 does not split into 7 ranks x 1 equal micro-batches");
 }
 
+// Degrees whose product passes an int: --tp 65536 --pp 65536 is 2^32, 0 as
+// an int (a division by zero, SIGFPE); --pp 2 x --virtual-stages 2^30
+// overflowed too (a segmentation fault).
+TEST_F(PlanCliTest, HugeMeshDegreesAreRefusedNotOverflowed) {
+  const std::string plan = "plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --ranks 2 ";
+  test::expect_one_refusal(dpt(plan + "--tp 65536 --pp 65536"),
+                           "2 ranks do not split into --tp 65536 x --pp 65536 (a multiple of 4294967296 is needed)");
+  test::expect_one_refusal(dpt(plan + "--pp 2 --pp-schedule interleaved --virtual-stages 1073741824 --micro-batches 2"),
+                           "--pp 2 x --virtual-stages 1073741824 needs at least one block per chunk, and the model has 3");
+}
+
 TEST_F(PlanCliTest, BadInputIsOneSentenceAndExitOne) {
   for (const char* args : {"--model gpt --ranks 2 --strategy bogus", "--model gpt --ranks 0",
                            "--model gpt --ranks 2 --memory lots", "--model gpt --ranks 2 --memory -5G",

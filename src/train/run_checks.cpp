@@ -161,6 +161,16 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
     throw InputError(fmt::format("--pp splits a transformer's blocks into stages; the {} model has none", o.model));
   check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device cuda is not built {} yet", not_yet));
+  // Before the program is built, whose size is pp x v x M: --virtual-stages
+  // 2^30 overflowed pp x v (a crash).
+  const int v = pipe_virtual_stages(o.pp_schedule, o.virtual_stages);
+  const int64_t layers = DecoderConfig::from(model_hparams(o)).layers;
+  if (int64_t{mesh.pp} * v > layers)
+    throw InputError(v == 1 ? fmt::format("--pp {} needs at least one block per stage, and the model has {}", mesh.pp,
+                                          layers)
+                            : fmt::format("--pp {} x --virtual-stages {} needs at least one block per chunk, and the "
+                                          "model has {}",
+                                          mesh.pp, v, layers));
   const PipeProgram program = run_program(o, mesh.pp);  // throws for a schedule that cannot be
   const PipeCheck valid = check_pipe_program(program);
   if (!valid.error.empty())
