@@ -650,6 +650,15 @@ TEST_F(PlanCliTest, HugeMeshDegreesAreRefusedNotOverflowed) {
                            "--pp 2 x --virtual-stages 1073741824 needs at least one block per chunk, and the model has 3");
 }
 
+// 2^31 micro-batches of a batch of 4: the pipeline's program was built for
+// them before the batch's split was checked (40 s, then "out of memory").
+TEST_F(PlanCliTest, MicroBatchesTheBatchCannotHoldAreRefusedBeforeTheSchedule) {
+  const RunResult r =
+      dpt("plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --ranks 2 --pp 2 --micro-batches 2147483647",
+          30);
+  test::expect_one_refusal(r, "global batch 4 does not split into 1 data-parallel replicas x 2147483647 equal");
+}
+
 TEST_F(PlanCliTest, BadInputIsOneSentenceAndExitOne) {
   for (const char* args : {"--model gpt --ranks 2 --strategy bogus", "--model gpt --ranks 0",
                            "--model gpt --ranks 2 --memory lots", "--model gpt --ranks 2 --memory -5G",

@@ -162,7 +162,8 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
   check_mesh_strategy(o.strategy, not_yet);
   if (o.device != Device::CPU) throw InputError(fmt::format("--device cuda is not built {} yet", not_yet));
   // Before the program is built, whose size is pp x v x M: --virtual-stages
-  // 2^30 overflowed pp x v (a crash).
+  // 2^30 overflowed pp x v (a crash), and --micro-batches 2^31 took 40 s to
+  // end in "out of memory".
   const int v = pipe_virtual_stages(o.pp_schedule, o.virtual_stages);
   const int64_t layers = DecoderConfig::from(model_hparams(o)).layers;
   if (int64_t{mesh.pp} * v > layers)
@@ -171,6 +172,9 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
                             : fmt::format("--pp {} x --virtual-stages {} needs at least one block per chunk, and the "
                                           "model has {}",
                                           mesh.pp, v, layers));
+  // More micro-batches than samples: the batch's split refuses them (in its
+  // sentence, which it always throws then) before a program of that many.
+  if (o.grad_accum > o.batch) micro_batch(o, mesh.dp, "data-parallel replicas");
   const PipeProgram program = run_program(o, mesh.pp);  // throws for a schedule that cannot be
   const PipeCheck valid = check_pipe_program(program);
   if (!valid.error.empty())
