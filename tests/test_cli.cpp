@@ -465,6 +465,32 @@ TEST_F(CliTest, ADeepModelIsRefusedByTheMemoryCheckWithoutHanging) {
   EXPECT_NE(r.err.find("--strategy local needs about"), std::string::npos) << r.err;
 }
 
+// Sizes no machine holds, refused before anything is built from them: a
+// batch of 2^62 overflowed the byte counts (an internal check, "gemm with K
+// = 0"), 2^63 - 1 blocks looped building their slots (a hang), an MLP width
+// of 2^63 - 1 reached oneDNN ("could not construct a memory descriptor").
+TEST_F(CliTest, SizesPastAnyMachineAreRefusedBeforeAnythingIsBuilt) {
+  const std::string gpt = "--model gpt --layers 2 --heads 2 --width 32 --synthetic --steps 1 --quiet --threads 1 ";
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"train " + gpt + "--batch 4611686018427387904 --context 1024",
+            "the model and a batch of 4611686018427387904 need about 1.16e+26 bytes, past 2^56 (64 PiB)"},
+           {"train --model gpt --heads 2 --width 32 --synthetic --steps 1 --quiet --threads 1 --batch 1 --context 4 "
+            "--layers 9223372036854775807",
+            "9223372036854775807 blocks are more than 65536, the most the engine builds"},
+           {"train --model llama --layers 2 --width 32 --heads 2 --kv-heads 1 --synthetic --steps 1 --quiet "
+            "--threads 1 --batch 1 --context 4 --intermediate 9223372036854775807",
+            "the model's MLP width of 9223372036854775807 is past 2^31 - 1"},
+           {"plan --model gpt --ranks 2 --batch 4611686018427387904 --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1",
+            "past 2^56 (64 PiB)"}}) {
+    SCOPED_TRACE(args);
+    const RunResult r = test::run_shell(fmt::format("{}/dpt {}", DPT_BINARY_DIR, args), dir_, 20);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_TRUE(r.err.starts_with("dpt: error: ")) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
 TEST_F(CliTest, GptEvalOnTextShorterThanOneWindow) {
   ASSERT_EQ(gpt_train_.code, 0) << gpt_train_.err;
   const fs::path p = dir_ / "short.txt";

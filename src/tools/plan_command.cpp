@@ -169,6 +169,7 @@ int PlanCommand::run() {
     throw InputError("--meshes plans every tp x pp x cp of the ranks; give it or --tp/--pp/--cp, not both");
   apply_defaults(opts_);
   resolve_model(opts_);
+  check_sizes(opts_);
   PlanRequest r;
   r.run = opts_;
   r.base = strategy_options(opts_);

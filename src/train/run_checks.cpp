@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -10,6 +12,7 @@
 #include "core/memory.h"
 #include "io/atomic_file.h"
 #include "models/decoder_config.h"
+#include "models/mlp.h"
 #include "optim/file_tier.h"
 #include "parallel/catalog.h"
 #include "parallel/rank_bytes.h"
@@ -224,12 +227,54 @@ void check_samples(const TrainOptions& o) {
   sample_text_setup(o, DecoderConfig::from(o.model_config));
 }
 
+void check_sizes(const TrainOptions& o) {
+  constexpr double kMostBytes = 0x1p56;  // 64 PiB: past any cluster, and 2^7 short of int64's range
+  constexpr int64_t kMostBlocks = 65536;
+  const double B = static_cast<double>(o.batch);
+  double params = 0, activations = 0;  // activations: one step's, all layers
+  std::vector<std::pair<const char*, int64_t>> dims;  // each a GEMM dimension, or a factor of one
+  if (o.model == "mlp") {
+    const std::vector<int64_t> sizes = MlpConfig::from(o.model_config).sizes;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      dims.emplace_back("layer size", sizes[i]);
+      activations += 2 * B * static_cast<double>(sizes[i]);
+      if (i > 0) params += static_cast<double>(sizes[i - 1] + 1) * static_cast<double>(sizes[i]);
+    }
+  } else {
+    const DecoderConfig c = DecoderConfig::from(o.model_config);
+    if (c.layers > kMostBlocks)
+      throw InputError(fmt::format("{} blocks are more than {}, the most the engine builds (a named slot for each "
+                                   "tensor of each block)",
+                                   c.layers, kMostBlocks));
+    dims = {{"vocabulary", c.rows()}, {"width", c.width}, {"context", c.context}, {"head size", c.head_dim()},
+            {"MLP width", c.ffn()}};
+    const double C = static_cast<double>(c.width), T = static_cast<double>(c.context),
+                 H = static_cast<double>(c.heads), hd = static_cast<double>(c.head_dim()),
+                 KV = static_cast<double>(c.kv()), F = static_cast<double>(c.ffn()), L = static_cast<double>(c.layers);
+    params = 2 * static_cast<double>(c.rows()) * C + T * C + L * ((2 * H + 2 * KV) * hd * C + 3 * C * F + 4 * C);
+    activations = L * B * T * (16 * C + 3 * F + H * T) + B * T * static_cast<double>(c.rows());
+  }
+  for (const auto& [what, n] : dims)
+    if (n > INT32_MAX)
+      throw InputError(fmt::format("the model's {} of {} is past 2^31 - 1, the largest matrix side the GEMMs take",
+                                   what, n));
+  // fp32 parameters, gradients and two optimizer moments, and the activations.
+  const double bytes = 16 * params + 4 * activations;
+  if (bytes > kMostBytes)
+    throw InputError(fmt::format("the model and a batch of {} need about {:.3g} bytes, past 2^56 (64 PiB): no "
+                                 "machine holds them; shrink the batch or the model",
+                                 o.batch, bytes));
+}
+
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg) {
   apply_defaults(o);
   const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp, o.cp);
   if (!o.strategy.set()) o.strategy = default_strategy(mesh.dp_cp());
   // The mesh's checks read the model's shape (--load's header): once.
-  if (mesh.tp > 1 || mesh.pp > 1 || mesh.cp > 1) resolve_model(o);
+  if (mesh.tp > 1 || mesh.pp > 1 || mesh.cp > 1) {
+    resolve_model(o);
+    check_sizes(o);
+  }
   check_pipeline(o, mesh);
   check_context_parallel(o, mesh);
   check_tensor_parallel(o, mesh);
@@ -244,7 +289,10 @@ Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg)
                         .fp32_reduce = o.ddp.reduce_dtype == DType::F32,
                         .checkpoints = !o.checkpoint_dir.empty() || !o.resume.empty(), .trace = !o.trace_out.empty(),
                         .offload = o.offload != Offload::None});
-  if (o.model_config.empty()) resolve_model(o);
+  if (o.model_config.empty()) {
+    resolve_model(o);
+    check_sizes(o);
+  }
   check_samples(o);
   return mesh;
 }
