@@ -26,11 +26,19 @@ std::string read_text(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
+// nlohmann's message without its tag ("[json.exception.parse_error.101] "),
+// which names the library's exception, not the problem.
+std::string json_message(const json::exception& e) {
+  const std::string what = e.what();
+  const size_t tag = what.starts_with("[json.exception.") ? what.find("] ") : std::string::npos;
+  return tag == std::string::npos ? what : what.substr(tag + 2);
+}
+
 json parse(const std::string& text, const std::string& name) {
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
-    throw InputError(fmt::format("{}: not valid JSON ({})", name, e.what()));
+    throw InputError(fmt::format("{}: not valid JSON ({})", name, json_message(e)));
   }
 }
 
@@ -177,7 +185,7 @@ BpeTokenizer from_parsed(const json& j, const std::string& name) try {
                               "model.merges");
   return BpeTokenizer(std::move(model), pattern, added_tokens(j, name));
 } catch (const json::exception& e) {
-  throw InputError(fmt::format("{}: not a tokenizer.json this tokenizer reads ({})", name, e.what()));
+  throw InputError(fmt::format("{}: not a tokenizer.json this tokenizer reads ({})", name, json_message(e)));
 }
 
 }  // namespace
