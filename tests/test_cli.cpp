@@ -518,7 +518,9 @@ TEST_F(CliTest, UnknownFlagIsAUserError) {
 TEST_F(CliTest, UnknownModelIsAUserError) { expect_user_error("train --model foo --steps 1 --threads 1", "foo"); }
 
 TEST_F(CliTest, NegativeStepsIsAUserError) {
-  expect_user_error("train --model mlp --steps -1 --threads 1", "--steps: must be a number >= 0, not -1");
+  expect_user_error("train --model mlp --steps -1 --threads 1", "--steps: must be a positive number, not -1");
+  // 0 is what "not given" is held as: --steps 0 trained the default 200 steps.
+  expect_user_error("train --model gpt --steps 0 --synthetic --threads 1", "--steps: must be a positive number, not 0");
 }
 
 TEST_F(CliTest, NoSubcommandIsAUserError) { expect_user_error("", "subcommand"); }

@@ -53,8 +53,9 @@ void TrainCommand::add_data_flags() {
   cmd_->add_flag("--checkpoint-activations", o.checkpoint_activations,
                  "keep only each unit's input in forward, recompute the unit in backward (less activation "
                  "memory, about one more forward of compute)");
+  // Positive: 0 is the field's "not given", so --steps 0 ran the default.
   cmd_->add_option("--steps", o.steps, "optimizer steps (default: 3 epochs for mlp, 200 for gpt)")
-      ->check(non_negative());
+      ->check(positive());
   cmd_->add_option("--epochs", o.epochs, "mlp: epochs when --steps is not given")->check(positive());
 }
 
