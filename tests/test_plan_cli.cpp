@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -657,6 +658,21 @@ TEST_F(PlanCliTest, MicroBatchesTheBatchCannotHoldAreRefusedBeforeTheSchedule) {
       dpt("plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --ranks 2 --pp 2 --micro-batches 2147483647",
           30);
   test::expect_one_refusal(r, "global batch 4 does not split into 1 data-parallel replicas x 2147483647 equal");
+}
+
+// CLI11's delimiter dropped empty items: "ddp,,zero1" and "ddp," planned
+// as if whole, and an empty --strategy planned every strategy.
+TEST_F(PlanCliTest, AStrategyListWithAnEmptyNameIsRefused) {
+  const std::string plan = "plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --ranks 2 ";
+  for (const char* list : {"ddp,,zero1", "ddp,", ",ddp", ""})
+    test::expect_one_refusal(dpt(plan + "--strategy " + test::q(list)),
+                             fmt::format("--strategy '{}': an empty name", list));
+  const RunResult r = dpt(plan + "--strategy ddp,zero1 --strategy zero3 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::set<std::string> planned;
+  const json plan_json = json::parse(r.out);
+  for (const json& row : plan_json.at("rows")) planned.insert(row.at("strategy").get<std::string>());
+  EXPECT_EQ(planned, (std::set<std::string>{"ddp", "zero1", "zero3"}));
 }
 
 TEST_F(PlanCliTest, BadInputIsOneSentenceAndExitOne) {

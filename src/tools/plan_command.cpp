@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 #include "comm/types.h"
@@ -140,8 +141,9 @@ PlanCommand::PlanCommand(CLI::App& app) {
   run_flags_.add(cmd_, opts_);
   cmd_->add_flag("--meshes", meshes_,
                  "rows for every tp x pp mesh of the ranks that dpt train runs for the model (instead of --tp, --pp)");
-  cmd_->add_option("--strategy", strategies_, "only these strategies (repeat or comma-separate; default: all)")
-      ->delimiter(',');
+  // Split in run(): CLI11's delimiter drops empty items, so "ddp,,zero1" and
+  // "ddp," passed as if whole.
+  cmd_->add_option("--strategy", strategies_, "only these strategies (repeat or comma-separate; default: all)");
   cmd_->add_option("--threads", threads_, "threads per rank (default: cores / ranks on this host)")
       ->check(positive());
   add_gemm_flag(cmd_, gemm_);
@@ -173,7 +175,12 @@ int PlanCommand::run() {
   PlanRequest r;
   r.run = opts_;
   r.base = strategy_options(opts_);
-  for (const std::string& s : strategies_) r.strategies.push_back(plannable_strategy(s));
+  for (const std::string& given : strategies_) {
+    if (given.empty() || given.front() == ',' || given.back() == ',' || given.find(",,") != std::string::npos)
+      throw InputError(fmt::format("--strategy '{}': an empty name in the list", given));
+    std::istringstream names(given);
+    for (std::string s; std::getline(names, s, ',');) r.strategies.push_back(plannable_strategy(s));
+  }
   r.all_meshes = meshes_;
   r.batch = opts_.batch;
   r.grad_accum = opts_.grad_accum;
