@@ -314,5 +314,21 @@ TEST_F(FileKindsTest, FlagsOfAnOutputThatIsNotGivenAreRefused) {
   EXPECT_FALSE(fs::exists(dir_ / "mlp_hf.safetensors"));
 }
 
+// dpt eval of an MLP read neither --data-format nor --load-format hf, and
+// said nothing of it.
+TEST_F(FileKindsTest, EvalOfAnMlpRefusesAGptsFlags) {
+  const std::string mlp = (dir_ / "eval_mlp.safetensors").string();
+  ASSERT_EQ(dpt(fmt::format("train --model mlp --sizes 784,8,10 --threads 1 --quiet --steps 1 --synthetic --save {}",
+                            q(mlp)))
+                .code,
+            0);
+  expect_refused(dpt(fmt::format("eval --threads 1 --weights {} --data-format u16", q(mlp))),
+                 "--data-format contradicts the mlp model, which is evaluated on Fashion-MNIST's images: it is a "
+                 "GPT's flag");
+  const RunResult hf = dpt(fmt::format("eval --threads 1 --weights {} --load-format hf", q(mlp)));
+  EXPECT_EQ(hf.code, 1) << hf.err;
+  EXPECT_EQ(hf.err.rfind("dpt: error: --load-format hf contradicts the mlp model", 0), 0u) << hf.err;
+}
+
 }  // namespace
 }  // namespace dpt
