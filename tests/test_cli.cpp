@@ -477,6 +477,45 @@ TEST_F(CliTest, TraceOutInAMissingDirectoryFailsBeforeTraining) {
   EXPECT_TRUE(r.err.starts_with("dpt: error: /nonexistent/trace.json")) << r.err;
 }
 
+// Building a model looked each new slot's name up by a linear search: a
+// 20,000-block GPT (240,000 slots) took minutes before the memory check
+// could refuse it; now a second.
+TEST_F(CliTest, ADeepModelIsRefusedByTheMemoryCheckWithoutHanging) {
+  const RunResult r = test::run_shell(
+      fmt::format("{}/dpt train --model gpt --layers 20000 --width 32 --heads 2 --context 4 --batch 1 --synthetic "
+                  "--steps 1 --quiet --threads 1 --memory-budget-mb 1",
+                  DPT_BINARY_DIR),
+      dir_, 60);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("--strategy local needs about"), std::string::npos) << r.err;
+}
+
+// Sizes no machine holds, refused before anything is built from them: a
+// batch of 2^62 overflowed the byte counts (an internal check, "gemm with K
+// = 0"), 2^63 - 1 blocks looped building their slots (a hang), an MLP width
+// of 2^63 - 1 reached oneDNN ("could not construct a memory descriptor").
+TEST_F(CliTest, SizesPastAnyMachineAreRefusedBeforeAnythingIsBuilt) {
+  const std::string gpt = "--model gpt --layers 2 --heads 2 --width 32 --synthetic --steps 1 --quiet --threads 1 ";
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"train " + gpt + "--batch 4611686018427387904 --context 1024",
+            "the model and a batch of 4611686018427387904 need about 1.16e+26 bytes, past 2^56 (64 PiB)"},
+           {"train --model gpt --heads 2 --width 32 --synthetic --steps 1 --quiet --threads 1 --batch 1 --context 4 "
+            "--layers 9223372036854775807",
+            "9223372036854775807 blocks are more than 65536, the most the engine builds"},
+           {"train --model llama --layers 2 --width 32 --heads 2 --kv-heads 1 --synthetic --steps 1 --quiet "
+            "--threads 1 --batch 1 --context 4 --intermediate 9223372036854775807",
+            "the model's MLP width of 9223372036854775807 is past 2^31 - 1"},
+           {"plan --model gpt --ranks 2 --batch 4611686018427387904 --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1",
+            "past 2^56 (64 PiB)"}}) {
+    SCOPED_TRACE(args);
+    const RunResult r = test::run_shell(fmt::format("{}/dpt {}", DPT_BINARY_DIR, args), dir_, 20);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_TRUE(r.err.starts_with("dpt: error: ")) << r.err;
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
 TEST_F(CliTest, GptEvalOnTextShorterThanOneWindow) {
   ASSERT_EQ(gpt_train_.code, 0) << gpt_train_.err;
   const fs::path p = dir_ / "short.txt";
@@ -504,7 +543,9 @@ TEST_F(CliTest, UnknownFlagIsAUserError) {
 TEST_F(CliTest, UnknownModelIsAUserError) { expect_user_error("train --model foo --steps 1 --threads 1", "foo"); }
 
 TEST_F(CliTest, NegativeStepsIsAUserError) {
-  expect_user_error("train --model mlp --steps -1 --threads 1", "--steps: must be a number >= 0, not -1");
+  expect_user_error("train --model mlp --steps -1 --threads 1", "--steps: must be a positive number, not -1");
+  // 0 is what "not given" is held as: --steps 0 trained the default 200 steps.
+  expect_user_error("train --model gpt --steps 0 --synthetic --threads 1", "--steps: must be a positive number, not 0");
 }
 
 TEST_F(CliTest, NoSubcommandIsAUserError) { expect_user_error("", "subcommand"); }
@@ -512,10 +553,32 @@ TEST_F(CliTest, NoSubcommandIsAUserError) { expect_user_error("", "subcommand");
 TEST_F(CliTest, NonFiniteNumbersAreRefusedInEveryFloatFlag) {
   for (const char* flag : {"--lr", "--momentum", "--beta1", "--beta2", "--eps", "--weight-decay", "--min-lr", "--clip",
                            "--val-fraction", "--bucket-mb", "--first-bucket-mb", "--comm-timeout",
-                           "--memory-budget-mb"})
+                           "--memory-budget-mb", "--save-shard-mb", "--offload-chunk-mb"})
     for (const char* value : {"nan", "inf", "-inf"})
       expect_user_error(fmt::format("train --model gpt --steps 1 --threads 1 {} {}", flag, value),
                         fmt::format("{}: must be", flag));
+}
+
+// The mlp read no transformer setting and the GPT no --sizes: each was
+// dropped silently. A final comma in --sizes read as the sizes before it.
+TEST_F(CliTest, ModelSettingsOfAnotherModelAreRefused) {
+  const std::string train = "train --synthetic --steps 1 --quiet --threads 1 ";
+  expect_user_error(train + "--model mlp --layers 3", "model setting n_layer is a transformer's, not the mlp's");
+  expect_user_error(train + "--model mlp --vocab 100", "model setting vocab_size is a transformer's, not the mlp's");
+  expect_user_error(train + "--model gpt " + kSmallGpt + " --sizes 784,10", "model setting sizes is the mlp's, not gpt's");
+  expect_user_error(train + "--model mlp --sizes 784,10,", "MLP sizes '784,10,' must be positive integers");
+  expect_user_error("eval --threads 1 --layers 3 --weights " + q(mlp_weights_), "n_layer is a transformer's");
+}
+
+// dpt bench data took its sizes unchecked: --context 0 divided by zero
+// counting windows (SIGFPE), a NaN --seconds read nothing.
+TEST_F(CliTest, BenchDataSizesAreChecked) {
+  const fs::path shards = dir_ / "bench_shards";
+  ASSERT_EQ(run(fmt::format("tokens --input {} --out {}", q(text_), q(shards))).code, 0);
+  for (const char* flag : {"--context", "--batch", "--vocab", "--seconds"})
+    for (const char* value : {"0", "-1", "nan"})
+      expect_user_error(fmt::format("bench data --data {} {} {}", q(shards), flag, value),
+                        fmt::format("{}: ", flag));
 }
 
 TEST_F(CliTest, OutOfRangeFlagsSayTheRangeReadably) {

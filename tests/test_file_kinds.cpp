@@ -213,6 +213,37 @@ TEST_F(FileKindsTest, LoadingATextFileSaysItIsNotSafetensors) {
                          "'{' must open it)");
 }
 
+// A directory where a file belongs, beside weights or a tokenizer: read as a
+// stream it threw std::ios_base::failure (exit 2, "basic_filebuf::underflow
+// error reading the file"), and a merges.txt directory read as no merges
+// (exit 0, a tokenizer that merges nothing).
+TEST_F(FileKindsTest, ADirectoryWhereAFileBelongsIsOneSentence) {
+  const fs::path hf = fs::path(DPT_SOURCE_DIR) / "tests/fixtures/hf/gpt2";
+  const fs::path tok = fs::path(DPT_SOURCE_DIR) / "tests/fixtures/tokenizer/gpt2_style_files";
+  const std::string t = text("dirs.txt");
+  // Each copy with one file replaced by a directory of its name.
+  const auto copy_with_dir = [&](const fs::path& from, const std::string& name, const std::string& dir) {
+    const fs::path to = dir_ / name;
+    fs::copy(from, to, fs::copy_options::recursive);
+    fs::remove(to / dir);
+    fs::create_directory(to / dir);
+    return to;
+  };
+  const fs::path config = copy_with_dir(hf, "config_dir", "config.json");
+  expect_refused(dpt(fmt::format("eval --threads 1 --weights {} --data {}", q(config), q(t))),
+                 (config / "config.json").string() + ": a directory, not a config.json");
+  const fs::path gen = copy_with_dir(hf, "generation_dir", "generation_config.json");
+  expect_refused(dpt(fmt::format("generate --threads 1 --weights {} --prompt-ids 1 --output ids", q(gen))),
+                 (gen / "generation_config.json").string() + ": a directory, not a JSON file");
+  const fs::path index = copy_with_dir(hf, "index_dir", "model.safetensors.index.json");
+  expect_refused(dpt(fmt::format("eval --threads 1 --weights {} --data {}", q(index), q(t))),
+                 (index / "model.safetensors.index.json").string() + ": a directory, not a safetensors index");
+  const fs::path merges = copy_with_dir(tok, "merges_dir", "merges.txt");
+  expect_refused(dpt(fmt::format("tokens --tokenizer {} --input {} --out {}", q(merges), q(t), q(dir_ / "m_out"))),
+                 (merges / "merges.txt").string() + ": a directory, not a merges.txt");
+  EXPECT_FALSE(fs::exists(dir_ / "m_out"));
+}
+
 TEST_F(FileKindsTest, SyntheticWithDataIsRefused) {
   const std::string t = text("s.txt");
   expect_refused(dpt(fmt::format("train {} --steps 1 --synthetic --data {}", kGpt, q(t))),
@@ -254,6 +285,49 @@ TEST_F(FileKindsTest, OtherContradictingFlagsAreRefused) {
   }
   // The same flags apart still run.
   EXPECT_EQ(dpt(fmt::format("train {} --quiet --steps 1 --synthetic --schedule cosine --min-lr 0.001", kGpt)).code, 0);
+}
+
+// Flags that shape what --save or --checkpoint-dir writes, given without it:
+// they ran to exit 0 and wrote nothing. And --save-format hf of the MLP,
+// which wrote the engine's layout under the name of Hugging Face's.
+TEST_F(FileKindsTest, FlagsOfAnOutputThatIsNotGivenAreRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--save-format hf", "--save-format sets how --save writes the trained weights, and --save is not given"},
+      {"--save-dtype bf16", "--save-dtype sets how --save writes the trained weights, and --save is not given"},
+      {"--save-shard-mb 10", "--save-shard-mb sets how --save writes the trained weights, and --save is not given"},
+      {"--checkpoint-every 1", "--checkpoint-every sets when checkpoints are written into --checkpoint-dir, and "
+                               "--checkpoint-dir is not given"},
+      {"--keep 2", "--keep sets how many checkpoints --checkpoint-dir keeps, and --checkpoint-dir is not given"},
+  };
+  for (const auto& [flags, says] : cases) {
+    SCOPED_TRACE(flags);
+    const RunResult r = dpt(fmt::format("train {} --quiet --steps 1 --synthetic {}", kGpt, flags));
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.err, "dpt: error: " + says + "\n");
+  }
+  const RunResult mlp =
+      dpt(fmt::format("train --model mlp --sizes 784,8,10 --threads 1 --quiet --steps 1 --synthetic --save {} "
+                      "--save-format hf",
+                      q(dir_ / "mlp_hf.safetensors")));
+  EXPECT_EQ(mlp.code, 1) << mlp.err;
+  EXPECT_EQ(mlp.err.rfind("dpt: error: --save-format hf contradicts the mlp model", 0), 0u) << mlp.err;
+  EXPECT_FALSE(fs::exists(dir_ / "mlp_hf.safetensors"));
+}
+
+// dpt eval of an MLP read neither --data-format nor --load-format hf, and
+// said nothing of it.
+TEST_F(FileKindsTest, EvalOfAnMlpRefusesAGptsFlags) {
+  const std::string mlp = (dir_ / "eval_mlp.safetensors").string();
+  ASSERT_EQ(dpt(fmt::format("train --model mlp --sizes 784,8,10 --threads 1 --quiet --steps 1 --synthetic --save {}",
+                            q(mlp)))
+                .code,
+            0);
+  expect_refused(dpt(fmt::format("eval --threads 1 --weights {} --data-format u16", q(mlp))),
+                 "--data-format contradicts the mlp model, which is evaluated on Fashion-MNIST's images: it is a "
+                 "GPT's flag");
+  const RunResult hf = dpt(fmt::format("eval --threads 1 --weights {} --load-format hf", q(mlp)));
+  EXPECT_EQ(hf.code, 1) << hf.err;
+  EXPECT_EQ(hf.err.rfind("dpt: error: --load-format hf contradicts the mlp model", 0), 0u) << hf.err;
 }
 
 }  // namespace

@@ -482,6 +482,29 @@ TEST_F(GenerateCli, BadInputIsOneSentence) {
   }
 }
 
+// "1,,2" and "1,2," read as 1,2: an id missing from a list went unnoticed.
+TEST_F(GenerateCli, PromptIdsWithACommaMissingAnIdAreRefused) {
+  const std::string gpt2 = "--weights " + test::q(fixture("gpt2")) + " --output ids --greedy --max-new-tokens 1";
+  for (const auto& [ids, want] : std::vector<std::pair<std::string, std::string>>{
+           {"1,,2", "--prompt-ids '1,,2': a comma with no id before it"},
+           {"1, ,2", "--prompt-ids '1, ,2': a comma with no id before it"},
+           {",1", "--prompt-ids ',1': a comma with no id before it"},
+           {"1,2,", "--prompt-ids '1,2,': a comma with no id after it"}}) {
+    const test::RunResult r = dpt(gpt2 + " --prompt-ids " + test::q(ids));
+    EXPECT_EQ(r.code, 1) << ids << "\n" << r.all();
+    EXPECT_EQ(r.err, "dpt: error: " + want + "\n") << ids;
+  }
+  EXPECT_EQ(dpt(gpt2 + " --prompt-ids '1, 2 3'").code, 0);  // commas and/or spaces
+}
+
+// A directory opened as a stream and threw std::ios_base::failure when read:
+// exit 2, "internal error: basic_filebuf::underflow error reading the file".
+TEST_F(GenerateCli, APromptFileThatIsADirectoryIsRefused) {
+  const test::RunResult r = dpt(fmt::format("--weights {} --prompt-file {}", test::q(fixture("gpt2")), test::q(dir_)));
+  EXPECT_EQ(r.code, 1) << r.all();
+  EXPECT_EQ(r.err, fmt::format("dpt: error: {}: a directory, not a prompt file\n", dir_.string()));
+}
+
 TEST_F(GenerateCli, AnMlpIsRefused) {
   Mlp mlp(MlpConfig{{784, 16, 10}});
   mlp.init_params(1);

@@ -236,6 +236,30 @@ TEST_F(MultirankCliTest, LaunchOfZeroRanksFails) {
   }
 }
 
+// mpirun -n 99999 forked ranks onto a 2-core host for a minute and did not
+// stop at SIGTERM; a missing or non-executable program was mpirun's boxed
+// paragraph and status 132 or 134, as if a rank had crashed.
+TEST_F(MultirankCliTest, LaunchRefusesTooManyRanksPerSlotAndAMissingProgram) {
+  const RunResult many = dpt("launch -n 99999 -- /bin/echo hi");
+  EXPECT_EQ(many.code, 1) << many.err;
+  EXPECT_TRUE(many.err.starts_with("dpt: error: -n 99999 puts 99999 ranks on this host of ")) << many.err;
+  EXPECT_TRUE(has(many.err, "more than 64 per slot")) << many.err;
+  EXPECT_EQ(many.out, "");
+  const fs::path hosts = dir_ / "two_hosts";
+  std::ofstream(hosts) << "a slots=1\nb slots=2\n";
+  const RunResult spread = dpt(fmt::format("launch -n 300 --hostfile {} --dry-run -- /bin/echo hi", q(hosts)));
+  EXPECT_EQ(spread.err, "dpt: error: -n 300 puts 150 ranks on host a of 1 slot, more than 64 per slot (each rank is "
+                        "a process with its own memory and threads); give fewer ranks, or hosts in a --hostfile\n");
+  for (const auto& [program, says] : std::vector<std::pair<std::string, std::string>>{
+           {"/nonexistent/prog", "/nonexistent/prog: no such program"},
+           {"no_such_program_xyz", "no_such_program_xyz: no such program on PATH"},
+           {"/etc/passwd", "/etc/passwd: not an executable file"}}) {
+    const RunResult r = dpt("launch -n 2 -- " + program);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.err, "dpt: error: " + says + "\n");
+  }
+}
+
 // ---------------------------------------------------------------- errors once
 
 // Lines of `text` that hold `what`.
@@ -250,6 +274,26 @@ int count_lines(const std::string& text, const std::string& what) {
 void expect_no_mpirun_text(const std::string& err) {
   for (const char* text : {"Primary job", "mpirun detected", "Per user-direction", "-----", "abort is already"})
     EXPECT_FALSE(has(err, text)) << text << " in:\n" << err;
+}
+
+// A line without its host: mpirun read "slots=2" as a host's name and
+// answered with a boxed parse error.
+TEST_F(MultirankCliTest, AHostfileLineWithoutItsHostIsRefused) {
+  std::ofstream(dir_ / "no_host") << "slots=2\n";
+  const RunResult no_host = dpt(fmt::format("launch -n 2 --hostfile {} -- /bin/echo hi", q(dir_ / "no_host")));
+  EXPECT_EQ(no_host.err, fmt::format("dpt: error: {}:1: 'slots=2' is not a host name: a line starts with the host\n",
+                                     (dir_ / "no_host").string()));
+  EXPECT_EQ(no_host.code, 1);
+}
+
+// A launch inside a launched job: mpirun's "does not support recursive
+// calls" banner from every rank, then "rank 0 exited with status 1".
+TEST_F(MultirankCliTest, LaunchInsideALaunchedJobIsOneSentence) {
+  const RunResult r = dpt(fmt::format("launch -n 2 -- {} launch -n 2 -- /bin/echo hi", q(dpt_bin())));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(has(r.err, "dpt launch runs here as a rank of an mpirun job of 2 ranks")) << r.err;
+  EXPECT_FALSE(has(r.err, "recursive")) << r.err;
+  EXPECT_EQ(count_lines(r.err, "error:"), 1) << r.err;
 }
 
 // A bad mesh, and the other checks train makes before it builds anything,

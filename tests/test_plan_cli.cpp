@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -623,11 +624,64 @@ TEST_F(PlanCliTest, ImpossibleMeshesAreRefused) {
                            "the mlp model has none");
 }
 
+// A --pp-split with a final comma read as the counts before it, and an
+// empty one as no split (balanced by parameters): both ran.
+TEST_F(PlanCliTest, APpSplitMissingACountIsRefused) {
+  const std::string plan = "plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --ranks 2 --pp 2 ";
+  test::expect_one_refusal(dpt(plan + "--pp-split 1,2,"), "--pp-split '1,2,': '' is not a positive number of blocks");
+  test::expect_one_refusal(dpt(plan + "--pp-split ''"), "--pp-split is empty");
+  EXPECT_EQ(dpt(plan + "--pp-split 1,2").code, 0);
+}
+
+// --meshes over 7 ranks, whose batch of 16 no mesh splits: no row, and the
+// reason dereferenced the smallest of no rows (a segmentation fault).
+TEST_F(PlanCliTest, MeshesOfAWorldNoLayoutRunsIsTrainingsSentence) {
+  test::expect_one_refusal(dpt("plan --model gpt --ranks 7 --meshes --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1"),
+                           "global batch 16 does not split into 7 ranks x 1 equal micro-batches");
+}
+
+// Degrees whose product passes an int: --tp 65536 --pp 65536 is 2^32, 0 as
+// an int (a division by zero, SIGFPE); --pp 2 x --virtual-stages 2^30
+// overflowed too (a segmentation fault).
+TEST_F(PlanCliTest, HugeMeshDegreesAreRefusedNotOverflowed) {
+  const std::string plan = "plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --ranks 2 ";
+  test::expect_one_refusal(dpt(plan + "--tp 65536 --pp 65536"),
+                           "2 ranks do not split into --tp 65536 x --pp 65536 (a multiple of 4294967296 is needed)");
+  test::expect_one_refusal(dpt(plan + "--pp 2 --pp-schedule interleaved --virtual-stages 1073741824 --micro-batches 2"),
+                           "--pp 2 x --virtual-stages 1073741824 needs at least one block per chunk, and the model has 3");
+}
+
+// 2^31 micro-batches of a batch of 4: the pipeline's program was built for
+// them before the batch's split was checked (40 s, then "out of memory").
+TEST_F(PlanCliTest, MicroBatchesTheBatchCannotHoldAreRefusedBeforeTheSchedule) {
+  const RunResult r =
+      dpt("plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --ranks 2 --pp 2 --micro-batches 2147483647",
+          30);
+  test::expect_one_refusal(r, "global batch 4 does not split into 1 data-parallel replicas x 2147483647 equal");
+}
+
+// CLI11's delimiter dropped empty items: "ddp,,zero1" and "ddp," planned
+// as if whole, and an empty --strategy planned every strategy.
+TEST_F(PlanCliTest, AStrategyListWithAnEmptyNameIsRefused) {
+  const std::string plan = "plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --ranks 2 ";
+  for (const char* list : {"ddp,,zero1", "ddp,", ",ddp", ""})
+    test::expect_one_refusal(dpt(plan + "--strategy " + test::q(list)),
+                             fmt::format("--strategy '{}': an empty name", list));
+  const RunResult r = dpt(plan + "--strategy ddp,zero1 --strategy zero3 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::set<std::string> planned;
+  const json plan_json = json::parse(r.out);
+  for (const json& row : plan_json.at("rows")) planned.insert(row.at("strategy").get<std::string>());
+  EXPECT_EQ(planned, (std::set<std::string>{"ddp", "zero1", "zero3"}));
+}
+
 TEST_F(PlanCliTest, BadInputIsOneSentenceAndExitOne) {
   for (const char* args : {"--model gpt --ranks 2 --strategy bogus", "--model gpt --ranks 0",
                            "--model gpt --ranks 2 --memory lots", "--model gpt --ranks 2 --memory -5G",
                            "--model gpt --ranks 2 --strategy local", "--model gpt --ranks 3 --batch 16",
-                           "--ranks 2", "--model gpt --ranks 2 --offload-dir /nonexistent"}) {
+                           "--ranks 2", "--model gpt --ranks 2 --offload-dir /nonexistent",
+                           // read as no --memory (the default), and as 0 or 2^63 bytes (past size_t)
+                           "--model gpt --ranks 2 --memory ''", "--model gpt --ranks 2 --memory 99999999999999999999T"}) {
     const RunResult r = dpt(fmt::format("plan {} --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1", args));
     EXPECT_EQ(r.code, 1) << args << ": " << r.all();
     EXPECT_TRUE(r.out.empty()) << args << ": " << r.out;

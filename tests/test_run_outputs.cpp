@@ -74,6 +74,15 @@ TEST_F(RunOutputs, AMissingBaselineFailsBeforeTraining) {
   EXPECT_LT(r.seconds, 10.0);
 }
 
+// Read as a stream, a directory threw std::ios_base::failure: exit 2,
+// "internal error: basic_filebuf::underflow error reading the file".
+TEST_F(RunOutputs, ABaselineThatIsADirectoryIsOneSentence) {
+  RunResult r = run(fmt::format("train --model gpt {} --steps 1 --synthetic --threads 1 --quiet --baseline {}",
+                                kSmallGpt, q(dir_)));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err, fmt::format("dpt: error: {}: a directory, not a --summary-out file\n", dir_.string()));
+}
+
 TEST_F(RunOutputs, NoHeldOutTextSkipsEvaluationAndSaves) {
   const fs::path weights = dir_ / "w.safetensors", summary = dir_ / "s.json";
   RunResult r = run(fmt::format("train --model gpt {} --data {} --val-fraction 0 --steps 5 --eval-every 2 "

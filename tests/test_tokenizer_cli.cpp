@@ -136,6 +136,24 @@ TEST_F(TokensCli, RefusesInOneSentence) {
                            "missing.json");
 }
 
+// A tokenizer.json that is not JSON, or whose fields have the wrong type:
+// nlohmann's message, without its "[json.exception.parse_error.101]" tag
+// (the library's exception's name, which said nothing to a user).
+TEST_F(TokensCli, ATokenizerThatIsNotJsonIsOneSentenceWithoutTheLibrarysTag) {
+  write_corpus(dir_ / "corpus");
+  write(dir_ / "broken.json", "{bad");
+  const test::RunResult r = dpt(fmt::format("--tokenizer {} --input {} --out {}", q(dir_ / "broken.json"),
+                                      q(dir_ / "corpus"), q(dir_ / "out")));
+  test::expect_one_refusal(r, "broken.json: not valid JSON (parse error at line 1, column 2: syntax error");
+  EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
+  write(dir_ / "typed.json", R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})");
+  const test::RunResult t = dpt(fmt::format("--tokenizer {} --input {} --out {}", q(dir_ / "typed.json"),
+                                      q(dir_ / "corpus"), q(dir_ / "out")));
+  test::expect_one_refusal(t, "typed.json: not a tokenizer.json this tokenizer reads (");
+  EXPECT_EQ(t.err.find("json.exception"), std::string::npos) << t.err;
+  EXPECT_FALSE(fs::exists(dir_ / "out"));
+}
+
 // The inputs' kind is checked before anything is written, as dpt tokens
 // --from bytes and dpt train --data check theirs (data/file_kind.h): an
 // llm.c shard (either magic) and raw uint16 tokens are refused in one

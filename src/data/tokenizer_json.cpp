@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "data/bpe_tokenizer.h"
 #include "data/byte_level.h"
+#include "io/read_checks.h"
 
 namespace dpt {
 
@@ -19,16 +20,25 @@ using nlohmann::json;
 namespace {
 
 std::string read_text(const std::string& path) {
+  refuse_directory(path, "a tokenizer file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(fmt::format("{}: cannot open", path));
   return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// nlohmann's message without its tag ("[json.exception.parse_error.101] "),
+// which names the library's exception, not the problem.
+std::string json_message(const json::exception& e) {
+  const std::string what = e.what();
+  const size_t tag = what.starts_with("[json.exception.") ? what.find("] ") : std::string::npos;
+  return tag == std::string::npos ? what : what.substr(tag + 2);
 }
 
 json parse(const std::string& text, const std::string& name) {
   try {
     return json::parse(text);
   } catch (const json::parse_error& e) {
-    throw InputError(fmt::format("{}: not valid JSON ({})", name, e.what()));
+    throw InputError(fmt::format("{}: not valid JSON ({})", name, json_message(e)));
   }
 }
 
@@ -175,7 +185,7 @@ BpeTokenizer from_parsed(const json& j, const std::string& name) try {
                               "model.merges");
   return BpeTokenizer(std::move(model), pattern, added_tokens(j, name));
 } catch (const json::exception& e) {
-  throw InputError(fmt::format("{}: not a tokenizer.json this tokenizer reads ({})", name, e.what()));
+  throw InputError(fmt::format("{}: not a tokenizer.json this tokenizer reads ({})", name, json_message(e)));
 }
 
 }  // namespace
@@ -188,6 +198,8 @@ BpeTokenizer BpeTokenizer::from_vocab_merges(const std::string& vocab_path, cons
   const json vocab = parse(read_text(vocab_path), vocab_path);
   if (!vocab.is_object()) refuse(vocab_path, "not a vocab.json (not a JSON object of token to id)");
   std::vector<std::pair<std::string, std::string>> merges;
+  // A directory would read as no merges at all, silently.
+  refuse_directory(merges_path, "a merges.txt");
   std::ifstream in(merges_path);
   if (!in) throw IoError(fmt::format("{}: cannot open", merges_path));
   std::string line;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/read_checks.h"
 
 namespace dpt {
 
@@ -26,6 +27,7 @@ bool plain_file_name(const std::string& s) {
 uint64_t data_bytes(const TensorSpec& t) { return t.numel() * dtype_size(t.dtype); }
 
 nlohmann::json read_index(const std::string& path) {
+  refuse_directory(path, "a safetensors index");
   std::ifstream in(path);
   if (!in) throw IoError(fmt::format("{}: cannot open the index", path));
   nlohmann::json j;

@@ -105,6 +105,7 @@ DecoderConfig DecoderConfig::from(const std::map<std::string, std::string>& hp) 
   c.width = hparam_int(hp, "n_embd", c.width);
   c.context = hparam_int(hp, "block_size", c.context);
   c.padded_vocab = hparam_int(hp, "padded_vocab_size", c.vocab);
+  if (find(hp, "sizes")) throw InputError(fmt::format("model setting sizes is the mlp's, not {}'s", c.family));
   if (c.family == "llama") {
     read_llama(hp, c);
   } else {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/read_checks.h"
 #include "models/hf_gpt2.h"
 
 namespace dpt {
@@ -249,6 +250,7 @@ std::map<std::string, std::string> hparams_from_hf_config(const json& config, co
 }
 
 std::map<std::string, std::string> read_hf_config(const std::string& path) {
+  refuse_directory(path, "a config.json");
   std::ifstream in(path);
   if (!in) throw IoError(fmt::format("{}: cannot open", path));
   json j;
@@ -375,6 +377,7 @@ namespace {
 
 // eos_token_id of one file, as ids.
 std::vector<int32_t> eos_ids(const fs::path& path) {
+  refuse_directory(path.string(), "a JSON file");
   std::ifstream in(path);
   if (!in) throw IoError(fmt::format("{}: cannot open", path.string()));
   json j;

@@ -14,6 +14,10 @@
 namespace dpt {
 
 MlpConfig MlpConfig::from(const std::map<std::string, std::string>& hparams) {
+  // A transformer's setting (--layers, --vocab ...) would be dropped silently.
+  for (const char* key : {"vocab_size", "padded_vocab_size", "n_layer", "n_head", "n_embd", "block_size", "n_kv_head",
+                          "head_dim", "intermediate_size", "tie_word_embeddings"})
+    if (hparams.count(key)) throw InputError(fmt::format("model setting {} is a transformer's, not the mlp's", key));
   MlpConfig c;
   auto it = hparams.find("sizes");
   if (it == hparams.end()) return c;
@@ -33,6 +37,9 @@ MlpConfig MlpConfig::from(const std::map<std::string, std::string>& hparams) {
                                    it->second));
     c.sizes.push_back(v);
   }
+  // getline yields no item after a final comma: "784,10," would read as 784,10.
+  if (it->second.ends_with(','))
+    throw InputError(fmt::format("MLP sizes '{}' must be positive integers separated by commas", it->second));
   if (c.sizes.size() < 2)
     throw InputError(fmt::format("MLP sizes '{}' need at least inputs and classes", it->second));
   return c;

@@ -9,10 +9,13 @@ namespace dpt {
 Mesh Mesh::layout(int world, int rank, int tp, int pp, int cp) {
   if (tp < 1 || pp < 1 || cp < 1)
     throw InputError(fmt::format("--tp {}, --pp {} and --cp {} must be at least 1", tp, pp, cp));
-  if (world % (tp * pp * cp) != 0) {
+  // In 64 bits: --tp 65536 --pp 65536 is 2^32, 0 as an int (a division by
+  // zero below).
+  const int64_t cells = int64_t{tp} * pp * cp;
+  if (cells > world || world % cells != 0) {
     const std::string cps = cp > 1 ? fmt::format(" x --cp {}", cp) : "";
     throw InputError(fmt::format("{} ranks do not split into --tp {} x --pp {}{} (a multiple of {} is needed)", world,
-                                 tp, pp, cps, tp * pp * cp));
+                                 tp, pp, cps, cells));
   }
   Mesh m;
   m.world = world;

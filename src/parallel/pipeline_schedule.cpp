@@ -37,6 +37,9 @@ std::vector<int64_t> pipe_split(const std::string& split, int pp, int64_t layers
       counts.push_back(n);
       sum += n;
     }
+    // getline yields no item after a final comma: "2,2," would read as 2,2.
+    if (split.back() == ',')
+      throw InputError(fmt::format("--pp-split '{}': '' is not a positive number of blocks", split));
     if (static_cast<int>(counts.size()) != pp || sum != layers)
       throw InputError(v == 1 ? fmt::format("--pp-split '{}' must give {} stages' blocks summing to the model's {}",
                                             split, pp, layers)

@@ -40,6 +40,7 @@ int Layout::add(const std::string& name, std::vector<int64_t> shape, bool decay,
     s.whole_shape = s.shape;
     s.slice = {1, 1, 0, static_cast<int64_t>(n)};
   }
+  index_.emplace(s.name, static_cast<int>(slots_.size()));
   slots_.push_back(std::move(s));
   numel_ += n;
   units_.back().numel += n;
@@ -48,9 +49,8 @@ int Layout::add(const std::string& name, std::vector<int64_t> shape, bool decay,
 }
 
 int Layout::find(const std::string& name) const {
-  for (size_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i].name == name) return static_cast<int>(i);
-  return -1;
+  const auto it = index_.find(name);
+  return it == index_.end() ? -1 : it->second;
 }
 
 std::string shape_str(const std::vector<int64_t>& shape) {

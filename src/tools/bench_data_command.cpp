@@ -12,6 +12,7 @@
 #include "data/token_shards.h"
 #include "io/atomic_file.h"
 #include "tools/commands.h"
+#include "tools/flag_checks.h"
 
 namespace dpt {
 
@@ -22,10 +23,14 @@ BenchDataCommand::BenchDataCommand(CLI::App& app) {
   cmd_ = bench->add_subcommand("data", "read training windows from token shards as fast as the sampler can");
   cmd_->add_option("--data", data_, "token shards: file, directory or glob")->required();
   cmd_->add_option("--data-format", format_, "llmc or u16 (default: llmc)")->check(CLI::IsMember({"llmc", "u16"}));
-  cmd_->add_option("--vocab", vocab_, "tokens must be below this")->capture_default_str();
-  cmd_->add_option("--context", context_, "window length T (windows hold T + 1 tokens)")->capture_default_str();
-  cmd_->add_option("--batch", batch_, "windows per step (the global batch)")->capture_default_str();
-  cmd_->add_option("--seconds", seconds_, "how long to read")->capture_default_str();
+  // Checked here: a context of 0 divided by zero in the windows' count
+  // (SIGFPE), and a NaN or negative --seconds read nothing.
+  cmd_->add_option("--vocab", vocab_, "tokens must be below this")->capture_default_str()->check(positive());
+  cmd_->add_option("--context", context_, "window length T (windows hold T + 1 tokens)")
+      ->capture_default_str()
+      ->check(positive());
+  cmd_->add_option("--batch", batch_, "windows per step (the global batch)")->capture_default_str()->check(positive());
+  cmd_->add_option("--seconds", seconds_, "how long to read")->capture_default_str()->check(positive());
   cmd_->add_option("--json", json_, "write the results as JSON");
 }
 

@@ -73,6 +73,13 @@ int EvalCommand::run() {
   model->set_precision(parse_precision(precision_));
   model->set_device(parse_device(device_));
   if (model->kind() == "mlp") {
+    // As dpt train refuses them (tools/flag_conflicts.cpp): read by nothing here.
+    if (!format_.empty())
+      throw InputError("--data-format contradicts the mlp model, which is evaluated on Fashion-MNIST's images: it is a "
+                       "GPT's flag");
+    if (load_format_ == "hf")
+      throw InputError("--load-format hf contradicts the mlp model: Hugging Face's layout is the GPT-2 and Llama "
+                       "decoders'; the mlp's dpt layout already has PyTorch's nn.Sequential names");
     if (!logits_out_.empty())
       throw InputError("--logits-out writes a gpt or llama model's logits per position, and an mlp has none");
     ImageSet test = load_fashion_mnist(data_.empty() ? kFashionMnistDir : data_, "test");

@@ -44,6 +44,9 @@ void refuse_unread_flags(const CLI::App& cmd, const TrainOptions& o) {
         throw InputError(fmt::format("{} contradicts the mlp model, which trains and is evaluated on Fashion-MNIST's "
                                      "images: it is a GPT's flag",
                                      flag));
+  if (mlp && o.save_format == "hf")
+    throw InputError("--save-format hf contradicts the mlp model: Hugging Face's layout is the GPT-2 and Llama "
+                     "decoders'; the mlp's dpt layout already has PyTorch's nn.Sequential names");
   if (!mlp && given(cmd, "--epochs"))
     throw InputError("--epochs contradicts the gpt model: a GPT run's length is --steps (--epochs counts Fashion-MNIST "
                      "epochs)");
@@ -68,6 +71,22 @@ void refuse_sample_flags_alone(const CLI::App& cmd) {
                                    flag));
 }
 
+// Flags that only shape what another flag writes: without it they would be
+// dropped silently.
+struct Dependent {
+  const char* flag;
+  const char* needs;
+  const char* sets;
+};
+
+constexpr Dependent kDependents[] = {
+    {"--save-format", "--save", "how --save writes the trained weights"},
+    {"--save-dtype", "--save", "how --save writes the trained weights"},
+    {"--save-shard-mb", "--save", "how --save writes the trained weights"},
+    {"--checkpoint-every", "--checkpoint-dir", "when checkpoints are written into --checkpoint-dir"},
+    {"--keep", "--checkpoint-dir", "how many checkpoints --checkpoint-dir keeps"},
+};
+
 }  // namespace
 
 void refuse_contradicting_flags(const CLI::App& cmd, const TrainOptions& o) {
@@ -76,6 +95,9 @@ void refuse_contradicting_flags(const CLI::App& cmd, const TrainOptions& o) {
       throw InputError(fmt::format("{} and {} contradict each other: {}; give one", c.a, c.b, c.why));
   refuse_unread_flags(cmd, o);
   refuse_sample_flags_alone(cmd);
+  for (const Dependent& d : kDependents)
+    if (given(cmd, d.flag) && !given(cmd, d.needs))
+      throw InputError(fmt::format("{} sets {}, and {} is not given", d.flag, d.sets, d.needs));
 }
 
 }  // namespace dpt

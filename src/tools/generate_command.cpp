@@ -15,6 +15,7 @@
 #include "core/threads.h"
 #include "data/bpe_tokenizer.h"
 #include "data/utf8.h"
+#include "io/read_checks.h"
 #include "models/decoder.h"
 #include "models/generate.h"
 #include "models/hf_config.h"
@@ -27,8 +28,21 @@ namespace dpt {
 
 namespace {
 
-// Token ids written as "1, 2 3" (commas and/or spaces).
+// Token ids written as "1, 2 3" (commas and/or spaces). A comma without an
+// id on each side is refused: "1,,2" or "1,2," is more likely a list missing
+// an id than 1,2.
 std::vector<int32_t> parse_ids(const std::string& text) {
+  bool id_before = false;  // since the start or the last comma
+  for (const char c : text) {
+    if (c != ',') {
+      id_before = id_before || c != ' ';
+      continue;
+    }
+    if (!id_before) throw InputError(fmt::format("--prompt-ids '{}': a comma with no id before it", text));
+    id_before = false;
+  }
+  if (!id_before && text.find(',') != std::string::npos)
+    throw InputError(fmt::format("--prompt-ids '{}': a comma with no id after it", text));
   std::string s = text;
   std::replace(s.begin(), s.end(), ',', ' ');
   std::istringstream in(s);
@@ -50,6 +64,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 std::string read_file(const std::string& path) {
+  refuse_directory(path, "a prompt file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(fmt::format("{}: cannot open the prompt file", path));
   return {std::istreambuf_iterator<char>(in), {}};

@@ -28,6 +28,10 @@ namespace dpt {
 namespace {
 
 constexpr const char* kMpirun = "mpirun";
+// Oversubscribing tests correctness (4 ranks on 2 cores, 64 ranks' dry run on
+// one); more than 64 ranks per slot is past any use, and on the way to forking
+// a machine to a halt.
+constexpr int kMaxRanksPerSlot = 64;
 
 int logical_cpus() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
 
@@ -69,6 +73,10 @@ std::vector<Host> read_hostfile(const std::string& path, int default_slots) {
     std::istringstream words(line);
     Host h;
     if (!(words >> h.name)) continue;
+    // "slots=4" alone on a line is a host name to mpirun, which then fails
+    // with a boxed parse error.
+    if (h.name.find('=') != std::string::npos)
+      throw InputError(fmt::format("{}:{}: '{}' is not a host name: a line starts with the host", path, lineno, h.name));
     h.slots = default_slots;
     for (std::string w; words >> w;) {
       if (w.rfind("slots=", 0) != 0) continue;  // max_slots= and others: mpirun's business
@@ -85,9 +93,9 @@ std::vector<Host> read_hostfile(const std::string& path, int default_slots) {
   return hosts;
 }
 
-// The most ranks mpirun puts on one host when it fills hosts slot by slot
-// (its default mapping); past the total slots, the rest go round-robin.
-int max_ranks_per_host(const std::vector<Host>& hosts, int ranks) {
+// The ranks mpirun puts on each host when it fills hosts slot by slot (its
+// default mapping); past the total slots, the rest go round-robin.
+std::vector<int> place_ranks(const std::vector<Host>& hosts, int ranks) {
   std::vector<int> placed(hosts.size(), 0);
   int left = ranks;
   for (size_t i = 0; i < hosts.size() && left > 0; ++i) {
@@ -95,7 +103,29 @@ int max_ranks_per_host(const std::vector<Host>& hosts, int ranks) {
     left -= placed[i];
   }
   for (size_t i = 0; left > 0; i = (i + 1) % hosts.size(), --left) ++placed[i];
-  return *std::max_element(placed.begin(), placed.end());
+  return placed;
+}
+
+// The command's program as mpirun will exec it: a path, or a name on PATH.
+// Refused here in one sentence: mpirun's own answer is a boxed paragraph
+// and a status of 132 or 134, as if a rank had crashed.
+void check_program(const std::string& program) {
+  namespace fs = std::filesystem;
+  const auto runnable = [](const fs::path& p) {
+    std::error_code ec;
+    return fs::is_regular_file(p, ec) && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (program.find('/') != std::string::npos) {
+    if (!runnable(program))
+      throw InputError(fmt::format("{}: {}", program,
+                                   fs::exists(program) ? "not an executable file" : "no such program"));
+    return;
+  }
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "");
+  for (std::string dir; std::getline(dirs, dir, ':');)
+    if (runnable(fs::path(dir.empty() ? "." : dir) / program)) return;
+  throw InputError(fmt::format("{}: no such program on PATH", program));
 }
 
 std::string shell_quote(const std::string& s) {
@@ -141,16 +171,24 @@ std::vector<std::string> LaunchCommand::mpirun_args() const {
   if (command_.empty())
     throw InputError(
         "no command to launch: give it after --, as in: dpt launch -n 2 -- build/dpt train --model mlp");
+  check_program(command_.front());
 
   const int cores = physical_cores();
-  int slots = cores, per_host = ranks_;
-  if (!hostfile_.empty()) {
-    auto hosts = read_hostfile(hostfile_, cores);
-    slots = 0;
-    for (const auto& h : hosts) slots += h.slots;
-    per_host = max_ranks_per_host(hosts, ranks_);
-  }
-
+  const std::vector<Host> hosts =
+      hostfile_.empty() ? std::vector<Host>{{"localhost", cores}} : read_hostfile(hostfile_, cores);
+  const std::vector<int> placed = place_ranks(hosts, ranks_);
+  int slots = 0;
+  for (const Host& h : hosts) slots += h.slots;
+  const int per_host = *std::max_element(placed.begin(), placed.end());
+  // A typo such as -n 1000 for -n 10 would have mpirun fork that many
+  // processes onto one host, and it does not stop at SIGTERM while it forks.
+  for (size_t i = 0; i < hosts.size(); ++i)
+    if (placed[i] > kMaxRanksPerSlot * hosts[i].slots)
+      throw InputError(fmt::format("-n {} puts {} ranks on {} of {} slot{}, more than {} per slot (each rank is a "
+                                   "process with its own memory and threads); give fewer ranks, or hosts in a "
+                                   "--hostfile",
+                                   ranks_, placed[i], hostfile_.empty() ? "this host" : "host " + hosts[i].name,
+                                   hosts[i].slots, hosts[i].slots == 1 ? "" : "s", kMaxRanksPerSlot));
   std::vector<std::string> args{kMpirun, "-n", std::to_string(ranks_)};
   if (::geteuid() == 0) args.push_back("--allow-run-as-root");
   if (ranks_ > slots) args.push_back("--oversubscribe");
@@ -253,6 +291,11 @@ int LaunchCommand::run() {
   // Set by the precheck for its own child only; a rank that saw it would
   // check and stop instead of training.
   ::unsetenv(kPrecheckWorld);
+  // mpirun refuses to run inside its own job with a banner from every rank.
+  if (const char* size = std::getenv("OMPI_COMM_WORLD_SIZE"))
+    throw InputError(fmt::format("dpt launch runs here as a rank of an mpirun job of {} ranks, and mpirun does not "
+                                 "run inside its own jobs: give the command to one dpt launch",
+                                 size));
   const auto args = mpirun_args();
   // A `dpt train` command that would fail alike on every rank (its flags,
   // its mesh for -n ranks) is refused here, once, before any rank starts;

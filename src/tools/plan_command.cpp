@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 #include "comm/types.h"
@@ -43,6 +44,8 @@ size_t parse_bytes(const std::string& text) {
       if (unit == n) scale = factor;
   if (end == s || scale == 0 || !std::isfinite(v) || v <= 0)
     throw InputError(fmt::format("--memory '{}' is not a positive number of bytes (e.g. 24G, 512MiB, 1073741824)", text));
+  // Converting a double past size_t's range is undefined (in practice 0 or 2^63).
+  if (v * scale >= 0x1p64) throw InputError(fmt::format("--memory '{}' is more bytes than 16 EiB", text));
   return static_cast<size_t>(v * scale);
 }
 
@@ -138,8 +141,9 @@ PlanCommand::PlanCommand(CLI::App& app) {
   run_flags_.add(cmd_, opts_);
   cmd_->add_flag("--meshes", meshes_,
                  "rows for every tp x pp mesh of the ranks that dpt train runs for the model (instead of --tp, --pp)");
-  cmd_->add_option("--strategy", strategies_, "only these strategies (repeat or comma-separate; default: all)")
-      ->delimiter(',');
+  // Split in run(): CLI11's delimiter drops empty items, so "ddp,,zero1" and
+  // "ddp," passed as if whole.
+  cmd_->add_option("--strategy", strategies_, "only these strategies (repeat or comma-separate; default: all)");
   cmd_->add_option("--threads", threads_, "threads per rank (default: cores / ranks on this host)")
       ->check(positive());
   add_gemm_flag(cmd_, gemm_);
@@ -167,10 +171,16 @@ int PlanCommand::run() {
     throw InputError("--meshes plans every tp x pp x cp of the ranks; give it or --tp/--pp/--cp, not both");
   apply_defaults(opts_);
   resolve_model(opts_);
+  check_sizes(opts_);
   PlanRequest r;
   r.run = opts_;
   r.base = strategy_options(opts_);
-  for (const std::string& s : strategies_) r.strategies.push_back(plannable_strategy(s));
+  for (const std::string& given : strategies_) {
+    if (given.empty() || given.front() == ',' || given.back() == ',' || given.find(",,") != std::string::npos)
+      throw InputError(fmt::format("--strategy '{}': an empty name in the list", given));
+    std::istringstream names(given);
+    for (std::string s; std::getline(names, s, ',');) r.strategies.push_back(plannable_strategy(s));
+  }
   r.all_meshes = meshes_;
   r.batch = opts_.batch;
   r.grad_accum = opts_.grad_accum;
@@ -180,7 +190,8 @@ int PlanCommand::run() {
     const comm::Config config = comm::Config::from_env();  // what `dpt train` would start with
     r.in_place = config.algo == comm::Algo::Ring && config.in_place;
   }
-  r.available = memory_.empty() ? host_available_bytes() : parse_bytes(memory_);
+  // Given empty, --memory is refused, not read as the default.
+  r.available = cmd_->count("--memory") == 0 ? host_available_bytes() : parse_bytes(memory_);
   r.offload_dir = offload_dir_;
   r.disk_free = check_offload_dir(offload_dir_, 0);  // one sentence for a directory the tier would refuse
   auto model = make_model(model_hparams(opts_));

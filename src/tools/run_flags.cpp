@@ -85,6 +85,9 @@ void RunFlags::apply(const CLI::App* cmd, TrainOptions& o) const {
                                    micro_batches_, o.grad_accum));
     o.grad_accum = micro_batches_;
   }
+  // An empty value would read as no split at all (balanced by parameters).
+  if (cmd->count("--pp-split") > 0 && o.pp_split.empty())
+    throw InputError("--pp-split is empty: give each stage's blocks, e.g. 2,1,1, or leave the flag out");
   o.zero_scatter = zero_reduce_ == "scatter";
   o.zero_accumulate_locally = zero_accumulate_ == "local";
   o.ddp.reduce_dtype = parse_precision(reduce_dtype_, "--reduce-dtype");

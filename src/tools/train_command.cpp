@@ -53,8 +53,9 @@ void TrainCommand::add_data_flags() {
   cmd_->add_flag("--checkpoint-activations", o.checkpoint_activations,
                  "keep only each unit's input in forward, recompute the unit in backward (less activation "
                  "memory, about one more forward of compute)");
+  // Positive: 0 is the field's "not given", so --steps 0 ran the default.
   cmd_->add_option("--steps", o.steps, "optimizer steps (default: 3 epochs for mlp, 200 for gpt)")
-      ->check(non_negative());
+      ->check(positive());
   cmd_->add_option("--epochs", o.epochs, "mlp: epochs when --steps is not given")->check(positive());
 }
 
@@ -114,7 +115,7 @@ void TrainCommand::add_output_flags() {
           "--save as a sharded set, as published models ship (model-0000k-of-0000n.safetensors and an "
           "index .json), of at most this many MB of tensors per file; a --save path ending in "
           ".safetensors.index.json shards at 5000 MB without it")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd_->add_option_function<std::string>(
           "--save-dtype", [&o](const std::string& t) { o.save_dtype = parse_save_dtype(t); },
           "--save's tensors: fp32 (default), bf16 or fp16 (half the bytes; rounded to nearest even, fp16 "

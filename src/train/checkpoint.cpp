@@ -162,6 +162,7 @@ std::vector<std::vector<uint32_t>> gather_piece_crcs(comm::ProcessGroup& pg, con
 std::string check_size(const std::string& path, uint64_t bytes) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return fmt::format("{}: missing: the checkpoint's manifest lists it", path);
+  if (!fs::is_regular_file(path, ec)) return fmt::format("{}: not a file: the checkpoint's manifest lists a file", path);
   const uint64_t size = fs::file_size(path, ec);
   if (ec || size != bytes)
     return fmt::format("{}: {} bytes where the manifest says {}: the file is truncated or was replaced", path,
@@ -327,6 +328,10 @@ std::string find_checkpoint(const std::string& path) {
   const fs::path p(path);
   std::error_code ec;
   if (fs::exists(p / "manifest.json", ec)) return p.string();
+  if (fs::exists(p, ec) && !fs::is_directory(p, ec))
+    throw InputError(fmt::format("{}: a file, not a checkpoint directory (--resume takes a --checkpoint-dir or a "
+                                 "step-N directory in it)",
+                                 path));
   if (!fs::is_directory(p, ec)) throw InputError(fmt::format("{}: no such checkpoint directory", path));
   std::ifstream in(p / "latest");
   std::string name;
@@ -342,6 +347,10 @@ std::string find_checkpoint(const std::string& path) {
 
 CheckpointInfo read_checkpoint_info(const std::string& checkpoint) {
   const std::string path = (fs::path(checkpoint) / "manifest.json").string();
+  // A directory opens as a stream on Linux, and reading it throws
+  // std::ios_base::failure, not a sentence.
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw IoError(fmt::format("{}: the checkpoint's manifest is not a file", path));
   std::ifstream in(path);
   if (!in) throw IoError(fmt::format("{}: cannot read the checkpoint's manifest", path));
   json j;

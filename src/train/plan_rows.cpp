@@ -302,16 +302,21 @@ std::vector<MeshStages> plan_meshes(const PlanRequest& r, Model& model) {
     out.push_back(mesh_stages(r, r.run.tp, r.run.pp, r.run.cp, model));
     return out;
   }
+  std::string first_refusal;  // data parallelism alone's, tried first
   for (int cp = 1; cp <= r.world; ++cp)
     for (int tp = 1; tp * cp <= r.world; ++tp)
       for (int pp = 1; tp * pp * cp <= r.world; ++pp) {
         if (r.world % (tp * pp * cp) != 0) continue;
         try {
           out.push_back(mesh_stages(r, tp, pp, cp, model));
-        } catch (const InputError&) {
+        } catch (const InputError& e) {
           // Not a layout training runs for this model: no rows.
+          if (first_refusal.empty()) first_refusal = e.what();
         }
       }
+  // No layout runs (a batch no mesh of a prime world splits): training's
+  // sentence for the plainest one, not a plan of no rows.
+  if (out.empty()) throw InputError(first_refusal);
   return out;
 }
 
@@ -355,6 +360,9 @@ Plan make_plan(const PlanRequest& r, Model& model) {
     if (row.fits && (fastest < 0 || row.step_s < fastest)) fastest = row.step_s;
   for (size_t i = 0; i < plan.rows.size() && plan.best < 0; ++i)
     if (plan.rows[i].fits && plan.rows[i].step_s <= fastest * (1.0 + kTieMargin)) plan.best = static_cast<int>(i);
+  if (plan.rows.empty())
+    throw InputError(fmt::format("nothing to plan: no strategy asked for runs {} rank{} of this model", r.world,
+                                 r.world == 1 ? "" : "s"));
   plan.reason = reason_for(r, plan);
   return plan;
 }

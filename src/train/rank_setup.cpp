@@ -80,6 +80,10 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed) {
 // The checkpoint's model, with the flags over it (a flag that disagrees is
 // then refused by load_checkpoint, naming both values).
 std::map<std::string, std::string> resumed_hparams(const TrainOptions& o, const CheckpointInfo& saved) {
+  // Another family's settings would be refused one by one as this model's.
+  if (const auto family = saved.model.find("dpt.model"); family != saved.model.end() && family->second != o.model)
+    throw InputError(fmt::format("{}: the checkpoint holds a {} model, and this run's is {}", o.resume, family->second,
+                                 o.model));
   std::map<std::string, std::string> hp = saved.model;
   for (const auto& [k, v] : o.hparams) hp[k] = v;
   hp["dpt.model"] = o.model;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -10,6 +12,7 @@
 #include "core/memory.h"
 #include "io/atomic_file.h"
 #include "models/decoder_config.h"
+#include "models/mlp.h"
 #include "optim/file_tier.h"
 #include "parallel/catalog.h"
 #include "parallel/rank_bytes.h"
@@ -107,7 +110,7 @@ void check_tensor_parallel(const TrainOptions& o, const Mesh& mesh) {
   if (o.model == "mlp")
     throw InputError(fmt::format("--tp splits a transformer's attention heads and MLP; the {} model has none", o.model));
   check_mesh_strategy(o.strategy, not_yet);
-  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
+  if (o.device != Device::CPU) throw InputError(fmt::format("--device cuda is not built {} yet", not_yet));
   const DecoderConfig c = DecoderConfig::from(model_hparams(o));
   if (c.heads % mesh.tp != 0)
     throw InputError(fmt::format("--tp {} does not divide the model's {} attention heads (a TP rank holds whole "
@@ -138,7 +141,7 @@ void check_context_parallel(const TrainOptions& o, const Mesh& mesh) {
                                  "none",
                                  o.model));
   check_mesh_strategy(o.strategy, not_yet);
-  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
+  if (o.device != Device::CPU) throw InputError(fmt::format("--device cuda is not built {} yet", not_yet));
   if (o.attention == "unfused")
     throw InputError(fmt::format("--cp passes keys and values round a ring into the fused attention; --attention "
                                  "unfused is not built {}",
@@ -160,7 +163,21 @@ void check_pipeline(const TrainOptions& o, const Mesh& mesh) {
   if (o.model == "mlp")
     throw InputError(fmt::format("--pp splits a transformer's blocks into stages; the {} model has none", o.model));
   check_mesh_strategy(o.strategy, not_yet);
-  if (o.device != Device::CPU) throw InputError(fmt::format("--device gpu is not built {} yet", not_yet));
+  if (o.device != Device::CPU) throw InputError(fmt::format("--device cuda is not built {} yet", not_yet));
+  // Before the program is built, whose size is pp x v x M: --virtual-stages
+  // 2^30 overflowed pp x v (a crash), and --micro-batches 2^31 took 40 s to
+  // end in "out of memory".
+  const int v = pipe_virtual_stages(o.pp_schedule, o.virtual_stages);
+  const int64_t layers = DecoderConfig::from(model_hparams(o)).layers;
+  if (int64_t{mesh.pp} * v > layers)
+    throw InputError(v == 1 ? fmt::format("--pp {} needs at least one block per stage, and the model has {}", mesh.pp,
+                                          layers)
+                            : fmt::format("--pp {} x --virtual-stages {} needs at least one block per chunk, and the "
+                                          "model has {}",
+                                          mesh.pp, v, layers));
+  // More micro-batches than samples: the batch's split refuses them (in its
+  // sentence, which it always throws then) before a program of that many.
+  if (o.grad_accum > o.batch) micro_batch(o, mesh.dp, "data-parallel replicas");
   const PipeProgram program = run_program(o, mesh.pp);  // throws for a schedule that cannot be
   const PipeCheck valid = check_pipe_program(program);
   if (!valid.error.empty())
@@ -210,12 +227,54 @@ void check_samples(const TrainOptions& o) {
   sample_text_setup(o, DecoderConfig::from(o.model_config));
 }
 
+void check_sizes(const TrainOptions& o) {
+  constexpr double kMostBytes = 0x1p56;  // 64 PiB: past any cluster, and 2^7 short of int64's range
+  constexpr int64_t kMostBlocks = 65536;
+  const double B = static_cast<double>(o.batch);
+  double params = 0, activations = 0;  // activations: one step's, all layers
+  std::vector<std::pair<const char*, int64_t>> dims;  // each a GEMM dimension, or a factor of one
+  if (o.model == "mlp") {
+    const std::vector<int64_t> sizes = MlpConfig::from(o.model_config).sizes;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      dims.emplace_back("layer size", sizes[i]);
+      activations += 2 * B * static_cast<double>(sizes[i]);
+      if (i > 0) params += static_cast<double>(sizes[i - 1] + 1) * static_cast<double>(sizes[i]);
+    }
+  } else {
+    const DecoderConfig c = DecoderConfig::from(o.model_config);
+    if (c.layers > kMostBlocks)
+      throw InputError(fmt::format("{} blocks are more than {}, the most the engine builds (a named slot for each "
+                                   "tensor of each block)",
+                                   c.layers, kMostBlocks));
+    dims = {{"vocabulary", c.rows()}, {"width", c.width}, {"context", c.context}, {"head size", c.head_dim()},
+            {"MLP width", c.ffn()}};
+    const double C = static_cast<double>(c.width), T = static_cast<double>(c.context),
+                 H = static_cast<double>(c.heads), hd = static_cast<double>(c.head_dim()),
+                 KV = static_cast<double>(c.kv()), F = static_cast<double>(c.ffn()), L = static_cast<double>(c.layers);
+    params = 2 * static_cast<double>(c.rows()) * C + T * C + L * ((2 * H + 2 * KV) * hd * C + 3 * C * F + 4 * C);
+    activations = L * B * T * (16 * C + 3 * F + H * T) + B * T * static_cast<double>(c.rows());
+  }
+  for (const auto& [what, n] : dims)
+    if (n > INT32_MAX)
+      throw InputError(fmt::format("the model's {} of {} is past 2^31 - 1, the largest matrix side the GEMMs take",
+                                   what, n));
+  // fp32 parameters, gradients and two optimizer moments, and the activations.
+  const double bytes = 16 * params + 4 * activations;
+  if (bytes > kMostBytes)
+    throw InputError(fmt::format("the model and a batch of {} need about {:.3g} bytes, past 2^56 (64 PiB): no "
+                                 "machine holds them; shrink the batch or the model",
+                                 o.batch, bytes));
+}
+
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg) {
   apply_defaults(o);
   const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp, o.cp);
   if (!o.strategy.set()) o.strategy = default_strategy(mesh.dp_cp());
   // The mesh's checks read the model's shape (--load's header): once.
-  if (mesh.tp > 1 || mesh.pp > 1 || mesh.cp > 1) resolve_model(o);
+  if (mesh.tp > 1 || mesh.pp > 1 || mesh.cp > 1) {
+    resolve_model(o);
+    check_sizes(o);
+  }
   check_pipeline(o, mesh);
   check_context_parallel(o, mesh);
   check_tensor_parallel(o, mesh);
@@ -230,7 +289,10 @@ Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg)
                         .fp32_reduce = o.ddp.reduce_dtype == DType::F32,
                         .checkpoints = !o.checkpoint_dir.empty() || !o.resume.empty(), .trace = !o.trace_out.empty(),
                         .offload = o.offload != Offload::None});
-  if (o.model_config.empty()) resolve_model(o);
+  if (o.model_config.empty()) {
+    resolve_model(o);
+    check_sizes(o);
+  }
   check_samples(o);
   return mesh;
 }

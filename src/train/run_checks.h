@@ -34,6 +34,12 @@ int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
 // refusals (its catalog record's). The model's configuration is resolved on
 // the way (--load's file read once). Returns the mesh.
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg);
+// Refuses a model and batch past any machine (o.model_config's sizes, as
+// doubles): more than 2^56 bytes for the parameters, their training state
+// and one step's activations, a GEMM dimension past 2^31 - 1, or more than
+// 65,536 blocks. The engine counts bytes in 64-bit integers and builds a
+// named slot per tensor, so these must not reach it.
+void check_sizes(const TrainOptions& o);
 // --sample-every's refusals, one sentence each: not a gpt or llama model,
 // and sample_text_setup's (train/sample.h: the tokenizer, the prompt).
 void check_samples(const TrainOptions& o);

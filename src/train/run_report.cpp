@@ -12,6 +12,7 @@
 #include "core/memory.h"
 #include "core/threads.h"
 #include "io/atomic_file.h"
+#include "io/read_checks.h"
 #include "nn/gemm.h"
 #include "models/decoder.h"
 #include "parallel/pipeline_schedule.h"
@@ -89,6 +90,7 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
 }  // namespace
 
 double read_baseline_throughput(const std::string& path) {
+  refuse_directory(path, "a --summary-out file");
   std::ifstream in(path);
   if (!in) throw IoError(fmt::format("{}: cannot read the baseline summary", path));
   json j;

@@ -322,11 +322,42 @@ TEST_F(BadCheckpoint, AnotherModelIsRefused) {
                  "--model gpt --layers 3 --width 32 --heads 2 --context 16 --batch 8");
 }
 
+// A GPT checkpoint resumed as the mlp said "the checkpoint holds a model with
+// block_size=16, this run's has no block_size": a setting, not the model.
+TEST_F(BadCheckpoint, AnotherFamilyIsRefusedNamingBoth) {
+  expect_refused("the checkpoint holds a gpt model, and this run's is mlp", "", kMlp);
+  expect_refused("the checkpoint holds a gpt model, and this run's is llama", "",
+                 "--model llama --layers 2 --width 32 --heads 2 --kv-heads 1 --context 16 --batch 8");
+}
+
 TEST_F(BadCheckpoint, AnotherOptimizerIsRefused) { expect_refused("exp_avg", "--optimizer sgd"); }
 
 TEST_F(BadCheckpoint, AManifestThatIsNotJsonIsRefused) {
   std::ofstream(path("ck/step-00000002/manifest.json")) << "{ not json";
   expect_refused("manifest.json: the manifest is not valid JSON");
+}
+
+// A directory where a file belongs: reading a directory as a stream threw
+// std::ios_base::failure (exit 2, "basic_filebuf::underflow"), and a shard's
+// size read as 0 bytes, "truncated".
+TEST_F(BadCheckpoint, AManifestThatIsADirectoryIsRefused) {
+  fs::remove(path("ck/step-00000002/manifest.json"));
+  fs::create_directory(path("ck/step-00000002/manifest.json"));
+  expect_refused("manifest.json: the checkpoint's manifest is not a file");
+}
+
+TEST_F(BadCheckpoint, AShardThatIsADirectoryIsNamed) {
+  fs::remove(shard_);
+  fs::create_directory(shard_);
+  expect_refused("rank-00001-of-00002.safetensors: not a file");
+}
+
+TEST_F(BadCheckpoint, AFileIsNotACheckpointDirectory) {
+  std::ofstream(path("weights.safetensors")) << "x";
+  const RunResult r =
+      train(1, fmt::format("{} {} --steps 4 --resume {}", kGpt, kQuiet, q(path("weights.safetensors"))));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("weights.safetensors: a file, not a checkpoint directory"), std::string::npos) << r.err;
 }
 
 TEST_F(BadCheckpoint, ANonexistentDirectoryIsRefused) {

@@ -2,7 +2,7 @@
 // end to end through `dpt launch` (one job per world size): zero3 on 3 ranks
 // to DDP on 2, and DDP on 2 to zero3 on 3, bit for bit.
 //
-// A run cannot train zero steps (--steps 0 means "the default"), so the
+// A run cannot train zero steps (--steps 0 is refused), so the
 // loading run trains one step that cannot change a bit: SGD without
 // momentum or weight decay, the gradient clipped to norm 1 (so every element
 // is at most 1 in magnitude) and lr 1e-30. Each update is then at most
