@@ -275,6 +275,15 @@ TEST_F(FileKindsTest, OtherContradictingFlagsAreRefused) {
       {"--model mlp --steps 1 --synthetic --beta1 0.8", "--beta1 contradicts the sgd optimizer"},
       {fmt::format("{} --steps 1 --synthetic --momentum 0.9", kGpt), "--momentum contradicts the adamw optimizer"},
       {fmt::format("{} --steps 1 --synthetic --min-lr 0.001", kGpt), "--min-lr contradicts the constant schedule"},
+      // A cosine schedule decays to --min-lr: above --lr it would climb.
+      {fmt::format("{} --steps 1 --synthetic --schedule cosine --min-lr 0.001", kGpt),
+       "--min-lr 0.001 is above the learning rate 0.0003"},
+      // Flags only other strategies read (the default here: local).
+      {fmt::format("{} --steps 1 --synthetic --prefetch none", kGpt), "--prefetch sets when a sharded strategy"},
+      {fmt::format("{} --steps 1 --synthetic --reshard-after-forward false", kGpt), "--reshard-after-forward sets"},
+      {fmt::format("{} --steps 1 --synthetic --strategy local --zero-reduce scatter", kGpt),
+       "--zero-reduce sets how zero1 reduces its gradients, and --strategy local does not read it"},
+      {"--model mlp --steps 1 --synthetic --dp-replicas 2", "--dp-replicas sets the replica threads"},
   };
   for (const auto& [flags, says] : cases) {
     SCOPED_TRACE(flags);
@@ -284,7 +293,8 @@ TEST_F(FileKindsTest, OtherContradictingFlagsAreRefused) {
     EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
   }
   // The same flags apart still run.
-  EXPECT_EQ(dpt(fmt::format("train {} --quiet --steps 1 --synthetic --schedule cosine --min-lr 0.001", kGpt)).code, 0);
+  EXPECT_EQ(dpt(fmt::format("train {} --quiet --steps 1 --synthetic --schedule cosine --min-lr 0.0001", kGpt)).code, 0);
+  EXPECT_EQ(dpt("train --model mlp --quiet --steps 1 --synthetic --strategy dp --dp-replicas 2 --threads 1").code, 0);
 }
 
 // Flags that shape what --save or --checkpoint-dir writes, given without it:

@@ -3,6 +3,8 @@
 // random batches and never read the file). Each is refused in one sentence.
 #pragma once
 
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 #include "train/train.h"
@@ -12,5 +14,10 @@ namespace dpt {
 // Throws InputError for the first contradiction among the flags given on
 // `cmd` (`dpt train`'s subcommand), o.model resolved (--model or --load's).
 void refuse_contradicting_flags(const CLI::App& cmd, const TrainOptions& o);
+
+// Throws InputError for a flag only other strategies read (--prefetch under
+// ddp, --dp-replicas under zero3...), given to `strategy` (--strategy's
+// value; empty: the default, local or ddp).
+void refuse_strategy_flags(const CLI::App& cmd, const std::string& strategy);
 
 }  // namespace dpt

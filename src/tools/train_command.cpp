@@ -196,6 +196,7 @@ int TrainCommand::run() {
   }
   run_flags_.apply(cmd_, opts_);
   refuse_contradicting_flags(*cmd_, opts_);
+  refuse_strategy_flags(*cmd_, strategy_);
   if (!strategy_.empty()) opts_.strategy = strategy_;
   opts_.prefetch = parse_prefetch(prefetch_);
   opts_.offload = parse_offload(offload_);

@@ -30,6 +30,10 @@ void apply_defaults(TrainOptions& o) {
   if (o.batch == 0) o.batch = mlp ? 256 : 16;
   if (o.optimizer.name.empty()) o.optimizer.name = mlp ? "sgd" : "adamw";
   if (o.schedule.lr <= 0.0f) o.schedule.lr = o.optimizer.name == "sgd" ? 0.05f : 3e-4f;
+  if (o.schedule.kind == "cosine" && o.schedule.min_lr > o.schedule.lr)
+    throw InputError(fmt::format("--min-lr {:g} is above the learning rate {:g}: the cosine schedule decays from "
+                                 "--lr down to --min-lr",
+                                 o.schedule.min_lr, o.schedule.lr));
   if (o.optimizer.weight_decay < 0.0f) o.optimizer.weight_decay = o.optimizer.name == "adamw" ? 0.1f : 0.0f;
   if (o.batch < 1) throw InputError(fmt::format("batch size {} must be positive", o.batch));
   if (o.grad_accum < 1) throw InputError(fmt::format("--grad-accum {} must be positive", o.grad_accum));
