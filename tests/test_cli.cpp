@@ -406,6 +406,17 @@ TEST_F(CliTest, TrainFromLoadReadsModelFromMetadata) {
   EXPECT_EQ(j["params"], kSmallGptParams);
 }
 
+// Another family's weights: both families named, not the first tensor the
+// other family misses (llama) or the first setting it does not have (mlp).
+TEST_F(CliTest, LoadOfAnotherFamilyNamesBoth) {
+  ASSERT_EQ(gpt_train_.code, 0) << gpt_train_.err;
+  for (const char* model : {"llama", "mlp"}) {
+    expect_user_error(fmt::format("train --model {} --load {} --steps 1 --synthetic --quiet --threads 1", model,
+                                  q(gpt_weights_)),
+                      fmt::format("the file holds a gpt model, and --model says {}", model));
+  }
+}
+
 TEST_F(CliTest, MetricsOutHasOneLinePerLoggedStep) {
   const fs::path m = dir_ / "metrics.jsonl";
   RunResult r = run("train --model mlp --steps 4 --log-every 1 --synthetic --quiet --threads 1 "

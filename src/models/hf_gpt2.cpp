@@ -113,6 +113,12 @@ std::vector<std::string> engine_keys(const std::map<std::string, std::string>& h
 std::map<std::string, std::string> hparams_for_file(const std::string& path,
                                                     const std::map<std::string, std::string>& flags) {
   const std::map<std::string, std::string> file = weight_file_hparams(path);
+  // Another family's weights would be refused one missing tensor or one
+  // foreign setting at a time: name both families instead.
+  const auto held = file.find("dpt.model"), asked = flags.find("dpt.model");
+  if (held != file.end() && asked != flags.end() && held->second != asked->second)
+    throw InputError(fmt::format("{}: the file holds a {} model, and --model says {}", path, held->second,
+                                 asked->second));
   std::map<std::string, std::string> hp = file;
   for (const auto& [k, v] : flags) hp[k] = v;
   if (!hp.count("dpt.model"))
