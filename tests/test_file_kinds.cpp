@@ -284,6 +284,9 @@ TEST_F(FileKindsTest, OtherContradictingFlagsAreRefused) {
       {fmt::format("{} --steps 1 --synthetic --strategy local --zero-reduce scatter", kGpt),
        "--zero-reduce sets how zero1 reduces its gradients, and --strategy local does not read it"},
       {"--model mlp --steps 1 --synthetic --dp-replicas 2", "--dp-replicas sets the replica threads"},
+      // One process: the default strategy is local, which reduces nothing.
+      {"--model mlp --steps 1 --synthetic --bucket-mb 4",
+       "--bucket-mb shapes DDP's gradient buckets, and --strategy local reduces in none"},
   };
   for (const auto& [flags, says] : cases) {
     SCOPED_TRACE(flags);

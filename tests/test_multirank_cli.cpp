@@ -307,6 +307,10 @@ TEST_F(MultirankCliTest, LaunchRefusesWhatTrainWouldBeforeAnyRankStarts) {
       {"-n 2 -- " + train + " --model mlp --pp 2", "--pp splits a transformer's blocks into stages; the mlp model has none"},
       {"-n 3 -- " + train + " --model mlp --batch 16", "global batch 16 does not split into 3 ranks x 1 equal micro-batches"},
       {"-n 2 -- " + train + " --model mlp --shard-group 2", "--shard-group is hsdp's; --strategy ddp has no shard groups"},
+      {"-n 2 -- " + train + " --model mlp --strategy zero2 --no-overlap",
+       "--no-overlap shapes DDP's gradient buckets, and --strategy zero2 reduces in none"},
+      {"-n 2 -- " + train + " --model mlp --strategy zero1 --zero-reduce scatter --bucket-mb 2",
+       "--bucket-mb shapes DDP's gradient buckets, and --strategy zero1 --zero-reduce scatter reduces in none"},
       {"-n 2 -- " + train + " --model mlp --bogus", "The following argument was not expected: --bogus"},
       // --dry-run checks too: it answers whether the job would start.
       {"-n 4 --dry-run -- " + train + " --model gpt --tp 3", "4 ranks do not split into --tp 3 x --pp 1"},

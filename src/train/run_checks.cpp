@@ -231,6 +231,18 @@ void check_samples(const TrainOptions& o) {
   sample_text_setup(o, DecoderConfig::from(o.model_config));
 }
 
+// DDP's buckets are read by ddp, and by zero1 when it reduces by
+// all-reduce; any other strategy (the default's local on one rank too)
+// would drop the flags without a word.
+void check_bucket_flags(const TrainOptions& o) {
+  if (o.bucket_flags.empty()) return;
+  const std::string& s = o.strategy.name();
+  if (s == "ddp" || (s == "zero1" && !o.zero_scatter)) return;
+  throw InputError(fmt::format("{} shapes DDP's gradient buckets, and --strategy {}{} reduces in none (ddp does, and "
+                               "zero1 reducing by all-reduce)",
+                               o.bucket_flags.front(), s, s == "zero1" ? " --zero-reduce scatter" : ""));
+}
+
 void check_sizes(const TrainOptions& o) {
   constexpr double kMostBytes = 0x1p56;  // 64 PiB: past any cluster, and 2^7 short of int64's range
   constexpr int64_t kMostBlocks = 65536;
@@ -298,6 +310,7 @@ Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg)
     check_sizes(o);
   }
   check_samples(o);
+  check_bucket_flags(o);
   return mesh;
 }
 

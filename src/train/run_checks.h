@@ -43,6 +43,9 @@ void check_sizes(const TrainOptions& o);
 // --sample-every's refusals, one sentence each: not a gpt or llama model,
 // and sample_text_setup's (train/sample.h: the tokenizer, the prompt).
 void check_samples(const TrainOptions& o);
+// --bucket-mb, --first-bucket-mb, --no-overlap, --per-param under a strategy
+// that all-reduces in no buckets: InputError, one sentence.
+void check_bucket_flags(const TrainOptions& o);
 
 // checked_flags on this rank of pg.
 Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg);

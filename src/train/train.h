@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -64,6 +65,10 @@ struct TrainOptions {
   // Where the model computes (--device): the CPU, or this rank's GPU.
   Device device = Device::CPU;
   ReducerOptions ddp;       // buckets, overlap, per-parameter mode
+  // The bucket flags given (--bucket-mb, --first-bucket-mb, --no-overlap,
+  // --per-param), so a strategy that all-reduces in no buckets refuses them
+  // once the default strategy is known (check_bucket_flags).
+  std::vector<std::string> bucket_flags;
   bool zero_scatter = false;          // zero1: reduce-scatter instead of all-reduce
   bool zero_accumulate_locally = false;  // zero2/3 + grad_accum: reduce once per step
   bool reshard_after_forward = true;  // zero3
