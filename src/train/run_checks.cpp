@@ -236,11 +236,13 @@ void check_samples(const TrainOptions& o) {
 // would drop the flags without a word.
 void check_bucket_flags(const TrainOptions& o) {
   if (o.bucket_flags.empty()) return;
-  const std::string& s = o.strategy.name();
-  if (s == "ddp" || (s == "zero1" && !o.zero_scatter)) return;
+  const StrategyRecord& r = *o.strategy;
+  const bool ddp = r.zero_stage == 0 && r.runs == StrategyRecord::Runs::Ranks;
+  const bool zero1 = r.zero_stage == 1;
+  if (ddp || (zero1 && !o.zero_scatter)) return;
   throw InputError(fmt::format("{} shapes DDP's gradient buckets, and --strategy {}{} reduces in none (ddp does, and "
                                "zero1 reducing by all-reduce)",
-                               o.bucket_flags.front(), s, s == "zero1" ? " --zero-reduce scatter" : ""));
+                               o.bucket_flags.front(), o.strategy.name(), zero1 ? " --zero-reduce scatter" : ""));
 }
 
 void check_sizes(const TrainOptions& o) {
