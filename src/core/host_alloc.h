@@ -5,7 +5,7 @@
 // for transparent huge pages (madvise MADV_HUGEPAGE): the update, the
 // norms and the GEMMs' packing stream over buffers of tens of MiB, and with
 // 4 KiB pages every 4 KiB of them costs a TLB entry (docs/performance.md,
-// "Huge pages": W-GPT bf16 2.9% faster, one thread). Where the kernel's
+// "Huge pages": W-GPT bf16 3.2% faster, one thread). Where the kernel's
 // THP setting is "madvise" (Debian's default) this is what turns them on;
 // "always" gives them anyway, "never" refuses quietly (the buffer is then
 // as before). Shared windows (comm/shm_window.h) are tmpfs memory, which
