@@ -36,6 +36,9 @@ class ForwardingKernels : public Kernels {
                        int64_t N, int64_t C, int64_t OC, const float* dout_bias) const override {
     inner_.linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, dout_bias);
   }
+  void output_grad_bf16(bf16* dout16, float* dbias, const float* dout, int64_t N, int64_t OC) const override {
+    inner_.output_grad_bf16(dout16, dbias, dout, N, OC);
+  }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                          int64_t N, int64_t C) const override {
     inner_.layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);

@@ -152,6 +152,25 @@ TEST_P(LayerGrad, GeluBackwardFusedIsItsParts) {
   for (int64_t i = 0; i < N * OC; ++i) ASSERT_NEAR(plain[i], dx[i], 3e-5 * std::fabs(dy[i])) << i;
 }
 
+// A bf16 linear backward's operand and bias gradient from one pass are
+// exactly its two parts: convert's bf16 and linear_backward_bias's sums (in
+// its order, added to what dbias held), at widths that are and are not
+// multiples of the 64-column blocks and of the threads' 16-column lines.
+TEST_P(LayerGrad, BiasSumsWithTheBf16CopyAreTheirParts) {
+  for (const int64_t OC : {1, 10, 150, 768}) {
+    const int64_t N = 37;
+    const auto dy = random_vector(N * OC, rng, 2.0f);
+    const auto bias0 = random_vector(OC, rng);
+    std::vector<float> fused_db = bias0, db = bias0;
+    std::vector<bf16> fused16(N * OC), want16(N * OC);
+    linear_backward_bias_bf16(fused_db.data(), fused16.data(), dy.data(), N, OC);
+    linear_backward_bias(db.data(), dy.data(), N, OC);
+    convert(want16.data(), dy.data(), static_cast<size_t>(N * OC));
+    for (int64_t i = 0; i < N * OC; ++i) ASSERT_EQ(fused16[i].bits, want16[i].bits) << OC << ": " << i;
+    for (int64_t o = 0; o < OC; ++o) ASSERT_EQ(fused_db[o], db[o]) << OC << ": " << o;
+  }
+}
+
 TEST_P(LayerGrad, GeluMatchesTanhFormula) {
   const float xs[] = {-6.0f, -1.5f, -0.1f, 0.0f, 0.3f, 2.0f, 9.0f};
   for (float x : xs) {

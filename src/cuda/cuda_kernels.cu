@@ -659,6 +659,12 @@ class CudaKernels final : public Kernels {
     linear_backward_as(dinp, dw, db, dout, inp, w, N, C, OC, dout_bias, true);
   }
 
+  // The two passes the CPU fuses, one kernel each.
+  void output_grad_bf16(bf16* dout16, float* dbias, const float* dout, int64_t N, int64_t OC) const override {
+    convert(dout16, dout, static_cast<size_t>(N * OC));
+    if (dbias) column_sum(dbias, N, OC, BiasTerm{dout, OC});
+  }
+
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
                          int64_t N, int64_t C) const override {
     layernorm_kernel<float><<<row_blocks(N), kThreads, 0, stream_>>>(out, mean, rstd, inp, w, b, N, C);

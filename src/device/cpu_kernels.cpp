@@ -84,6 +84,12 @@ class CpuKernels final : public Kernels {
   }
   void gelu_forward(float* out, const float* inp, int64_t n) const override { dpt::gelu_forward(out, inp, n); }
   void gelu_forward(bf16* out, const float* inp, int64_t n) const override { dpt::gelu_forward(out, inp, n); }
+  void output_grad_bf16(bf16* dout16, float* dbias, const float* dout, int64_t N, int64_t OC) const override {
+    if (dbias)
+      dpt::linear_backward_bias_bf16(dbias, dout16, dout, N, OC);
+    else
+      dpt::convert(dout16, dout, static_cast<size_t>(N * OC));
+  }
   void gelu_backward(float* dinp, const float* dout, const float* inp, int64_t n) const override {
     dpt::gelu_backward(dinp, dout, inp, n);
   }

@@ -58,6 +58,10 @@ class Kernels {
   virtual void linear_backward(float* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                                const bf16* weight, int64_t N, int64_t C, int64_t OC,
                                const float* dout_bias) const = 0;
+  // A bf16 linear backward's GEMM operand from its fp32 output gradient:
+  // dout16 = dout in bf16 and, when dbias is given, dbias += its column
+  // sums (linear_backward_bias's, bit for bit), the CPU's in one pass.
+  virtual void output_grad_bf16(bf16* dout16, float* dbias, const float* dout, int64_t N, int64_t OC) const = 0;
   // nn/layernorm.h
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                  const float* bias, int64_t N, int64_t C) const = 0;
@@ -182,6 +186,22 @@ const T* operand(const Kernels& k, const float* src, int64_t n, void* scratch) {
   } else {
     k.convert(static_cast<bf16*>(scratch), src, static_cast<size_t>(n));
     return static_cast<const bf16*>(scratch);
+  }
+}
+
+// linear_backward from the fp32 gradient of the layer's output, dout: the
+// GEMMs read it as it is (float), or (bf16) its copy in `scratch`, made in
+// the pass that sums the bias's gradient (output_grad_bf16), not in a
+// conversion pass of its own.
+template <typename T>
+void linear_backward_from(const Kernels& k, float* dinp, float* dweight, float* dbias, const float* dout,
+                          void* scratch, const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC) {
+  if constexpr (std::is_same_v<T, float>) {
+    k.linear_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, dout);
+  } else {
+    auto* dout16 = static_cast<bf16*>(scratch);
+    k.output_grad_bf16(dout16, dbias, dout, N, OC);
+    k.linear_backward(dinp, dweight, nullptr, dout16, inp, weight, N, C, OC, nullptr);
   }
 }
 

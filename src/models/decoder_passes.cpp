@@ -259,7 +259,6 @@ void Decoder::mlp_backward(const BlockSlots& s, const BlockActs& b, int64_t N) {
   // parallelism: each rank holds its rows of it; all-gathered in place.
   const bool sp = sequence_parallel(N);
   if (sp) tensor_sum(a.dres, static_cast<size_t>(N * C), TpReduce::AllGather);
-  const CT* dres_op = operand<CT>(k(), a.dres, N * C, a.dout16);
   bf16* d4C16 = std::is_same_v<CT, bf16> ? static_cast<bf16*>(a.dout16) : nullptr;
   // A bf16 run's GEMMs read only the bf16 copy, and the activation's
   // backward sums the bias gradient itself: on the CPU the fp32 gradient
@@ -271,16 +270,16 @@ void Decoder::mlp_backward(const BlockSlots& s, const BlockActs& b, int64_t N) {
   else
     d4C_op = a.d4C;
   if (config_.mlp == MlpKind::SwiGlu) {
-    k().linear_backward(a.dI, grad(s.fcproj_w), grad_or_null(s.fcproj_b), dres_op, as<CT>(b.fch_gelu),
-                        weight<CT>(s.fcproj_w), N, w.inner, C, a.dres);
+    linear_backward_from(k(), a.dI, grad(s.fcproj_w), grad_or_null(s.fcproj_b), a.dres, a.dout16,
+                         as<CT>(b.fch_gelu), weight<CT>(s.fcproj_w), N, w.inner, C);
     slots_ready(s.fcproj_w, last_of(s.fcproj_w, s.fcproj_b));
     // SwiGLU's backward writes gate|up's gradient, and in a bf16 run the
     // GEMMs' bf16 operand, in one pass.
     k().swiglu_backward(d4C32, d4C16, a.dI, b.fch, N, w.inner);
     k().linear_backward(a.dC, grad(s.fc_w), nullptr, d4C_op, as<CT>(b.ln2), weight<CT>(s.fc_w), N, C, w.fc, nullptr);
   } else {
-    k().linear_backward(a.d4C, grad(s.fcproj_w), grad(s.fcproj_b), dres_op, as<CT>(b.fch_gelu),
-                        weight<CT>(s.fcproj_w), N, w.inner, C, a.dres);
+    linear_backward_from(k(), a.d4C, grad(s.fcproj_w), grad(s.fcproj_b), a.dres, a.dout16, as<CT>(b.fch_gelu),
+                         weight<CT>(s.fcproj_w), N, w.inner, C);
     slots_ready(s.fcproj_w, s.fcproj_b);
     // GELU's backward also sums c_fc's bias gradient and, in a bf16 run,
     // writes the GEMMs' bf16 operand: one pass over the N x 4C gradient
@@ -301,15 +300,15 @@ void Decoder::attention_backward(const BlockSlots& s, const BlockActs& b, int64_
   const Acts& a = act_;
   const bool sp = sequence_parallel(N);  // as mlp_backward
   if (sp) tensor_sum(a.dres, static_cast<size_t>(N * C), TpReduce::AllGather);
-  k().linear_backward(a.dC, grad(s.proj_w), grad_or_null(s.proj_b), operand<CT>(k(), a.dres, N * C, a.dout16),
-                      as<CT>(b.atty), weight<CT>(s.proj_w), N, w.att, C, a.dres);
+  linear_backward_from(k(), a.dC, grad(s.proj_w), grad_or_null(s.proj_b), a.dres, a.dout16, as<CT>(b.atty),
+                       weight<CT>(s.proj_w), N, w.att, C);
   slots_ready(s.proj_w, last_of(s.proj_w, s.proj_b));
   attend_backward(a.d3C, a.dC, b.qkv, fused_out<CT>(b, B, T), b.att, B, T);
   // From the turned q and k's gradient to the projection's.
   if (config_.rotary)
     k().rope_backward(a.d3C, a.d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
-  k().linear_backward(a.dC, grad(s.qkv_w), grad_or_null(s.qkv_b), operand<CT>(k(), a.d3C, N * w.qkv, a.dout16),
-                      as<CT>(b.ln1), weight<CT>(s.qkv_w), N, C, w.qkv, a.d3C);
+  linear_backward_from(k(), a.dC, grad(s.qkv_w), grad_or_null(s.qkv_b), a.d3C, a.dout16, as<CT>(b.ln1),
+                       weight<CT>(s.qkv_w), N, C, w.qkv);
   slots_ready(s.qkv_w, s.qkv_end);
   // The first norm's output gradient, as the second's.
   tensor_sum(a.dC, static_cast<size_t>(N * C), sp ? TpReduce::ReduceScatter : TpReduce::Sum);

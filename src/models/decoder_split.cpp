@@ -160,18 +160,18 @@ void Decoder::block_backward_weights(size_t l, int64_t N) {
   // In backward()'s order: the MLP's projection, its first linear (GELU's
   // bias summed from the same gradient gelu_backward sums it from), the
   // second norm, the attention's projection, q/k/v, the first norm.
-  k().linear_backward(nullptr, grad(s.fcproj_w), grad_or_null(s.fcproj_b), operand<CT>(k(), b.w_dy2, N * C, a.dout16),
-                      as<CT>(b.w_fch_gelu), weight<CT>(s.fcproj_w), N, w.inner, C, b.w_dy2);
+  linear_backward_from(k(), nullptr, grad(s.fcproj_w), grad_or_null(s.fcproj_b), b.w_dy2, a.dout16,
+                       as<CT>(b.w_fch_gelu), weight<CT>(s.fcproj_w), N, w.inner, C);
   slots_ready(s.fcproj_w, last_of(s.fcproj_w, s.fcproj_b));
-  k().linear_backward(nullptr, grad(s.fc_w), grad_or_null(s.fc_b), operand<CT>(k(), b.w_d4C, N * w.fc, a.dout16),
-                      as<CT>(b.w_ln2), weight<CT>(s.fc_w), N, C, w.fc, b.w_d4C);
+  linear_backward_from(k(), nullptr, grad(s.fc_w), grad_or_null(s.fc_b), b.w_d4C, a.dout16, as<CT>(b.w_ln2),
+                       weight<CT>(s.fc_w), N, C, w.fc);
   slots_ready(s.fc_w, s.fc_end);
   norm(s.ln2_w, s.ln2_b, 0);
-  k().linear_backward(nullptr, grad(s.proj_w), grad_or_null(s.proj_b), operand<CT>(k(), b.w_dy1, N * C, a.dout16),
-                      as<CT>(b.w_atty), weight<CT>(s.proj_w), N, w.att, C, b.w_dy1);
+  linear_backward_from(k(), nullptr, grad(s.proj_w), grad_or_null(s.proj_b), b.w_dy1, a.dout16, as<CT>(b.w_atty),
+                       weight<CT>(s.proj_w), N, w.att, C);
   slots_ready(s.proj_w, last_of(s.proj_w, s.proj_b));
-  k().linear_backward(nullptr, grad(s.qkv_w), grad_or_null(s.qkv_b), operand<CT>(k(), b.w_d3C, N * w.qkv, a.dout16),
-                      as<CT>(b.w_ln1), weight<CT>(s.qkv_w), N, C, w.qkv, b.w_d3C);
+  linear_backward_from(k(), nullptr, grad(s.qkv_w), grad_or_null(s.qkv_b), b.w_d3C, a.dout16, as<CT>(b.w_ln1),
+                       weight<CT>(s.qkv_w), N, C, w.qkv);
   slots_ready(s.qkv_w, s.qkv_end);
   norm(s.ln1_w, s.ln1_b, config_.norm == NormKind::LayerNorm ? 2 : 1);
 }

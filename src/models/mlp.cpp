@@ -187,7 +187,6 @@ void Mlp::backward_as(float loss_scale) {
   for (size_t l = L; l-- > 0;) {
     const int64_t C = s[l], OC = s[l + 1];
     open(static_cast<int>(l));
-    const CT* d = operand<CT>(k(), dout, B * OC, dout16_);
     const CT* inp;
     if constexpr (std::is_same_v<CT, float>)
       inp = l > 0 ? out_[l - 1] : input_;
@@ -199,7 +198,16 @@ void Mlp::backward_as(float loss_scale) {
     // backward runs. The weight is done in blocks of about kReadyBlock
     // elements: the first layer is the last thing backward computes, and
     // without blocks its whole gradient would wait until the very end.
-    linear_backward_bias(grad(bias_[l]), dout, B, OC);  // from fp32 in a bf16 run too
+    // The bias's gradient from the fp32 gradient in a bf16 run too, in the
+    // pass that makes the GEMMs' bf16 operand.
+    const CT* d;
+    if constexpr (std::is_same_v<CT, float>) {
+      linear_backward_bias(grad(bias_[l]), dout, B, OC);
+      d = dout;
+    } else {
+      k().output_grad_bf16(static_cast<bf16*>(dout16_), grad(bias_[l]), dout, B, OC);
+      d = static_cast<const bf16*>(dout16_);
+    }
     slots_ready(bias_[l], bias_[l]);
     const size_t w0 = layout_.slot(weight_[l]).offset;
     const int64_t blocks = std::max<int64_t>(1, (OC * C + kReadyBlock - 1) / kReadyBlock);

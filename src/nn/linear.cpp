@@ -1,6 +1,10 @@
 #include "nn/linear.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "core/cpu_level.h"
 #include "core/error.h"
@@ -44,6 +48,31 @@ DPT_CPU_CLONES void linear_backward_bias(float* dbias, const float* dout, int64_
       }
       for (int64_t o = o0; o < o1; ++o) dbias[o] += acc[o - o0];
     }
+  }
+}
+
+DPT_CPU_CLONES void linear_backward_bias_bf16(float* dbias, bf16* dout16, const float* dout, int64_t N,
+                                              int64_t OC) {
+  // Rows read in order (each thread its range of whole 64-byte lines of
+  // columns), each column summed from zero as linear_backward_bias sums it.
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t per = ((OC + nt - 1) / nt + 15) / 16 * 16;
+    const int64_t c0 = std::min(OC, t * per), c1 = std::min(OC, c0 + per);
+    static thread_local std::vector<float> sums;
+    sums.assign(static_cast<size_t>(c1 - c0), 0.0f);
+    float* acc = sums.data();
+    for (int64_t n = 0; n < N && c0 < c1; ++n) {
+      const float* dy = dout + n * OC + c0;
+      bf16* d16 = dout16 + n * OC + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < c1 - c0; ++c) {
+        d16[c] = to_bf16(dy[c]);
+        acc[c] += dy[c];
+      }
+    }
+    for (int64_t c = c0; c < c1; ++c) dbias[c] += acc[c - c0];
   }
 }
 

@@ -37,6 +37,12 @@ void linear_backward_weight(float* dweight, const T* dout, const T* inp, int64_t
 // (fp32 always: a bf16 run sums its bias gradients from the fp32 output
 // gradient, docs/precision.md says why.)
 void linear_backward_bias(float* dbias, const float* dout, int64_t N, int64_t OC);
+// A bf16 backward's two reads of its fp32 output gradient in one pass:
+// dout16 = dout rounded to bf16 (convert's rounding), and dbias += the sums
+// linear_backward_bias makes, bit for bit (each column over the rows in
+// order, from zero, then added). Without it, the GEMMs' operand would be a
+// conversion pass of its own over the same N x OC gradient.
+void linear_backward_bias_bf16(float* dbias, bf16* dout16, const float* dout, int64_t N, int64_t OC);
 
 // All of it: dinp (skipped when nullptr: the first layer of a model needs no
 // input gradient, nor a split backward's W), dweight (all rows; skipped
