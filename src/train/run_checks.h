@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "comm/process_group.h"
 #include "models/model.h"
@@ -43,9 +45,15 @@ void check_sizes(const TrainOptions& o);
 // --sample-every's refusals, one sentence each: not a gpt or llama model,
 // and sample_text_setup's (train/sample.h: the tokenizer, the prompt).
 void check_samples(const TrainOptions& o);
-// --bucket-mb, --first-bucket-mb, --no-overlap, --per-param under a strategy
-// that all-reduces in no buckets: InputError, one sentence.
-void check_bucket_flags(const TrainOptions& o);
+// The flags that set what only some strategies read (catalog.h's Setting):
+// the command line records those given in TrainOptions::strategy_flags.
+std::vector<std::string> strategy_flags();
+// Refuses, in one sentence, a flag of o.strategy_flags that o.strategy does
+// not read (its record's `reads`), naming what the flag sets, the strategy
+// (`named`: given with --strategy; else the default for `dp` data-parallel
+// ranks) and the strategies that read it; and --zero-accumulate with one
+// micro-batch per step.
+void check_strategy_flags(const TrainOptions& o, bool named, int dp);
 
 // checked_flags on this rank of pg.
 Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg);
