@@ -333,6 +333,39 @@ TEST_F(FileKindsTest, StrategyFlagsAreCheckedAgainstTheRecord) {
   }
 }
 
+// A warm-up longer than the run: the learning rate never reached --lr, and
+// the run ended without a word. --steps is the run's whole length under
+// --resume too (the resumed run ends at the same step), so a warm-up within
+// it runs however few steps are left, and one past it is refused there too.
+TEST_F(FileKindsTest, AWarmUpLongerThanTheRunIsRefused) {
+  const std::string ck = (dir_ / "warmup_ck").string();
+  const std::string mlp = "train --model mlp --sizes 784,16,10 --batch 8 --synthetic --quiet --threads 1";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {mlp + " --steps 2 --warmup 5",
+       "--warmup 5 is longer than --steps 2: the learning rate would never reach --lr 0.05; give --warmup at most 2, "
+       "or more --steps\n"},
+      {fmt::format("train {} --synthetic --quiet --warmup 201", kGpt),
+       "--warmup 201 is longer than the run's 200 steps (--steps is not given): the learning rate would never reach "
+       "--lr 0.0003; give --warmup at most 200, or more --steps\n"},
+      {mlp + " --strategy dp --steps 3 --warmup 4", "--warmup 4 is longer than --steps 3"},
+  };
+  for (const auto& [args, says] : cases) {
+    SCOPED_TRACE(args);
+    const RunResult r = dpt(args);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.err.rfind("dpt: error: " + says, 0), 0u) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
+  }
+  EXPECT_EQ(dpt(mlp + " --steps 3 --warmup 3").code, 0);
+  const RunResult first = dpt(fmt::format("{} --steps 4 --warmup 3 --checkpoint-dir {} --checkpoint-every 2", mlp, q(ck)));
+  ASSERT_EQ(first.code, 0) << first.err;
+  const RunResult resumed = dpt(fmt::format("{} --steps 4 --warmup 4 --resume {}", mlp, q(ck + "/step-00000002")));
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+  const RunResult past = dpt(fmt::format("{} --steps 4 --warmup 5 --resume {}", mlp, q(ck + "/step-00000002")));
+  EXPECT_EQ(past.code, 1) << past.err;
+  EXPECT_EQ(past.err.rfind("dpt: error: --warmup 5 is longer than --steps 4", 0), 0u) << past.err;
+}
+
 // --zero-accumulate chooses how ZeRO-2/3 keep their gradients between the
 // micro-batches of a step: under another strategy, or with one micro-batch
 // per step, it ran to exit 0 and was read by nothing.

@@ -301,6 +301,17 @@ void check_strategy_flags(const TrainOptions& o, bool named, int dp) {
                      "leave --zero-accumulate out)");
 }
 
+void check_warmup(const TrainOptions& o, int64_t steps) {
+  if (o.schedule.warmup <= steps) return;
+  // --resume continues the same --steps (the run's whole length, not what
+  // is left of it), so a warm-up past them is as wrong there.
+  const std::string run = o.steps > 0 ? fmt::format("--steps {}", steps)
+                                      : fmt::format("the run's {} steps (--steps is not given)", steps);
+  throw InputError(fmt::format("--warmup {} is longer than {}: the learning rate would never reach --lr {:g}; give "
+                               "--warmup at most {}, or more --steps",
+                               o.schedule.warmup, run, o.schedule.lr, steps));
+}
+
 void check_sizes(const TrainOptions& o) {
   constexpr double kMostBytes = 0x1p56;  // 64 PiB: past any cluster, and 2^7 short of int64's range
   constexpr int64_t kMostBlocks = 65536;
@@ -342,6 +353,9 @@ void check_sizes(const TrainOptions& o) {
 
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg) {
   apply_defaults(o);
+  // The default length is known only once the data is (DataSource::steps):
+  // it is checked again there.
+  if (o.steps > 0) check_warmup(o, o.steps);
   const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp, o.cp);
   const bool named = o.strategy.set();
   if (!named) o.strategy = default_strategy(mesh.dp_cp());

@@ -36,6 +36,9 @@ int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
 // refusals (its catalog record's). The model's configuration is resolved on
 // the way (--load's file read once). Returns the mesh.
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg);
+// Refuses, in one sentence, a --warmup longer than the run's `steps` (its
+// whole length, --resume or not): the learning rate would never reach --lr.
+void check_warmup(const TrainOptions& o, int64_t steps);
 // Refuses a model and batch past any machine (o.model_config's sizes, as
 // doubles): more than 2^56 bytes for the parameters, their training state
 // and one step's activations, a GEMM dimension past 2^31 - 1, or more than
