@@ -185,7 +185,14 @@ int PlanCommand::run() {
   r.batch = opts_.batch;
   r.grad_accum = opts_.grad_accum;
   r.world = ranks_;
-  r.ranks_here = ranks_per_host_ > 0 ? std::min(ranks_per_host_, ranks_) : ranks_;
+  // Clamped to the job, a typo (--ranks-per-host 8 of --ranks 4) planned
+  // another host than the one asked about without a word.
+  if (ranks_per_host_ > ranks_)
+    throw InputError(fmt::format("--ranks-per-host {} is more than the job's {} rank{}{}: a host holds at most all "
+                                 "of them",
+                                 ranks_per_host_, ranks_, ranks_ == 1 ? "" : "s",
+                                 cmd_->count("--ranks") > 0 ? "" : " (--ranks is not given)"));
+  r.ranks_here = ranks_per_host_ > 0 ? ranks_per_host_ : ranks_;
   {
     const comm::Config config = comm::Config::from_env();  // what `dpt train` would start with
     r.in_place = config.algo == comm::Algo::Ring && config.in_place;
