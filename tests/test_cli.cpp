@@ -589,7 +589,8 @@ TEST_F(CliTest, EveryWholeNumberFlagRefusesAValueOutOfItsRange) {
                   r.err == says + (type == "INT" ? int32 : uint32) + ")\n")
           << r.err;
       expect_user_error(fmt::format("{} {} 1e30", command, flag),
-                        fmt::format("{}: 1e30 is not a whole number (write it in decimal digits)", flag));
+                        fmt::format("{}: '1e30' is not a whole number (write it in decimal digits)", flag));
+      expect_user_error(fmt::format("{} {} abc", command, flag), fmt::format("{}: 'abc' is not a number", flag));
     }
   }
   EXPECT_GE(flags, 60);
@@ -598,7 +599,7 @@ TEST_F(CliTest, EveryWholeNumberFlagRefusesAValueOutOfItsRange) {
                                                                           int64 + ")");
   expect_user_error("train --model mlp --tp 2147483648", "--tp: 2147483648 is out of range (" + int32 + ")");
   expect_user_error("train --model mlp --seed -1", "--seed: -1 is out of range (" + uint64 + ")");
-  expect_user_error("train --model mlp --steps 0x10", "--steps: 0x10 is not a whole number");
+  expect_user_error("train --model mlp --steps 0x10", "--steps: '0x10' is not a whole number");
 }
 
 // strtoll in base 0 read a leading zero as octal: --steps 010 trained 8.

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
@@ -35,8 +36,12 @@ std::string whole_number(std::string& s, const std::string& flag) {
   const std::string v = b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
   const bool minus = !v.empty() && v[0] == '-';
   std::string digits = !v.empty() && (v[0] == '-' || v[0] == '+') ? v.substr(1) : v;
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
-    return fmt::format("{} is not a whole number (write it in decimal digits)", s);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) {
+    char* end = nullptr;
+    std::strtod(v.c_str(), &end);  // as the flags' own checks (flag_checks.h) tell a number
+    return v.empty() || *end != '\0' ? fmt::format("'{}' is not a number", s)
+                                     : fmt::format("'{}' is not a whole number (write it in decimal digits)", s);
+  }
   digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));
   const std::string canonical = (minus && digits != "0" ? "-" : "") + digits;
   T value{};
