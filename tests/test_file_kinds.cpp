@@ -357,7 +357,8 @@ TEST_F(FileKindsTest, AWarmUpLongerThanTheRunIsRefused) {
     EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
   }
   EXPECT_EQ(dpt(mlp + " --steps 3 --warmup 3").code, 0);
-  const RunResult first = dpt(fmt::format("{} --steps 4 --warmup 3 --checkpoint-dir {} --checkpoint-every 2", mlp, q(ck)));
+  const RunResult first =
+      dpt(fmt::format("{} --steps 4 --warmup 3 --checkpoint-dir {} --checkpoint-every 2", mlp, q(ck)));
   ASSERT_EQ(first.code, 0) << first.err;
   const RunResult resumed = dpt(fmt::format("{} --steps 4 --warmup 4 --resume {}", mlp, q(ck + "/step-00000002")));
   EXPECT_EQ(resumed.code, 0) << resumed.err;
@@ -388,7 +389,8 @@ TEST_F(FileKindsTest, ZeroAccumulateWhereNothingAccumulatesIsRefused) {
   };
   for (const auto& [flags, says] : cases) {
     SCOPED_TRACE(flags);
-    const RunResult r = dpt(fmt::format("train --quiet {} --steps 1 --synthetic --zero-accumulate local {}", kGpt, flags));
+    const RunResult r =
+        dpt(fmt::format("train --quiet {} --steps 1 --synthetic --zero-accumulate local {}", kGpt, flags));
     EXPECT_EQ(r.code, 1) << r.err;
     EXPECT_EQ(r.err.rfind("dpt: error: " + says, 0), 0u) << r.err;
     EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;

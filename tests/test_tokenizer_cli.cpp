@@ -171,7 +171,8 @@ TEST_F(TokensCli, AFieldOfTheWrongTypeIsNamed) {
       {[](json& j) { j["model"]["dropout"] = "x"; }, "model.dropout is \"x\", not a number"},
       {[](json& j) { j["model"]["byte_fallback"] = "true"; }, "model.byte_fallback is \"true\", not true or false"},
       {[](json& j) { j["model"]["ignore_merges"] = 1; }, "model.ignore_merges is 1, not true or false"},
-      {[](json& j) { j["pre_tokenizer"]["use_regex"] = "yes"; }, "pre_tokenizer.use_regex is \"yes\", not true or false"},
+      {[](json& j) { j["pre_tokenizer"]["use_regex"] = "yes"; },
+       "pre_tokenizer.use_regex is \"yes\", not true or false"},
       {[](json& j) { j["pre_tokenizer"] = 3; }, "pre_tokenizer is 3, not an object"},
       {[](json& j) { j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", 7}}; },
        "pre_tokenizer.pretokenizers is 7, not an array"},
@@ -180,7 +181,8 @@ TEST_F(TokensCli, AFieldOfTheWrongTypeIsNamed) {
       {[](json& j) { j["decoder"] = {{"type", 3}}; }, "decoder.type is 3, not a string"},
       {[](json& j) { j["added_tokens"] = {{"a", 1}}; }, "added_tokens is {\"a\":1}, not an array"},
       {[](json& j) { j["added_tokens"][0] = 3; }, "added_tokens[0] is 3, not an object"},
-      {[](json& j) { j["added_tokens"][0]["special"] = "yes"; }, "added_tokens[0].special is \"yes\", not true or false"},
+      {[](json& j) { j["added_tokens"][0]["special"] = "yes"; },
+       "added_tokens[0].special is \"yes\", not true or false"},
   };
   for (const auto& [mutate, says] : cases) {
     json j = good;

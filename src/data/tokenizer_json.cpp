@@ -122,8 +122,8 @@ void check_model(const json& m, const std::string& name) {
 // pattern or (use_regex false) not at all.
 bool byte_level(const json& p, const std::string& where, bool use_regex, const std::string& name) {
   need_object(p, where, name);
-  return field<std::string>(p, where, "type", "", name) == "ByteLevel" && !is_true(p, where, "add_prefix_space", name) &&
-         field(p, where, "use_regex", true, name) == use_regex;
+  return field<std::string>(p, where, "type", "", name) == "ByteLevel" &&
+         !is_true(p, where, "add_prefix_space", name) && field(p, where, "use_regex", true, name) == use_regex;
 }
 
 // The split a pre_tokenizer stands for: GPT-2's ByteLevel, or Split by a
@@ -245,8 +245,8 @@ BpeTokenizer from_parsed(const json& j, const std::string& name) try {
   check_rest(j, name);
   const SplitPattern pattern = check_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), name);
   const json& m = j["model"];
-  BpeModel model = make_model(m["vocab"], json_merges(m["merges"], name), is_true(m, "model", "ignore_merges", name), name,
-                              "model.merges");
+  BpeModel model = make_model(m["vocab"], json_merges(m["merges"], name), is_true(m, "model", "ignore_merges", name),
+                              name, "model.merges");
   return BpeTokenizer(std::move(model), pattern, added_tokens(j, name));
 } catch (const json::exception& e) {
   throw InputError(fmt::format("{}: not a tokenizer.json this tokenizer reads ({})", name, json_message(e)));

@@ -2,7 +2,8 @@
 // file and listed once here, that the training loop, `dpt plan`, checkpoints
 // and the command line all read. A record says what the strategy is called
 // (and its aliases), its ZeRO stage, how to make it, what a rank holds under
-// it, what it sends per step, what it refuses and why. Names are parsed once,
+// it, what it sends per step, what it refuses and why, and which of the
+// settings only some strategies read (Setting) it reads. Names are parsed once,
 // at the command line's edge, into a StrategyRef (a record); below the edge
 // code asks the record, never the name.
 //

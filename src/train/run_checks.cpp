@@ -288,9 +288,10 @@ void check_strategy_flags(const TrainOptions& o, bool named, int dp) {
     if (read && !stopped) continue;
     const std::string who =
         named ? fmt::format("--strategy {}{}", o.strategy.name(), stopped ? " " + read->unless : "")
-              : fmt::format("the default strategy ({}: {} data-parallel rank{})", r.name, dp == 1 ? "one" : std::to_string(dp),
-                            dp == 1 ? "" : "s");
-    throw InputError(fmt::format("{} {}, and {} {} (only {} does)", f.flag, f.sets, who, f.unread, readers_of(f.setting)));
+              : fmt::format("the default strategy ({}: {} data-parallel rank{})", r.name,
+                            dp == 1 ? "one" : std::to_string(dp), dp == 1 ? "" : "s");
+    throw InputError(
+        fmt::format("{} {}, and {} {} (only {} does)", f.flag, f.sets, who, f.unread, readers_of(f.setting)));
   }
   // One micro-batch per step: nothing is accumulated, and the choice would
   // pass unread.

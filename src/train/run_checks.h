@@ -27,9 +27,11 @@ void apply_defaults(TrainOptions& opts);
 int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
 
 // A run's start as rank `rank` of `world`: the defaults filled in
-// (apply_defaults), the mesh laid out (an impossible one is refused before
-// anything else: Mesh::layout), the default strategy for the data-parallel
-// degree named, then the flags that can be checked before anything is built,
+// (apply_defaults), --warmup against --steps (check_warmup), the mesh laid
+// out (an impossible one is refused at once: Mesh::layout),
+// the default strategy for the data-parallel degree named and the flags
+// only some strategies read checked against it (check_strategy_flags), then
+// the flags that can be checked before anything is built,
 // in this order: the pipeline, tensor parallelism, the output files (rank 0
 // can create them; only with pg: every rank of it agrees), where it
 // computes, the shard group, --load with --resume, and the strategy's own
