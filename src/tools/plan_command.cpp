@@ -170,6 +170,7 @@ int PlanCommand::run() {
   if (meshes_ && (cmd_->count("--tp") > 0 || cmd_->count("--pp") > 0 || cmd_->count("--cp") > 0))
     throw InputError("--meshes plans every tp x pp x cp of the ranks; give it or --tp/--pp/--cp, not both");
   apply_defaults(opts_);
+  check_zero_accumulate(opts_, cmd_->count("--zero-accumulate") > 0);
   resolve_model(opts_);
   check_sizes(opts_);
   PlanRequest r;

@@ -293,10 +293,14 @@ void check_strategy_flags(const TrainOptions& o, bool named, int dp) {
     throw InputError(
         fmt::format("{} {}, and {} {} (only {} does)", f.flag, f.sets, who, f.unread, readers_of(f.setting)));
   }
-  // One micro-batch per step: nothing is accumulated, and the choice would
-  // pass unread.
-  if (o.grad_accum == 1 &&
-      std::find(o.strategy_flags.begin(), o.strategy_flags.end(), "--zero-accumulate") != o.strategy_flags.end())
+  check_zero_accumulate(o, std::find(o.strategy_flags.begin(), o.strategy_flags.end(), "--zero-accumulate") !=
+                               o.strategy_flags.end());
+}
+
+void check_zero_accumulate(const TrainOptions& o, bool given) {
+  // One micro-batch per step: nothing is accumulated (local only keeps
+  // full gradients for nothing).
+  if (given && o.grad_accum == 1)
     throw InputError("--zero-accumulate sets how a sharded strategy keeps its gradients over --grad-accum's "
                      "micro-batches, and this run has one micro-batch per step (give --grad-accum 2 or more, or "
                      "leave --zero-accumulate out)");

@@ -56,9 +56,12 @@ std::vector<std::string> strategy_flags();
 // Refuses, in one sentence, a flag of o.strategy_flags that o.strategy does
 // not read (its record's `reads`), naming what the flag sets, the strategy
 // (`named`: given with --strategy; else the default for `dp` data-parallel
-// ranks) and the strategies that read it; and --zero-accumulate with one
-// micro-batch per step.
+// ranks) and the strategies that read it; then check_zero_accumulate.
 void check_strategy_flags(const TrainOptions& o, bool named, int dp);
+// Refuses --zero-accumulate (`given`) with one micro-batch per step, where
+// there is nothing to accumulate; `dpt plan`, which plans every strategy,
+// checks only this.
+void check_zero_accumulate(const TrainOptions& o, bool given);
 
 // checked_flags on this rank of pg.
 Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg);
