@@ -1,9 +1,11 @@
 #include "tools/integer_flags.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
