@@ -561,6 +561,57 @@ TEST_F(CliTest, NegativeStepsIsAUserError) {
 
 TEST_F(CliTest, NoSubcommandIsAUserError) { expect_user_error("", "subcommand"); }
 
+// Every whole-number flag of every command (as --help lists them, INT or
+// UINT): CLI11 read 99999999999999999999 as 2^63 - 1 for a 64-bit variable
+// (--steps: a run that never ended) and said "Could not convert: --tp =
+// ..." for a 32-bit one; 1e30 was "Could not convert" too. Now one sentence
+// naming the flag and the range of its variable.
+TEST_F(CliTest, EveryWholeNumberFlagRefusesAValueOutOfItsRange) {
+  const std::string int64 = "a whole number from -9223372036854775808 to 9223372036854775807";
+  const std::string int32 = "a whole number from -2147483648 to 2147483647";
+  const std::string uint64 = "a whole number from 0 to 18446744073709551615";
+  const std::string uint32 = "a whole number from 0 to 4294967295";
+  const std::regex listed(R"(^\s+(?:-\w,)?(--[\w-]+) (U?INT)\b)");
+  int flags = 0;
+  for (const char* command : {"train", "eval", "generate", "tokens", "launch", "plan", "bench comm", "bench data"}) {
+    std::istringstream help(run(fmt::format("{} --help", command)).out);
+    for (std::string line; std::getline(help, line);) {
+      std::smatch m;
+      if (!std::regex_search(line, m, listed)) continue;
+      const std::string flag = m[1], type = m[2];
+      SCOPED_TRACE(fmt::format("{} {}", command, flag));
+      ++flags;
+      const RunResult r = run(fmt::format("{} {} 99999999999999999999", command, flag));
+      EXPECT_EQ(r.code, 1) << r.err;
+      EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+      const std::string says = fmt::format("dpt: error: {}: 99999999999999999999 is out of range (", flag);
+      EXPECT_TRUE(r.err == says + (type == "INT" ? int64 : uint64) + ")\n" ||
+                  r.err == says + (type == "INT" ? int32 : uint32) + ")\n")
+          << r.err;
+      expect_user_error(fmt::format("{} {} 1e30", command, flag),
+                        fmt::format("{}: '1e30' is not a whole number (write it in decimal digits)", flag));
+      expect_user_error(fmt::format("{} {} abc", command, flag), fmt::format("{}: 'abc' is not a number", flag));
+    }
+  }
+  EXPECT_GE(flags, 60);
+  // Each variable's own range: --steps is 64 bits, --tp 32, --seed unsigned.
+  expect_user_error("train --model mlp --steps 9223372036854775808", "--steps: 9223372036854775808 is out of range (" +
+                                                                          int64 + ")");
+  expect_user_error("train --model mlp --tp 2147483648", "--tp: 2147483648 is out of range (" + int32 + ")");
+  expect_user_error("train --model mlp --seed -1", "--seed: -1 is out of range (" + uint64 + ")");
+  expect_user_error("train --model mlp --steps 0x10", "--steps: '0x10' is not a whole number");
+}
+
+// strtoll in base 0 read a leading zero as octal: --steps 010 trained 8.
+TEST_F(CliTest, AWholeNumberWithLeadingZerosIsDecimal) {
+  const std::string f = (dir_ / "octal.json").string();
+  const RunResult r = run(fmt::format("train --model mlp --sizes 784,8,10 --synthetic --quiet --threads 1 --steps 010 "
+                                      "--summary-out {}",
+                                      test::q(f)));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(json::parse(read_file(f)).at("steps"), 10);
+}
+
 TEST_F(CliTest, NonFiniteNumbersAreRefusedInEveryFloatFlag) {
   for (const char* flag : {"--lr", "--momentum", "--beta1", "--beta2", "--eps", "--weight-decay", "--min-lr", "--clip",
                            "--val-fraction", "--bucket-mb", "--first-bucket-mb", "--comm-timeout",

@@ -286,7 +286,8 @@ TEST_F(FileKindsTest, OtherContradictingFlagsAreRefused) {
       {"--model mlp --steps 1 --synthetic --dp-replicas 2", "--dp-replicas sets the replica threads"},
       // One process: the default strategy is local, which reduces nothing.
       {"--model mlp --steps 1 --synthetic --bucket-mb 4",
-       "--bucket-mb shapes DDP's gradient buckets, and --strategy local reduces in none"},
+       "--bucket-mb shapes DDP's gradient buckets, and the default strategy (local: one data-parallel rank) reduces "
+       "in none (only ddp or zero1 without --zero-reduce scatter does)"},
   };
   for (const auto& [flags, says] : cases) {
     SCOPED_TRACE(flags);
@@ -298,6 +299,108 @@ TEST_F(FileKindsTest, OtherContradictingFlagsAreRefused) {
   // The same flags apart still run.
   EXPECT_EQ(dpt(fmt::format("train {} --quiet --steps 1 --synthetic --schedule cosine --min-lr 0.0001", kGpt)).code, 0);
   EXPECT_EQ(dpt("train --model mlp --quiet --steps 1 --synthetic --strategy dp --dp-replicas 2 --threads 1").code, 0);
+}
+
+// The flags only some strategies read are checked once, against the
+// strategy's catalog record: the sentence names the flag, what it sets, the
+// strategy (given, or the default) and those that read it. An alias reads
+// what its strategy reads (--strategy fsdp --prefetch was refused).
+TEST_F(FileKindsTest, StrategyFlagsAreCheckedAgainstTheRecord) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {fmt::format("{} --steps 1 --synthetic --prefetch none", kGpt),
+       "--prefetch sets when a sharded strategy gathers its next unit's parameters, and the default strategy (local: "
+       "one data-parallel rank) does not read it (only zero3 or hsdp does)\n"},
+      {fmt::format("{} --steps 1 --synthetic --strategy zero2 --reshard-after-forward false", kGpt),
+       "--reshard-after-forward sets whether a sharded strategy frees a unit's gathered parameters, and --strategy "
+       "zero2 does not read it (only zero3 or hsdp does)\n"},
+      {fmt::format("{} --steps 1 --synthetic --strategy fsdp --per-param", kGpt),
+       "--per-param shapes DDP's gradient buckets, and --strategy fsdp reduces in none (only ddp or zero1 without "
+       "--zero-reduce scatter does)\n"},
+      {"--model mlp --steps 1 --synthetic --strategy zero1 --dp-replicas 2",
+       "--dp-replicas sets the replica threads of the single-process dp strategy, and --strategy zero1 does not read "
+       "it (only dp does)\n"},
+  };
+  for (const auto& [flags, says] : cases) {
+    SCOPED_TRACE(flags);
+    const RunResult r = dpt("train --quiet " + flags);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.err, "dpt: error: " + says);
+  }
+  for (const std::string flags : {"--strategy fsdp --prefetch none --reshard-after-forward false",
+                                  "--strategy zero1 --bucket-mb 1 --zero-reduce all-reduce"}) {
+    const RunResult r = dpt(fmt::format("train --quiet {} --steps 1 --synthetic {}", kGpt, flags));
+    EXPECT_EQ(r.code, 0) << flags << ": " << r.err;
+  }
+}
+
+// A warm-up longer than the run: the learning rate never reached --lr, and
+// the run ended without a word. --steps is the run's whole length under
+// --resume too (the resumed run ends at the same step), so a warm-up within
+// it runs however few steps are left, and one past it is refused there too.
+TEST_F(FileKindsTest, AWarmUpLongerThanTheRunIsRefused) {
+  const std::string ck = (dir_ / "warmup_ck").string();
+  const std::string mlp = "train --model mlp --sizes 784,16,10 --batch 8 --synthetic --quiet --threads 1";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {mlp + " --steps 2 --warmup 5",
+       "--warmup 5 is longer than --steps 2: the learning rate would never reach --lr 0.05; give --warmup at most 2, "
+       "or more --steps\n"},
+      {fmt::format("train {} --synthetic --quiet --warmup 201", kGpt),
+       "--warmup 201 is longer than the run's 200 steps (--steps is not given): the learning rate would never reach "
+       "--lr 0.0003; give --warmup at most 200, or more --steps\n"},
+      {mlp + " --strategy dp --steps 3 --warmup 4", "--warmup 4 is longer than --steps 3"},
+  };
+  for (const auto& [args, says] : cases) {
+    SCOPED_TRACE(args);
+    const RunResult r = dpt(args);
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.err.rfind("dpt: error: " + says, 0), 0u) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
+  }
+  EXPECT_EQ(dpt(mlp + " --steps 3 --warmup 3").code, 0);
+  const RunResult first =
+      dpt(fmt::format("{} --steps 4 --warmup 3 --checkpoint-dir {} --checkpoint-every 2", mlp, q(ck)));
+  ASSERT_EQ(first.code, 0) << first.err;
+  const RunResult resumed = dpt(fmt::format("{} --steps 4 --warmup 4 --resume {}", mlp, q(ck + "/step-00000002")));
+  EXPECT_EQ(resumed.code, 0) << resumed.err;
+  const RunResult past = dpt(fmt::format("{} --steps 4 --warmup 5 --resume {}", mlp, q(ck + "/step-00000002")));
+  EXPECT_EQ(past.code, 1) << past.err;
+  EXPECT_EQ(past.err.rfind("dpt: error: --warmup 5 is longer than --steps 4", 0), 0u) << past.err;
+}
+
+// --zero-accumulate chooses how ZeRO-2/3 keep their gradients between the
+// micro-batches of a step: under another strategy, or with one micro-batch
+// per step, it ran to exit 0 and was read by nothing.
+TEST_F(FileKindsTest, ZeroAccumulateWhereNothingAccumulatesIsRefused) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--strategy ddp --grad-accum 2 --batch 4",
+       "--zero-accumulate sets how a sharded strategy keeps its gradients over --grad-accum's micro-batches, and "
+       "--strategy ddp does not read it (only zero2, zero3 or hsdp does)\n"},
+      {"--strategy zero1 --grad-accum 2 --batch 4", "--zero-accumulate sets how a sharded strategy keeps its "
+                                                    "gradients over --grad-accum's micro-batches, and --strategy zero1 "
+                                                    "does not read it (only zero2, zero3 or hsdp does)\n"},
+      {"--grad-accum 2 --batch 4", "--zero-accumulate sets how a sharded strategy keeps its gradients over "
+                                   "--grad-accum's micro-batches, and the default strategy (local: one data-parallel "
+                                   "rank) does not read it (only zero2, zero3 or hsdp does)\n"},
+      {"--strategy zero2", "--zero-accumulate sets how a sharded strategy keeps its gradients over --grad-accum's "
+                           "micro-batches, and this run has one micro-batch per step (give --grad-accum 2 or more, or "
+                           "leave --zero-accumulate out)\n"},
+      {"--strategy zero3 --grad-accum 1", "--zero-accumulate sets how a sharded strategy keeps its gradients over "
+                                          "--grad-accum's micro-batches, and this run has one micro-batch per step"},
+  };
+  for (const auto& [flags, says] : cases) {
+    SCOPED_TRACE(flags);
+    const RunResult r =
+        dpt(fmt::format("train --quiet {} --steps 1 --synthetic --zero-accumulate local {}", kGpt, flags));
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_EQ(r.err.rfind("dpt: error: " + says, 0), 0u) << r.err;
+    EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
+  }
+  for (const char* strategy : {"zero2", "zero3"}) {
+    const RunResult r = dpt(fmt::format("train --quiet {} --steps 1 --synthetic --strategy {} --grad-accum 2 --batch 4 "
+                                        "--zero-accumulate local",
+                                        kGpt, strategy));
+    EXPECT_EQ(r.code, 0) << strategy << ": " << r.err;
+  }
 }
 
 // Flags that shape what --save or --checkpoint-dir writes, given without it:

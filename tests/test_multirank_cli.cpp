@@ -311,6 +311,13 @@ TEST_F(MultirankCliTest, LaunchRefusesWhatTrainWouldBeforeAnyRankStarts) {
        "--no-overlap shapes DDP's gradient buckets, and --strategy zero2 reduces in none"},
       {"-n 2 -- " + train + " --model mlp --strategy zero1 --zero-reduce scatter --bucket-mb 2",
        "--bucket-mb shapes DDP's gradient buckets, and --strategy zero1 --zero-reduce scatter reduces in none"},
+      // The default on 2 ranks is ddp, and the launcher names it.
+      {"-n 2 -- " + train + " --model mlp --prefetch none",
+       "--prefetch sets when a sharded strategy gathers its next unit's parameters, and the default strategy (ddp: 2 "
+       "data-parallel ranks) does not read it (only zero3 or hsdp does)"},
+      {"-n 2 -- " + train + " --model mlp --strategy zero2 --zero-accumulate local",
+       "--zero-accumulate sets how a sharded strategy keeps its gradients over --grad-accum's micro-batches, and this "
+       "run has one micro-batch per step"},
       {"-n 2 -- " + train + " --model mlp --bogus", "The following argument was not expected: --bogus"},
       // --dry-run checks too: it answers whether the job would start.
       {"-n 4 --dry-run -- " + train + " --model gpt --tp 3", "4 ranks do not split into --tp 3 x --pp 1"},

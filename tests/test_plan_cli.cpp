@@ -624,6 +624,28 @@ TEST_F(PlanCliTest, ImpossibleMeshesAreRefused) {
                            "the mlp model has none");
 }
 
+// More ranks on this host than the job has: clamped to the job, the plan
+// answered for another host than the one asked about, without a word.
+TEST_F(PlanCliTest, MoreRanksPerHostThanRanksIsRefused) {
+  const std::string plan = "plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 ";
+  test::expect_one_refusal(dpt(plan + "--ranks 2 --ranks-per-host 4"),
+                           "--ranks-per-host 4 is more than the job's 2 ranks: a host holds at most all of them");
+  test::expect_one_refusal(dpt(plan + "--ranks-per-host 2"),
+                           "--ranks-per-host 2 is more than the job's 1 rank (--ranks is not given)");
+  EXPECT_EQ(dpt(plan + "--ranks 4 --ranks-per-host 4").code, 0);
+  EXPECT_EQ(dpt(plan + "--ranks 4 --ranks-per-host 2").code, 0);
+}
+
+// --zero-accumulate with one micro-batch per step: rows of full gradients
+// kept for nothing (as dpt train refuses it, FileKindsTest).
+TEST_F(PlanCliTest, ZeroAccumulateWithOneMicroBatchIsRefused) {
+  const std::string plan = "plan " + kGpt.flags + " --gemm-gflops 10 --copy-gbs 2 --disk-gbs 1 --ranks 2 ";
+  test::expect_one_refusal(dpt(plan + "--zero-accumulate local"),
+                           "--zero-accumulate sets how a sharded strategy keeps its gradients over --grad-accum's "
+                           "micro-batches, and this run has one micro-batch per step");
+  EXPECT_EQ(dpt(plan + "--zero-accumulate local --grad-accum 2").code, 0);
+}
+
 // A --pp-split with a final comma read as the counts before it, and an
 // empty one as no split (balanced by parameters): both ran.
 TEST_F(PlanCliTest, APpSplitMissingACountIsRefused) {

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -149,9 +150,56 @@ TEST_F(TokensCli, ATokenizerThatIsNotJsonIsOneSentenceWithoutTheLibrarysTag) {
   write(dir_ / "typed.json", R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})");
   const test::RunResult t = dpt(fmt::format("--tokenizer {} --input {} --out {}", q(dir_ / "typed.json"),
                                       q(dir_ / "corpus"), q(dir_ / "out")));
-  test::expect_one_refusal(t, "typed.json: not a tokenizer.json this tokenizer reads (");
+  test::expect_one_refusal(t, "typed.json: pre_tokenizer is missing (this tokenizer implements ByteLevel");
   EXPECT_EQ(t.err.find("json.exception"), std::string::npos) << t.err;
   EXPECT_FALSE(fs::exists(dir_ / "out"));
+}
+
+// A field of the wrong type is one sentence naming the file and the field:
+// nlohmann's own text ("type must be string, but is number", "cannot use
+// value() with null") named neither, and a boolean written as a string
+// ("byte_fallback": "true") read as false.
+TEST_F(TokensCli, AFieldOfTheWrongTypeIsNamed) {
+  write_corpus(dir_ / "corpus");
+  std::ifstream in(kFixtures / "gpt2_style.json");
+  const nlohmann::json good = nlohmann::json::parse(in);
+  using nlohmann::json;
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> cases = {
+      {[](json& j) { j["model"]["vocab"] = 5; }, "model.vocab is 5, not an object"},
+      {[](json& j) { j["model"]["merges"] = "a b"; }, "model.merges is \"a b\", not an array"},
+      {[](json& j) { j["model"]["type"] = 5; }, "model.type is 5, not a string"},
+      {[](json& j) { j["model"]["dropout"] = "x"; }, "model.dropout is \"x\", not a number"},
+      {[](json& j) { j["model"]["byte_fallback"] = "true"; }, "model.byte_fallback is \"true\", not true or false"},
+      {[](json& j) { j["model"]["ignore_merges"] = 1; }, "model.ignore_merges is 1, not true or false"},
+      {[](json& j) { j["pre_tokenizer"]["use_regex"] = "yes"; },
+       "pre_tokenizer.use_regex is \"yes\", not true or false"},
+      {[](json& j) { j["pre_tokenizer"] = 3; }, "pre_tokenizer is 3, not an object"},
+      {[](json& j) { j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", 7}}; },
+       "pre_tokenizer.pretokenizers is 7, not an array"},
+      {[](json& j) { j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {nullptr, json::object()}}}; },
+       "pre_tokenizer.pretokenizers[0] is null, not an object"},
+      {[](json& j) { j["decoder"] = {{"type", 3}}; }, "decoder.type is 3, not a string"},
+      {[](json& j) { j["added_tokens"] = {{"a", 1}}; }, "added_tokens is {\"a\":1}, not an array"},
+      {[](json& j) { j["added_tokens"][0] = 3; }, "added_tokens[0] is 3, not an object"},
+      {[](json& j) { j["added_tokens"][0]["special"] = "yes"; },
+       "added_tokens[0].special is \"yes\", not true or false"},
+  };
+  for (const auto& [mutate, says] : cases) {
+    json j = good;
+    mutate(j);
+    write(dir_ / "t.json", j.dump());
+    const test::RunResult r = dpt(fmt::format("--tokenizer {} --input {} --out {}", q(dir_ / "t.json"),
+                                              q(dir_ / "corpus"), q(dir_ / "out")));
+    SCOPED_TRACE(says);
+    test::expect_one_refusal(r, "t.json: " + says);
+    EXPECT_FALSE(fs::exists(dir_ / "out"));
+  }
+  // The fixture itself reads.
+  write(dir_ / "t.json", good.dump());
+  EXPECT_EQ(dpt(fmt::format("--tokenizer {} --input {} --out {}", q(dir_ / "t.json"), q(dir_ / "corpus"),
+                            q(dir_ / "out")))
+                .code,
+            0);
 }
 
 // The inputs' kind is checked before anything is written, as dpt tokens

@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -52,7 +54,44 @@ std::string shown(const json& v) {
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 
-bool is_true(const json& obj, const char* key) { return obj.contains(key) && obj[key].is_boolean() && obj[key]; }
+// A field's JSON type in a message.
+template <typename T>
+constexpr const char* kind_of() {
+  if constexpr (std::is_same_v<T, bool>) return "true or false";
+  if constexpr (std::is_same_v<T, std::string>) return "a string";
+  return "a number";
+}
+
+// "model" + "type": "model.type"; "" + "decoder": "decoder".
+std::string path_of(const std::string& where, const std::string& key) {
+  return where.empty() ? key : where + "." + key;
+}
+
+// obj[key] as T, or `fallback` where obj has no key or null there; another
+// type is refused naming the field (`where`: obj's own path, "model").
+// nlohmann's own error ("type must be string, but is number", "cannot use
+// value() with null") names no field.
+template <typename T>
+T field(const json& obj, const std::string& where, const char* key, T fallback, const std::string& name) {
+  if (!obj.is_object() || !obj.contains(key) || obj[key].is_null()) return fallback;
+  const json& v = obj[key];
+  bool ok = v.is_number();
+  if constexpr (std::is_same_v<T, bool>) ok = v.is_boolean();
+  if constexpr (std::is_same_v<T, std::string>) ok = v.is_string();
+  if (!ok) refuse(name, fmt::format("{} is {}, not {}", path_of(where, key), shown(v), kind_of<T>()));
+  return v.get<T>();
+}
+
+bool is_true(const json& obj, const std::string& where, const char* key, const std::string& name) {
+  return field(obj, where, key, false, name);
+}
+
+// v, which must be a JSON object (or, where `optional`, null: absent).
+void need_object(const json& v, const std::string& where, const std::string& name, bool optional = false) {
+  if (!v.is_object() && !(optional && v.is_null()))
+    refuse(name, fmt::format("{} is {}, not an object", where, shown(v)));
+}
+
 bool set(const json& obj, const char* key) {
   return obj.contains(key) && !obj[key].is_null() && !(obj[key].is_string() && obj[key].get<std::string>().empty());
 }
@@ -62,36 +101,56 @@ constexpr const char* kSentencePiece =
 
 void check_model(const json& m, const std::string& name) {
   if (!m.is_object()) refuse(name, "no \"model\" object: not a tokenizer.json");
-  const std::string type = m.value("type", m.contains("merges") ? "BPE" : "");
+  const std::string type = field<std::string>(m, "model", "type", m.contains("merges") ? "BPE" : "", name);
   if (type != "BPE") refuse(name, fmt::format("model.type is \"{}\": only byte-level BPE is supported", type));
-  if (is_true(m, "byte_fallback")) refuse(name, fmt::format("model.byte_fallback is true: {}", kSentencePiece));
-  if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() != 0.0)
+  if (is_true(m, "model", "byte_fallback", name))
+    refuse(name, fmt::format("model.byte_fallback is true: {}", kSentencePiece));
+  if (field(m, "model", "dropout", 0.0, name) != 0.0)
     refuse(name, fmt::format("model.dropout is {}: BPE dropout (random merges) is not supported", shown(m["dropout"])));
   for (const char* f : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (set(m, f)) refuse(name, fmt::format("model.{} is {}: not byte-level BPE", f, shown(m[f])));
-  if (!m.contains("vocab") || !m["vocab"].is_object()) refuse(name, "model.vocab is missing or not an object");
-  if (!m.contains("merges") || !m["merges"].is_array()) refuse(name, "model.merges is missing or not an array");
+  if (!m.contains("vocab") || !m["vocab"].is_object())
+    refuse(name, m.contains("vocab") ? fmt::format("model.vocab is {}, not an object", shown(m["vocab"]))
+                                     : "model.vocab is missing");
+  if (!m.contains("merges") || !m["merges"].is_array())
+    refuse(name, m.contains("merges") ? fmt::format("model.merges is {}, not an array", shown(m["merges"]))
+                                      : "model.merges is missing");
+  is_true(m, "model", "ignore_merges", name);
 }
 
-bool byte_level(const json& p, bool use_regex) {
-  return p.value("type", "") == "ByteLevel" && !is_true(p, "add_prefix_space") &&
-         p.value("use_regex", true) == use_regex;
+// p (at `where`) is ByteLevel, without a prefix space, splitting by GPT-2's
+// pattern or (use_regex false) not at all.
+bool byte_level(const json& p, const std::string& where, bool use_regex, const std::string& name) {
+  need_object(p, where, name);
+  return field<std::string>(p, where, "type", "", name) == "ByteLevel" &&
+         !is_true(p, where, "add_prefix_space", name) && field(p, where, "use_regex", true, name) == use_regex;
 }
 
 // The split a pre_tokenizer stands for: GPT-2's ByteLevel, or Split by a
 // known pattern then ByteLevel without its own split (Llama 3).
 SplitPattern check_pre_tokenizer(const json& p, const std::string& name) {
-  const std::string type = p.is_object() ? p.value("type", "") : "null";
+  if (p.is_null()) refuse(name, "pre_tokenizer is missing (this tokenizer implements ByteLevel, or Split by GPT-2's "
+                               "or Llama 3's pattern then ByteLevel)");
+  need_object(p, "pre_tokenizer", name);
+  const std::string type = field<std::string>(p, "pre_tokenizer", "type", "", name);
   if (type == "Metaspace") refuse(name, fmt::format("pre_tokenizer is Metaspace: {}", kSentencePiece));
-  if (type == "ByteLevel" && is_true(p, "add_prefix_space"))
+  if (type == "ByteLevel" && is_true(p, "pre_tokenizer", "add_prefix_space", name))
     refuse(name, "pre_tokenizer.add_prefix_space is true: not implemented (GPT-2 and Llama 3 have it false)");
-  if (byte_level(p, true)) return SplitPattern::Gpt2;
-  if (type == "Sequence" && p.contains("pretokenizers") && p["pretokenizers"].size() == 2) {
-    const json& split = p["pretokenizers"][0];
-    const std::string pattern = split.contains("pattern") ? split["pattern"].value("Regex", "") : "";
-    const bool isolated = split.value("type", "") == "Split" && split.value("behavior", "") == "Isolated" &&
-                          !is_true(split, "invert");
-    if (isolated && byte_level(p["pretokenizers"][1], false)) {
+  if (byte_level(p, "pre_tokenizer", true, name)) return SplitPattern::Gpt2;
+  const json& list = p.contains("pretokenizers") ? p["pretokenizers"] : json();
+  if (type == "Sequence" && !list.is_array())
+    refuse(name, fmt::format("pre_tokenizer.pretokenizers is {}, not an array", shown(list)));
+  if (type == "Sequence" && list.size() == 2) {
+    const json& split = list[0];
+    need_object(split, "pre_tokenizer.pretokenizers[0]", name);
+    const std::string where = "pre_tokenizer.pretokenizers[0]";
+    const json& regex = split.contains("pattern") ? split["pattern"] : json();
+    need_object(regex, where + ".pattern", name, true);
+    const std::string pattern = field<std::string>(regex, where + ".pattern", "Regex", "", name);
+    const bool isolated = field<std::string>(split, where, "type", "", name) == "Split" &&
+                          field<std::string>(split, where, "behavior", "", name) == "Isolated" &&
+                          !is_true(split, where, "invert", name);
+    if (isolated && byte_level(list[1], "pre_tokenizer.pretokenizers[1]", false, name)) {
       if (pattern == kLlama3Pattern) return SplitPattern::Llama3;
       if (pattern == kGpt2Pattern) return SplitPattern::Gpt2;
       refuse(name, fmt::format("pre_tokenizer.pretokenizers[0].pattern {} is not a split this tokenizer "
@@ -106,21 +165,26 @@ void check_rest(const json& j, const std::string& name) {
   if (j.contains("normalizer") && !j["normalizer"].is_null())
     refuse(name, fmt::format("normalizer {} is not implemented (only none)", shown(j["normalizer"])));
   if (j.contains("decoder") && !j["decoder"].is_null() &&
-      (!j["decoder"].is_object() || j["decoder"].value("type", "") != "ByteLevel"))
+      (!j["decoder"].is_object() || field<std::string>(j["decoder"], "decoder", "type", "", name) != "ByteLevel"))
     refuse(name, fmt::format("decoder {} is not implemented (only ByteLevel)", shown(j["decoder"])));
 }
 
 std::vector<AddedToken> added_tokens(const json& j, const std::string& name) {
   std::vector<AddedToken> out;
   if (!j.contains("added_tokens") || j["added_tokens"].is_null()) return out;
+  if (!j["added_tokens"].is_array())
+    refuse(name, fmt::format("added_tokens is {}, not an array", shown(j["added_tokens"])));
   for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
     const json& t = j["added_tokens"][i];
+    const std::string where = fmt::format("added_tokens[{}]", i);
+    need_object(t, where, name);
     for (const char* f : {"lstrip", "rstrip", "single_word"})
-      if (is_true(t, f)) refuse(name, fmt::format("added_tokens[{}].{} is true: not implemented", i, f));
+      if (is_true(t, where, f, name)) refuse(name, fmt::format("{}.{} is true: not implemented", where, f));
     if (!t.contains("id") || !t["id"].is_number_unsigned() || !t.contains("content") || !t["content"].is_string() ||
         t["content"].get<std::string>().empty())
-      refuse(name, fmt::format("added_tokens[{}] needs an id (>= 0) and a non-empty content", i));
-    out.push_back({t["content"], t["id"], t.value("special", false), t.value("normalized", !t.value("special", false))});
+      refuse(name, fmt::format("{} needs an id (>= 0) and a non-empty content", where));
+    const bool special = is_true(t, where, "special", name);
+    out.push_back({t["content"], t["id"], special, field(t, where, "normalized", !special, name)});
   }
   return out;
 }
@@ -181,8 +245,8 @@ BpeTokenizer from_parsed(const json& j, const std::string& name) try {
   check_rest(j, name);
   const SplitPattern pattern = check_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), name);
   const json& m = j["model"];
-  BpeModel model = make_model(m["vocab"], json_merges(m["merges"], name), is_true(m, "ignore_merges"), name,
-                              "model.merges");
+  BpeModel model = make_model(m["vocab"], json_merges(m["merges"], name), is_true(m, "model", "ignore_merges", name),
+                              name, "model.merges");
   return BpeTokenizer(std::move(model), pattern, added_tokens(j, name));
 } catch (const json::exception& e) {
   throw InputError(fmt::format("{}: not a tokenizer.json this tokenizer reads ({})", name, json_message(e)));

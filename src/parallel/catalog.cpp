@@ -25,6 +25,7 @@ StrategyRecord naive_dp_record() {
   r.help = "dp (threads)";
   r.runs = StrategyRecord::Runs::Threads;
   r.plannable = false;
+  r.reads = {{Setting::Replicas, "", nullptr}};
   r.refuse = [](const RunAsk& a) {
     if (a.world > 1) throw InputError("--strategy dp runs in one process; start it without a launcher");
     if (a.trace) throw InputError("--trace-out records training across ranks, not --strategy dp");
@@ -152,6 +153,12 @@ const StrategyRecord& plannable_strategy(const std::string& name) {
     if (r->plannable && answers_to(*r, name)) return *r;
   const auto plannable = [](const StrategyRecord& r) { return r.plannable; };
   throw InputError(fmt::format("unknown strategy '{}' (expected {})", name, sentence(names_of(all, plannable))));
+}
+
+const SettingRead* StrategyRecord::read_of(Setting s) const {
+  for (const SettingRead& r : reads)
+    if (r.setting == s) return &r;
+  return nullptr;
 }
 
 StrategyRef::StrategyRef(const StrategyRecord& r) : r_(&r), name_(r.name) {}

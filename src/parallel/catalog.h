@@ -2,7 +2,8 @@
 // file and listed once here, that the training loop, `dpt plan`, checkpoints
 // and the command line all read. A record says what the strategy is called
 // (and its aliases), its ZeRO stage, how to make it, what a rank holds under
-// it, what it sends per step, what it refuses and why. Names are parsed once,
+// it, what it sends per step, what it refuses and why, and which of the
+// settings only some strategies read (Setting) it reads. Names are parsed once,
 // at the command line's edge, into a StrategyRef (a record); below the edge
 // code asks the record, never the name.
 //
@@ -35,6 +36,28 @@ struct RunAsk {
   bool checkpoints = false;   // --checkpoint-dir or --resume
   bool trace = false;         // --trace-out
   bool offload = false;       // --offload
+  bool zero_scatter = false;  // --zero-reduce scatter
+};
+
+// The command line's settings that only some strategies read. A record
+// lists those its strategy reads; a flag setting one that the run's
+// strategy does not read would be dropped without a word, and is refused
+// (checked_flags, train/run_checks.cpp, which knows each setting's flags).
+enum class Setting {
+  Buckets,         // DDP's gradient buckets: --bucket-mb, --first-bucket-mb, --no-overlap, --per-param
+  ZeroReduce,      // --zero-reduce: ZeRO-1 reduces by all-reduce (in the buckets) or by scatter
+  ZeroAccumulate,  // --zero-accumulate: sharded gradients over --grad-accum's micro-batches
+  Prefetch,        // --prefetch: when the next unit's parameters are gathered
+  Reshard,         // --reshard-after-forward: whether a unit's gathered parameters are freed
+  Replicas,        // --dp-replicas: replica threads of one process
+};
+
+// A setting a strategy reads, unless the run asks for what `unless` says
+// (zero1 reduces in no buckets with --zero-reduce scatter).
+struct SettingRead {
+  Setting setting;
+  std::string unless;                            // in the command line's words; "": always read
+  std::function<bool(const RunAsk&)> unless_asked;  // whether the run asks for it
 };
 
 struct StrategyRecord {
@@ -63,6 +86,11 @@ struct StrategyRecord {
   std::function<CommPlan(const StrategyOptions&, const Model&, int world, int rank, int64_t grad_accum)> traffic;
   // Throws InputError, in one sentence, for a run the strategy cannot train.
   std::function<void(const RunAsk&)> refuse;
+  // The settings it reads of those only some strategies read.
+  std::vector<SettingRead> reads;
+
+  // The entry of `reads` for s, or null.
+  const SettingRead* read_of(Setting s) const;
 
   bool trains_one_replica() const { return runs != Runs::Ranks; }
   bool in_threads() const { return runs == Runs::Threads; }

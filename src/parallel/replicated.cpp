@@ -170,6 +170,7 @@ StrategyRecord ddp_record() {
   StrategyRecord r;
   r.name = "ddp";
   r.help = "ddp (default with several ranks)";
+  r.reads = {{Setting::Buckets, "", nullptr}};
   r.fits_because = [](bool) {
     return std::string("the model, its gradients and optimizer state fit on every rank: DDP");
   };

@@ -646,6 +646,14 @@ StrategyRecord zero_record(int stage) {
   if (stage == 3) r.aliases = {"fsdp"};
   r.help = stage == 3 ? "zero3 (= fsdp)" : r.name;
   r.zero_stage = stage;
+  // ZeRO-1 keeps full gradients, reduced once per step: --zero-accumulate
+  // is the later stages' choice, as gathering parameters is ZeRO-3's.
+  if (stage == 1)
+    r.reads = {{Setting::ZeroReduce, "", nullptr},
+               {Setting::Buckets, "--zero-reduce scatter", [](const RunAsk& a) { return a.zero_scatter; }}};
+  if (stage >= 2) r.reads.push_back({Setting::ZeroAccumulate, "", nullptr});
+  if (stage == 3)
+    for (Setting s : {Setting::Prefetch, Setting::Reshard}) r.reads.push_back({s, "", nullptr});
   r.fits_because = [stage](bool) { return std::string(kFits[stage]); };
   r.formula = [stage](const StrategyOptions& o, int n) {
     if (stage == 1 && !o.zero_scatter)

@@ -1,7 +1,6 @@
 #include "tools/flag_conflicts.h"
 
 #include <string>
-#include <vector>
 
 #include <fmt/format.h>
 
@@ -90,35 +89,7 @@ constexpr Dependent kDependents[] = {
     {"--keep", "--checkpoint-dir", "how many checkpoints --checkpoint-dir keeps"},
 };
 
-// Flags that only some strategies read.
-struct StrategyFlag {
-  const char* flag;
-  std::vector<const char*> readers;
-  const char* sets;
-};
-
-const StrategyFlag kStrategyFlags[] = {
-    {"--prefetch", {"zero3", "hsdp"}, "when a sharded strategy gathers its next unit's parameters"},
-    {"--reshard-after-forward", {"zero3", "hsdp"}, "whether a sharded strategy frees a unit's gathered parameters"},
-    {"--zero-reduce", {"zero1"}, "how zero1 reduces its gradients"},
-    {"--dp-replicas", {"dp"}, "the replica threads of the single-process dp strategy"},
-};
-
 }  // namespace
-
-void refuse_strategy_flags(const CLI::App& cmd, const std::string& strategy) {
-  for (const StrategyFlag& f : kStrategyFlags) {
-    if (!given(cmd, f.flag)) continue;
-    bool read = false;
-    for (const char* r : f.readers) read = read || strategy == r;
-    if (read) continue;
-    const std::string who = strategy.empty() ? "the default strategy (local, or ddp with several ranks)"
-                                             : fmt::format("--strategy {}", strategy);
-    std::string names;
-    for (const char* r : f.readers) names += (names.empty() ? "" : " or ") + std::string(r);
-    throw InputError(fmt::format("{} sets {}, and {} does not read it (only {} does)", f.flag, f.sets, who, names));
-  }
-}
 
 void refuse_contradicting_flags(const CLI::App& cmd, const TrainOptions& o) {
   for (const Conflict& c : kConflicts)

@@ -15,9 +15,4 @@ namespace dpt {
 // `cmd` (`dpt train`'s subcommand), o.model resolved (--model or --load's).
 void refuse_contradicting_flags(const CLI::App& cmd, const TrainOptions& o);
 
-// Throws InputError for a flag only other strategies read (--prefetch under
-// ddp, --dp-replicas under zero3...), given to `strategy` (--strategy's
-// value; empty: the default, local or ddp).
-void refuse_strategy_flags(const CLI::App& cmd, const std::string& strategy);
-
 }  // namespace dpt

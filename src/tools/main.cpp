@@ -17,6 +17,7 @@
 #include "comm/process_group.h"
 #include "core/error.h"
 #include "tools/commands.h"
+#include "tools/integer_flags.h"
 
 namespace {
 
@@ -47,12 +48,16 @@ int main(int argc, char** argv) {
   dpt::PlanCommand plan(app);
   dpt::BenchCommCommand bench_comm(app);
   dpt::BenchDataCommand bench_data(app);
+  dpt::check_integer_flags(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
+  } catch (const CLI::ConversionError& e) {
+    const std::string range = dpt::integer_flag_error(app, e);
+    return fail(1, "error: ", range.empty() ? e.what() : range.c_str());
   } catch (const CLI::ParseError& e) {
     // A flag error is a user error like any other: one sentence, exit 1
     // (CLI11's own codes, 105 and up, mean nothing to a user or a script).

@@ -170,6 +170,7 @@ int PlanCommand::run() {
   if (meshes_ && (cmd_->count("--tp") > 0 || cmd_->count("--pp") > 0 || cmd_->count("--cp") > 0))
     throw InputError("--meshes plans every tp x pp x cp of the ranks; give it or --tp/--pp/--cp, not both");
   apply_defaults(opts_);
+  check_zero_accumulate(opts_, cmd_->count("--zero-accumulate") > 0);
   resolve_model(opts_);
   check_sizes(opts_);
   PlanRequest r;
@@ -185,7 +186,14 @@ int PlanCommand::run() {
   r.batch = opts_.batch;
   r.grad_accum = opts_.grad_accum;
   r.world = ranks_;
-  r.ranks_here = ranks_per_host_ > 0 ? std::min(ranks_per_host_, ranks_) : ranks_;
+  // Clamped to the job, a typo (--ranks-per-host 8 of --ranks 4) planned
+  // another host than the one asked about without a word.
+  if (ranks_per_host_ > ranks_)
+    throw InputError(fmt::format("--ranks-per-host {} is more than the job's {} rank{}{}: a host holds at most all "
+                                 "of them",
+                                 ranks_per_host_, ranks_, ranks_ == 1 ? "" : "s",
+                                 cmd_->count("--ranks") > 0 ? "" : " (--ranks is not given)"));
+  r.ranks_here = ranks_per_host_ > 0 ? ranks_per_host_ : ranks_;
   {
     const comm::Config config = comm::Config::from_env();  // what `dpt train` would start with
     r.in_place = config.algo == comm::Algo::Ring && config.in_place;

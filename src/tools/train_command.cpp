@@ -196,9 +196,8 @@ int TrainCommand::run() {
   }
   run_flags_.apply(cmd_, opts_);
   refuse_contradicting_flags(*cmd_, opts_);
-  refuse_strategy_flags(*cmd_, strategy_);
-  for (const char* flag : {"--bucket-mb", "--first-bucket-mb", "--no-overlap", "--per-param"})
-    if (cmd_->get_option(flag)->count() > 0) opts_.bucket_flags.emplace_back(flag);
+  for (const std::string& flag : strategy_flags())
+    if (cmd_->get_option(flag)->count() > 0) opts_.strategy_flags.push_back(flag);
   if (!strategy_.empty()) opts_.strategy = strategy_;
   opts_.prefetch = parse_prefetch(prefetch_);
   opts_.offload = parse_offload(offload_);

@@ -175,6 +175,7 @@ TrainResult run_dp_training(const TrainOptions& o) {
   Replicas reps = make_replicas(o, R, micro);
   Model& master = *reps.models[0];
   const int64_t steps = reps.data[0]->steps(o);
+  check_warmup(o, steps);
   Schedule schedule = o.schedule;
   schedule.total_steps = steps;
   auto opt = make_optimizer(o.optimizer, master.layout(), 0, master.param_count());

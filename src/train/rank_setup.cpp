@@ -199,6 +199,7 @@ RankSetup set_up_rank(TrainOptions& o, comm::ProcessGroup& pg, const Mesh& mesh,
   // All stages of a replica read the same sequences.
   s.data = std::make_unique<DataSource>(o, *s.model, load_datasets(o, *s.model), s.micro, mesh.dp_rank, mesh.dp);
   s.steps = s.data->steps(o);
+  check_warmup(o, s.steps);
   o.schedule.total_steps = s.steps;
   if (pg.size() > 1) r.topology = topology_json(pg);
   s.planned_comm = planned_rank_comm(o, so, *s.model, mesh, s.micro);

@@ -231,18 +231,90 @@ void check_samples(const TrainOptions& o) {
   sample_text_setup(o, DecoderConfig::from(o.model_config));
 }
 
-// DDP's buckets are read by ddp, and by zero1 when it reduces by
-// all-reduce; any other strategy (the default's local on one rank too)
-// would drop the flags without a word.
-void check_bucket_flags(const TrainOptions& o) {
-  if (o.bucket_flags.empty()) return;
+namespace {
+
+// A flag that sets what only some strategies read, and what it sets.
+struct StrategyFlag {
+  const char* flag;
+  Setting setting;
+  const char* sets;  // "<flag> <sets>, and <the strategy> <unread>"
+  const char* unread;
+};
+
+constexpr const char* kBuckets = "shapes DDP's gradient buckets";
+constexpr StrategyFlag kStrategyFlags[] = {
+    {"--bucket-mb", Setting::Buckets, kBuckets, "reduces in none"},
+    {"--first-bucket-mb", Setting::Buckets, kBuckets, "reduces in none"},
+    {"--no-overlap", Setting::Buckets, kBuckets, "reduces in none"},
+    {"--per-param", Setting::Buckets, kBuckets, "reduces in none"},
+    {"--zero-reduce", Setting::ZeroReduce, "sets how zero1 reduces its gradients", "does not read it"},
+    {"--zero-accumulate", Setting::ZeroAccumulate,
+     "sets how a sharded strategy keeps its gradients over --grad-accum's micro-batches", "does not read it"},
+    {"--prefetch", Setting::Prefetch, "sets when a sharded strategy gathers its next unit's parameters",
+     "does not read it"},
+    {"--reshard-after-forward", Setting::Reshard,
+     "sets whether a sharded strategy frees a unit's gathered parameters", "does not read it"},
+    {"--dp-replicas", Setting::Replicas, "sets the replica threads of the single-process dp strategy",
+     "does not read it"},
+};
+
+// "zero2, zero3 or hsdp": the strategies that read s, each with what stops
+// it ("zero1 without --zero-reduce scatter").
+std::string readers_of(Setting s) {
+  std::vector<std::string> names;
+  for (const StrategyRecord* r : strategies())
+    if (const SettingRead* read = r->read_of(s))
+      names.push_back(r->name + (read->unless.empty() ? "" : " without " + read->unless));
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> strategy_flags() {
+  std::vector<std::string> flags;
+  for (const StrategyFlag& f : kStrategyFlags) flags.emplace_back(f.flag);
+  return flags;
+}
+
+void check_strategy_flags(const TrainOptions& o, bool named, int dp) {
   const StrategyRecord& r = *o.strategy;
-  const bool ddp = r.zero_stage == 0 && r.runs == StrategyRecord::Runs::Ranks;
-  const bool zero1 = r.zero_stage == 1;
-  if (ddp || (zero1 && !o.zero_scatter)) return;
-  throw InputError(fmt::format("{} shapes DDP's gradient buckets, and --strategy {}{} reduces in none (ddp does, and "
-                               "zero1 reducing by all-reduce)",
-                               o.bucket_flags.front(), o.strategy.name(), zero1 ? " --zero-reduce scatter" : ""));
+  const RunAsk ask{.zero_scatter = o.zero_scatter};
+  for (const StrategyFlag& f : kStrategyFlags) {
+    if (std::find(o.strategy_flags.begin(), o.strategy_flags.end(), f.flag) == o.strategy_flags.end()) continue;
+    const SettingRead* read = r.read_of(f.setting);
+    const bool stopped = read && read->unless_asked && read->unless_asked(ask);
+    if (read && !stopped) continue;
+    const std::string who =
+        named ? fmt::format("--strategy {}{}", o.strategy.name(), stopped ? " " + read->unless : "")
+              : fmt::format("the default strategy ({}: {} data-parallel rank{})", r.name,
+                            dp == 1 ? "one" : std::to_string(dp), dp == 1 ? "" : "s");
+    throw InputError(
+        fmt::format("{} {}, and {} {} (only {} does)", f.flag, f.sets, who, f.unread, readers_of(f.setting)));
+  }
+  check_zero_accumulate(o, std::find(o.strategy_flags.begin(), o.strategy_flags.end(), "--zero-accumulate") !=
+                               o.strategy_flags.end());
+}
+
+void check_zero_accumulate(const TrainOptions& o, bool given) {
+  // One micro-batch per step: nothing is accumulated (local only keeps
+  // full gradients for nothing).
+  if (given && o.grad_accum == 1)
+    throw InputError("--zero-accumulate sets how a sharded strategy keeps its gradients over --grad-accum's "
+                     "micro-batches, and this run has one micro-batch per step (give --grad-accum 2 or more, or "
+                     "leave --zero-accumulate out)");
+}
+
+void check_warmup(const TrainOptions& o, int64_t steps) {
+  if (o.schedule.warmup <= steps) return;
+  // --resume continues the same --steps (the run's whole length, not what
+  // is left of it), so a warm-up past them is as wrong there.
+  const std::string run = o.steps > 0 ? fmt::format("--steps {}", steps)
+                                      : fmt::format("the run's {} steps (--steps is not given)", steps);
+  throw InputError(fmt::format("--warmup {} is longer than {}: the learning rate would never reach --lr {:g}; give "
+                               "--warmup at most {}, or more --steps",
+                               o.schedule.warmup, run, o.schedule.lr, steps));
 }
 
 void check_sizes(const TrainOptions& o) {
@@ -286,8 +358,13 @@ void check_sizes(const TrainOptions& o) {
 
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg) {
   apply_defaults(o);
+  // The default length is known only once the data is (DataSource::steps):
+  // it is checked again there.
+  if (o.steps > 0) check_warmup(o, o.steps);
   const Mesh mesh = Mesh::layout(world, rank, o.tp, o.pp, o.cp);
-  if (!o.strategy.set()) o.strategy = default_strategy(mesh.dp_cp());
+  const bool named = o.strategy.set();
+  if (!named) o.strategy = default_strategy(mesh.dp_cp());
+  check_strategy_flags(o, named, mesh.dp_cp());
   // The mesh's checks read the model's shape (--load's header): once.
   if (mesh.tp > 1 || mesh.pp > 1 || mesh.cp > 1) {
     resolve_model(o);
@@ -312,7 +389,6 @@ Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg)
     check_sizes(o);
   }
   check_samples(o);
-  check_bucket_flags(o);
   return mesh;
 }
 

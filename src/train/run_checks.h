@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "comm/process_group.h"
 #include "models/model.h"
@@ -25,15 +27,20 @@ void apply_defaults(TrainOptions& opts);
 int64_t micro_batch(const TrainOptions& o, int parts, const char* parts_name);
 
 // A run's start as rank `rank` of `world`: the defaults filled in
-// (apply_defaults), the mesh laid out (an impossible one is refused before
-// anything else: Mesh::layout), the default strategy for the data-parallel
-// degree named, then the flags that can be checked before anything is built,
+// (apply_defaults), --warmup against --steps (check_warmup), the mesh laid
+// out (an impossible one is refused at once: Mesh::layout),
+// the default strategy for the data-parallel degree named and the flags
+// only some strategies read checked against it (check_strategy_flags), then
+// the flags that can be checked before anything is built,
 // in this order: the pipeline, tensor parallelism, the output files (rank 0
 // can create them; only with pg: every rank of it agrees), where it
 // computes, the shard group, --load with --resume, and the strategy's own
 // refusals (its catalog record's). The model's configuration is resolved on
 // the way (--load's file read once). Returns the mesh.
 Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg);
+// Refuses, in one sentence, a --warmup longer than the run's `steps` (its
+// whole length, --resume or not): the learning rate would never reach --lr.
+void check_warmup(const TrainOptions& o, int64_t steps);
 // Refuses a model and batch past any machine (o.model_config's sizes, as
 // doubles): more than 2^56 bytes for the parameters, their training state
 // and one step's activations, a GEMM dimension past 2^31 - 1, or more than
@@ -43,9 +50,18 @@ void check_sizes(const TrainOptions& o);
 // --sample-every's refusals, one sentence each: not a gpt or llama model,
 // and sample_text_setup's (train/sample.h: the tokenizer, the prompt).
 void check_samples(const TrainOptions& o);
-// --bucket-mb, --first-bucket-mb, --no-overlap, --per-param under a strategy
-// that all-reduces in no buckets: InputError, one sentence.
-void check_bucket_flags(const TrainOptions& o);
+// The flags that set what only some strategies read (catalog.h's Setting):
+// the command line records those given in TrainOptions::strategy_flags.
+std::vector<std::string> strategy_flags();
+// Refuses, in one sentence, a flag of o.strategy_flags that o.strategy does
+// not read (its record's `reads`), naming what the flag sets, the strategy
+// (`named`: given with --strategy; else the default for `dp` data-parallel
+// ranks) and the strategies that read it; then check_zero_accumulate.
+void check_strategy_flags(const TrainOptions& o, bool named, int dp);
+// Refuses --zero-accumulate (`given`) with one micro-batch per step, where
+// there is nothing to accumulate; `dpt plan`, which plans every strategy,
+// checks only this.
+void check_zero_accumulate(const TrainOptions& o, bool given);
 
 // checked_flags on this rank of pg.
 Mesh checked_mesh(TrainOptions& o, comm::ProcessGroup& pg);

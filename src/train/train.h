@@ -65,10 +65,11 @@ struct TrainOptions {
   // Where the model computes (--device): the CPU, or this rank's GPU.
   Device device = Device::CPU;
   ReducerOptions ddp;       // buckets, overlap, per-parameter mode
-  // The bucket flags given (--bucket-mb, --first-bucket-mb, --no-overlap,
-  // --per-param), so a strategy that all-reduces in no buckets refuses them
-  // once the default strategy is known (check_bucket_flags).
-  std::vector<std::string> bucket_flags;
+  // The flags given that only some strategies read (strategy_flags(),
+  // train/run_checks.h: --bucket-mb, --prefetch, --zero-accumulate...),
+  // each refused under a strategy that does not read it once the default
+  // strategy is known (checked_flags).
+  std::vector<std::string> strategy_flags;
   bool zero_scatter = false;          // zero1: reduce-scatter instead of all-reduce
   bool zero_accumulate_locally = false;  // zero2/3 + grad_accum: reduce once per step
   bool reshard_after_forward = true;  // zero3
