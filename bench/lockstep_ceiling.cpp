@@ -30,7 +30,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -44,35 +43,13 @@
 #include "nn/linear.h"
 #include "nn/update.h"
 #include "tensor/flat_buffer.h"
+#include "process_barrier.h"
 
 namespace {
 
 constexpr int64_t kBatch = 128, kIn = 784, kHidden = 1024, kOut = 10;
 constexpr float kLr = 0.05f, kMomentum = 0.9f;
 using Clock = std::chrono::steady_clock;
-
-struct Barrier {  // two processes, spinning: each has its own core
-  std::atomic<int> count{0}, generation{0};
-  void wait() {
-    const int g = generation.load();
-    if (count.fetch_add(1) == 1) {
-      count.store(0);
-      generation.fetch_add(1);
-    } else {
-      while (generation.load() == g) {
-      }
-    }
-  }
-  void wait_sleeping() {  // the same, off the core while it waits
-    const int g = generation.load();
-    if (count.fetch_add(1) == 1) {
-      count.store(0);
-      generation.fetch_add(1);
-    } else {
-      while (generation.load() == g) usleep(500);
-    }
-  }
-};
 
 enum Way { Free, Lockstep, Reduced, Alone };
 constexpr int kNumWays = 4;
@@ -87,7 +64,7 @@ struct Result {  // one rank's run of one way
 };
 
 struct Shared {
-  Barrier barrier;
+  ProcessBarrier barrier;
   Result results[2];
   float* grads[2];  // each rank's gradients for Reduced, in this mapping
 };
@@ -169,7 +146,7 @@ double since(Clock::time_point& t) {
 
 Result run(Way way, Mlp& mlp, Shared& shared, int rank, int steps) {
   Result r;
-  Barrier& barrier = shared.barrier;
+  ProcessBarrier& barrier = shared.barrier;
   mlp.grad = way == Reduced ? shared.grads[rank] : mlp.g.f32();
   barrier.wait();  // both start together
   if (way == Alone && rank == 1) {

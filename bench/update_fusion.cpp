@@ -25,7 +25,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,27 +32,15 @@
 #include <new>
 #include <vector>
 
+#include "process_barrier.h"
+
 namespace {
 
 constexpr size_t kParams = 1863690;
 constexpr float kLr = 1e-3f, kMomentum = 0.9f;
 
-struct Barrier {
-  std::atomic<int> count{0}, generation{0};
-  void wait() {
-    const int g = generation.load();
-    if (count.fetch_add(1) == 1) {
-      count.store(0);
-      generation.fetch_add(1);
-    } else {
-      while (generation.load() == g) {
-      }
-    }
-  }
-};
-
 struct Shared {  // both ranks' blocks, in memory both processes map
-  Barrier barrier;
+  ProcessBarrier barrier;
   float *g[2], *p[2], *m[2];
 };
 

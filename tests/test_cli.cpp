@@ -621,6 +621,17 @@ TEST_F(CliTest, NonFiniteNumbersAreRefusedInEveryFloatFlag) {
                         fmt::format("{}: must be", flag));
 }
 
+// Sizes and a timeout given in decimal become 64-bit byte and millisecond
+// counts: 1e30 made an undefined conversion, and ran.
+TEST_F(CliTest, DecimalSizesPastAnyMachineAreRefused) {
+  for (const char* flag : {"--bucket-mb", "--first-bucket-mb", "--memory-budget-mb", "--save-shard-mb",
+                           "--offload-chunk-mb"})
+    expect_user_error(fmt::format("train --model gpt --steps 1 --threads 1 {} 1e30", flag),
+                      fmt::format("{}: must be a positive size of at most 1073741824 MiB (1 PiB), not 1e30", flag));
+  expect_user_error("train --model gpt --steps 1 --threads 1 --comm-timeout 1e300",
+                    "--comm-timeout: must be a positive number of seconds, at most 10000000 (116 days), not 1e300");
+}
+
 // The mlp read no transformer setting and the GPT no --sizes: each was
 // dropped silently. A final comma in --sizes read as the sizes before it.
 TEST_F(CliTest, ModelSettingsOfAnotherModelAreRefused) {

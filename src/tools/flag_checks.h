@@ -26,6 +26,17 @@ inline CLI::Validator number_check(double lo, double hi, bool lo_open, bool hi_o
 }
 
 inline CLI::Validator positive() { return number_check(0, INFINITY, true, true, "a positive number"); }
+// A size in MiB (or MB) that becomes a byte count: positive and at most
+// 2^30 MiB (1 PiB, past any host's memory or disk), so the bytes fit the
+// 64-bit count the flag is converted to (1e30 would not: undefined).
+inline CLI::Validator positive_mib() {
+  return number_check(0, 0x1p30, true, false, "a positive size of at most 1073741824 MiB (1 PiB)");
+}
+// A timeout in seconds that becomes milliseconds: positive, at most 10^7 s
+// (116 days).
+inline CLI::Validator positive_seconds() {
+  return number_check(0, 1e7, true, false, "a positive number of seconds, at most 10000000 (116 days)");
+}
 inline CLI::Validator non_negative() { return number_check(0, INFINITY, false, true, "a number >= 0"); }
 inline CLI::Validator finite() { return number_check(-INFINITY, INFINITY, true, true, "a finite number"); }
 inline CLI::Validator fraction(double lo, double hi) {

@@ -75,7 +75,7 @@ void RunFlags::add(CLI::App* cmd, TrainOptions& o) {
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--offload-chunk-mb", offload_chunk_mb_,
                   "--offload: MiB of each state tensor per chunk (4 buffers of a chunk stay in RAM; default 4)")
-      ->check(positive());
+      ->check(positive_mib());
 }
 
 void RunFlags::apply(const CLI::App* cmd, TrainOptions& o) const {

@@ -115,7 +115,7 @@ void TrainCommand::add_output_flags() {
           "--save as a sharded set, as published models ship (model-0000k-of-0000n.safetensors and an "
           "index .json), of at most this many MB of tensors per file; a --save path ending in "
           ".safetensors.index.json shards at 5000 MB without it")
-      ->check(positive());
+      ->check(positive_mib());
   cmd_->add_option_function<std::string>(
           "--save-dtype", [&o](const std::string& t) { o.save_dtype = parse_save_dtype(t); },
           "--save's tensors: fp32 (default), bf16 or fp16 (half the bytes; rounded to nearest even, fp16 "
@@ -150,7 +150,7 @@ void TrainCommand::add_parallel_flags() {
       ->check(CLI::IsMember({"none", "forward", "backward", "both"}));
   cmd_->add_option("--memory-budget-mb", memory_budget_mb_,
                    "refuse a run whose ranks on this host would need more than this (default: available memory)")
-      ->check(positive());
+      ->check(positive_mib());
   cmd_->add_option("--offload", offload_,
                    "optimizer: keep the optimizer state (AdamW's m and v, SGD's momentum) in a file per rank under "
                    "--offload-dir, streamed through RAM in chunks during the optimizer step (same results, less "
@@ -161,9 +161,9 @@ void TrainCommand::add_parallel_flags() {
                    "--offload: an existing directory on a local disk (not tmpfs) with room for the state; the file "
                    "is removed when the run ends, however it ends");
   cmd_->add_option("--dp-replicas", o.dp_replicas, "dp: replica threads")->check(positive());
-  cmd_->add_option("--bucket-mb", bucket_mb_, "ddp: bucket cap in MiB")->check(positive());
+  cmd_->add_option("--bucket-mb", bucket_mb_, "ddp: bucket cap in MiB")->check(positive_mib());
   cmd_->add_option("--first-bucket-mb", first_bucket_mb_, "ddp: cap of the first bucket in MiB")
-      ->check(positive());
+      ->check(positive_mib());
   cmd_->add_flag("--no-overlap", no_overlap_, "ddp: all-reduce the buckets after backward, not during it");
   cmd_->add_flag("--per-param", o.ddp.per_param, "ddp: one all-reduce per parameter tensor, no buckets");
   cmd_->add_option("--sampler-tail", o.sampler_tail,
@@ -176,7 +176,7 @@ void TrainCommand::add_parallel_flags() {
   cmd_->add_option("--transport", transport_, "ring links: auto, shm or mpi")
       ->check(CLI::IsMember({"auto", "shm", "mpi"}));
   cmd_->add_option("--comm-timeout", comm_timeout_s_, "seconds before a stalled collective is an error")
-      ->check(positive());
+      ->check(positive_seconds());
 }
 
 int TrainCommand::run() {
