@@ -630,6 +630,8 @@ TEST_F(CliTest, DecimalSizesPastAnyMachineAreRefused) {
                       fmt::format("{}: must be a positive size of at most 1073741824 MiB (1 PiB), not 1e30", flag));
   expect_user_error("train --model gpt --steps 1 --threads 1 --comm-timeout 1e300",
                     "--comm-timeout: must be a positive number of seconds, at most 10000000 (116 days), not 1e300");
+  expect_user_error("bench comm --timeout 1e300",
+                    "--timeout: must be a positive number of seconds, at most 10000000 (116 days), not 1e300");
 }
 
 // The mlp read no transformer setting and the GPT no --sizes: each was

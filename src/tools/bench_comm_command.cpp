@@ -299,7 +299,7 @@ BenchCommCommand::BenchCommCommand(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "shm", "mpi"}));
   cmd_->add_option("--timeout", timeout_s_,
                    "seconds before a stuck collective fails (default: DPT_COMM_TIMEOUT or 300)")
-      ->check(positive());
+      ->check(positive_seconds());
   cmd_->add_option("--json", json_, "write the results here (rank 0)");
 }
 
