@@ -168,6 +168,33 @@ TEST_P(DecoderLayers, RopeGradients) {
   }
 }
 
+// Rotary's backward with the bf16 copy of the whole rows (q and k turned
+// back, v as it is) is exactly rope_backward then convert, in place (the
+// decoder's use) and not: rows of q, k and v heads, v past the rotated ones.
+TEST_P(DecoderLayers, RopeBackwardBf16IsRopeBackwardThenConvert) {
+  const int64_t B = 2, T = 5, H = 3, hd = 8, ld = (H + 1) * hd;
+  std::vector<float> inv_freq(hd / 2), cos(T * hd / 2), sin(T * hd / 2);
+  rope_inv_freq(inv_freq.data(), hd, 10000.0f, nullptr);
+  rope_cache(cos.data(), sin.data(), inv_freq.data(), T, hd);
+  const auto dout = random_vector(B * T * ld, rng);
+  std::vector<float> want = dout;
+  rope_backward(want.data(), want.data(), cos.data(), sin.data(), B, T, H, hd, ld);
+  std::vector<bf16> want16(want.size());
+  convert(want16.data(), want.data(), want.size());
+  for (const bool in_place : {true, false}) {
+    std::vector<float> got = in_place ? dout : std::vector<float>(dout.size(), 0.0f);
+    std::vector<bf16> got16(dout.size());
+    rope_backward_bf16(got.data(), got16.data(), in_place ? got.data() : dout.data(), cos.data(), sin.data(), B, T,
+                       H, hd, ld);
+    for (int64_t i = 0; i < B * T * ld; ++i) {
+      ASSERT_EQ(got16[i].bits, want16[i].bits) << (in_place ? "in place " : "") << i;
+      if (in_place || i % ld < H * hd) {
+        ASSERT_EQ(got[i], want[i]) << i;
+      }
+    }
+  }
+}
+
 // --- SwiGLU ---------------------------------------------------------------------
 
 TEST_P(DecoderLayers, SwiGluMatchesPyTorch) {
@@ -405,7 +432,8 @@ TEST(DecoderLayerClones, EveryKernelHasAnAvx512CopyAndOnlyThere) {
   const std::vector<std::string> kernels{
       "_ZN3dpt15rmsnorm_forwardIfEEvPT_PfPKfS5_llf", "_ZN3dpt15rmsnorm_forwardINS_4bf16EEEvPT_PfPKfS6_llf",
       "_ZN3dpt16rmsnorm_backwardEPfS0_PKfS2_S2_S2_ll", "_ZN3dpt12rope_forwardEPfPKfS2_S2_lllll",
-      "_ZN3dpt13rope_backwardEPfPKfS2_S2_lllll", "_ZN3dpt14swiglu_forwardIfEEvPT_PKfll",
+      "_ZN3dpt13rope_backwardEPfPKfS2_S2_lllll", "_ZN3dpt18rope_backward_bf16EPfPNS_4bf16EPKfS4_S4_lllll",
+      "_ZN3dpt14swiglu_forwardIfEEvPT_PKfll",
       "_ZN3dpt14swiglu_forwardINS_4bf16EEEvPT_PKfll", "_ZN3dpt15swiglu_backwardEPfPNS_4bf16EPKfS4_ll",
       "_ZN3dpt21gqa_attention_forwardEPfS0_PKflllll", "_ZN3dpt22gqa_attention_backwardEPfPKfS2_S2_lllll"};
   std::set<std::string> avx512;

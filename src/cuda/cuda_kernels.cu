@@ -775,6 +775,12 @@ class CudaKernels final : public Kernels {
                                                                              -1.0f);
     LAUNCHED();
   }
+  // The two passes the CPU fuses, one kernel each.
+  void rope_backward(float* dinp, bf16* dinp16, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H,
+                     int64_t hd, int64_t ld) const override {
+    rope_backward(dinp, dinp, cos, sin, B, T, H, hd, ld);
+    convert(dinp16, dinp, static_cast<size_t>(B * T * ld));
+  }
   void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) const override {
     swiglu_kernel<float><<<blocks_for(N * I), kThreads, 0, stream_>>>(out, gu, N, I);
     LAUNCHED();

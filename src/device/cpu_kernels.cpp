@@ -125,6 +125,10 @@ class CpuKernels final : public Kernels {
                      int64_t H, int64_t hd, int64_t ld) const override {
     dpt::rope_backward(dinp, dout, cos, sin, B, T, H, hd, ld);
   }
+  void rope_backward(float* dinp, bf16* dinp16, const float* cos, const float* sin, int64_t B, int64_t T, int64_t H,
+                     int64_t hd, int64_t ld) const override {
+    dpt::rope_backward_bf16(dinp, dinp16, dinp, cos, sin, B, T, H, hd, ld);
+  }
   void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) const override {
     dpt::swiglu_forward(out, gu, N, I);
   }

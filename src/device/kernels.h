@@ -99,6 +99,10 @@ class Kernels {
                             int64_t H, int64_t hd, int64_t ld) const = 0;
   virtual void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int64_t B, int64_t T,
                              int64_t H, int64_t hd, int64_t ld) const = 0;
+  // The same, in place (dinp == dout), and the whole rows in bf16 into
+  // dinp16 (nn/rope.h's rope_backward_bf16: the CPU's in one pass).
+  virtual void rope_backward(float* dinp, bf16* dinp16, const float* cos, const float* sin, int64_t B, int64_t T,
+                             int64_t H, int64_t hd, int64_t ld) const = 0;
   virtual void swiglu_forward(float* out, const float* gu, int64_t N, int64_t I) const = 0;
   virtual void swiglu_forward(bf16* out, const float* gu, int64_t N, int64_t I) const = 0;
   virtual void swiglu_backward(float* dgu, bf16* dgu16, const float* dout, const float* gu, int64_t N,

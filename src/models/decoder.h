@@ -364,6 +364,13 @@ class Decoder : public Model {
   // norm's output gradient in dC (this rank's part of it under TP).
   template <typename CT>
   void attention_backward(const BlockSlots& s, const BlockActs& b, int64_t B, int64_t T);
+  // From the attention's q/k/v gradient d3C (rotary's turn taken back, in
+  // place) through the q/k/v projection's backward: the whole backward's
+  // (dweight, and dbias where there is a bias) or a split backward's B
+  // (both null).
+  template <typename CT>
+  void qkv_backward(float* dinp, float* dweight, float* dbias, float* d3C, const CT* inp, const CT* weight, int64_t B,
+                    int64_t T);
   template <typename CT>
   void mlp_backward(const BlockSlots& s, const BlockActs& b, int64_t N);
   // The attention kernel the run computes with (decoder_attention.cpp):

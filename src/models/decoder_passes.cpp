@@ -304,15 +304,37 @@ void Decoder::attention_backward(const BlockSlots& s, const BlockActs& b, int64_
                        weight<CT>(s.proj_w), N, w.att, C);
   slots_ready(s.proj_w, last_of(s.proj_w, s.proj_b));
   attend_backward(a.d3C, a.dC, b.qkv, fused_out<CT>(b, B, T), b.att, B, T);
-  // From the turned q and k's gradient to the projection's.
-  if (config_.rotary)
-    k().rope_backward(a.d3C, a.d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
-  linear_backward_from(k(), a.dC, grad(s.qkv_w), grad_or_null(s.qkv_b), a.d3C, a.dout16, as<CT>(b.ln1),
-                       weight<CT>(s.qkv_w), N, C, w.qkv);
+  qkv_backward(a.dC, grad(s.qkv_w), grad_or_null(s.qkv_b), a.d3C, as<CT>(b.ln1), weight<CT>(s.qkv_w), B, T);
   slots_ready(s.qkv_w, s.qkv_end);
   // The first norm's output gradient, as the second's.
   tensor_sum(a.dC, static_cast<size_t>(N * C), sp ? TpReduce::ReduceScatter : TpReduce::Sum);
 }
+
+template <typename CT>
+void Decoder::qkv_backward(float* dinp, float* dweight, float* dbias, float* d3C, const CT* inp, const CT* weight,
+                           int64_t B, int64_t T) {
+  const Widths& w = w_;
+  const Acts& a = act_;
+  const int64_t N = B * T, C = config_.width;
+  // A bf16 run without a bias to sum takes the GEMMs' operand from
+  // rotary's own pass over the gradient (with a bias, from the bias sums'
+  // pass: linear_backward_from), not from a conversion pass of its own.
+  if constexpr (std::is_same_v<CT, bf16>) {
+    if (config_.rotary && !dbias) {
+      auto* d16 = static_cast<bf16*>(a.dout16);
+      k().rope_backward(d3C, d16, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
+      k().linear_backward(dinp, dweight, nullptr, d16, inp, weight, N, C, w.qkv, nullptr);
+      return;
+    }
+  }
+  // From the turned q and k's gradient to the projection's.
+  if (config_.rotary) k().rope_backward(d3C, d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
+  linear_backward_from(k(), dinp, dweight, dbias, d3C, a.dout16, inp, weight, N, C, w.qkv);
+}
+// (Also a split backward's, decoder_split.cpp.)
+template void Decoder::qkv_backward<float>(float*, float*, float*, float*, const float*, const float*, int64_t,
+                                           int64_t);
+template void Decoder::qkv_backward<bf16>(float*, float*, float*, float*, const bf16*, const bf16*, int64_t, int64_t);
 
 template <typename CT>
 void Decoder::backward_as(float loss_scale) {

@@ -135,9 +135,7 @@ void Decoder::block_backward_input(size_t l, const float* x, int64_t B, int64_t 
   float* d3C = b.w_d3C;
   attend_backward(d3C, a.dC, b.qkv, fused_out<CT>(b, B, T), b.att, B, T);
   // (In place: rotary turns q's and k's columns only, v's stay as they are.)
-  if (config_.rotary) k().rope_backward(d3C, d3C, a.rope_cos, a.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
-  k().linear_backward(a.dC, nullptr, nullptr, operand<CT>(k(), d3C, N * w.qkv, a.dout16), as<CT>(b.ln1),
-                      weight<CT>(s.qkv_w), N, C, w.qkv, nullptr);
+  qkv_backward(a.dC, nullptr, nullptr, d3C, as<CT>(b.ln1), weight<CT>(s.qkv_w), B, T);
   tensor_sum(a.dC, static_cast<size_t>(N * C));
   norm(a.dC, x, s.ln1_w, b.ln1_mean, b.ln1_rstd, vectors / 2);
   for (int i = 0; i < vectors; ++i) k().copy(b.w_norm[i], a.d4C + i * C, CB);

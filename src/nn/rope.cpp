@@ -78,4 +78,20 @@ DPT_CPU_CLONES void rope_backward(float* dinp, const float* dout, const float* c
     rotate_row(dinp + row * ld, dout + row * ld, cos + (row % T) * half, sin + (row % T) * half, -1.0f, H, hd);
 }
 
+DPT_CPU_CLONES void rope_backward_bf16(float* dinp, bf16* dinp16, const float* dout, const float* cos, const float* sin,
+                                       int64_t B, int64_t T, int64_t H, int64_t hd, int64_t ld) {
+  const int64_t half = hd / 2, rotated = H * hd;
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < B * T; ++row) {
+    float* y = dinp + row * ld;
+    const float* x = dout + row * ld;
+    bf16* y16 = dinp16 + row * ld;
+    rotate_row(y, x, cos + (row % T) * half, sin + (row % T) * half, -1.0f, H, hd);
+#pragma omp simd
+    for (int64_t c = 0; c < rotated; ++c) y16[c] = to_bf16(y[c]);
+#pragma omp simd
+    for (int64_t c = rotated; c < ld; ++c) y16[c] = to_bf16(x[c]);
+  }
+}
+
 }  // namespace dpt

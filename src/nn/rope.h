@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace dpt {
 
 // Llama 3's rope scaling (config.json "rope_scaling" with "rope_type" or
@@ -53,5 +55,12 @@ void rope_forward(float* out, const float* inp, const float* cos, const float* s
 // dinp may alias dout. Only the H rotated heads are written.
 void rope_backward(float* dinp, const float* dout, const float* cos, const float* sin, int64_t B, int64_t T,
                    int64_t H, int64_t hd, int64_t ld);
+// The same, and each whole row of ld elements (the rotated heads from dinp,
+// the rest from dout: in place, the same) rounded to bf16 into dinp16 as it
+// is made: a bf16 run's GEMM operand for q/k/v's backward, which a
+// conversion pass of its own would read again. Bit for bit rope_backward
+// then convert.
+void rope_backward_bf16(float* dinp, bf16* dinp16, const float* dout, const float* cos, const float* sin, int64_t B,
+                        int64_t T, int64_t H, int64_t hd, int64_t ld);
 
 }  // namespace dpt
