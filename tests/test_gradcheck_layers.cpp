@@ -171,6 +171,24 @@ TEST_P(LayerGrad, BiasSumsWithTheBf16CopyAreTheirParts) {
   }
 }
 
+// The logits' gradient with its bf16 copy is exactly cross_entropy_backward
+// then convert, in place over the probabilities as the decoder runs it.
+TEST_P(LayerGrad, CrossEntropyBackwardWithTheBf16CopyIsItsParts) {
+  const int64_t N = 9, V = 37;
+  const auto probs = random_vector(N * V, rng);
+  std::vector<int32_t> targets(N);
+  for (int64_t n = 0; n < N; ++n) targets[n] = static_cast<int32_t>((7 * n + 3) % V);
+  std::vector<float> want = probs, got = probs;
+  cross_entropy_backward(want.data(), want.data(), targets.data(), N, V, 1.0f / N);
+  std::vector<bf16> want16(N * V), got16(N * V);
+  convert(want16.data(), want.data(), want.size());
+  cross_entropy_backward_bf16(got.data(), got16.data(), got.data(), targets.data(), N, V, 1.0f / N);
+  for (int64_t i = 0; i < N * V; ++i) {
+    ASSERT_EQ(got[i], want[i]) << i;
+    ASSERT_EQ(got16[i].bits, want16[i].bits) << i;
+  }
+}
+
 TEST_P(LayerGrad, GeluMatchesTanhFormula) {
   const float xs[] = {-6.0f, -1.5f, -0.1f, 0.0f, 0.3f, 2.0f, 9.0f};
   for (float x : xs) {

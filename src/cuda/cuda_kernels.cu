@@ -916,6 +916,12 @@ class CudaKernels final : public Kernels {
     cross_entropy_backward_kernel<<<blocks_for(N * V), kThreads, 0, stream_>>>(dlogits, probs, targets, N, V, scale);
     LAUNCHED();
   }
+  // The two passes the CPU fuses, one kernel each.
+  void cross_entropy_backward(float* dlogits, bf16* dlogits16, const float* probs, const int32_t* targets, int64_t N,
+                              int64_t V, float scale) const override {
+    cross_entropy_backward(dlogits, probs, targets, N, V, scale);
+    convert(dlogits16, dlogits, static_cast<size_t>(N * V));
+  }
   void residual_forward(float* out, const float* a, const float* b, int64_t n) const override {
     add_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(out, a, b, n);
     LAUNCHED();

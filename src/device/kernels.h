@@ -152,6 +152,9 @@ class Kernels {
                                       int64_t V, int64_t* correct) const = 0;
   virtual void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int64_t N,
                                       int64_t V, float scale) const = 0;
+  // The same, and dlogits in bf16 into dlogits16 (the CPU's in one pass).
+  virtual void cross_entropy_backward(float* dlogits, bf16* dlogits16, const float* probs, const int32_t* targets,
+                                      int64_t N, int64_t V, float scale) const = 0;
   // nn/residual.h
   virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) const = 0;
   // Rows of a padded matrix in place: pack_rows moves N rows of `padded`

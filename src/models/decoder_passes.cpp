@@ -394,18 +394,24 @@ void Decoder::head_backward(float loss_scale) {
   const int64_t N = batch_ * seq_, C = config_.width, V = config_.vocab, Vp = wte_rows();
   const Acts& a = act_;
   const float scale = loss_scale / static_cast<float>(N);
+  // In a bf16 run the head's GEMMs read a bf16 copy of the logits'
+  // gradient: written by the cross-entropy's backward as it makes the
+  // gradient where its rows are the GEMMs' (no vocabulary padding, not
+  // split by vocabulary), else converted in a pass of its own (operand).
+  const CT* dlogits = nullptr;
   if (vocab_parallel()) {
     vocab_ce_backward(a.logits, tgt(), wte_first_row(), N, Vp, vocab_live(), scale);
+  } else if (std::is_same_v<CT, bf16> && Vp == V) {
+    k().cross_entropy_backward(a.logits, static_cast<bf16*>(a.dout16), a.logits, tgt(), N, V, scale);
+    dlogits = static_cast<const CT*>(a.dout16);
   } else {
     k().cross_entropy_backward(a.logits, a.logits, tgt(), N, V, scale);
     unpack_logit_grads(N);
   }
+  if (!dlogits) dlogits = operand<CT>(k(), a.logits, N * Vp, a.dout16);
   // A tied weight gets the output projection's gradient here and the
   // embedding's at the very end, so its unit is ready last: both
   // contributions are summed in the unit's gradients before any reduction.
-  // In a bf16 run each output gradient is converted once for its GEMMs
-  // (operand); the bias gradients are summed from the fp32 gradient.
-  const CT* dlogits = operand<CT>(k(), a.logits, N * Vp, a.dout16);
   if (config_.tied && !tied_w_) {
     open(embed_unit_);
     k().linear_backward(a.dC, grad(wte_), nullptr, dlogits, as<CT>(a.lnf), weight<CT>(wte_), N, C, Vp, nullptr);

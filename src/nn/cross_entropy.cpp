@@ -46,4 +46,18 @@ DPT_CPU_CLONES void cross_entropy_backward(float* dlogits, const float* probs, c
   }
 }
 
+DPT_CPU_CLONES void cross_entropy_backward_bf16(float* dlogits, bf16* dlogits16, const float* probs,
+                                                const int32_t* targets, int64_t N, int64_t V, float scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* p = probs + n * V;
+    float* d = dlogits + n * V;
+    bf16* d16 = dlogits16 + n * V;
+    for (int64_t v = 0; v < V; ++v) d[v] = p[v] * scale;
+    d[targets[n]] -= scale;
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) d16[v] = to_bf16(d[v]);
+  }
+}
+
 }  // namespace dpt

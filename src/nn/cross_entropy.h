@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace dpt {
 
 float cross_entropy_forward(float* probs, const float* logits, const int32_t* targets, int64_t N,
@@ -15,5 +17,10 @@ float cross_entropy_forward(float* probs, const float* logits, const int32_t* ta
 // mean over this batch. dlogits may alias probs.
 void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int64_t N,
                             int64_t V, float scale);
+// The same, each row also rounded to bf16 into dlogits16 as it is written:
+// a bf16 run's operand for the head's GEMMs, which a conversion pass of its
+// own would read again. Bit for bit cross_entropy_backward then convert.
+void cross_entropy_backward_bf16(float* dlogits, bf16* dlogits16, const float* probs, const int32_t* targets,
+                                 int64_t N, int64_t V, float scale);
 
 }  // namespace dpt
