@@ -115,7 +115,6 @@ void check_model(const json& m, const std::string& name) {
   if (!m.contains("merges") || !m["merges"].is_array())
     refuse(name, m.contains("merges") ? fmt::format("model.merges is {}, not an array", shown(m["merges"]))
                                       : "model.merges is missing");
-  is_true(m, "model", "ignore_merges", name);
 }
 
 // p (at `where`) is ByteLevel, without a prefix space, splitting by GPT-2's
@@ -142,8 +141,8 @@ SplitPattern check_pre_tokenizer(const json& p, const std::string& name) {
     refuse(name, fmt::format("pre_tokenizer.pretokenizers is {}, not an array", shown(list)));
   if (type == "Sequence" && list.size() == 2) {
     const json& split = list[0];
-    need_object(split, "pre_tokenizer.pretokenizers[0]", name);
     const std::string where = "pre_tokenizer.pretokenizers[0]";
+    need_object(split, where, name);
     const json& regex = split.contains("pattern") ? split["pattern"] : json();
     need_object(regex, where + ".pattern", name, true);
     const std::string pattern = field<std::string>(regex, where + ".pattern", "Regex", "", name);

@@ -58,22 +58,6 @@ double bus_factor(Op op, int n) {
   return 1.0;
 }
 
-std::vector<std::string> split_list(const std::string& s, const char* flag) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (true) {
-    size_t end = s.find(',', start);
-    std::string item = s.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    item.erase(0, item.find_first_not_of(" \t"));
-    item.erase(item.find_last_not_of(" \t") + 1);
-    if (item.empty()) throw InputError(fmt::format("{} '{}': empty item in the list", flag, s));
-    out.push_back(item);
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
-  return out;
-}
-
 // "4096", "4K", "64KiB", "1M", "2G": binary units.
 size_t parse_size(const std::string& s) {
   size_t i = 0;
@@ -189,7 +173,7 @@ double median(std::vector<float> v) {
 // The --ops list, each name checked.
 std::vector<OpSpec> parse_ops(const std::string& list) {
   std::vector<OpSpec> ops;
-  for (const auto& name : split_list(list, "--ops")) {
+  for (const auto& name : split_list(list, "--ops", "name")) {
     auto it = std::find_if(std::begin(kOps), std::end(kOps), [&](const OpSpec& o) { return name == o.name; });
     if (it == std::end(kOps))
       throw InputError(fmt::format(
@@ -202,7 +186,7 @@ std::vector<OpSpec> parse_ops(const std::string& list) {
 // The --algo list, each name checked.
 std::vector<comm::Algo> parse_algos(const std::string& list) {
   std::vector<comm::Algo> algos;
-  for (const auto& name : split_list(list, "--algo")) {
+  for (const auto& name : split_list(list, "--algo", "name")) {
     if (name != "ring" && name != "mpi")
       throw InputError(fmt::format("--algo: unknown algorithm '{}' (ring, mpi)", name));
     algos.push_back(comm::parse_algo(name));
@@ -363,8 +347,8 @@ int BenchCommCommand::run() {
   const std::vector<OpSpec> ops = parse_ops(ops_);
   const std::vector<comm::Algo> algos = parse_algos(algos_);
   std::vector<size_t> sizes;
-  for (const auto& s : split_list(sizes_, "--sizes")) sizes.push_back(parse_size(s));
-  const std::vector<std::string> memories = split_list(memory_, "--memory");
+  for (const auto& s : split_list(sizes_, "--sizes", "size")) sizes.push_back(parse_size(s));
+  const std::vector<std::string> memories = split_list(memory_, "--memory", "name");
   for (const auto& m : memories)
     if (m != "private" && m != "shared")
       throw InputError(fmt::format("--memory: unknown memory '{}' (private, shared)", m));

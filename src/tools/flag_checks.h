@@ -1,14 +1,18 @@
-// Checks on numeric flags, each failing with one readable sentence. CLI11's
+// Checks on flags' values, each failing with one readable sentence. CLI11's
 // own (PositiveNumber, Range) let NaN through (every comparison with NaN is
-// false) and print their bounds with 300 digits.
+// false) and print their bounds with 300 digits; its delimiter drops empty
+// items of a list ("a,,b" and "a," pass as if whole).
 #pragma once
 
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+
+#include "core/error.h"
 
 namespace dpt {
 
@@ -45,6 +49,24 @@ inline CLI::Validator fraction(double lo, double hi) {
 // [lo, hi): a fraction that must stay below hi (Adam's betas, below 1).
 inline CLI::Validator fraction_below(double lo, double hi) {
   return number_check(lo, hi, false, true, fmt::format("at least {} and below {}", lo, hi));
+}
+
+// A comma-separated list's items, blanks around each trimmed; an empty one
+// ("a,,b", "a,", "") is refused: "<flag> '<s>': an empty <what> in the list".
+inline std::vector<std::string> split_list(const std::string& s, const char* flag, const char* what) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t end = s.find(',', start);
+    std::string item = s.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty()) throw InputError(fmt::format("{} '{}': an empty {} in the list", flag, s, what));
+    out.push_back(item);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return out;
 }
 
 }  // namespace dpt

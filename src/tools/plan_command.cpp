@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 #include <thread>
 
 #include "comm/types.h"
@@ -172,16 +171,11 @@ int PlanCommand::run() {
   apply_defaults(opts_);
   check_zero_accumulate(opts_, cmd_->count("--zero-accumulate") > 0);
   resolve_model(opts_);
-  check_sizes(opts_);
   PlanRequest r;
   r.run = opts_;
   r.base = strategy_options(opts_);
-  for (const std::string& given : strategies_) {
-    if (given.empty() || given.front() == ',' || given.back() == ',' || given.find(",,") != std::string::npos)
-      throw InputError(fmt::format("--strategy '{}': an empty name in the list", given));
-    std::istringstream names(given);
-    for (std::string s; std::getline(names, s, ',');) r.strategies.push_back(plannable_strategy(s));
-  }
+  for (const std::string& given : strategies_)
+    for (const std::string& s : split_list(given, "--strategy", "name")) r.strategies.push_back(plannable_strategy(s));
   r.all_meshes = meshes_;
   r.batch = opts_.batch;
   r.grad_accum = opts_.grad_accum;

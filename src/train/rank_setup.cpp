@@ -15,7 +15,10 @@
 
 namespace dpt {
 
-void resolve_model(TrainOptions& o) { o.model_config = model_hparams(o); }
+void resolve_model(TrainOptions& o) {
+  o.model_config = model_hparams(o);
+  check_sizes(o);
+}
 
 std::map<std::string, std::string> model_hparams(const TrainOptions& o) {
   if (!o.model_config.empty()) return o.model_config;

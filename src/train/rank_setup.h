@@ -28,7 +28,8 @@ namespace dpt {
 // see hparams_for_file), and the model's name. o.model_config once
 // resolve_model has run, so the file is read once.
 std::map<std::string, std::string> model_hparams(const TrainOptions& o);
-// Sets o.model_config (model_hparams' answer).
+// Sets o.model_config (model_hparams' answer), then refuses sizes past any
+// machine (check_sizes, train/run_checks.h) before anything is built from it.
 void resolve_model(TrainOptions& o);
 
 // The checkpoint's model, with the flags over it (a flag that disagrees is

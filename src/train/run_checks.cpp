@@ -281,8 +281,11 @@ std::vector<std::string> strategy_flags() {
 void check_strategy_flags(const TrainOptions& o, bool named, int dp) {
   const StrategyRecord& r = *o.strategy;
   const RunAsk ask{.zero_scatter = o.zero_scatter};
+  const auto given = [&](const char* flag) {
+    return std::find(o.strategy_flags.begin(), o.strategy_flags.end(), flag) != o.strategy_flags.end();
+  };
   for (const StrategyFlag& f : kStrategyFlags) {
-    if (std::find(o.strategy_flags.begin(), o.strategy_flags.end(), f.flag) == o.strategy_flags.end()) continue;
+    if (!given(f.flag)) continue;
     const SettingRead* read = r.read_of(f.setting);
     const bool stopped = read && read->unless_asked && read->unless_asked(ask);
     if (read && !stopped) continue;
@@ -293,8 +296,7 @@ void check_strategy_flags(const TrainOptions& o, bool named, int dp) {
     throw InputError(
         fmt::format("{} {}, and {} {} (only {} does)", f.flag, f.sets, who, f.unread, readers_of(f.setting)));
   }
-  check_zero_accumulate(o, std::find(o.strategy_flags.begin(), o.strategy_flags.end(), "--zero-accumulate") !=
-                               o.strategy_flags.end());
+  check_zero_accumulate(o, given("--zero-accumulate"));
 }
 
 void check_zero_accumulate(const TrainOptions& o, bool given) {
@@ -366,10 +368,7 @@ Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg)
   if (!named) o.strategy = default_strategy(mesh.dp_cp());
   check_strategy_flags(o, named, mesh.dp_cp());
   // The mesh's checks read the model's shape (--load's header): once.
-  if (mesh.tp > 1 || mesh.pp > 1 || mesh.cp > 1) {
-    resolve_model(o);
-    check_sizes(o);
-  }
+  if (mesh.tp > 1 || mesh.pp > 1 || mesh.cp > 1) resolve_model(o);
   check_pipeline(o, mesh);
   check_context_parallel(o, mesh);
   check_tensor_parallel(o, mesh);
@@ -384,10 +383,7 @@ Mesh checked_flags(TrainOptions& o, int world, int rank, comm::ProcessGroup* pg)
                         .fp32_reduce = o.ddp.reduce_dtype == DType::F32,
                         .checkpoints = !o.checkpoint_dir.empty() || !o.resume.empty(), .trace = !o.trace_out.empty(),
                         .offload = o.offload != Offload::None});
-  if (o.model_config.empty()) {
-    resolve_model(o);
-    check_sizes(o);
-  }
+  if (o.model_config.empty()) resolve_model(o);
   check_samples(o);
   return mesh;
 }
