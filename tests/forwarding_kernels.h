@@ -115,17 +115,17 @@ class ForwardingKernels : public Kernels {
                               int64_t NH, int64_t NKV, int64_t hd) const override {
     inner_.gqa_attention_backward(dqkv, dout, qkv, att, B, T, NH, NKV, hd);
   }
-  void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                               int64_t hd) const override {
-    inner_.flash_attention_forward(out, lse, qkv, B, T, NH, NKV, hd);
+  void flash_attention_forward(float* out, bf16* out16, float* lse, const float* qkv, int64_t B, int64_t T,
+                               int64_t NH, int64_t NKV, int64_t hd) const override {
+    inner_.flash_attention_forward(out, out16, lse, qkv, B, T, NH, NKV, hd);
   }
   void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                                 int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) const override {
     inner_.flash_attention_backward(dqkv, dout, qkv, out, lse, B, T, NH, NKV, hd);
   }
-  void flash_attention_bf16_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
-                                    int64_t NKV, int64_t hd) const override {
-    inner_.flash_attention_bf16_forward(out, lse, qkv, B, T, NH, NKV, hd);
+  void flash_attention_bf16_forward(float* out, bf16* out16, float* lse, const float* qkv, int64_t B, int64_t T,
+                                    int64_t NH, int64_t NKV, int64_t hd) const override {
+    inner_.flash_attention_bf16_forward(out, out16, lse, qkv, B, T, NH, NKV, hd);
   }
   void flash_attention_bf16_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                      const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,

@@ -99,7 +99,7 @@ void CudaFlashAttention::compare(const Case& c) {
 
   // The CPU's fused kernel.
   std::vector<float> out(n_out), lse(n_lse), dqkv(n_qkv);
-  cpu().flash_attention_forward(out.data(), lse.data(), qkv.data(), c.B, c.T, c.NH, c.NKV, c.hd);
+  cpu().flash_attention_forward(out.data(), nullptr, lse.data(), qkv.data(), c.B, c.T, c.NH, c.NKV, c.hd);
   cpu().flash_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), c.B, c.T, c.NH, c.NKV,
                                  c.hd);
   // The GPU's unfused layer.
@@ -111,7 +111,7 @@ void CudaFlashAttention::compare(const Case& c) {
   std::vector<float> got_out, got_lse, got_dqkv;
   for (int run = 0; run < 2; ++run) {
     float *fout = nans(n_out), *flse = nans(n_lse), *fdqkv = nans(n_qkv);
-    gk().flash_attention_forward(fout, flse, gqkv, c.B, c.T, c.NH, c.NKV, c.hd);
+    gk().flash_attention_forward(fout, nullptr, flse, gqkv, c.B, c.T, c.NH, c.NKV, c.hd);
     gk().flash_attention_backward(fdqkv, gdout, gqkv, fout, flse, c.B, c.T, c.NH, c.NKV, c.hd);
     auto o = down(fout, n_out), l = down(flse, n_lse), d = down(fdqkv, n_qkv);
     if (run == 1) {
@@ -144,7 +144,7 @@ TEST_F(CudaFlashAttention, MatchesUnfusedAndCpuAcrossHeadSizes) {
 TEST_F(CudaFlashAttention, RefusesHeadsPast256) {
   const int64_t T = 4, NH = 1, hd = 257;
   float *qkv = nans(static_cast<size_t>(T * 3 * hd)), *out = nans(static_cast<size_t>(T * hd)), *lse = nans(T);
-  EXPECT_THROW(gk().flash_attention_forward(out, lse, qkv, 1, T, NH, NH, hd), dpt::InputError);
+  EXPECT_THROW(gk().flash_attention_forward(out, nullptr, lse, qkv, 1, T, NH, NH, hd), dpt::InputError);
 }
 
 // A decoder whose attention is fused on the GPU: one step's gradients (every

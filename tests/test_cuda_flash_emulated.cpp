@@ -130,9 +130,10 @@ TEST(CudaFlashEmulated, ThreadOrderDoesNotMatter) {
 class EmulatedFlashKernels : public test::ForwardingKernels {
  public:
   EmulatedFlashKernels() : ForwardingKernels(cpu_kernels()) {}
-  void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
-                               int64_t NKV, int64_t hd) const override {
+  void flash_attention_forward(float* out, bf16* out16, float* lse, const float* qkv, int64_t B, int64_t T,
+                               int64_t NH, int64_t NKV, int64_t hd) const override {
     flash::forward_launches(Emulated{}, out, lse, qkv, shape(B, T, NH, NKV, hd));
+    if (out16) inner_.convert(out16, out, static_cast<size_t>(B * T * NH * hd));  // as the GPU's backend
   }
   void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                                 int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) const override {

@@ -180,6 +180,40 @@ TEST(FlashAttentionBf16, FmaPathsMatchTheDpbf16Path) {
   }
 }
 
+// The output's bf16 copy (a bf16 run's operand for the output projection)
+// is written with the output: bit for bit what converting the output in a
+// pass of its own gives, and the output itself unchanged by asking for it,
+// for both products, every vector path, and rows past whole tiles (T 1, 7,
+// 129, 1000) with grouped heads; a NaN in q stays a NaN in the copy.
+TEST(FlashAttention, Bf16CopyOfTheOutputIsItsConversion) {
+  set_threads(2);
+  for (const Case& c : kBf16Cases) {
+    SCOPED_TRACE(::testing::Message() << "T " << c.T << " heads " << c.NH << "/" << c.NKV << " of " << c.hd);
+    Rng rng(static_cast<uint64_t>(c.T * 3 + c.hd));
+    auto qkv = random_vector(static_cast<size_t>(c.B * c.T * (c.NH + 2 * c.NKV) * c.hd), rng);
+    qkv[0] = std::numeric_limits<float>::quiet_NaN();  // sequence 0's first query row
+    const size_t n = static_cast<size_t>(c.B * c.T * c.NH * c.hd);
+    for (int path = 0; path < 3; ++path)
+      for (FlashProducts products : {FlashProducts::F32, FlashProducts::BF16}) {
+        set_flash_attention_narrow_for_testing(path == 1);
+        set_flash_attention_no_dpbf16_for_testing(path == 2);
+        std::vector<float> out(n), lse(static_cast<size_t>(c.B * c.NH * c.T));
+        flash_attention_forward(out.data(), lse.data(), qkv.data(), c.B, c.T, c.NH, c.NKV, c.hd, products);
+        std::vector<float> out2(n, 3.0f), lse2(lse.size());
+        std::vector<bf16> copy(n, bf16{0x1234});
+        flash_attention_forward(out2.data(), lse2.data(), qkv.data(), c.B, c.T, c.NH, c.NKV, c.hd, products,
+                                copy.data());
+        std::vector<bf16> want(n);
+        convert(want.data(), out.data(), n);
+        EXPECT_EQ(0, std::memcmp(out.data(), out2.data(), n * sizeof(float))) << "path " << path;
+        EXPECT_EQ(0, std::memcmp(want.data(), copy.data(), n * sizeof(bf16))) << "path " << path;
+        EXPECT_TRUE(std::isnan(to_f32(copy[0])));
+      }
+    set_flash_attention_narrow_for_testing(false);
+    set_flash_attention_no_dpbf16_for_testing(false);
+  }
+}
+
 void matches_the_unfused_layer();
 
 TEST(FlashAttention, MatchesTheUnfusedLayerForwardAndBackward) { matches_the_unfused_layer(); }
@@ -663,15 +697,18 @@ TEST(FusedAttentionDecoder, Bf16KeyBiasGradientStaysRounding) {
 // so a decoder on a GPU runs the GPU's fused kernel: through kernels that
 // count the attention ops, a fused decoder calls the fused forward and
 // backward once per block each and never the unfused ones (and the reverse
-// unfused), with the same bits as through the CPU's kernels directly.
+// unfused), with the same bits as through the CPU's kernels directly. In a
+// bf16 run the fused forward is handed the output's bf16 copy to write (no
+// conversion pass of its own), in an fp32 run none.
 class CountingKernels : public test::ForwardingKernels {
  public:
   using ForwardingKernels::ForwardingKernels;
-  mutable int fused_forward = 0, fused_backward = 0, unfused = 0;
-  void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
+  mutable int fused_forward = 0, fused_backward = 0, unfused = 0, bf16_copies = 0;
+  void flash_attention_forward(float* out, bf16* out16, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
                                int64_t NKV, int64_t hd) const override {
     ++fused_forward;
-    inner_.flash_attention_forward(out, lse, qkv, B, T, NH, NKV, hd);
+    bf16_copies += out16 != nullptr;
+    inner_.flash_attention_forward(out, out16, lse, qkv, B, T, NH, NKV, hd);
   }
   void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                                 int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) const override {
@@ -695,24 +732,27 @@ TEST(FusedAttentionDecoder, RunsThroughTheModelsKernels) {
   const auto configs = test::small_llama_and_gpt(32, 70);  // Llama, GPT-2
   const Batch batch = test::random_batch(2, 70, 64, 3);
   for (const DecoderConfig& c : configs)
-    for (bool fused : {true, false}) {
-      SCOPED_TRACE(c.family + (fused ? " fused" : " unfused"));
-      Decoder direct(c), counted(c);
-      CountingKernels spy(cpu_kernels());
-      counted.use_kernels(spy);
-      std::vector<float> grads[2];
-      for (int i = 0; i < 2; ++i) {
-        Decoder* d = i == 0 ? &direct : &counted;
-        d->init_params(9);
-        d->set_fused_attention(fused);
-        grads[i] = test::one_step_grads(*d, batch);
+    for (DType precision : {DType::F32, DType::BF16})
+      for (bool fused : {true, false}) {
+        SCOPED_TRACE(c.family + (fused ? " fused" : " unfused") + (precision == DType::BF16 ? " bf16" : ""));
+        Decoder direct(c), counted(c);
+        CountingKernels spy(cpu_kernels());
+        counted.use_kernels(spy);
+        std::vector<float> grads[2];
+        for (int i = 0; i < 2; ++i) {
+          Decoder* d = i == 0 ? &direct : &counted;
+          d->init_params(9);
+          d->set_fused_attention(fused);
+          d->set_precision(precision);
+          grads[i] = test::one_step_grads(*d, batch);
+        }
+        const int layers = static_cast<int>(c.layers);
+        EXPECT_EQ(spy.fused_forward, fused ? layers : 0);
+        EXPECT_EQ(spy.fused_backward, fused ? layers : 0);
+        EXPECT_EQ(spy.unfused, fused ? 0 : layers);
+        EXPECT_EQ(spy.bf16_copies, fused && precision == DType::BF16 ? layers : 0);
+        EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)));
       }
-      const int layers = static_cast<int>(c.layers);
-      EXPECT_EQ(spy.fused_forward, fused ? layers : 0);
-      EXPECT_EQ(spy.fused_backward, fused ? layers : 0);
-      EXPECT_EQ(spy.unfused, fused ? 0 : layers);
-      EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)));
-    }
 }
 
 // --attention's default (docs/memory.md, "Which attention runs by

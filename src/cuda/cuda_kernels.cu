@@ -848,9 +848,10 @@ class CudaKernels final : public Kernels {
   }
 
   // cuda/flash_attention.cu; D (rowsum(dO * O)) in scratch of its own.
-  void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
-                               int64_t NKV, int64_t hd) const override {
+  void flash_attention_forward(float* out, bf16* out16, float* lse, const float* qkv, int64_t B, int64_t T,
+                               int64_t NH, int64_t NKV, int64_t hd) const override {
     flash_forward(out, lse, qkv, B, T, NH, NKV, hd, stream_);
+    if (out16) convert(out16, out, static_cast<size_t>(B * T * NH * hd));
   }
   void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                                 int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hd) const override {

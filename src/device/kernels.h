@@ -115,8 +115,10 @@ class Kernels {
   // probabilities (its layouts as gqa_attention's), keeping lse [B, NH, T]
   // (each row's log-sum-exp) for backward; dqkv written whole. fp32. The
   // GPU's takes head sizes up to kGpuFlashMaxHead (InputError past that).
-  virtual void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
-                                       int64_t NKV, int64_t hd) const = 0;
+  // out16 (null: none): out's bf16 copy, the output projection's operand in
+  // a bf16 run (the CPU's kernel writes it with out; the GPU converts after).
+  virtual void flash_attention_forward(float* out, bf16* out16, float* lse, const float* qkv, int64_t B, int64_t T,
+                                       int64_t NH, int64_t NKV, int64_t hd) const = 0;
   virtual void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                         const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                                         int64_t hd) const = 0;
@@ -124,9 +126,9 @@ class Kernels {
   // and accumulate in fp32 (nn/flash_attention.h, FlashProducts::BF16);
   // inputs, outputs and lse fp32 as above. A backend without such products
   // (the GPU's) computes them in fp32.
-  virtual void flash_attention_bf16_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                                            int64_t NH, int64_t NKV, int64_t hd) const {
-    flash_attention_forward(out, lse, qkv, B, T, NH, NKV, hd);
+  virtual void flash_attention_bf16_forward(float* out, bf16* out16, float* lse, const float* qkv, int64_t B,
+                                            int64_t T, int64_t NH, int64_t NKV, int64_t hd) const {
+    flash_attention_forward(out, out16, lse, qkv, B, T, NH, NKV, hd);
   }
   virtual void flash_attention_bf16_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                              const float* lse, int64_t B, int64_t T, int64_t NH, int64_t NKV,

@@ -376,7 +376,9 @@ class Decoder : public Model {
   // The attention kernel the run computes with (decoder_attention.cpp):
   // ring attention across the CP group, the fused kernel or the unfused
   // layer; att is the log-sum-exps (fused, ring) or the probabilities.
-  void attend_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T);
+  // out16 (a bf16 run's; null in fp32): out's bf16 copy, which the fused
+  // kernel writes with out and the other paths convert after.
+  void attend_forward(float* out, bf16* out16, float* att, const float* qkv, int64_t B, int64_t T);
   void attend_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att, int64_t B,
                        int64_t T);
   // The attention's fp32 output, which the fused and ring backward read:

@@ -29,18 +29,23 @@ void Decoder::check_context_parallel(int64_t T) const {
   DPT_CHECK(ring_ != nullptr, "a context-parallel decoder computes without its CP group's ring");
 }
 
-void Decoder::attend_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T) {
+void Decoder::attend_forward(float* out, bf16* out16, float* att, const float* qkv, int64_t B, int64_t T) {
   const Widths& w = w_;
+  if (cp_size_ == 1 && fused_attention_) {
+    if (bf16_attention_products_)
+      k().flash_attention_bf16_forward(out, out16, att, qkv, B, T, w.heads, w.kv, w.hd);
+    else
+      k().flash_attention_forward(out, out16, att, qkv, B, T, w.heads, w.kv, w.hd);
+    return;
+  }
+  // A ring's blocks merge into out one by one: its bf16 copy comes after.
   if (cp_size_ > 1)
     ring_attention_forward(out, att, qkv, ring_shape(B, T), *ring_, act_.ring);
-  else if (fused_attention_ && bf16_attention_products_)
-    k().flash_attention_bf16_forward(out, att, qkv, B, T, w.heads, w.kv, w.hd);
-  else if (fused_attention_)
-    k().flash_attention_forward(out, att, qkv, B, T, w.heads, w.kv, w.hd);
   else if (config_.grouped())
     k().gqa_attention_forward(out, att, qkv, B, T, w.heads, w.kv, w.hd);
   else
     k().attention_forward(out, att, qkv, B, T, w.att, w.heads);
+  if (out16) k().convert(out16, out, static_cast<size_t>(B * T * w.att));
 }
 
 void Decoder::attend_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* att,

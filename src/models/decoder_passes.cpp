@@ -75,10 +75,11 @@ void Decoder::attention_forward(const BlockSlots& s, const BlockActs& a, int64_t
   if (config_.rotary)
     k().rope_forward(a.qkv, a.qkv, act_.rope_cos, act_.rope_sin, B, T, w.heads + w.kv, w.hd, w.qkv);
   // Attention computes in fp32 (its softmax needs the range); a bf16 run
-  // converts its output for the output projection.
+  // has the bf16 copy of its output made for the output projection.
   float* out = std::is_same_v<CT, float> || fused_attention_ ? fused_out<CT>(a, B, T) : act_.atty32;
-  attend_forward(out, a.att, a.qkv, B, T);
-  if constexpr (std::is_same_v<CT, bf16>) k().convert(as<CT>(a.atty), out, static_cast<size_t>(N * w.att));
+  bf16* out16 = nullptr;
+  if constexpr (std::is_same_v<CT, bf16>) out16 = as<CT>(a.atty);
+  attend_forward(out, out16, a.att, a.qkv, B, T);
   // A row-parallel projection's output is the sum of every TP rank's
   // partial product; its bias is added once, by TP rank 0, inside that sum.
   // Under sequence parallelism the partial products go to the scratch dC,

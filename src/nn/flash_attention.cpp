@@ -672,9 +672,23 @@ Mode mode_of(const FlashBlock& s) {
   return has_dpbf16() ? Mode::Dp : Mode::Widen;
 }
 
+// The rows [i0, i0 + ni) of one head's output (hd values each, ld apart)
+// into its bf16 copy, while the tile has them in cache.
+void copy_rows_bf16(bf16* out16, const float* out, int64_t i0, int64_t ni, int64_t hd, int64_t ld) {
+  for (int64_t r = i0; r < i0 + ni; ++r) {
+    const float* o = out + r * ld;
+    bf16* o16 = out16 + r * ld;
+#pragma omp simd
+    for (int64_t d = 0; d < hd; ++d) o16[d] = to_bf16(o[d]);
+  }
+}
+
 // Forward over (sequence, head, query tile); merge as forward_tile's.
-void run_forward(const FlashBlock& s, float* out, float* lse, bool merge) {
+// out16 (never with merge; null: none): out's bf16 copy, each tile's rows
+// converted as soon as the tile has written them.
+void run_forward(const FlashBlock& s, float* out, bf16* out16, float* lse, bool merge) {
   check(s);
+  DPT_CHECK(!(merge && out16), "flash attention writes a bf16 copy of its output only where it does not merge");
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hd));
   const bool wide = wide_vectors();
   const Mode mode = mode_of(s);
@@ -690,6 +704,7 @@ void run_forward(const FlashBlock& s, float* out, float* lse, bool merge) {
           const int64_t g = h / group_of(s), i0 = i * kTile, kv = b * s.kv_batch + g * s.hd;
           const float *q = s.q + b * s.q_batch + h * s.hd, *k = s.k + kv, *v = s.v + kv;
           float *o = out + b * s.out_batch + h * s.hd, *l = lse + (b * s.NH + h) * s.lse_T;
+          bf16* o16 = out16 ? out16 + b * s.out_batch + h * s.hd : nullptr;
           const int64_t ni = std::min(kTile, s.Tq - i0);
           if (mode == Mode::F32)
             forward_tile(s, q, k, v, o, l, i0, ni, scale, wide, merge, w);
@@ -699,6 +714,7 @@ void run_forward(const FlashBlock& s, float* out, float* lse, bool merge) {
 #endif
           else
             forward_tile_widen(s, q, k, v, o, l, i0, ni, scale, wide, merge, w);
+          if (o16) copy_rows_bf16(o16, o, i0, ni, s.hd, s.out_ld);
         }
   }
 }
@@ -739,8 +755,8 @@ void set_flash_attention_no_dpbf16_for_testing(bool on) { force_no_dpbf16.store(
 bool flash_attention_dpbf16() { return has_dpbf16(); }
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                             int64_t hd, FlashProducts products) {
-  run_forward(whole_sequence(qkv, B, T, NH, NKV, hd, products), out, lse, false);
+                             int64_t hd, FlashProducts products, bf16* out16) {
+  run_forward(whole_sequence(qkv, B, T, NH, NKV, hd, products), out, out16, lse, false);
 }
 
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
@@ -749,7 +765,7 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
                dqkv + (NH + NKV) * hd, false);
 }
 
-void flash_block_forward(const FlashBlock& blk, float* out, float* lse) { run_forward(blk, out, lse, true); }
+void flash_block_forward(const FlashBlock& blk, float* out, float* lse) { run_forward(blk, out, nullptr, lse, true); }
 
 void flash_block_backward(const FlashBlock& blk, const float* out, const float* dout, const float* lse, float* dq,
                           float* dk, float* dv) {

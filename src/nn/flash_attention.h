@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
+
 namespace dpt {
 
 inline constexpr int64_t kFlashTile = 64;
@@ -34,8 +36,12 @@ inline constexpr int64_t kFlashTile = 64;
 // row sees, so the keys' gradients sum as if dS had not been rounded.
 enum class FlashProducts { F32, BF16 };
 
+// out16 (a bf16 run's operand for the output projection; null: none):
+// out's bf16 copy, each query tile's rows converted as soon as the kernel
+// has written them (still in cache), not in a pass of its own.
 void flash_attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
-                             int64_t NKV, int64_t hd, FlashProducts products = FlashProducts::F32);
+                             int64_t NKV, int64_t hd, FlashProducts products = FlashProducts::F32,
+                             bf16* out16 = nullptr);
 
 // dqkv written (as gqa_attention_backward's). Each (batch, key/value head)
 // pair is one thread's work, its group's query heads in order: the bits do
