@@ -419,11 +419,12 @@ void BM_attention_backward(benchmark::State& state) {
 BENCHMARK(BM_attention_backward)->Apply(thread_counts);
 
 // ---------------------------------------------------------------- cross-entropy
-// logits [N, V] = [2048, 256], targets [N].
+// logits [N, V]: W-GPT's [2048, 256], and GPT-2's vocabulary (50,257) at 4
+// sequences of 128, where the loss is a tenth of a bf16 step; targets [N].
+constexpr int64_t kGpt2Vocab = 50'257, kGpt2VocabRows = 512;
 
-void BM_cross_entropy_forward(benchmark::State& state) {
+void BM_cross_entropy_forward(benchmark::State& state, int64_t N, int64_t V) {
   start(state);
-  const int64_t N = kN, V = kV;
   auto logits = random_buffer(N * V, 61, -3.0f, 3.0f);
   auto targets = random_targets(N, V, 62);
   auto probs = zero_buffer(N * V);
@@ -438,7 +439,8 @@ void BM_cross_entropy_forward(benchmark::State& state) {
   // read logits [N, V] and targets [N] (int32); write probs [N, V]
   report_bytes(state, 2 * N * V * kF32 + N * kI32);
 }
-BENCHMARK(BM_cross_entropy_forward)->Apply(thread_counts);
+BENCHMARK_CAPTURE(BM_cross_entropy_forward, w_gpt, kN, kV)->Apply(thread_counts);
+BENCHMARK_CAPTURE(BM_cross_entropy_forward, gpt2_vocab, kGpt2VocabRows, kGpt2Vocab)->Apply(thread_counts);
 
 void BM_cross_entropy_backward(benchmark::State& state) {
   start(state);
@@ -457,6 +459,30 @@ void BM_cross_entropy_backward(benchmark::State& state) {
   report_bytes(state, 2 * N * V * kF32 + N * kI32);
 }
 BENCHMARK(BM_cross_entropy_backward)->Apply(thread_counts);
+
+// A bf16 run's backward at GPT-2's vocabulary, in place over the
+// probabilities as the decoder runs it: with the fp32 gradient written
+// beside the bf16 copy (what runs on a GPU) or the copy alone (the CPU's).
+void BM_cross_entropy_backward_bf16(benchmark::State& state, bool with_fp32) {
+  start(state);
+  const int64_t N = kGpt2VocabRows, V = kGpt2Vocab;
+  auto probs = random_buffer(N * V, 65, 0.0f, 2.0f / static_cast<float>(V));
+  auto targets = random_targets(N, V, 66);
+  std::vector<dpt::bf16> d16(static_cast<size_t>(N * V));
+  const float scale = 1.0f / static_cast<float>(N);
+  for (auto _ : state) {
+    // In place, the fp32 gradient replaces the probabilities: later
+    // iterations read gradients, the same traffic.
+    dpt::cross_entropy_backward_bf16(with_fp32 ? probs.f32() : nullptr, d16.data(), probs.f32(), targets.data(), N,
+                                     V, scale);
+    benchmark::DoNotOptimize(d16.data());
+    benchmark::ClobberMemory();
+  }
+  // read probs [N, V]; write the bf16 copy [N, V] (and the fp32 gradient)
+  report_bytes(state, N * V * (kF32 + 2 + (with_fp32 ? kF32 : 0)));
+}
+BENCHMARK_CAPTURE(BM_cross_entropy_backward_bf16, with_fp32, true)->Apply(thread_counts);
+BENCHMARK_CAPTURE(BM_cross_entropy_backward_bf16, copy_alone, false)->Apply(thread_counts);
 
 // ---------------------------------------------------------------- AdamW
 // One step over W-GPT's parameter count, as one 2-D slot with weight decay.

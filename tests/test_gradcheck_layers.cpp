@@ -172,20 +172,26 @@ TEST_P(LayerGrad, BiasSumsWithTheBf16CopyAreTheirParts) {
 }
 
 // The logits' gradient with its bf16 copy is exactly cross_entropy_backward
-// then convert, in place over the probabilities as the decoder runs it.
+// then convert, in place over the probabilities as the decoder runs it; and
+// the copy alone (no fp32 gradient, as a bf16 run on the CPU asks) has the
+// same bits and leaves the probabilities as they were.
 TEST_P(LayerGrad, CrossEntropyBackwardWithTheBf16CopyIsItsParts) {
-  const int64_t N = 9, V = 37;
-  const auto probs = random_vector(N * V, rng);
-  std::vector<int32_t> targets(N);
-  for (int64_t n = 0; n < N; ++n) targets[n] = static_cast<int32_t>((7 * n + 3) % V);
-  std::vector<float> want = probs, got = probs;
-  cross_entropy_backward(want.data(), want.data(), targets.data(), N, V, 1.0f / N);
-  std::vector<bf16> want16(N * V), got16(N * V);
-  convert(want16.data(), want.data(), want.size());
-  cross_entropy_backward_bf16(got.data(), got16.data(), got.data(), targets.data(), N, V, 1.0f / N);
-  for (int64_t i = 0; i < N * V; ++i) {
-    ASSERT_EQ(got[i], want[i]) << i;
-    ASSERT_EQ(got16[i].bits, want16[i].bits) << i;
+  for (int64_t V : {37, 1000}) {
+    const int64_t N = 64;
+    const auto probs = random_vector(N * V, rng);
+    std::vector<int32_t> targets(N);
+    for (int64_t n = 0; n < N; ++n) targets[n] = static_cast<int32_t>((7 * n + 3) % V);
+    std::vector<float> want = probs, got = probs;
+    cross_entropy_backward(want.data(), want.data(), targets.data(), N, V, 1.0f / N);
+    std::vector<bf16> want16(N * V), got16(N * V), alone16(N * V);
+    convert(want16.data(), want.data(), want.size());
+    cross_entropy_backward_bf16(got.data(), got16.data(), got.data(), targets.data(), N, V, 1.0f / N);
+    cross_entropy_backward_bf16(nullptr, alone16.data(), probs.data(), targets.data(), N, V, 1.0f / N);
+    for (int64_t i = 0; i < N * V; ++i) {
+      ASSERT_EQ(got[i], want[i]) << i;
+      ASSERT_EQ(got16[i].bits, want16[i].bits) << i;
+      ASSERT_EQ(alone16[i].bits, want16[i].bits) << "V " << V << ": " << i;
+    }
   }
 }
 
@@ -323,6 +329,37 @@ TEST_P(LayerGrad, CrossEntropyValueAndAccuracy) {
   EXPECT_NEAR(l, std::log(5.0), 1e-6);
   cross_entropy_forward(probs.data(), logits.data(), targets.data(), 2, V, &correct);
   EXPECT_EQ(correct, 1);
+}
+
+// A row counts as correct when its target is the first column holding the
+// row's largest logit (ties go to the earlier column), wherever the columns
+// fall in the kernel's blocks: rows of 1 to 1,000 columns, the maximum tied
+// between two columns in one block, in two blocks, at the last column; each
+// row asked once with the earlier column of the tie as the target (counted)
+// and once with the later (not counted).
+TEST_P(LayerGrad, CrossEntropyAccuracyCountsTheFirstLargestLogit) {
+  for (int64_t V : {1, 2, 63, 64, 65, 130, 1000}) {
+    SCOPED_TRACE(::testing::Message() << "V " << V);
+    const std::vector<std::pair<int64_t, int64_t>> ties = {
+        {0, 0}, {V / 3, V / 3 + 1}, {1, V - 1}, {V - 1, V - 1}, {V / 2, V - 1}};
+    std::vector<float> logits, probs;
+    std::vector<int32_t> first, later;
+    for (auto [a, b] : ties) {
+      a = std::min(a, V - 1), b = std::min(std::max(a, b), V - 1);
+      std::vector<float> row = random_vector(V, rng, 2.0f);
+      row[static_cast<size_t>(a)] = row[static_cast<size_t>(b)] = 7.5f;  // above any of the rest
+      logits.insert(logits.end(), row.begin(), row.end());
+      first.push_back(static_cast<int32_t>(a));
+      later.push_back(static_cast<int32_t>(b == a ? (a + 1) % V : b));
+    }
+    const auto N = static_cast<int64_t>(ties.size());
+    probs.resize(logits.size());
+    int64_t correct = -1;
+    cross_entropy_forward(probs.data(), logits.data(), first.data(), N, V, &correct);
+    EXPECT_EQ(correct, N);
+    cross_entropy_forward(probs.data(), logits.data(), later.data(), N, V, &correct);
+    EXPECT_EQ(correct, V == 1 ? N : 0);
+  }
 }
 
 // ------------------------------------------------- one thread against two

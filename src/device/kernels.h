@@ -154,7 +154,8 @@ class Kernels {
                                       int64_t V, int64_t* correct) const = 0;
   virtual void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int64_t N,
                                       int64_t V, float scale) const = 0;
-  // The same, and dlogits in bf16 into dlogits16 (the CPU's in one pass).
+  // The same, and dlogits in bf16 into dlogits16 (the CPU's in one pass;
+  // there dlogits may be null: the copy alone, as gelu_backward's).
   virtual void cross_entropy_backward(float* dlogits, bf16* dlogits16, const float* probs, const int32_t* targets,
                                       int64_t N, int64_t V, float scale) const = 0;
   // nn/residual.h

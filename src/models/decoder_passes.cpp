@@ -403,7 +403,10 @@ void Decoder::head_backward(float loss_scale) {
   if (vocab_parallel()) {
     vocab_ce_backward(a.logits, tgt(), wte_first_row(), N, Vp, vocab_live(), scale);
   } else if (std::is_same_v<CT, bf16> && Vp == V) {
-    k().cross_entropy_backward(a.logits, static_cast<bf16*>(a.dout16), a.logits, tgt(), N, V, scale);
+    // The GEMMs read only the copy: on the CPU the fp32 gradient is not
+    // written (the probabilities' lines are not written back).
+    float* fp32 = device_ == Device::CPU ? nullptr : a.logits;
+    k().cross_entropy_backward(fp32, static_cast<bf16*>(a.dout16), a.logits, tgt(), N, V, scale);
     dlogits = static_cast<const CT*>(a.dout16);
   } else {
     k().cross_entropy_backward(a.logits, a.logits, tgt(), N, V, scale);

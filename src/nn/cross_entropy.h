@@ -20,6 +20,8 @@ void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* t
 // The same, each row also rounded to bf16 into dlogits16 as it is written:
 // a bf16 run's operand for the head's GEMMs, which a conversion pass of its
 // own would read again. Bit for bit cross_entropy_backward then convert.
+// dlogits null: the bf16 copy alone (the probabilities' lines are read, not
+// written back: a bf16 run's GEMMs read only the copy).
 void cross_entropy_backward_bf16(float* dlogits, bf16* dlogits16, const float* probs, const int32_t* targets,
                                  int64_t N, int64_t V, float scale);
 
