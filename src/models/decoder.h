@@ -413,9 +413,6 @@ class Decoder : public Model {
   // then summed over the TP group: each rank saw only its rows).
   void norm_backward(float* dres, const float* dout, const float* x, int w, int b, const float* mean,
                      const float* rstd, int64_t N, bool sequence);
-  // Sequence parallelism: the norm's output rows of every TP rank, gathered
-  // in place (this rank's rows at their place in out, [N, C]).
-  void gather_rows(float* out, int64_t N) const;
   // A slot's parameters / gradients, or nullptr for an absent slot (-1).
   const float* param_or_null(int slot) const { return slot < 0 ? nullptr : param(slot); }
   float* grad_or_null(int slot) { return slot < 0 ? nullptr : grad(slot); }
