@@ -55,8 +55,6 @@ Algo parse_algo(const std::string& s);            // "ring" | "mpi"
 Transport parse_transport(const std::string& s);  // "auto" | "shm" | "mpi"
 const char* algo_name(Algo a);
 DeviceComm parse_device_comm(const std::string& s);  // "auto" | "nccl" | "staged"
-const char* device_comm_name(DeviceComm d);
-const char* transport_name(Transport t);
 
 // A collective failed: a peer died or timed out, or ranks disagreed. The
 // message names the operation, its sequence number and its size.

@@ -42,10 +42,4 @@ std::optional<std::string> to_bytes(std::string_view token) {
   return out;
 }
 
-std::string to_token(std::string_view bytes) {
-  std::string out;
-  for (const char c : bytes) utf8::append(out, char_of(static_cast<uint8_t>(c)));
-  return out;
-}
-
 }  // namespace dpt::byte_level

@@ -19,7 +19,4 @@ char32_t char_of(uint8_t b);
 // one of the 256 (such an entry cannot come out of byte-level merges).
 std::optional<std::string> to_bytes(std::string_view token);
 
-// The vocabulary entry for raw bytes (the inverse of to_bytes).
-std::string to_token(std::string_view bytes);
-
 }  // namespace dpt::byte_level

@@ -92,10 +92,6 @@ PipeProgram run_program(const TrainOptions& o, int pp) {
                       pipe_chunk_costs(c, pp * v, v, o.pp_split, o.checkpoint_activations));
 }
 
-std::vector<DecoderStage> gpt_stages(const DecoderConfig& c, int pp, const std::string& split) {
-  return pipe_stages(c, pipe_program("1f1b", pp, 1, 1), split);
-}
-
 PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Decoder& model, Strategy& strategy,
                                    DataSource& data, float loss_scale, PipelineOptions options)
     : mesh_(mesh), groups_(groups), model_(model), strategy_(strategy), data_(data), loss_scale_(loss_scale),
