@@ -123,7 +123,6 @@ class Decoder : public Model {
   // sums, softmax and outputs; nn/flash_attention.h): --attention-products
   // bf16, for bf16 runs on the CPU (run_checks refuses the rest).
   void set_bf16_attention_products(bool on) { bf16_attention_products_ = on; }
-  bool fused_attention() const { return fused_attention_; }
   // Context parallelism (docs/context_parallel.md): of every sequence's 2 x
   // size chunks this rank holds chunks rank and 2 size - 1 - rank. forward
   // takes whole sequences and keeps its chunks' rows (their positions for
@@ -217,7 +216,6 @@ class Decoder : public Model {
   // The embedding and the head do all of their backward in B. Set before
   // the first forward (activation_bytes_for counts what W needs).
   void set_split_backward(bool on) { split_backward_ = on; }
-  bool split_backward() const { return split_backward_; }
   void backward_input(float loss_scale);
   void backward_weights();
   // Without the embedding, forward reads its input (the residual stream

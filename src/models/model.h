@@ -157,8 +157,6 @@ class Model {
   // change. Set before the first forward.
   void set_precision(DType p) { precision_ = p; }
   DType precision() const { return precision_; }
-  // Bytes of bf16 compute copies the model's own store holds (0 in fp32).
-  size_t compute_copy_bytes() const { return params16_.bytes(); }
   // The whole bf16 compute copy, for an optimizer that writes it as it
   // updates the fp32 parameters (Optimizer::step's publish): nullptr in
   // fp32. After that update has written every element, params16_written()
