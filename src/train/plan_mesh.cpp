@@ -3,8 +3,8 @@
 // stage's sliced model, as training builds it) plus the activation arenas
 // its schedule keeps; the bytes sent are the strategy's (planned_comm over
 // the DP group) plus what the mesh adds, collective by collective as
-// models/gpt.cpp, parallel/tensor_parallel.cpp and train/pipeline_executor.cpp
-// issue them.
+// models/decoder_passes.cpp (through the TP group's reduce, train/rank_setup.cpp),
+// parallel/tensor_parallel.cpp and train/pipeline_executor.cpp issue them.
 #include "core/dtype.h"
 #include "models/decoder.h"
 #include "parallel/catalog.h"
@@ -164,7 +164,7 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
   if (mesh.pp > 1 && so.strategy->zero_stage == 3 && so.reshard_after_forward) {
     // planned_comm counts a forward and its backward back to back: each
     // backward's first unit is the one its forward kept. A stage
-    // interleaves its micro-batches instead (stage_gathers says how).
+    // interleaves its micro-batches instead (kept_gathers counts how).
     const std::vector<int> order = model.unit_order();
     const uint64_t last = RingSends{mesh.dp_cp(), 0}.ag(model.layout().units()[static_cast<size_t>(order.back())].numel,
                                                    dtype_size(model.precision()));
