@@ -4,16 +4,12 @@
 // take the code points from U+0100 up, in byte order.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 
 namespace dpt::byte_level {
-
-// The character byte b is written as.
-char32_t char_of(uint8_t b);
 
 // The bytes a vocabulary entry stands for; nullopt when a character is not
 // one of the 256 (such an entry cannot come out of byte-level merges).
