@@ -13,7 +13,6 @@ namespace dpt::comm {
 
 // The communication layer names it comm::ReduceOp (core/reduce_op.h).
 using dpt::ReduceOp;
-using dpt::reduce_op_name;
 
 // Which implementation runs a collective: the engine's own ring algorithms
 // over its transports, or MPI's built-in collectives (for comparison).
