@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <string>
 
-#include "models/hf_gpt2.h"
 #include "models/weights.h"
 #include "models/model.h"
 #include "parallel/mesh.h"

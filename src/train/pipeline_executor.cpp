@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "models/weights.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/tensor_parallel.h"
 #include "train/data_source.h"
 #include "train/rank_setup.h"

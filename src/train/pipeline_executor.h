@@ -45,7 +45,6 @@
 #include "models/decoder.h"
 #include "parallel/mesh.h"
 #include "parallel/pipe_program.h"
-#include "parallel/pipeline_schedule.h"
 #include "tensor/flat_buffer.h"
 #include "train/executor.h"
 #include "train/pipeline_gather.h"

@@ -18,7 +18,6 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "parallel/reducer.h"
-#include "parallel/pipeline_schedule.h"
 #include "parallel/strategy.h"
 #include "train/lockstep.h"
 
