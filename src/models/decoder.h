@@ -153,8 +153,8 @@ class Decoder : public Model {
   // and the cross-entropy's maxima (Max) and sums (2 B x T). Needed before
   // the first forward when tp.size > 1.
   void set_tensor_reduce(std::function<void(float*, size_t, TpReduce)> reduce) { tp_reduce_ = std::move(reduce); }
-  // wte's rows on this rank (all of them unless vocabulary-parallel), and
-  // the first of them.
+  // Whether wte (and an untied head) is split by vocabulary rows over the
+  // TP group (DecoderTp::vocab at tp > 1).
   bool vocab_parallel() const { return tp_.vocab && tp_.size > 1; }
   // Sequence parallelism: the TP group gathers a norm's output rows (the
   // compute type's N x C values at p) in place.
@@ -165,6 +165,8 @@ class Decoder : public Model {
   }
   // Whether a batch of N = B x T rows runs sequence-parallel.
   bool sequence_parallel(int64_t N) const { return tp_.sequence && tp_.size > 1 && N % tp_.size == 0; }
+  // wte's rows on this rank (all of them unless vocabulary-parallel), and
+  // the first of them.
   int64_t wte_rows() const { return config_.rows() / (vocab_parallel() ? tp_.size : 1); }
   int64_t wte_first_row() const { return vocab_parallel() ? tp_.rank * wte_rows() : 0; }
   // A TP rank counts a tensor it holds whole as 1/size of its squares, so
