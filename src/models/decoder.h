@@ -498,11 +498,11 @@ class Decoder : public Model {
   std::vector<size_t> chunk_first_;  // chunk c: blocks_[chunk_first_[c], chunk_first_[c + 1])
   int chunk_ = 0;
   bool split_backward_ = false;
-  bool planned_split_ = false;
   int64_t batch_ = 0, seq_ = 0;  // the arena's layout (B, T)
   bool planned_checkpoint_ = false;  // ... whether it was planned for checkpointing
   DType planned_precision_ = DType::F32;  // ... and for which compute type
   bool planned_fused_ = false;             // ... and attention
+  bool planned_split_ = false;             // ... and a split backward
   Acts act_;
   std::vector<int32_t> tokens_, targets_;
   FlatBuffer ids_;
