@@ -73,7 +73,7 @@ class Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  virtual std::string kind() const = 0;  // "mlp" or "gpt"
+  virtual std::string kind() const = 0;  // "mlp", "gpt" or "llama"
   // Hyper-parameters as strings, for the safetensors __metadata__.
   virtual std::map<std::string, std::string> metadata() const = 0;
   // Writes the initial values of elements [begin, begin + n) of the flat
@@ -104,7 +104,7 @@ class Model {
   virtual double non_gemm_flops(int64_t /*B*/) const { return 0.0; }
   // The units forward opens, in order, a unit opened twice listed twice (the
   // GPT's tied embedding); backward opens them in the reverse order. What a
-  // zero3 step gathers follows from it (train/plan.h's planned_comm).
+  // zero3 step gathers follows from it (parallel/traffic.h's planned_comm).
   virtual std::vector<int> unit_order() const = 0;
   // Samples per batch element: T for GPT (tokens), 1 for MLP.
   virtual int64_t positions() const = 0;
