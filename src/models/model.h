@@ -282,10 +282,11 @@ int64_t hparam_int(const std::map<std::string, std::string>& hparams, const std:
                    int64_t fallback);
 
 // Builds a model from hyper-parameters given as strings (the safetensors
-// metadata, or flags): "dpt.model" = "mlp" | "gpt", plus
+// metadata, or flags): "dpt.model" = "mlp" | "gpt" | "llama", plus
 //   mlp: "sizes" = "784,1024,1024,10"
-//   gpt: "vocab_size", "n_layer", "n_head", "n_embd", "block_size"
-// Missing keys take the reference workload's defaults (W-MLP, W-GPT).
+//   gpt, llama: "vocab_size", "n_layer", "n_head", "n_embd", "block_size"
+//   (llama also its own keys: DecoderConfig::from, models/decoder_config.cpp)
+// Missing keys take the reference workload's defaults (W-MLP, W-GPT, W-LLAMA).
 // Throws InputError for an unknown model or a nonsensical size.
 std::unique_ptr<Model> make_model(const std::map<std::string, std::string>& hparams);
 
