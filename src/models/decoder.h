@@ -202,7 +202,6 @@ class Decoder : public Model {
   // arena the one forward and backward work on, over that chunk's blocks
   // (slot 0 of chunk 0 is the one a model starts with).
   void use_slot(int slot, int chunk = 0);
-  int chunk() const { return chunk_; }
   // Lays the current slot's arena out for B sequences of T tokens (this CP
   // rank's rows of them; forward does it too).
   void prepare(int64_t B, int64_t T) { plan_activations(B, local_rows(T)); }
