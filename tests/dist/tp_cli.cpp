@@ -71,7 +71,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -104,8 +103,6 @@ class TpCliTest : public test::CorpusRuns<TpCliTest> {
   static void SetUpTestSuite() {
     make_folder("dpt_tp_cli", {"the", "tensor", "slice", "head", "column", "row", "reduce", "sum", "grad", "loss"});
   }
-
-  static std::map<int64_t, double> losses(const fs::path& stem) { return test::logged_losses(stem); }
 
   // Per tensor and per loss a logs: max|a - b| <= r x max|b|; with
   // skip_key_biases, c_attn.bias's key third is left out (see the top);
