@@ -294,7 +294,9 @@ class Decoder : public Model {
     void* dout16 = nullptr;   // bf16 runs: an output gradient converted for the GEMMs
     float* ring = nullptr;    // context parallelism: ring attention's scratch (RingShape::scratch)
   };
-  // The TP group's sum (or max) of x[0, n) (nothing at tp 1).
+  // The TP group's collective `op` on x[0, n), in place (TpReduce: a sum or
+  // max, or sequence parallelism's reduce-scatter and all-gathers); nothing
+  // at tp 1. The name is from when sums were all it did.
   void tensor_sum(float* x, size_t n, TpReduce op = TpReduce::Sum) const;
   // The loss over this rank's vocabulary columns (vocabulary-parallel).
   float vocab_parallel_loss(int64_t N, int64_t* correct);
