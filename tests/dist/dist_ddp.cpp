@@ -66,7 +66,6 @@ namespace dpt {
 namespace {
 
 using comm::ProcessGroup;
-using comm::ReduceOp;
 
 ProcessGroup* g_pg = nullptr;
 ProcessGroup* g_self = nullptr;  // rank 0 only: a world of one for references
