@@ -37,7 +37,6 @@
 // in fp32 in either precision, so a boundary adds no rounding.
 #pragma once
 
-#include <array>
 #include <memory>
 #include <vector>
 
