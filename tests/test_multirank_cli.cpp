@@ -95,7 +95,7 @@ class MultirankCliTest : public ::testing::Test {
     return {std::istream_iterator<std::string>(in), {}};
   }
 
-  // Checks a DDP summary of `steps` steps of the kSizes MLP on 2 ranks and
+  // Checks the summary j of a DDP run of the kSizes MLP on 2 ranks and
   // returns its buckets' sizes.
   static std::vector<int64_t> check_ddp_summary(const json& j) {
     EXPECT_EQ(j["world"], 2);
