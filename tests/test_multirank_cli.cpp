@@ -36,14 +36,12 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using test::dpt_bin;
 using test::q;
 using test::read_file;
 using test::RunResult;
 
 bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
-
-// The binary under test.
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 
 // MLP of --sizes 784,64,10: two Linear layers, weights and biases.
 constexpr const char* kSizes = "784,64,10";

@@ -33,7 +33,7 @@ class CorpusRuns : public ::testing::Test {
   static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
 
   static RunResult train(int n, const std::string& args) {
-    return train_ranks(std::string(DPT_BINARY_DIR) + "/dpt", n, dir_ / "corpus.txt", args, dir_, 180);
+    return train_ranks(dpt_bin(), n, dir_ / "corpus.txt", args, dir_, 180);
   }
 
   // A run that must succeed, saving under dir_/name.

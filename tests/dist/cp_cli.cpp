@@ -45,10 +45,9 @@ namespace dpt {
 namespace {
 
 namespace fs = std::filesystem;
+using test::dpt_bin;
 using test::q;
 using test::RunResult;
-
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 
 constexpr int64_t kLayers = 2, kContext = 16, kGptWidth = 48, kGptHeads = 6, kLlamaKv = 2;
 const std::string kGpt = fmt::format(

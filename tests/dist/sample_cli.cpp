@@ -31,11 +31,11 @@ namespace dpt {
 namespace {
 
 namespace fs = std::filesystem;
+using test::dpt_bin;
 using test::q;
 using test::read_file;
 using test::RunResult;
 
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 constexpr const char* kTokenizer = DPT_SOURCE_DIR "/tests/fixtures/tokenizer/gpt2_style.json";
 
 constexpr uint64_t kSeed = 7;
