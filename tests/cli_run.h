@@ -25,6 +25,10 @@
 
 namespace dpt::test {
 
+// The binary under test (every target that includes this file defines
+// DPT_BINARY_DIR, the build folder).
+inline std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
+
 struct RunResult {
   int code = -1;  // exit status; 128 + signal if killed
   std::string out, err;

@@ -80,7 +80,6 @@ struct State {
   std::string error;
   Order order = Order::InOrder;
   std::mt19937 rng{7};
-  uint64_t switches = 0;
 };
 
 inline State& st() {
@@ -98,7 +97,6 @@ inline Fiber& me() { return st().fibers[static_cast<size_t>(st().current)]; }
 // Back to the scheduler until this fiber may go on.
 __attribute__((noinline)) inline void yield() {
   State& s = st();
-  ++s.switches;
   if (__builtin_setjmp(me().jump) == 0) jump_to(s.scheduler_jump);
 }
 

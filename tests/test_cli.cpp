@@ -83,17 +83,6 @@ class CliTest : public ::testing::Test {
     EXPECT_NE(r.err.find(keyword), std::string::npos) << "'" << keyword << "' not in: " << r.err;
   }
 
-  // CLI11 rejects the command line itself: a non-zero code of its own, and
-  // no crash (a signal would show as 128 + signal).
-  static void expect_parse_error(const std::string& args) {
-    SCOPED_TRACE("dpt " + args);
-    RunResult r = run(args);
-    EXPECT_NE(r.code, 0);
-    EXPECT_GT(r.code, 0);
-    EXPECT_LT(r.code, 128);
-    EXPECT_FALSE(r.err.empty());
-  }
-
   static constexpr const char* kSmallGpt = "--layers 1 --width 32 --heads 2 --context 16";
   // vocab 256, C 32, T 16, one block: V*C + T*C + 12C^2 + 13C + 2C.
   static constexpr int64_t kSmallGptParams = 256 * 32 + 16 * 32 + 12 * 32 * 32 + 13 * 32 + 2 * 32;

@@ -81,9 +81,10 @@ struct Operand {
   }
 };
 
-// The exact result in fp64 and the error bound of each element of C. a_ref
-// and b_ref give the values the result should be the product of; `extra`
-// adds that much relative error per product to the bound (bf16 rounding).
+// The exact result in fp64 and the error bound of each element of C. a and
+// b hold the values the result should be the product of (c0: C's values
+// before, read when beta is not 0); `extra` adds that much relative error
+// per product to the bound (bf16 rounding).
 struct Reference {
   std::vector<double> want, bound;
 };

@@ -362,7 +362,7 @@ class WeightsTest : public ::testing::Test {
     }
     return v;
   }
-  // Loading `path` must fail with an InputError mentioning every needle.
+  // Loading `p` must fail with an InputError mentioning every needle.
   static void expect_load_error(const std::string& p, const std::vector<std::string>& needles) {
     try {
       model_from_file(p, {});

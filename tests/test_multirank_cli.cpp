@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -37,14 +36,12 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+using test::dpt_bin;
 using test::q;
 using test::read_file;
 using test::RunResult;
 
 bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
-
-// The binary under test.
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 
 // MLP of --sizes 784,64,10: two Linear layers, weights and biases.
 constexpr const char* kSizes = "784,64,10";
@@ -96,7 +93,7 @@ class MultirankCliTest : public ::testing::Test {
     return {std::istream_iterator<std::string>(in), {}};
   }
 
-  // Checks a DDP summary of `steps` steps of the kSizes MLP on 2 ranks and
+  // Checks the summary j of a DDP run of the kSizes MLP on 2 ranks and
   // returns its buckets' sizes.
   static std::vector<int64_t> check_ddp_summary(const json& j) {
     EXPECT_EQ(j["world"], 2);

@@ -30,10 +30,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::dpt_bin;
 using test::q;
 using test::RunResult;
-
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 
 struct Net {
   const char* name;

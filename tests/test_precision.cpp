@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <memory>
 #include <string>
 
 #include "core/threads.h"

@@ -91,7 +91,6 @@ struct ProcessGroup::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::pair<std::function<void(OpContext&)>, std::shared_ptr<Work>>> queue;
-  std::vector<std::string> queue_ops;
   bool stopping = false;
   std::exception_ptr broken;  // first failure: later operations fail at once
   uint64_t next_seq = 0;      // issue order (caller's thread)

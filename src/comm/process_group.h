@@ -40,8 +40,6 @@
 
 namespace dpt::comm {
 
-class Backend;
-
 class ProcessGroup {
  public:
   // Joins the job the launcher started (MPI), or makes a world of one.

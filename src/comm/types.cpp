@@ -19,19 +19,11 @@ Transport parse_transport(const std::string& s) {
 
 const char* algo_name(Algo a) { return a == Algo::Ring ? "ring" : "mpi"; }
 
-const char* transport_name(Transport t) {
-  return t == Transport::Auto ? "auto" : (t == Transport::Shm ? "shm" : "mpi");
-}
-
 DeviceComm parse_device_comm(const std::string& s) {
   if (s == "auto") return DeviceComm::Auto;
   if (s == "nccl") return DeviceComm::Nccl;
   if (s == "staged") return DeviceComm::Staged;
   throw InputError(fmt::format("unknown GPU collective path '{}' (expected auto, nccl or staged)", s));
-}
-
-const char* device_comm_name(DeviceComm d) {
-  return d == DeviceComm::Nccl ? "nccl" : (d == DeviceComm::Staged ? "staged" : "auto");
 }
 
 Config Config::from_env() {

@@ -13,7 +13,6 @@ namespace dpt::comm {
 
 // The communication layer names it comm::ReduceOp (core/reduce_op.h).
 using dpt::ReduceOp;
-using dpt::reduce_op_name;
 
 // Which implementation runs a collective: the engine's own ring algorithms
 // over its transports, or MPI's built-in collectives (for comparison).
@@ -55,8 +54,6 @@ Algo parse_algo(const std::string& s);            // "ring" | "mpi"
 Transport parse_transport(const std::string& s);  // "auto" | "shm" | "mpi"
 const char* algo_name(Algo a);
 DeviceComm parse_device_comm(const std::string& s);  // "auto" | "nccl" | "staged"
-const char* device_comm_name(DeviceComm d);
-const char* transport_name(Transport t);
 
 // A collective failed: a peer died or timed out, or ranks disagreed. The
 // message names the operation, its sequence number and its size.

@@ -15,13 +15,6 @@ DType parse_precision(const std::string& name, const char* flag) {
   throw InputError(fmt::format("{} must be fp32 or bf16, not '{}'", flag, name));
 }
 
-DType dtype_from_name(const std::string& name) {
-  if (name == "F32") return DType::F32;
-  if (name == "BF16") return DType::BF16;
-  if (name == "F16") return DType::F16;
-  throw InputError(fmt::format("unsupported dtype '{}' (supported: F32, BF16, F16)", name));
-}
-
 DPT_CPU_CLONES void convert(bf16* out, const float* in, size_t n) {
   const auto m = static_cast<int64_t>(n);
 #pragma omp parallel for simd schedule(static)

@@ -20,7 +20,6 @@ const char* dtype_name(DType t);  // safetensors spelling: "F32", "BF16", "F16"
 const char* precision_name(DType t);
 // Throws InputError naming `flag` if the name is neither.
 DType parse_precision(const std::string& name, const char* flag = "--precision");
-DType dtype_from_name(const std::string& name);  // throws InputError if unknown
 
 // bfloat16: the top 16 bits of an fp32 (same exponent range, 8-bit
 // significand). A struct, not an integer, so it never converts silently.

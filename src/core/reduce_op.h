@@ -6,6 +6,5 @@
 namespace dpt {
 
 enum class ReduceOp { Sum, Avg, Max };
-const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 
 }  // namespace dpt

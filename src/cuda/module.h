@@ -4,7 +4,6 @@
 
 #include <cstddef>
 #include <memory>
-#include <string>
 
 #include "device/cuda_backend.h"
 
@@ -17,7 +16,6 @@ bool is_device_pointer(const void* p);  // pointer.cpp
 void nccl_id(char id[NcclComm::kIdBytes]);  // nccl_comm.cpp
 std::unique_ptr<NcclComm> nccl_comm(const char id[NcclComm::kIdBytes], int size, int rank);
 void device_uuid(char uuid[16]);
-std::string nccl_version();
 void* record_ready();  // cuda_kernels.cu
 void release_ready(void* ready);
 void download_after(void* host, const void* dev, size_t bytes, void* ready);

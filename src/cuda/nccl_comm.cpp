@@ -203,12 +203,6 @@ std::unique_ptr<NcclComm> nccl_comm(const char id[NcclComm::kIdBytes], int size,
   return std::make_unique<Nccl>(id, size, rank);
 }
 
-std::string nccl_version() {
-  int v = 0;
-  ncclGetVersion(&v);
-  return fmt::format("NCCL {}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
-}
-
 void device_uuid(char uuid[16]) {
   kernels();
   int dev = 0;

@@ -22,7 +22,7 @@ using IdsByBytes = std::unordered_map<std::string, uint32_t, StringHash, std::eq
 class BpeModel {
  public:
   // vocab: each entry's bytes and id (all 256 single bytes among them);
-  // merges: pairs of ids in rank order, merged into `merged` ids. The loader
+  // merges: in rank order, {left id, right id, id of the pair merged}. The loader
   // (data/tokenizer_json.cpp) has checked them.
   BpeModel(IdsByBytes vocab, const std::vector<std::array<uint32_t, 3>>& merges, bool ignore_merges);
   BpeModel() = default;

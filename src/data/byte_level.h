@@ -4,7 +4,6 @@
 // take the code points from U+0100 up, in byte order.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -12,14 +11,8 @@
 
 namespace dpt::byte_level {
 
-// The character byte b is written as.
-char32_t char_of(uint8_t b);
-
 // The bytes a vocabulary entry stands for; nullopt when a character is not
 // one of the 256 (such an entry cannot come out of byte-level merges).
 std::optional<std::string> to_bytes(std::string_view token);
-
-// The vocabulary entry for raw bytes (the inverse of to_bytes).
-std::string to_token(std::string_view bytes);
 
 }  // namespace dpt::byte_level

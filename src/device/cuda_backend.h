@@ -50,7 +50,7 @@ class NcclComm {
 };
 
 // Bumped whenever the table changes, so an old library is refused.
-constexpr int kBackendAbi = 4;  // 4: Kernels::flash_attention_bf16_* (the vtable grew)
+constexpr int kBackendAbi = 5;  // 5: Backend lost nccl_version (4: Kernels::flash_attention_bf16_*)
 
 struct Backend {
   int abi = kBackendAbi;
@@ -67,7 +67,6 @@ struct Backend {
   void (*nccl_id)(char id[NcclComm::kIdBytes]);
   std::unique_ptr<NcclComm> (*nccl_comm)(const char id[NcclComm::kIdBytes], int size, int rank);
   void (*device_uuid)(char uuid[16]);
-  std::string (*nccl_version)();
   // Ordering collectives after the compute that produced their buffers
   // without stopping it: record_ready marks the compute stream now (an
   // event from a pool); release_ready gives it back once used.

@@ -33,8 +33,6 @@ void AtomicFile::write(const void* data, size_t n) {
     throw IoError(fmt::format("{}: write failed: {}", path_, std::strerror(errno)));
 }
 
-void AtomicFile::flush() { std::fflush(f_); }
-
 void AtomicFile::seal() {
   bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
   const int err = errno;

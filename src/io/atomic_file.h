@@ -20,7 +20,6 @@ class AtomicFile {
 
   void write(const void* data, size_t n);  // throws IoError
   void write(const std::string& s) { write(s.data(), s.size()); }
-  void flush();   // to the OS, so a reader of the temporary sees progress
   // Flush, fsync and close the temporary, which stays under its temporary
   // name (removed if this object dies uncommitted); throws IoError, having
   // removed it. No write() after it.

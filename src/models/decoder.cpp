@@ -7,14 +7,6 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "nn/activations.h"
-#include "nn/attention.h"
-#include "nn/cross_entropy.h"
-#include "nn/embedding.h"
-#include "nn/layernorm.h"
-#include "nn/linear.h"
-#include "nn/residual.h"
-#include "nn/vocab_parallel.h"
 
 namespace dpt {
 

@@ -123,7 +123,6 @@ class Decoder : public Model {
   // sums, softmax and outputs; nn/flash_attention.h): --attention-products
   // bf16, for bf16 runs on the CPU (run_checks refuses the rest).
   void set_bf16_attention_products(bool on) { bf16_attention_products_ = on; }
-  bool fused_attention() const { return fused_attention_; }
   // Context parallelism (docs/context_parallel.md): of every sequence's 2 x
   // size chunks this rank holds chunks rank and 2 size - 1 - rank. forward
   // takes whole sequences and keeps its chunks' rows (their positions for
@@ -154,8 +153,8 @@ class Decoder : public Model {
   // and the cross-entropy's maxima (Max) and sums (2 B x T). Needed before
   // the first forward when tp.size > 1.
   void set_tensor_reduce(std::function<void(float*, size_t, TpReduce)> reduce) { tp_reduce_ = std::move(reduce); }
-  // wte's rows on this rank (all of them unless vocabulary-parallel), and
-  // the first of them.
+  // Whether wte (and an untied head) is split by vocabulary rows over the
+  // TP group (DecoderTp::vocab at tp > 1).
   bool vocab_parallel() const { return tp_.vocab && tp_.size > 1; }
   // Sequence parallelism: the TP group gathers a norm's output rows (the
   // compute type's N x C values at p) in place.
@@ -166,6 +165,8 @@ class Decoder : public Model {
   }
   // Whether a batch of N = B x T rows runs sequence-parallel.
   bool sequence_parallel(int64_t N) const { return tp_.sequence && tp_.size > 1 && N % tp_.size == 0; }
+  // wte's rows on this rank (all of them unless vocabulary-parallel), and
+  // the first of them.
   int64_t wte_rows() const { return config_.rows() / (vocab_parallel() ? tp_.size : 1); }
   int64_t wte_first_row() const { return vocab_parallel() ? tp_.rank * wte_rows() : 0; }
   // A TP rank counts a tensor it holds whole as 1/size of its squares, so
@@ -201,7 +202,6 @@ class Decoder : public Model {
   // arena the one forward and backward work on, over that chunk's blocks
   // (slot 0 of chunk 0 is the one a model starts with).
   void use_slot(int slot, int chunk = 0);
-  int chunk() const { return chunk_; }
   // Lays the current slot's arena out for B sequences of T tokens (this CP
   // rank's rows of them; forward does it too).
   void prepare(int64_t B, int64_t T) { plan_activations(B, local_rows(T)); }
@@ -217,7 +217,6 @@ class Decoder : public Model {
   // The embedding and the head do all of their backward in B. Set before
   // the first forward (activation_bytes_for counts what W needs).
   void set_split_backward(bool on) { split_backward_ = on; }
-  bool split_backward() const { return split_backward_; }
   void backward_input(float loss_scale);
   void backward_weights();
   // Without the embedding, forward reads its input (the residual stream
@@ -295,7 +294,9 @@ class Decoder : public Model {
     void* dout16 = nullptr;   // bf16 runs: an output gradient converted for the GEMMs
     float* ring = nullptr;    // context parallelism: ring attention's scratch (RingShape::scratch)
   };
-  // The TP group's sum (or max) of x[0, n) (nothing at tp 1).
+  // The TP group's collective `op` on x[0, n), in place (TpReduce: a sum or
+  // max, or sequence parallelism's reduce-scatter and all-gathers); nothing
+  // at tp 1. The name is from when sums were all it did.
   void tensor_sum(float* x, size_t n, TpReduce op = TpReduce::Sum) const;
   // The loss over this rank's vocabulary columns (vocabulary-parallel).
   float vocab_parallel_loss(int64_t N, int64_t* correct);
@@ -413,9 +414,6 @@ class Decoder : public Model {
   // then summed over the TP group: each rank saw only its rows).
   void norm_backward(float* dres, const float* dout, const float* x, int w, int b, const float* mean,
                      const float* rstd, int64_t N, bool sequence);
-  // Sequence parallelism: the norm's output rows of every TP rank, gathered
-  // in place (this rank's rows at their place in out, [N, C]).
-  void gather_rows(float* out, int64_t N) const;
   // A slot's parameters / gradients, or nullptr for an absent slot (-1).
   const float* param_or_null(int slot) const { return slot < 0 ? nullptr : param(slot); }
   float* grad_or_null(int slot) { return slot < 0 ? nullptr : grad(slot); }
@@ -501,11 +499,11 @@ class Decoder : public Model {
   std::vector<size_t> chunk_first_;  // chunk c: blocks_[chunk_first_[c], chunk_first_[c + 1])
   int chunk_ = 0;
   bool split_backward_ = false;
-  bool planned_split_ = false;
   int64_t batch_ = 0, seq_ = 0;  // the arena's layout (B, T)
   bool planned_checkpoint_ = false;  // ... whether it was planned for checkpointing
   DType planned_precision_ = DType::F32;  // ... and for which compute type
   bool planned_fused_ = false;             // ... and attention
+  bool planned_split_ = false;             // ... and a split backward
   Acts act_;
   std::vector<int32_t> tokens_, targets_;
   FlatBuffer ids_;

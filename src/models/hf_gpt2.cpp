@@ -1,7 +1,6 @@
 #include "models/hf_gpt2.h"
 
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 

@@ -73,7 +73,7 @@ class Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  virtual std::string kind() const = 0;  // "mlp" or "gpt"
+  virtual std::string kind() const = 0;  // "mlp", "gpt" or "llama"
   // Hyper-parameters as strings, for the safetensors __metadata__.
   virtual std::map<std::string, std::string> metadata() const = 0;
   // Writes the initial values of elements [begin, begin + n) of the flat
@@ -104,7 +104,7 @@ class Model {
   virtual double non_gemm_flops(int64_t /*B*/) const { return 0.0; }
   // The units forward opens, in order, a unit opened twice listed twice (the
   // GPT's tied embedding); backward opens them in the reverse order. What a
-  // zero3 step gathers follows from it (train/plan.h's planned_comm).
+  // zero3 step gathers follows from it (parallel/traffic.h's planned_comm).
   virtual std::vector<int> unit_order() const = 0;
   // Samples per batch element: T for GPT (tokens), 1 for MLP.
   virtual int64_t positions() const = 0;
@@ -157,8 +157,6 @@ class Model {
   // change. Set before the first forward.
   void set_precision(DType p) { precision_ = p; }
   DType precision() const { return precision_; }
-  // Bytes of bf16 compute copies the model's own store holds (0 in fp32).
-  size_t compute_copy_bytes() const { return params16_.bytes(); }
   // The whole bf16 compute copy, for an optimizer that writes it as it
   // updates the fp32 parameters (Optimizer::step's publish): nullptr in
   // fp32. After that update has written every element, params16_written()
@@ -284,10 +282,11 @@ int64_t hparam_int(const std::map<std::string, std::string>& hparams, const std:
                    int64_t fallback);
 
 // Builds a model from hyper-parameters given as strings (the safetensors
-// metadata, or flags): "dpt.model" = "mlp" | "gpt", plus
+// metadata, or flags): "dpt.model" = "mlp" | "gpt" | "llama", plus
 //   mlp: "sizes" = "784,1024,1024,10"
-//   gpt: "vocab_size", "n_layer", "n_head", "n_embd", "block_size"
-// Missing keys take the reference workload's defaults (W-MLP, W-GPT).
+//   gpt, llama: "vocab_size", "n_layer", "n_head", "n_embd", "block_size"
+//   (llama also its own keys: DecoderConfig::from, models/decoder_config.cpp)
+// Missing keys take the reference workload's defaults (W-MLP, W-GPT, W-LLAMA).
 // Throws InputError for an unknown model or a nonsensical size.
 std::unique_ptr<Model> make_model(const std::map<std::string, std::string>& hparams);
 

@@ -40,9 +40,9 @@ int32_t pick(const std::vector<std::pair<int32_t, double>>& candidates, double u
 class TokenSampler {
  public:
   TokenSampler(SamplingOptions options, uint64_t seed);
-  // The next token for logits [V]: draw number `drawn()` of the seed.
+  // The next token for logits [V]: the seed's draw numbered by the draws
+  // before it (0 first).
   int32_t next(const float* logits, int64_t V);
-  uint64_t drawn() const { return drawn_; }
 
  private:
   SamplingOptions o_;

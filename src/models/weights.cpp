@@ -46,8 +46,8 @@ std::optional<std::string> check_names(const Model& model, const SafetensorsSet&
   std::map<std::string, bool> expected;
   // A pipeline stage reads its own tensors from a whole model's file: the
   // other stages' are expected too, and left alone.
-  if (const auto* gpt = dynamic_cast<const Decoder*>(&model); gpt && !gpt->whole()) {
-    const Decoder whole(gpt->config());
+  if (const auto* decoder = dynamic_cast<const Decoder*>(&model); decoder && !decoder->whole()) {
+    const Decoder whole(decoder->config());
     for (const Slot& s : whole.layout().slots()) expected[names.file_name(s.name)] = true;
   }
   for (const Slot& s : layout.slots()) {

@@ -1,9 +1,9 @@
 // e^x for the elementwise kernels, inline so the loops that call it stay one
 // vector body without -ffast-math (a call to glibc's expf is scalar there,
 // and a call to its vector expf spills every register each iteration).
-// The same method as activations.cpp's GELU: x = n ln2 + r, |r| <= ln2 / 2
-// (ln2 in two parts, so r is exact to fp32), e^r from its Taylor series to
-// r^7 (truncation below 2e-8 relative), times 2^n built in the exponent bits.
+// The method: x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts, so r is
+// exact to fp32), e^r from its Taylor series to r^7 (truncation below 2e-8
+// relative), times 2^n built in the exponent bits.
 // x is clamped to [-80, 80], where 2^n stays a normal float: e^-80 stands
 // for anything smaller (it is 1.8e-35: zero beside the 1 of a softmax's
 // maximum or of a sigmoid's 1 + e^-x).

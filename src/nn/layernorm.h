@@ -19,7 +19,7 @@ void layernorm_forward(T* out, float* mean, float* rstd, const float* inp, const
 
 // dinp    += gradient w.r.t. inp. Accumulated, not written: a LayerNorm's
 //            input is always the residual stream, whose gradient already
-//            holds the skip connection's share (see models/gpt.cpp).
+//            holds the skip connection's share (see nn/residual.h).
 // dweight += sum_n dout * xhat;  dbias += sum_n dout, each sum added to the
 //            gradient in one addition (so into zeros, then added, is bitwise
 //            the same: models/decoder_split.cpp relies on it)

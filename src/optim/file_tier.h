@@ -72,7 +72,6 @@ class FileTier : public StateTier {
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }
   uint64_t file_bytes() const { return file_bytes_; }
-  size_t chunk_elements() const { return chunk_; }
 
  private:
   struct Region {

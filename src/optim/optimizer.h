@@ -63,7 +63,6 @@ class Optimizer : private ChunkKernel {
   void prepare(float* params, float* grads, float lr, bf16* publish = nullptr, GradsAfter after = GradsAfter::Kept);
   // The master weights' tensor (optimizers made with masters).
   size_t master_tensor() const { return tensors_ - 1; }
-  bool masters() const { return masters_; }
   StateTier::Job job() { return {region_, this}; }
   StateTier& tier() { return *tier_; }
 

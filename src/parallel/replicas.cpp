@@ -16,8 +16,9 @@ uint64_t mix(uint64_t x) {  // splitmix64's finaliser
   x *= 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
 }
-}  // namespace
 
+// A 64-bit hash of a buffer of 4-byte-aligned bytes (a multiple of 2
+// bytes): equal hashes mean identical replicas, barring a 2^-64 accident.
 uint64_t bytes_hash(const void* data, size_t bytes) {
   // Each 32-bit word mixed with its position, then summed: order-free, so
   // threads can split the buffer. A trailing half word counts on its own.
@@ -30,7 +31,6 @@ uint64_t bytes_hash(const void* data, size_t bytes) {
   return h;
 }
 
-namespace {
 // The model's parameters where the host can read them: its own buffer, or
 // (a GPU model) a downloaded copy in `host`.
 const float* host_params(const Model& model, std::vector<float>& host) {
@@ -40,11 +40,6 @@ const float* host_params(const Model& model, std::vector<float>& host) {
   return host.data();
 }
 }  // namespace
-
-uint64_t params_hash(const Model& model) {
-  std::vector<float> host;
-  return bytes_hash(host_params(model, host), model.param_count() * sizeof(float));
-}
 
 void verify_replicas(const Model& model, comm::ProcessGroup& pg, int64_t step) {
   if (pg.size() == 1) return;

@@ -9,13 +9,6 @@
 
 namespace dpt {
 
-// A 64-bit hash of the model's parameter bytes (bitwise: equal hashes mean
-// identical replicas, barring a 2^-64 accident).
-uint64_t params_hash(const Model& model);
-
-// The same of any buffer of 4-byte-aligned bytes (a multiple of 2 bytes).
-uint64_t bytes_hash(const void* data, size_t bytes);
-
 // Compares every rank's parameter hash with rank 0's; throws InternalError
 // naming the first rank that differs. `step` is for the message.
 void verify_replicas(const Model& model, comm::ProcessGroup& pg, int64_t step);

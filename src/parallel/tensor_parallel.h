@@ -9,7 +9,6 @@
 
 #include "comm/process_group.h"
 #include "models/decoder.h"
-#include "models/hf_gpt2.h"
 #include "models/weights.h"
 #include "parallel/mesh.h"
 #include "parallel/strategy.h"

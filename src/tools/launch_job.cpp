@@ -162,7 +162,6 @@ class Job {
   void start();
   bool pump(int timeout_ms);
   void take(int i, const char* data, size_t n);
-  void take_err(const char* data, size_t n);
   void flush_stale();
   void show(const std::vector<std::string>& lines);
   void reap();

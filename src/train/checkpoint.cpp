@@ -6,8 +6,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <memory>
-#include <optional>
 #include <regex>
 #include <set>
 #include <vector>

@@ -10,7 +10,7 @@
 //              executor.grad_norm_squared()           the whole model's
 //              strategy.scale_grads(), strategy.step()
 //              executor.after_step()                  copies kept in step
-//   at the end: executor.save(path, format)
+//   at the end: executor.save(path, options)
 //
 // SequentialExecutor runs the micro-batches one after another through the
 // whole model (every strategy without --pp); PipelineExecutor
@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <string>
 
-#include "models/hf_gpt2.h"
 #include "models/weights.h"
 #include "models/model.h"
 #include "parallel/mesh.h"

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "models/weights.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/tensor_parallel.h"
 #include "train/data_source.h"
 #include "train/rank_setup.h"
@@ -90,10 +91,6 @@ PipeProgram run_program(const TrainOptions& o, int pp) {
   const DecoderConfig c = DecoderConfig::from(model_hparams(o));
   return pipe_program(o.pp_schedule, pp, v, M,
                       pipe_chunk_costs(c, pp * v, v, o.pp_split, o.checkpoint_activations));
-}
-
-std::vector<DecoderStage> gpt_stages(const DecoderConfig& c, int pp, const std::string& split) {
-  return pipe_stages(c, pipe_program("1f1b", pp, 1, 1), split);
 }
 
 PipelineExecutor::PipelineExecutor(const Mesh& mesh, MeshGroups& groups, Decoder& model, Strategy& strategy,

@@ -37,7 +37,6 @@
 // in fp32 in either precision, so a boundary adds no rounding.
 #pragma once
 
-#include <array>
 #include <memory>
 #include <vector>
 
@@ -45,7 +44,6 @@
 #include "models/decoder.h"
 #include "parallel/mesh.h"
 #include "parallel/pipe_program.h"
-#include "parallel/pipeline_schedule.h"
 #include "tensor/flat_buffer.h"
 #include "train/executor.h"
 #include "train/pipeline_gather.h"
@@ -72,8 +70,6 @@ PipeCosts pipe_chunk_costs(const DecoderConfig& config, int chunks, int v, const
 // and zb-v built with pipe_chunk_costs.
 struct TrainOptions;
 PipeProgram run_program(const TrainOptions& o, int pp);
-// One chunk per rank (gpipe, 1f1b, zb-h1).
-std::vector<DecoderStage> gpt_stages(const DecoderConfig& config, int pp, const std::string& split);
 
 // What a rank's executor holds besides its strategy's bytes and its
 // arenas: on rank 0 (the embedding's) wte's gradient from the head, the

@@ -3,20 +3,16 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
-#include <set>
 
 #include <fmt/format.h>
 
-#include "comm/types.h"
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/gemm_peak.h"
 #include "core/membw.h"
 #include "core/threads.h"
 #include "nn/gemm.h"
 #include "parallel/catalog.h"
 #include "parallel/rank_bytes.h"
-#include "parallel/reducer.h"
 
 namespace dpt {
 

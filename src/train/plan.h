@@ -21,7 +21,6 @@
 
 #include "models/model.h"
 #include "parallel/mesh.h"
-#include "parallel/pipeline_schedule.h"
 #include "parallel/strategy.h"
 #include "parallel/traffic.h"
 #include "train/train.h"

@@ -3,8 +3,8 @@
 // stage's sliced model, as training builds it) plus the activation arenas
 // its schedule keeps; the bytes sent are the strategy's (planned_comm over
 // the DP group) plus what the mesh adds, collective by collective as
-// models/gpt.cpp, parallel/tensor_parallel.cpp and train/pipeline_executor.cpp
-// issue them.
+// models/decoder_passes.cpp (through the TP group's reduce, train/rank_setup.cpp),
+// parallel/tensor_parallel.cpp and train/pipeline_executor.cpp issue them.
 #include "core/dtype.h"
 #include "models/decoder.h"
 #include "parallel/catalog.h"
@@ -26,19 +26,19 @@ namespace {
 // target logits (2 x B x T) in forward and the head's input gradient
 // (B x T x C) in backward. A logged step adds the gradient norm's sum over
 // the TP group (a double per rank, as two floats).
-CommPlan tensor_parallel_comm(const Decoder& gpt, const Mesh& mesh, int64_t blocks, int64_t micro, int64_t M) {
+CommPlan tensor_parallel_comm(const Decoder& decoder, const Mesh& mesh, int64_t blocks, int64_t micro, int64_t M) {
   CommPlan c;
   if (mesh.tp == 1) return c;
   const RingSends tp{mesh.tp, 0};
-  const auto rows = static_cast<size_t>(micro * gpt.local_rows(gpt.config().context));  // this CP rank's
-  const size_t n = rows * static_cast<size_t>(gpt.config().width);
+  const auto rows = static_cast<size_t>(micro * decoder.local_rows(decoder.config().context));  // this CP rank's
+  const size_t n = rows * static_cast<size_t>(decoder.config().width);
   const auto Mu = static_cast<uint64_t>(M);
   const uint64_t per_block = Mu * static_cast<uint64_t>(blocks) * tp.ar(n, sizeof(float));
   c.forward = 2 * per_block;
-  c.backward = (gpt.checkpoint_activations() ? 4 : 2) * per_block;
-  if (gpt.vocab_parallel()) {
-    if (gpt.stage().embed) c.forward += Mu * tp.ar(n, sizeof(float));
-    if (gpt.stage().head) {
+  c.backward = (decoder.checkpoint_activations() ? 4 : 2) * per_block;
+  if (decoder.vocab_parallel()) {
+    if (decoder.stage().embed) c.forward += Mu * tp.ar(n, sizeof(float));
+    if (decoder.stage().head) {
       c.forward += Mu * (tp.ar(rows, sizeof(float)) + tp.ar(2 * rows, sizeof(float)));
       c.backward += Mu * tp.ar(n, sizeof(float));
     }
@@ -49,16 +49,16 @@ CommPlan tensor_parallel_comm(const Decoder& gpt, const Mesh& mesh, int64_t bloc
   // gathered for the head (forward), the embedding output's gradient
   // gathered (backward), and every norm's weight (and bias) gradient summed
   // over the group (backward: 2 per block and ln_f).
-  if (gpt.sequence_parallel(static_cast<int64_t>(rows))) {
-    const auto C = static_cast<size_t>(gpt.config().width);
-    const size_t norm = (gpt.config().norm == NormKind::LayerNorm ? 2 : 1) * C;
-    const size_t e = dtype_size(gpt.precision());  // the gathered norms' outputs
+  if (decoder.sequence_parallel(static_cast<int64_t>(rows))) {
+    const auto C = static_cast<size_t>(decoder.config().width);
+    const size_t norm = (decoder.config().norm == NormKind::LayerNorm ? 2 : 1) * C;
+    const size_t e = dtype_size(decoder.precision());  // the gathered norms' outputs
     const uint64_t block_forward =
         2 * static_cast<uint64_t>(blocks) * (tp.rs(n, sizeof(float)) + tp.ag(n, e));
     c.forward += Mu * (block_forward + tp.ag(n, e)) - 2 * per_block;
     c.backward += Mu * (tp.ag(n, sizeof(float)) +
                         static_cast<uint64_t>(2 * blocks + 1) * tp.ar(norm, sizeof(float)));
-    if (gpt.checkpoint_activations()) c.backward += Mu * block_forward - 2 * per_block;
+    if (decoder.checkpoint_activations()) c.backward += Mu * block_forward - 2 * per_block;
   }
   c.logged_optimizer = tp.ag(2 * static_cast<size_t>(mesh.tp), sizeof(float));
   return c;
@@ -73,13 +73,13 @@ CommPlan tensor_parallel_comm(const Decoder& gpt, const Mesh& mesh, int64_t bloc
 // along a chain that every stage but the one before the root forwards (a
 // double as two floats); a logged step's gradient norm gathered over the
 // stages.
-CommPlan pipeline_comm(const StrategyOptions& so, const Decoder& gpt, const Mesh& mesh, int s, int64_t micro,
+CommPlan pipeline_comm(const StrategyOptions& so, const Decoder& decoder, const Mesh& mesh, int s, int64_t micro,
                        const PipeProgram& program) {
   CommPlan c;
   if (mesh.pp == 1) return c;
-  const DecoderConfig& cfg = gpt.config();
-  const uint64_t boundary = sizeof(float) * static_cast<uint64_t>(micro * gpt.local_rows(cfg.context) * cfg.width);
-  const uint64_t wte = sizeof(float) * static_cast<uint64_t>(gpt.wte_rows() * cfg.width);  // this TP rank's rows
+  const DecoderConfig& cfg = decoder.config();
+  const uint64_t boundary = sizeof(float) * static_cast<uint64_t>(micro * decoder.local_rows(cfg.context) * cfg.width);
+  const uint64_t wte = sizeof(float) * static_cast<uint64_t>(decoder.wte_rows() * cfg.width);  // this TP rank's rows
   // Each forward whose next chunk is on another rank sends its output,
   // each backward whose previous chunk is sends its input's gradient.
   const int head = program.rank_of_chunk.back();
@@ -88,12 +88,12 @@ CommPlan pipeline_comm(const StrategyOptions& so, const Decoder& gpt, const Mesh
   // A tied embedding's gradient goes back to rank 0, its new values
   // forward to the head's rank (an untied head shares nothing; nor does a
   // head on rank 0).
-  if (gpt.tied() && s == head && head != 0) c.backward += wte;
-  if (gpt.tied() && s == 0) {
+  if (decoder.tied() && s == head && head != 0) c.backward += wte;
+  if (decoder.tied() && s == 0) {
     // The head's copy goes in the compute type (bf16: the rounded masters).
-    if (head != 0) c.optimizer += wte / sizeof(float) * dtype_size(gpt.precision());
+    if (head != 0) c.optimizer += wte / sizeof(float) * dtype_size(decoder.precision());
     if (so.strategy->zero_stage == 3 && mesh.dp_cp() > 1)
-      c.optimizer += RingSends{mesh.dp_cp(), 0}.ag(gpt.layout().units()[0].numel, sizeof(float));
+      c.optimizer += RingSends{mesh.dp_cp(), 0}.ag(decoder.layout().units()[0].numel, sizeof(float));
   }
   // The loss's broadcast from the head's rank: all but the rank before it send.
   if (s != (head + mesh.pp - 1) % mesh.pp) c.backward += 2 * sizeof(float);
@@ -164,7 +164,7 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
   if (mesh.pp > 1 && so.strategy->zero_stage == 3 && so.reshard_after_forward) {
     // planned_comm counts a forward and its backward back to back: each
     // backward's first unit is the one its forward kept. A stage
-    // interleaves its micro-batches instead (stage_gathers says how).
+    // interleaves its micro-batches instead (kept_gathers counts how).
     const std::vector<int> order = model.unit_order();
     const uint64_t last = RingSends{mesh.dp_cp(), 0}.ag(model.layout().units()[static_cast<size_t>(order.back())].numel,
                                                    dtype_size(model.precision()));
@@ -175,13 +175,14 @@ StagePlan plan_stage(const PlanRequest& r, const StrategyOptions& so, const Mode
     st.comm.backward += static_cast<uint64_t>(M) * last - k.skipped * last + k.wasted * last;
     st.comm.first_step = (k.skipped - k.skipped_first - k.wasted + k.wasted_first) * last;
   }
-  if (const auto* gpt = dynamic_cast<const Decoder*>(&model)) {
+  if (const auto* decoder = dynamic_cast<const Decoder*>(&model)) {
     int64_t blocks = 0;
-    for (const BlockRange& c : gpt->stage().chunks) blocks += (c.last < 0 ? gpt->config().layers : c.last) - c.first;
-    st.comm += tensor_parallel_comm(*gpt, mesh, blocks, micro, M);
-    st.comm += pipeline_comm(so, *gpt, mesh, s, micro, program);
-    st.pipeline = pipeline_buffer_bytes(*gpt, mesh.pp);
-    if (mesh.cp > 1) st.comm += context_traffic(*gpt, blocks, micro, M);
+    for (const BlockRange& c : decoder->stage().chunks)
+      blocks += (c.last < 0 ? decoder->config().layers : c.last) - c.first;
+    st.comm += tensor_parallel_comm(*decoder, mesh, blocks, micro, M);
+    st.comm += pipeline_comm(so, *decoder, mesh, s, micro, program);
+    st.pipeline = pipeline_buffer_bytes(*decoder, mesh.pp);
+    if (mesh.cp > 1) st.comm += context_traffic(*decoder, blocks, micro, M);
   }
   st.need = st.bytes.total() + st.activations + st.pipeline;
   return st;

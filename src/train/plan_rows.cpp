@@ -8,7 +8,6 @@
 #include "core/error.h"
 #include "models/decoder.h"
 #include "parallel/rank_bytes.h"
-#include "parallel/tensor_parallel.h"
 #include "train/pipeline_executor.h"
 #include "parallel/catalog.h"
 #include "train/plan.h"

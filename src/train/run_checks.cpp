@@ -9,7 +9,6 @@
 
 #include "comm/agree.h"
 #include "core/error.h"
-#include "core/memory.h"
 #include "io/atomic_file.h"
 #include "models/decoder_config.h"
 #include "models/mlp.h"

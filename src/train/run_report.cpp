@@ -15,7 +15,6 @@
 #include "io/read_checks.h"
 #include "nn/gemm.h"
 #include "models/decoder.h"
-#include "parallel/pipeline_schedule.h"
 #include "train/pipeline_executor.h"
 #include "train/report.h"
 

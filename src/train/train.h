@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,7 +17,6 @@
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "parallel/reducer.h"
-#include "parallel/pipeline_schedule.h"
 #include "parallel/strategy.h"
 #include "train/lockstep.h"
 

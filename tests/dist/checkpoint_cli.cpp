@@ -35,10 +35,9 @@ namespace dpt {
 namespace {
 
 namespace fs = std::filesystem;
+using test::dpt_bin;
 using test::q;
 using test::RunResult;
-
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 
 constexpr const char* kMlp = "--model mlp --sizes 784,29,13,10 --batch 64";
 constexpr const char* kGpt = "--model gpt --layers 2 --width 32 --heads 2 --context 16 --batch 8";

@@ -1,8 +1,8 @@
 // A dist CLI test suite's scratch folder, holding a word corpus, and the
 // `dpt train` runs made in it: each saves its weights, metrics and summary
 // beside one another (STEM.st, STEM.jsonl, STEM.json) for the comparisons.
-// Shared by cp_cli and sp_cli; Suite is the test fixture deriving from it
-// (each suite its own folder).
+// Shared by cp_cli, sp_cli, llama_cli, pp_cli and tp_cli; Suite is the test
+// fixture deriving from it (each suite its own folder).
 #pragma once
 
 #include <unistd.h>
@@ -33,7 +33,7 @@ class CorpusRuns : public ::testing::Test {
   static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
 
   static RunResult train(int n, const std::string& args) {
-    return train_ranks(std::string(DPT_BINARY_DIR) + "/dpt", n, dir_ / "corpus.txt", args, dir_, 180);
+    return train_ranks(dpt_bin(), n, dir_ / "corpus.txt", args, dir_, 180);
   }
 
   // A run that must succeed, saving under dir_/name.

@@ -45,12 +45,11 @@ namespace dpt {
 namespace {
 
 namespace fs = std::filesystem;
+using test::dpt_bin;
 using test::q;
 using test::RunResult;
 
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
-
-constexpr int64_t kLayers = 2, kContext = 16, kGptWidth = 48, kGptHeads = 6, kLlamaKv = 2, kLlamaHd = 8;
+constexpr int64_t kLayers = 2, kContext = 16, kGptWidth = 48, kGptHeads = 6, kLlamaKv = 2;
 const std::string kGpt = fmt::format(
     "--model gpt --layers {} --heads {} --width {} --context {} --seed 3 --quiet --log-every 1 --threads 1", kLayers,
     kGptHeads, kGptWidth, kContext);

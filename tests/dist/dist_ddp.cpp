@@ -42,7 +42,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -66,7 +65,6 @@ namespace dpt {
 namespace {
 
 using comm::ProcessGroup;
-using comm::ReduceOp;
 
 ProcessGroup* g_pg = nullptr;
 ProcessGroup* g_self = nullptr;  // rank 0 only: a world of one for references

@@ -1,12 +1,14 @@
 // A job that goes wrong on purpose, for tests/dist/test_dist_failure.cpp.
 //
-//   mpirun -n 3 dist_failure --mode die|skip|mismatch|late|none [--timeout-ms 3000] [--shared]
+//   mpirun -n 3 dist_failure --mode die|skip|mismatch|late|none [--timeout-ms 3000] [--shared] [--p2p]
 //
 // Every rank runs five all_reduces; the third is where rank 1 misbehaves:
 //   die       rank 1 exits (_exit(0)) before it
 //   skip      rank 1 skips it, sleeps 20 s and exits 0
 //   mismatch  rank 1 issues an all_gather of the same count instead, with
 //             the order check on (config.check_order)
+//   late      rank 1 never joins: it sleeps 20 s before the group's set-up
+//             and exits 0, so the others wait in the set-up
 //   none      nobody misbehaves
 // --shared: the data lives in a shared window (ProcessGroup::shared_memory),
 // so the all_reduces run in place (exit 2 where the group has no window).

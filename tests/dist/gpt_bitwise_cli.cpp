@@ -26,12 +26,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using test::dpt_bin;
 using test::q;
 using test::read_file;
 
 const fs::path kFixture = fs::path(DPT_SOURCE_DIR) / "tests" / "fixtures" / "gpt_bitwise";
-
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 
 // FNV-1a 64 of the tensor bytes of a safetensors file (after its header).
 std::string tensor_hash(const fs::path& path) {

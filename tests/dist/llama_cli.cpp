@@ -54,9 +54,6 @@
 // world size sees the same sequences (--synthetic draws a batch per rank).
 //
 // Registered in tests/CMakeLists.txt (ctest names llama_cli.*).
-#include <unistd.h>
-
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -68,7 +65,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../cli_run.h"
-#include "comm/types.h"
+#include "corpus_runs.h"
 #include "io/safetensors.h"
 
 namespace dpt {
@@ -78,8 +75,6 @@ namespace fs = std::filesystem;
 using test::q;
 using test::read_file;
 using test::RunResult;
-
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 
 constexpr int64_t kLayers = 2, kWidth = 32, kHeads = 4, kKvHeads = 2, kHeadDim = 8, kFfn = 64, kContext = 16,
                   kVocab = 256;
@@ -91,34 +86,10 @@ const std::string kLlama = fmt::format(
     kLayers, kWidth, kHeads, kKvHeads, kFfn, kContext, kVocab);
 const std::string kSgd = " --optimizer sgd --lr 0.05 --momentum 0.9";
 
-class LlamaCliTest : public ::testing::Test {
+class LlamaCliTest : public test::CorpusRuns<LlamaCliTest> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / fmt::format("dpt_llama_cli_{}", ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    test::write_word_corpus(dir_ / "corpus.txt",
-                            {"the", "rotary", "query", "key", "group", "gate", "up", "down", "norm", "head"});
-  }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
-
-  static RunResult train(int n, const std::string& args) {
-    return test::train_ranks(dpt_bin(), n, dir_ / "corpus.txt", args, dir_, 120);
-  }
-
-  // Trains; returns the stem of the saved weights (.st), metrics (.jsonl)
-  // and summary (.json).
-  static fs::path run_ok(int n, const std::string& name, const std::string& args) {
-    const fs::path stem = dir_ / name;
-    const RunResult r = train(n, fmt::format("{} --save {} --metrics-out {} --summary-out {}", args,
-                                             q(stem.string() + ".st"), q(stem.string() + ".jsonl"),
-                                             q(stem.string() + ".json")));
-    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
-    return stem;
-  }
-
-  static nlohmann::json summary(const fs::path& stem) {
-    return nlohmann::json::parse(read_file(stem.string() + ".json"));
+    make_folder("dpt_llama_cli", {"the", "rotary", "query", "key", "group", "gate", "up", "down", "norm", "head"});
   }
 
   static void expect_bitwise(const fs::path& a, const fs::path& b) {
@@ -130,30 +101,13 @@ class LlamaCliTest : public ::testing::Test {
   // Per tensor, per logged loss and the validation loss: max|a - b| <=
   // r x max|b|.
   static void expect_within(const fs::path& a, const fs::path& b, double r) {
-    const SafetensorsFile fa = load_safetensors(a.string() + ".st"), fb = load_safetensors(b.string() + ".st");
-    ASSERT_EQ(fa.tensors.size(), fb.tensors.size());
-    double worst = 0.0;
-    for (const NamedTensor& tb : fb.tensors) {
-      const NamedTensor* ta = fa.find(tb.name);
-      ASSERT_NE(ta, nullptr) << tb.name;
-      ASSERT_EQ(ta->shape, tb.shape) << tb.name;
-      double diff = 0.0, peak = 0.0;
-      for (size_t i = 0; i < tb.data.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(ta->data[i])) << tb.name;
-        diff = std::max(diff, std::fabs(static_cast<double>(ta->data[i]) - tb.data[i]));
-        peak = std::max(peak, std::fabs(static_cast<double>(tb.data[i])));
-      }
-      EXPECT_LE(diff, r * peak) << tb.name << " of " << a << " against " << b;
-      worst = std::max(worst, peak > 0 ? diff / peak : diff);
-    }
+    const double worst = test::expect_tensors_within(a.string() + ".st", b.string() + ".st", r);
     test::expect_losses_within(a, b, r);
     const double va = summary(a).at("val_loss").get<double>(), vb = summary(b).at("val_loss").get<double>();
     EXPECT_LE(std::fabs(va - vb), r * std::fabs(vb)) << "validation loss";
     std::printf("[ measure  ] %s vs %s: worst tensor max|a-b|/max|b| %.3e\n", a.filename().c_str(),
                 b.filename().c_str(), worst);
   }
-
-  static inline fs::path dir_;
 };
 
 struct Layout {

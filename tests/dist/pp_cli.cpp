@@ -30,14 +30,9 @@
 // same sequences (--synthetic draws a batch per rank).
 //
 // Registered in tests/CMakeLists.txt (ctest names pp_cli.*).
-#include <unistd.h>
-
-#include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -46,7 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../cli_run.h"
-#include "io/safetensors.h"
+#include "corpus_runs.h"
 
 namespace dpt {
 namespace {
@@ -56,37 +51,16 @@ using test::q;
 using test::read_file;
 using test::RunResult;
 
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
-
 // One thread everywhere: the kernels' row reductions split by thread, and
 // one process would otherwise take all cores where a rank takes one.
 constexpr const char* kGpt =
     "--model gpt --heads 2 --width 32 --context 16 --seed 3 --quiet --log-every 1 --threads 1";
 constexpr const char* kSgd = "--optimizer sgd --lr 0.05 --momentum 0.9";
 
-class PpCliTest : public ::testing::Test {
+class PpCliTest : public test::CorpusRuns<PpCliTest> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / fmt::format("dpt_pp_cli_{}", ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    test::write_word_corpus(dir_ / "corpus.txt",
-                            {"the", "pipe", "stage", "micro", "batch", "bubble", "send", "recv", "grad", "loss"});
-  }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
-
-  static RunResult train(int n, const std::string& args) {
-    return test::train_ranks(dpt_bin(), n, dir_ / "corpus.txt", args, dir_, 120);
-  }
-
-  // Trains and returns the saved weights' and metrics' paths' stem.
-  static fs::path run_ok(int n, const std::string& name, const std::string& args) {
-    const fs::path stem = dir_ / name;
-    const RunResult r = train(n, fmt::format("{} --save {} --metrics-out {} --summary-out {}", args,
-                                             q(stem.string() + ".st"), q(stem.string() + ".jsonl"),
-                                             q(stem.string() + ".json")));
-    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
-    return stem;
+    make_folder("dpt_pp_cli", {"the", "pipe", "stage", "micro", "batch", "bubble", "send", "recv", "grad", "loss"});
   }
 
   // The final evaluation's loss (the held-out tail of the text).
@@ -98,29 +72,12 @@ class PpCliTest : public ::testing::Test {
 
   // Per tensor and per loss a logs: max|a - b| <= r x max|b|.
   static void expect_within(const fs::path& a, const fs::path& b, double r) {
-    const SafetensorsFile fa = load_safetensors(a.string() + ".st"), fb = load_safetensors(b.string() + ".st");
-    ASSERT_EQ(fa.tensors.size(), fb.tensors.size());
-    double worst = 0.0;
-    for (const NamedTensor& tb : fb.tensors) {
-      const NamedTensor* ta = fa.find(tb.name);
-      ASSERT_NE(ta, nullptr) << tb.name;
-      ASSERT_EQ(ta->data.size(), tb.data.size()) << tb.name;
-      double diff = 0.0, peak = 0.0;
-      for (size_t i = 0; i < tb.data.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(ta->data[i])) << tb.name;
-        diff = std::max(diff, std::fabs(static_cast<double>(ta->data[i]) - tb.data[i]));
-        peak = std::max(peak, std::fabs(static_cast<double>(tb.data[i])));
-      }
-      EXPECT_LE(diff, r * peak) << tb.name << " of " << a << " against " << b;
-      worst = std::max(worst, peak > 0 ? diff / peak : diff);
-    }
+    const double worst = test::expect_tensors_within(a.string() + ".st", b.string() + ".st", r);
     test::expect_losses_within(a, b, r);
     EXPECT_LE(std::fabs(val_loss(a) - val_loss(b)), r * std::fabs(val_loss(b)));
     std::printf("[ measure  ] %s vs %s: worst tensor max|a-b|/max|b| %.3e\n", a.filename().c_str(),
                 b.filename().c_str(), worst);
   }
-
-  static inline fs::path dir_;
 };
 
 TEST_F(PpCliTest, OneMicroBatchIsBitwiseOneProcess) {

@@ -40,11 +40,10 @@ namespace dpt {
 namespace {
 
 namespace fs = std::filesystem;
+using test::dpt_bin;
 using test::q;
 using test::read_file;
 using test::RunResult;
-
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 
 // 12 blocks, one thread per rank, SGD (AdamW would magnify a rounding
 // difference where clipping adds one; none is expected without it).

@@ -31,11 +31,11 @@ namespace dpt {
 namespace {
 
 namespace fs = std::filesystem;
+using test::dpt_bin;
 using test::q;
 using test::read_file;
 using test::RunResult;
 
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 constexpr const char* kTokenizer = DPT_SOURCE_DIR "/tests/fixtures/tokenizer/gpt2_style.json";
 
 constexpr uint64_t kSeed = 7;
@@ -83,8 +83,8 @@ class SampleCliTest : public ::testing::Test {
 
   // Trains with samples and without; both must save the same bytes and log
   // the same losses, and the last sample must be dpt generate's.
-  // generate_args: the run's precision and tokenizer as dpt generate spells
-  // them (the tokenizer is also the run's --tokenizer).
+  // precision: the run's --precision as dpt generate spells it; tokenizer:
+  // a tokenizer.json given to both the run and dpt generate (--tokenizer).
   static void check(int n, const fs::path& data, const std::string& name, const std::string& args,
                     const std::string& precision = "", const std::string& tokenizer = "") {
     const std::string tok = tokenizer.empty() ? "" : "--tokenizer " + q(tokenizer);

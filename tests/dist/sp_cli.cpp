@@ -47,8 +47,6 @@ namespace dpt {
 namespace {
 
 namespace fs = std::filesystem;
-using test::q;
-using test::RunResult;
 
 constexpr int64_t kLayers = 2, kContext = 16, kVocab = 256, kGptWidth = 48, kLlamaWidth = 32;
 // Six heads: tp 2 and 3 divide them. One thread everywhere.

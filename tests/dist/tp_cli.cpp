@@ -68,14 +68,9 @@
 // same sequences.
 //
 // Registered in tests/CMakeLists.txt (ctest names tp_cli.*).
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -84,6 +79,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../cli_run.h"
+#include "corpus_runs.h"
 #include "comm/types.h"
 #include "io/safetensors.h"
 
@@ -95,8 +91,6 @@ using test::q;
 using test::read_file;
 using test::RunResult;
 
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
-
 // Six heads of 8 channels: tp 2 and 3 both divide them. One thread
 // everywhere, as one process would otherwise take all cores.
 constexpr int64_t kLayers = 2, kWidth = 48, kContext = 16, kVocab = 256;
@@ -104,35 +98,11 @@ const std::string kGpt = fmt::format(
     "--model gpt --layers {} --heads 6 --width {} --context {} --seed 3 --quiet --log-every 1 --threads 1", kLayers,
     kWidth, kContext);
 
-class TpCliTest : public ::testing::Test {
+class TpCliTest : public test::CorpusRuns<TpCliTest> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / fmt::format("dpt_tp_cli_{}", ::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    test::write_word_corpus(dir_ / "corpus.txt",
-                            {"the", "tensor", "slice", "head", "column", "row", "reduce", "sum", "grad", "loss"});
+    make_folder("dpt_tp_cli", {"the", "tensor", "slice", "head", "column", "row", "reduce", "sum", "grad", "loss"});
   }
-  static void TearDownTestSuite() { fs::remove_all(dir_); }
-
-  static RunResult train(int n, const std::string& args) {
-    return test::train_ranks(dpt_bin(), n, dir_ / "corpus.txt", args, dir_, 180);
-  }
-
-  // Trains; returns the stem of the saved weights (.st), metrics (.jsonl)
-  // and summary (.json).
-  static fs::path run_ok(int n, const std::string& name, const std::string& args) {
-    const fs::path stem = dir_ / name;
-    const RunResult r = train(n, fmt::format("{} --save {} --metrics-out {} --summary-out {}", args,
-                                             q(stem.string() + ".st"), q(stem.string() + ".jsonl"),
-                                             q(stem.string() + ".json")));
-    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
-    return stem;
-  }
-
-  static nlohmann::json summary(const fs::path& stem) { return nlohmann::json::parse(read_file(stem.string() + ".json")); }
-
-  static std::map<int64_t, double> losses(const fs::path& stem) { return test::logged_losses(stem); }
 
   // Per tensor and per loss a logs: max|a - b| <= r x max|b|; with
   // skip_key_biases, c_attn.bias's key third is left out (see the top);
@@ -175,8 +145,6 @@ class TpCliTest : public ::testing::Test {
     std::printf("[ measure  ] %s vs %s: worst tensor max|a-b|/max|b| %.3e\n", a.filename().c_str(),
                 b.filename().c_str(), worst);
   }
-
-  static inline fs::path dir_;
 };
 
 TEST_F(TpCliTest, TensorParallelWithinOneProcess) {

@@ -50,10 +50,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using test::dpt_bin;
 using test::q;
 using test::RunResult;
 
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 std::string script() { return std::string(DPT_SOURCE_DIR) + "/scripts/two_hosts.sh"; }
 
 // A small GPT under SGD on a text of its own (--synthetic batches differ by

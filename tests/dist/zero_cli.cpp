@@ -30,11 +30,10 @@ namespace dpt {
 namespace {
 
 namespace fs = std::filesystem;
+using test::dpt_bin;
 using test::q;
 using test::read_file;
 using test::RunResult;
-
-std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
 
 // The MLP of dist_zero: units of 22765, 390 and 140 elements, uneven over
 // 2 and 3 ranks.
