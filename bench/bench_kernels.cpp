@@ -473,8 +473,8 @@ void BM_cross_entropy_backward_bf16(benchmark::State& state, bool with_fp32) {
   for (auto _ : state) {
     // In place, the fp32 gradient replaces the probabilities: later
     // iterations read gradients, the same traffic.
-    dpt::cross_entropy_backward_bf16(with_fp32 ? probs.f32() : nullptr, d16.data(), probs.f32(), targets.data(), N,
-                                     V, scale);
+    dpt::cross_entropy_backward_bf16(with_fp32 ? probs.f32() : nullptr, d16.data(), V, probs.f32(), targets.data(),
+                                     N, V, scale);
     benchmark::DoNotOptimize(d16.data());
     benchmark::ClobberMemory();
   }

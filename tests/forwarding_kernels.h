@@ -158,9 +158,9 @@ class ForwardingKernels : public Kernels {
                               float scale) const override {
     inner_.cross_entropy_backward(dlogits, probs, targets, N, V, scale);
   }
-  void cross_entropy_backward(float* dlogits, bf16* dlogits16, const float* probs, const int32_t* targets, int64_t N,
-                              int64_t V, float scale) const override {
-    inner_.cross_entropy_backward(dlogits, dlogits16, probs, targets, N, V, scale);
+  void cross_entropy_backward(float* dlogits, bf16* dlogits16, int64_t ld16, const float* probs,
+                              const int32_t* targets, int64_t N, int64_t V, float scale) const override {
+    inner_.cross_entropy_backward(dlogits, dlogits16, ld16, probs, targets, N, V, scale);
   }
   void residual_forward(float* out, const float* a, const float* b, int64_t n) const override {
     inner_.residual_forward(out, a, b, n);

@@ -314,6 +314,19 @@ TEST_F(CudaKernels, CrossEntropyAndPaddedRows) {
     EXPECT_LE(std::fabs(gl - cl), kF32 * std::fabs(cl)) << "loss" << shape << ": gpu " << gl << ", cpu " << cl;
     EXPECT_EQ(gc, cc) << "correct argmaxes" << shape;
     expect_within(down(g, N * V), std::vector<float>(c.begin(), c.begin() + N * V), kF32, "probabilities" + shape);
+    // A bf16 run's copy in the padded rows (the CPU's without the fp32
+    // gradient), the pad columns zero: within bf16 rounding.
+    std::vector<bf16> c16(static_cast<size_t>(N * Vp));
+    cpu().cross_entropy_backward(nullptr, c16.data(), Vp, c.data(), t.data(), N, V, 0.25f);
+    bf16* g16 = up(std::vector<bf16>(static_cast<size_t>(N * Vp), bf16{0x7777}));
+    gk().cross_entropy_backward(nullptr, g16, Vp, g, gt, N, V, 0.25f);
+    std::vector<float> c16f(c16.size()), g16f(c16.size());
+    cpu().convert(c16f.data(), c16.data(), c16.size());
+    const auto g16d = down(g16, c16.size());
+    cpu().convert(g16f.data(), g16d.data(), g16d.size());
+    expect_within(g16f, c16f, kBf16, "bf16 dlogits, padded" + shape);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t v = V; v < Vp; ++v) ASSERT_EQ(g16d[n * Vp + v].bits, 0) << "pad column " << v << shape;
     cpu().cross_entropy_backward(c.data(), c.data(), t.data(), N, V, 0.25f);
     gk().cross_entropy_backward(g, g, gt, N, V, 0.25f);
     expect_within(down(g, N * V), std::vector<float>(c.begin(), c.begin() + N * V), kF32, "dlogits" + shape);

@@ -185,13 +185,22 @@ TEST_P(LayerGrad, CrossEntropyBackwardWithTheBf16CopyIsItsParts) {
     cross_entropy_backward(want.data(), want.data(), targets.data(), N, V, 1.0f / N);
     std::vector<bf16> want16(N * V), got16(N * V), alone16(N * V);
     convert(want16.data(), want.data(), want.size());
-    cross_entropy_backward_bf16(got.data(), got16.data(), got.data(), targets.data(), N, V, 1.0f / N);
-    cross_entropy_backward_bf16(nullptr, alone16.data(), probs.data(), targets.data(), N, V, 1.0f / N);
+    cross_entropy_backward_bf16(got.data(), got16.data(), V, got.data(), targets.data(), N, V, 1.0f / N);
+    cross_entropy_backward_bf16(nullptr, alone16.data(), V, probs.data(), targets.data(), N, V, 1.0f / N);
     for (int64_t i = 0; i < N * V; ++i) {
       ASSERT_EQ(got[i], want[i]) << i;
       ASSERT_EQ(got16[i].bits, want16[i].bits) << i;
       ASSERT_EQ(alone16[i].bits, want16[i].bits) << "V " << V << ": " << i;
     }
+    // A padded vocabulary (rows Vp apart): what the fp32 gradient unpacked
+    // to the padded rows (pad columns zero) and converted gives, bit for bit.
+    const int64_t Vp = V + 27;
+    std::vector<float> unpacked(static_cast<size_t>(N * Vp), 0.0f);
+    for (int64_t n = 0; n < N; ++n) std::copy(&want[n * V], &want[n * V] + V, &unpacked[n * Vp]);
+    std::vector<bf16> want_padded(static_cast<size_t>(N * Vp)), padded(static_cast<size_t>(N * Vp), bf16{0x7777});
+    convert(want_padded.data(), unpacked.data(), unpacked.size());
+    cross_entropy_backward_bf16(nullptr, padded.data(), Vp, probs.data(), targets.data(), N, V, 1.0f / N);
+    for (int64_t i = 0; i < N * Vp; ++i) ASSERT_EQ(padded[i].bits, want_padded[i].bits) << "V " << V << " padded: " << i;
   }
 }
 

@@ -487,6 +487,23 @@ __global__ void cross_entropy_backward_kernel(float* d, const float* p, const in
   }
 }
 
+// The same gradient (into d where given, [N, V]) and its bf16 copy in rows
+// ld16 apart, the columns past V zero. d may alias p: each element is read
+// and written by one thread.
+__global__ void cross_entropy_backward_bf16_kernel(float* d, bf16* d16, int64_t ld16, const float* p,
+                                                   const int32_t* targets, int64_t N, int64_t V, float scale) {
+  GRID_LOOP(i, N * ld16) {
+    const int64_t n = i / ld16, v = i % ld16, j = n * V + v;
+    if (v >= V) {
+      d16[i] = bf16{0};
+      continue;
+    }
+    const float x = p[j] * scale - (v == targets[n] ? scale : 0.0f);
+    if (d) d[j] = x;
+    d16[i] = bf16{to_bf16_bits(x)};
+  }
+}
+
 // Sum of squares: per-block partials in double, then summed in block order.
 constexpr int kSumBlocks = 1024;
 __global__ void square_partial_kernel(const float* x, int64_t n, double* partial) {
@@ -917,11 +934,11 @@ class CudaKernels final : public Kernels {
     cross_entropy_backward_kernel<<<blocks_for(N * V), kThreads, 0, stream_>>>(dlogits, probs, targets, N, V, scale);
     LAUNCHED();
   }
-  // The two passes the CPU fuses, one kernel each.
-  void cross_entropy_backward(float* dlogits, bf16* dlogits16, const float* probs, const int32_t* targets, int64_t N,
-                              int64_t V, float scale) const override {
-    cross_entropy_backward(dlogits, probs, targets, N, V, scale);
-    convert(dlogits16, dlogits, static_cast<size_t>(N * V));
+  void cross_entropy_backward(float* dlogits, bf16* dlogits16, int64_t ld16, const float* probs,
+                              const int32_t* targets, int64_t N, int64_t V, float scale) const override {
+    cross_entropy_backward_bf16_kernel<<<blocks_for(N * ld16), kThreads, 0, stream_>>>(dlogits, dlogits16, ld16, probs,
+                                                                                     targets, N, V, scale);
+    LAUNCHED();
   }
   void residual_forward(float* out, const float* a, const float* b, int64_t n) const override {
     add_kernel<<<blocks_for(n), kThreads, 0, stream_>>>(out, a, b, n);

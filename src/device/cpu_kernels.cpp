@@ -192,9 +192,9 @@ class CpuKernels final : public Kernels {
                               float scale) const override {
     dpt::cross_entropy_backward(dlogits, probs, targets, N, V, scale);
   }
-  void cross_entropy_backward(float* dlogits, bf16* dlogits16, const float* probs, const int32_t* targets, int64_t N,
-                              int64_t V, float scale) const override {
-    dpt::cross_entropy_backward_bf16(dlogits, dlogits16, probs, targets, N, V, scale);
+  void cross_entropy_backward(float* dlogits, bf16* dlogits16, int64_t ld16, const float* probs,
+                              const int32_t* targets, int64_t N, int64_t V, float scale) const override {
+    dpt::cross_entropy_backward_bf16(dlogits, dlogits16, ld16, probs, targets, N, V, scale);
   }
   void residual_forward(float* out, const float* a, const float* b, int64_t n) const override {
     dpt::residual_forward(out, a, b, n);

@@ -154,10 +154,11 @@ class Kernels {
                                       int64_t V, int64_t* correct) const = 0;
   virtual void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* targets, int64_t N,
                                       int64_t V, float scale) const = 0;
-  // The same, and dlogits in bf16 into dlogits16 (the CPU's in one pass;
-  // there dlogits may be null: the copy alone, as gelu_backward's).
-  virtual void cross_entropy_backward(float* dlogits, bf16* dlogits16, const float* probs, const int32_t* targets,
-                                      int64_t N, int64_t V, float scale) const = 0;
+  // The same, and dlogits in bf16 into dlogits16, rows ld16 apart (>= V;
+  // the columns past V zero: a padded vocabulary's layout), in one pass;
+  // on the CPU dlogits may be null (the copy alone, as gelu_backward's).
+  virtual void cross_entropy_backward(float* dlogits, bf16* dlogits16, int64_t ld16, const float* probs,
+                                      const int32_t* targets, int64_t N, int64_t V, float scale) const = 0;
   // nn/residual.h
   virtual void residual_forward(float* out, const float* a, const float* b, int64_t n) const = 0;
   // Rows of a padded matrix in place: pack_rows moves N rows of `padded`

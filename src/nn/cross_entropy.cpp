@@ -76,13 +76,14 @@ DPT_CPU_CLONES void cross_entropy_backward(float* dlogits, const float* probs, c
   }
 }
 
-DPT_CPU_CLONES void cross_entropy_backward_bf16(float* dlogits, bf16* dlogits16, const float* probs,
+DPT_CPU_CLONES void cross_entropy_backward_bf16(float* dlogits, bf16* dlogits16, int64_t ld16, const float* probs,
                                                 const int32_t* targets, int64_t N, int64_t V, float scale) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* p = probs + n * V;
-    bf16* d16 = dlogits16 + n * V;
+    bf16* d16 = dlogits16 + n * ld16;
     const int32_t t = targets[n];
+    std::fill(d16 + V, d16 + ld16, bf16{0});
     if (!dlogits) {
 #pragma omp simd
       for (int64_t v = 0; v < V; ++v) d16[v] = to_bf16(p[v] * scale);

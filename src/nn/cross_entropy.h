@@ -22,7 +22,9 @@ void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* t
 // own would read again. Bit for bit cross_entropy_backward then convert.
 // dlogits null: the bf16 copy alone (the probabilities' lines are read, not
 // written back: a bf16 run's GEMMs read only the copy).
-void cross_entropy_backward_bf16(float* dlogits, bf16* dlogits16, const float* probs, const int32_t* targets,
-                                 int64_t N, int64_t V, float scale);
+// ld16 (>= V): dlogits16's row stride, its columns [V, ld16) written zero
+// (a padded vocabulary's rows, as unpack_rows leaves them).
+void cross_entropy_backward_bf16(float* dlogits, bf16* dlogits16, int64_t ld16, const float* probs,
+                                 const int32_t* targets, int64_t N, int64_t V, float scale);
 
 }  // namespace dpt
