@@ -4,8 +4,8 @@
 //
 // Two processes each run W-MLP's rank step at DDP's per-rank batch (128 of
 // the global 256; 784 -> 1024 -> 1024 -> 10, ReLU, SGD with momentum 0.9,
-// one thread each) through the engine's own kernels (linear_forward,
-// linear_backward, sgd_update), three ways, taking turns in each round:
+// one thread each) through the engine's own kernels (linear, ReLU,
+// cross-entropy, sgd_update), four ways, taking turns in each round:
 //
 //   free      the pair: both run, never waiting for each other
 //   lockstep  both run, and meet at a barrier after backward every step,
@@ -31,7 +31,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
@@ -40,6 +39,8 @@
 
 #include "core/rng.h"
 #include "core/threads.h"
+#include "nn/activations.h"
+#include "nn/cross_entropy.h"
 #include "nn/linear.h"
 #include "nn/update.h"
 #include "tensor/flat_buffer.h"
@@ -83,7 +84,7 @@ struct Mlp {
   }
   dpt::FlatBuffer p = floats(count()), g = floats(count()), m = floats(count());
   dpt::FlatBuffer x = floats(kBatch * kIn), h1 = floats(kBatch * kHidden), h2 = floats(kBatch * kHidden);
-  dpt::FlatBuffer logits = floats(kBatch * kOut), dlogits = floats(kBatch * kOut);
+  dpt::FlatBuffer logits = floats(kBatch * kOut);  // then the probabilities, then their gradient
   dpt::FlatBuffer d1 = floats(kBatch * kHidden), d2 = floats(kBatch * kHidden);
   std::vector<int32_t> labels = std::vector<int32_t>(kBatch);
 
@@ -101,34 +102,22 @@ struct Mlp {
     for (int64_t i = 0; i < kBatch * kIn; ++i) x.f32()[i] = rng.uniform();
     for (auto& l : labels) l = static_cast<int32_t>(rng.below(kOut));
   }
-  static void relu(float* v, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) v[i] = std::max(v[i], 0.0f);
-  }
-  static void relu_backward(float* d, const float* y, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) d[i] = y[i] > 0.0f ? d[i] : 0.0f;
-  }
   void forward() {
     dpt::linear_forward(h1.f32(), x.f32(), param(0), param(1), kBatch, kIn, kHidden);
-    relu(h1.f32(), kBatch * kHidden);
+    dpt::relu_forward(h1.f32(), h1.f32(), kBatch * kHidden);
     dpt::linear_forward(h2.f32(), h1.f32(), param(2), param(3), kBatch, kHidden, kHidden);
-    relu(h2.f32(), kBatch * kHidden);
+    dpt::relu_forward(h2.f32(), h2.f32(), kBatch * kHidden);
     dpt::linear_forward(logits.f32(), h2.f32(), param(4), param(5), kBatch, kHidden, kOut);
-    for (int64_t n = 0; n < kBatch; ++n) {  // softmax cross-entropy's gradient, mean over the batch
-      const float* z = logits.f32() + n * kOut;
-      float* dz = dlogits.f32() + n * kOut;
-      const float mx = *std::max_element(z, z + kOut);
-      float sum = 0;
-      for (int64_t c = 0; c < kOut; ++c) sum += dz[c] = std::exp(z[c] - mx);
-      for (int64_t c = 0; c < kOut; ++c) dz[c] = (dz[c] / sum - (c == labels[n] ? 1.0f : 0.0f)) / kBatch;
-    }
+    dpt::cross_entropy_forward(logits.f32(), logits.f32(), labels.data(), kBatch, kOut, nullptr);
   }
   void backward() {
-    dpt::linear_backward(d2.f32(), part(grad, 4), part(grad, 5), dlogits.f32(), h2.f32(), param(4), kBatch, kHidden,
-                         kOut);
-    relu_backward(d2.f32(), h2.f32(), kBatch * kHidden);
+    float* dlogits = logits.f32();  // the mean loss's gradient, over the probabilities
+    dpt::cross_entropy_backward(dlogits, dlogits, labels.data(), kBatch, kOut, 1.0f / kBatch);
+    dpt::linear_backward(d2.f32(), part(grad, 4), part(grad, 5), dlogits, h2.f32(), param(4), kBatch, kHidden, kOut);
+    dpt::relu_backward(d2.f32(), d2.f32(), h2.f32(), kBatch * kHidden);
     dpt::linear_backward(d1.f32(), part(grad, 2), part(grad, 3), d2.f32(), h1.f32(), param(2), kBatch, kHidden,
                          kHidden);
-    relu_backward(d1.f32(), h1.f32(), kBatch * kHidden);
+    dpt::relu_backward(d1.f32(), d1.f32(), h1.f32(), kBatch * kHidden);
     dpt::linear_backward(static_cast<float*>(nullptr), part(grad, 0), part(grad, 1), d1.f32(), x.f32(), param(0),
                          kBatch, kIn, kHidden);
   }

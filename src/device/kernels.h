@@ -156,7 +156,7 @@ class Kernels {
                                       int64_t V, float scale) const = 0;
   // The same, and dlogits in bf16 into dlogits16, rows ld16 apart (>= V;
   // the columns past V zero: a padded vocabulary's layout), in one pass;
-  // on the CPU dlogits may be null (the copy alone, as gelu_backward's).
+  // dlogits may be null (the copy alone).
   virtual void cross_entropy_backward(float* dlogits, bf16* dlogits16, int64_t ld16, const float* probs,
                                       const int32_t* targets, int64_t N, int64_t V, float scale) const = 0;
   // nn/residual.h

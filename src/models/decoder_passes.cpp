@@ -396,19 +396,16 @@ void Decoder::head_backward(float loss_scale) {
   const Acts& a = act_;
   const float scale = loss_scale / static_cast<float>(N);
   // In a bf16 run the head's GEMMs read a bf16 copy of the logits'
-  // gradient: written by the cross-entropy's backward as it makes the
-  // gradient, in the GEMMs' rows (a padded vocabulary's pad columns zero),
-  // except where the vocabulary is split (converted in a pass of its own:
-  // operand). On the CPU the fp32 gradient is not written at all (the
-  // GEMMs read only the copy; the probabilities' lines are not written
-  // back, and a padded vocabulary's rows need no unpacking); the GPU keeps
-  // its path through the fp32 gradient where the rows are padded.
+  // gradient: written by the cross-entropy's backward, alone (the fp32
+  // gradient is not written: the probabilities' lines are not written
+  // back), straight into the GEMMs' rows (a padded vocabulary's pad
+  // columns zero, no unpacking); where the vocabulary is split, converted
+  // in a pass of its own (operand).
   const CT* dlogits = nullptr;
   if (vocab_parallel()) {
     vocab_ce_backward(a.logits, tgt(), wte_first_row(), N, Vp, vocab_live(), scale);
-  } else if (std::is_same_v<CT, bf16> && (Vp == V || device_ == Device::CPU)) {
-    float* fp32 = device_ == Device::CPU ? nullptr : a.logits;
-    k().cross_entropy_backward(fp32, static_cast<bf16*>(a.dout16), Vp, a.logits, tgt(), N, V, scale);
+  } else if (std::is_same_v<CT, bf16>) {
+    k().cross_entropy_backward(nullptr, static_cast<bf16*>(a.dout16), Vp, a.logits, tgt(), N, V, scale);
     dlogits = static_cast<const CT*>(a.dout16);
   } else {
     k().cross_entropy_backward(a.logits, a.logits, tgt(), N, V, scale);

@@ -299,8 +299,8 @@ void check_strategy_flags(const TrainOptions& o, bool named, int dp) {
 }
 
 void check_zero_accumulate(const TrainOptions& o, bool given) {
-  // One micro-batch per step: nothing is accumulated (local only keeps
-  // full gradients for nothing).
+  // One micro-batch per step: nothing is accumulated, so the setting would
+  // pass unread.
   if (given && o.grad_accum == 1)
     throw InputError("--zero-accumulate sets how a sharded strategy keeps its gradients over --grad-accum's "
                      "micro-batches, and this run has one micro-batch per step (give --grad-accum 2 or more, or "
