@@ -40,6 +40,8 @@
 #include "core/rng.h"
 #include "core/threads.h"
 #include "nn/activations.h"
+#include "nn/activations_avx512.h"
+#include "nn/swiglu.h"
 #include "nn/gemm.h"
 #include "nn/attention.h"
 #include "nn/flash_attention.h"
@@ -250,9 +252,23 @@ void BM_gelu_forward(benchmark::State& state) {
 }
 BENCHMARK(BM_gelu_forward)->Apply(thread_counts);
 
-// The bf16 run's forward: bf16 out (c_proj's GEMM operand), the rational tanh.
-void BM_gelu_forward_bf16(benchmark::State& state) {
+// The bf16 paths' kernels: nn/activations_avx512.h's where the CPU has
+// AVX-512 BF16 ("avx512"), the portable ones (nn/fast_tanh.h's tanh) else or
+// when turned off ("portable"). Returns false (the case skipped) where the
+// kernels asked for cannot run.
+bool bf16_kernels(benchmark::State& state, bool avx512) {
+  dpt::avx512_activations::set_off(!avx512);
+  if (avx512 && !dpt::avx512_activations::enabled()) {
+    state.SkipWithError("this CPU has no AVX-512 BF16");
+    return false;
+  }
+  return true;
+}
+
+// The bf16 run's forward: bf16 out (c_proj's GEMM operand).
+void BM_gelu_forward_bf16(benchmark::State& state, bool avx512) {
   start(state);
+  if (!bf16_kernels(state, avx512)) return;
   const int64_t n = kN * 4 * kC;
   auto inp = random_buffer(n, 31, -4.0f, 4.0f);
   std::vector<dpt::bf16> out(static_cast<size_t>(n));
@@ -263,8 +279,10 @@ void BM_gelu_forward_bf16(benchmark::State& state) {
   }
   // read inp, write out
   report_bytes(state, n * kF32 + n * 2);
+  dpt::avx512_activations::set_off(false);
 }
-BENCHMARK(BM_gelu_forward_bf16)->Apply(thread_counts);
+BENCHMARK_CAPTURE(BM_gelu_forward_bf16, portable, false)->Apply(thread_counts);
+BENCHMARK_CAPTURE(BM_gelu_forward_bf16, avx512, true)->Apply(thread_counts);
 
 // What memory alone allows for the same traffic: fp32 in, bf16 out.
 void BM_convert_bf16(benchmark::State& state) {
@@ -326,8 +344,9 @@ BENCHMARK(BM_gelu_backward_bias_bf16_fused)->Apply(thread_counts);
 
 // The same fused pass without the fp32 gradient (dinp null): what a bf16
 // run's GEMMs read is the bf16 copy alone.
-void BM_gelu_backward_bias_bf16_only(benchmark::State& state) {
+void BM_gelu_backward_bias_bf16_only(benchmark::State& state, bool avx512) {
   start(state);
+  if (!bf16_kernels(state, avx512)) return;
   const int64_t N = kN, OC = 4 * kC, n = N * OC;
   auto inp = random_buffer(n, 32, -4.0f, 4.0f), dout = random_buffer(n, 33);
   auto dbias = zero_buffer(OC);
@@ -339,8 +358,50 @@ void BM_gelu_backward_bias_bf16_only(benchmark::State& state) {
   }
   // read dout and inp, write the bf16 copy
   report_bytes(state, 2 * n * kF32 + n * 2);
+  dpt::avx512_activations::set_off(false);
 }
-BENCHMARK(BM_gelu_backward_bias_bf16_only)->Apply(thread_counts);
+BENCHMARK_CAPTURE(BM_gelu_backward_bias_bf16_only, portable, false)->Apply(thread_counts);
+BENCHMARK_CAPTURE(BM_gelu_backward_bias_bf16_only, avx512, true)->Apply(thread_counts);
+
+// ---------------------------------------------------------------- SwiGLU
+// A bf16 run's SwiGLU over N rows of I = 4C (gate | up in, bf16 out; and
+// the backward's bf16 copy alone, as a bf16 run on the CPU asks).
+
+void BM_swiglu_forward_bf16(benchmark::State& state, bool avx512) {
+  start(state);
+  if (!bf16_kernels(state, avx512)) return;
+  const int64_t N = kN, I = 4 * kC;
+  auto gu = random_buffer(N * 2 * I, 34, -4.0f, 4.0f);
+  std::vector<dpt::bf16> out(static_cast<size_t>(N * I));
+  for (auto _ : state) {
+    dpt::swiglu_forward(out.data(), gu.f32(), N, I);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  // read gate and up, write out
+  report_bytes(state, 2 * N * I * kF32 + N * I * 2);
+  dpt::avx512_activations::set_off(false);
+}
+BENCHMARK_CAPTURE(BM_swiglu_forward_bf16, portable, false)->Apply(thread_counts);
+BENCHMARK_CAPTURE(BM_swiglu_forward_bf16, avx512, true)->Apply(thread_counts);
+
+void BM_swiglu_backward_bf16(benchmark::State& state, bool avx512) {
+  start(state);
+  if (!bf16_kernels(state, avx512)) return;
+  const int64_t N = kN, I = 4 * kC;
+  auto gu = random_buffer(N * 2 * I, 35, -4.0f, 4.0f), dout = random_buffer(N * I, 36);
+  std::vector<dpt::bf16> dgu16(static_cast<size_t>(N * 2 * I));
+  for (auto _ : state) {
+    dpt::swiglu_backward(nullptr, dgu16.data(), dout.f32(), gu.f32(), N, I);
+    benchmark::DoNotOptimize(dgu16.data());
+    benchmark::ClobberMemory();
+  }
+  // read gate, up and dout, write both halves' bf16 copy
+  report_bytes(state, 3 * N * I * kF32 + 2 * N * I * 2);
+  dpt::avx512_activations::set_off(false);
+}
+BENCHMARK_CAPTURE(BM_swiglu_backward_bf16, portable, false)->Apply(thread_counts);
+BENCHMARK_CAPTURE(BM_swiglu_backward_bf16, avx512, true)->Apply(thread_counts);
 
 // ---------------------------------------------------------------- LayerNorm
 // [N, C] = [2048, 256].

@@ -11,6 +11,7 @@
 //    agree with them within 1e-5 (skipped without a GPU).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <regex>
@@ -316,15 +317,17 @@ TEST_P(DecoderLayers, Bf16OutputsAreTheFp32OnesRounded) {
   swiglu_backward(dgu.data(), dgu16.data(), dy.data(), gu.data(), N, I);
   const std::vector<std::pair<const std::vector<float>*, const std::vector<bf16>*>> pairs{
       {&y, &y16}, {&s, &s16}, {&dgu, &dgu16}};
+  // RMSNorm's exactly; SwiGLU's bf16 path takes its sigmoid another way
+  // (nn/activations_avx512.h or nn/fast_tanh.h, held against the exact
+  // function by test_activations_bf16), so an output may sit one rounding
+  // step from the fp32 value's.
   for (size_t p = 0; p < pairs.size(); ++p) {
     const auto& [f32, b16] = pairs[p];
-    std::vector<uint16_t> want(f32->size()), got(f32->size());
+    const int max_steps = p == 0 ? 0 : 1;
     for (size_t i = 0; i < f32->size(); ++i) {
-      const bf16 r = to_bf16((*f32)[i]);
-      std::memcpy(&want[i], &r, 2);
-      std::memcpy(&got[i], &(*b16)[i], 2);
+      const int want = to_bf16((*f32)[i]).bits, got = (*b16)[i].bits;
+      ASSERT_LE(std::abs(got - want), max_steps) << "pair " << p << ", element " << i;
     }
-    EXPECT_TRUE(test::bitwise_equal(got.data(), want.data(), want.size())) << "pair " << p;
   }
 }
 

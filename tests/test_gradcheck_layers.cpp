@@ -121,13 +121,13 @@ TEST_P(LayerGrad, Gelu) {
 }
 
 // The fused GELU backward (with the bias gradient and the bf16 copy) is its
-// three parts: the gradient as gelu_backward's, to within 3e-5 of gelu'
-// (the two loops split vector bodies and tails differently, and under
-// -ffast-math GCC divides by a refined reciprocal in vector code and exactly
-// in scalar code; where 1 + tanh cancels, that shows), and from that gradient
-// exactly the
-// bias sums linear_backward_bias makes, in its order, and convert's bf16;
-// at a width that is not a multiple of the 64-column blocks, in place.
+// three parts: the gradient as gelu_backward's, to within 2e-4 (the bf16
+// path's sigmoid: nn/activations_avx512.h, or nn/fast_tanh.h's, whose
+// vector loop divides by a refined reciprocal; test_activations_bf16 holds
+// both against the exact gelu'), and from that gradient exactly the bias
+// sums linear_backward_bias makes, in its order, and convert's bf16; at a
+// width that is not a multiple of the 64-column blocks, in place. Without
+// the bf16 copy the fp32 path's gradient, to within 3e-5.
 TEST_P(LayerGrad, GeluBackwardFusedIsItsParts) {
   const int64_t N = 37, OC = 150;
   const auto x = random_vector(N * OC, rng, 3.0f), dy = random_vector(N * OC, rng);
@@ -142,7 +142,8 @@ TEST_P(LayerGrad, GeluBackwardFusedIsItsParts) {
   linear_backward_bias(db.data(), fused.data(), N, OC);
   convert(want16.data(), fused.data(), static_cast<size_t>(N * OC));
   for (int64_t i = 0; i < N * OC; ++i) {
-    ASSERT_NEAR(fused[i], dx[i], 3e-5 * std::fabs(dy[i])) << i << ": x " << x[i] << ", dy " << dy[i];
+    ASSERT_NEAR(fused[i], dx[i], 2e-4 * std::fabs(dy[i]) * (1.0f + std::fabs(x[i])))
+        << i << ": x " << x[i] << ", dy " << dy[i];
     ASSERT_EQ(fused16[i].bits, want16[i].bits) << i;
   }
   for (int64_t o = 0; o < OC; ++o) ASSERT_EQ(fused_db[o], db[o]) << o;

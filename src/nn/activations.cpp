@@ -1,5 +1,6 @@
 #include "nn/activations.h"
 
+#include "nn/activations_avx512.h"
 #include "nn/fast_exp.h"
 #include "nn/fast_tanh.h"
 
@@ -67,6 +68,16 @@ inline float gelu_grad_bf16path(float dout, float x) {
 template <typename T>
 DPT_CPU_CLONES void gelu_forward(T* out, const float* inp, int64_t n) {
   if constexpr (std::is_same_v<T, bf16>) {
+    if (avx512_activations::enabled()) {
+#pragma omp parallel
+      {
+        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t per = ((n + nt - 1) / nt + 15) / 16 * 16;  // whole vectors
+        const int64_t b = std::min(n, t * per), e = std::min(n, b + per);
+        if (b < e) avx512_activations::gelu_forward(out + b, inp + b, e - b);
+      }
+      return;
+    }
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(gelu_bf16path(inp[i]));
   } else {
@@ -90,6 +101,7 @@ DPT_CPU_CLONES void gelu_backward(float* dinp, bf16* dinp16, float* dbias, const
   // thread, so memory is read in order) and sums each of its columns over
   // all rows in row order, from zero, before adding the sum to dbias: the
   // sums linear_backward_bias makes, whatever the thread count.
+  const bool avx512 = dinp16 && avx512_activations::enabled();
 #pragma omp parallel
   {
     const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -105,7 +117,9 @@ DPT_CPU_CLONES void gelu_backward(float* dinp, bf16* dinp16, float* dbias, const
       bf16* dx16 = dinp16 ? dinp16 + n * OC : nullptr;
       // One loop body per case, no test inside: the vector loops stay
       // branch-free.
-      if (!dx16) {
+      if (avx512) {
+        avx512_activations::gelu_backward(dx ? dx + c0 : nullptr, dx16 + c0, acc + c0, dy + c0, x + c0, c1 - c0);
+      } else if (!dx16) {
 #pragma omp simd
         for (int64_t c = c0; c < c1; ++c) {
           const float d = gelu_grad(dy[c], x[c]);
