@@ -16,13 +16,14 @@ summary has the step budget (step_gemm_ms_median: time inside GEMM calls,
 nn/gemm.h) also gives the GEMMs' share of the step and the rate the GEMMs
 alone ran at, against the same peak.
 
---extra adds `dpt train` flags to both (another shape: "--vocab 50257 --batch
+--model llama measures W-LLAMA instead (the same figures). --extra adds
+`dpt train` flags to both (another shape: "--vocab 50257 --batch
 4", GPT-2's vocabulary at 4 sequences) and --precision fp32 runs the same in
 fp32 (the peak is then the fp32 GEMM rate).
 
 Usage:
   /usr/bin/python3 bench/bf16_step_bench.py --a /tmp/main/dpt --b build/dpt [--repeat 5] [--steps 60]
-      [--precision fp32] [--extra "--vocab 50257 --batch 4"]
+      [--model llama] [--precision fp32] [--extra "--vocab 50257 --batch 4"]
 Result: results/bf16_step.json (--out to change).
 """
 
@@ -39,15 +40,20 @@ from bench_util import RunError, run_and_load, write_json
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def one_run(dpt, steps, tmp, precision, extra):
+# The reference workloads by --model: `dpt train --model gpt` is W-GPT's
+# shape, `--model llama` W-LLAMA's (WORKLOADS.md).
+WORKLOAD = {"gpt": "W-GPT", "llama": "W-LLAMA"}
+
+
+def one_run(dpt, steps, tmp, precision, extra, model):
     path = os.path.join(tmp, "summary.json")
     metrics = os.path.join(tmp, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    cmd = [dpt, "train", "--model", "gpt", "--precision", precision, "--synthetic", "--steps", str(steps),
+    cmd = [dpt, "train", "--model", model, "--precision", precision, "--synthetic", "--steps", str(steps),
            "--threads", "1", "--quiet", "--summary-out", path, "--log-every", "1", "--metrics-out", metrics] + extra
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    s = run_and_load(f"{dpt} W-GPT {precision}", cmd, path, env=env, timeout=900)
+    s = run_and_load(f"{dpt} {WORKLOAD[model]} {precision}", cmd, path, env=env, timeout=900)
     with open(metrics) as f:
         per_step = [json.loads(line)["step_ms"] for line in f if line.strip()][5:]
     fast = statistics.quantiles(per_step, n=10)[0]
@@ -72,6 +78,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--steps", type=int, default=60, help="steps per run (default 60; the first 20 are warm-up)")
     ap.add_argument("--precision", choices=["bf16", "fp32"], default="bf16", help="the runs' --precision (default bf16)")
+    ap.add_argument("--model", choices=sorted(WORKLOAD), default="gpt", help="gpt: W-GPT (default), llama: W-LLAMA")
     ap.add_argument("--extra", default="", help='more `dpt train` flags for both, e.g. "--vocab 50257 --batch 4"')
     ap.add_argument("--out", default=os.path.join(HERE, "results", "bf16_step.json"))
     args = ap.parse_args()
@@ -80,11 +87,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeat):
             print(f"round {r + 1}/{args.repeat}", file=sys.stderr, flush=True)
-            rounds.append({side: one_run(dpt, args.steps, tmp, args.precision, extra)
+            rounds.append({side: one_run(dpt, args.steps, tmp, args.precision, extra, args.model)
                            for side, dpt in (("a", args.a), ("b", args.b))})
     med = lambda side, k: statistics.median(x[side][k] for x in rounds)  # noqa: E731
     result = {"a": os.path.abspath(args.a), "b": os.path.abspath(args.b), "repeat": args.repeat,
-              "steps": args.steps, "precision": args.precision, "extra": extra, "cpu": cpu_name(), "rounds": rounds,
+              "steps": args.steps, "model": args.model, "precision": args.precision, "extra": extra, "cpu": cpu_name(), "rounds": rounds,
               "medians": {}}
     for side in ("a", "b"):
         m = {k: med(side, k) for k in ("tokens_per_s", "step_ms", "step_cpu_ms", "step_ms_p10", "gemm_peak_gflops",
@@ -98,7 +105,7 @@ def main():
               "b_over_a_fastest_tenth": statistics.median(x["a"]["step_ms_p10"] / x["b"]["step_ms_p10"]
                                                           for x in rounds)}
     result["medians"]["ratios"] = ratios
-    print(f"W-GPT {args.precision} {' '.join(extra)}, 1 thread, {args.repeat} interleaved rounds of {args.steps} "
+    print(f"{WORKLOAD[args.model]} {args.precision} {' '.join(extra)}, 1 thread, {args.repeat} interleaved rounds of {args.steps} "
           f"steps ({result['cpu']})")
     print(f"{'':4} {'tokens/s':>9} {'step ms':>8} {'cpu ms':>8} {'p10 ms':>8} {'peak':>7}  "
           f"{'of peak: wall':>13} {'cpu':>5} {'p10':>5}  GEMMs: share, alone of peak")

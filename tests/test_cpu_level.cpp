@@ -39,11 +39,14 @@ TEST(CpuLevel, AvxOnlyInsideTheClonesAndEveryKernelCloned) {
   if (!dpt::cpu_kernels_cloned()) GTEST_SKIP() << "this build has no x86-64-v4 copies (" << dpt::cpu_kernel_level() << ")";
   const std::set<std::string> fns = functions_using_avx512(DPT_BINARY_DIR "/dpt");
   ASSERT_FALSE(fns.empty()) << "objdump found no AVX-512 code in " DPT_BINARY_DIR "/dpt (is binutils installed?)";
-  // The one exception: the fused attention's vdpbf16ps copies (no x86-64
-  // level holds AVX-512 BF16), compiled for that target alone and called
-  // only where the CPU has it (nn/flash_attention.cpp, has_dpbf16).
+  // The exceptions: code for AVX-512 BF16 (no x86-64 level holds it),
+  // compiled for that target alone and called only where the CPU has it:
+  // the fused attention's vdpbf16ps copies (nn/flash_attention.cpp,
+  // has_dpbf16) and the bf16 activations (nn/activations_avx512.cpp,
+  // enabled()).
   const auto dpbf16_copy = [](const std::string& f) {
-    return f.find("15forward_tile_dp") != std::string::npos || f.find("17backward_group_dp") != std::string::npos;
+    return f.find("15forward_tile_dp") != std::string::npos || f.find("17backward_group_dp") != std::string::npos ||
+           f.find("18avx512_activations") != std::string::npos;
   };
   for (const std::string& f : fns)
     EXPECT_TRUE(f.find(".arch_x86_64_v4") != std::string::npos || dpbf16_copy(f))

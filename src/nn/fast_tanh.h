@@ -1,5 +1,6 @@
-// tanh for the bf16 paths of the elementwise kernels (GELU, SiLU), inline so
-// their loops stay one vector body: a rational function x P(x^2) / Q(x^2)
+// tanh for the portable bf16 paths of the elementwise kernels (GELU, SiLU:
+// where the CPU has no AVX-512 BF16, nn/activations_avx512.h's kernels run
+// instead), inline so their loops stay one vector body: a rational function x P(x^2) / Q(x^2)
 // (Eigen's float tanh: degree 13 over degree 6) on |x| < 7.9053, exactly
 // +-1 beyond (tanh is 1 - 2.7e-7 there). At most 1.2e-6 from tanh in
 // absolute terms (measured on a grid of 1e-4 over [-10, 10]); a bf16 ulp
