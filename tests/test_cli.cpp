@@ -232,6 +232,29 @@ TEST_F(CliTest, DeviceAndHsdpAreChecked) {
                     "does not divide");
 }
 
+// A bf16 run's fused attention on the CPU takes bf16 products unless told
+// otherwise (the same run as --attention-products bf16, bit for bit, and
+// not the fp32 products' run); every other run fp32; the summary says which.
+TEST_F(CliTest, AttentionProductsAreBf16WhereTheyCanRun) {
+  const auto products = [&](const std::string& name, const std::string& flags) {
+    const fs::path summary = dir_ / (name + ".json"), weights = dir_ / (name + ".st");
+    const RunResult r = run(fmt::format("train --synthetic --steps 2 --threads 1 {} --summary-out {} --save {}", flags,
+                                        q(summary), q(weights)));
+    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
+    return json::parse(read_file(summary))["attention_products"].get<std::string>();
+  };
+  const std::string gpt = fmt::format("--model gpt {}", kSmallGpt);
+  EXPECT_EQ(products("bf16_default", gpt + " --precision bf16"), "bf16");
+  EXPECT_EQ(products("bf16_given", gpt + " --precision bf16 --attention-products bf16"), "bf16");
+  EXPECT_EQ(products("bf16_fp32_products", gpt + " --precision bf16 --attention-products fp32"), "fp32");
+  EXPECT_EQ(products("bf16_unfused", gpt + " --precision bf16 --attention unfused"), "fp32");
+  EXPECT_EQ(products("fp32", gpt), "fp32");
+  EXPECT_EQ(products("mlp", "--model mlp --batch 8"), "none");
+  const std::string by_default = read_file(dir_ / "bf16_default.st");
+  EXPECT_EQ(by_default, read_file(dir_ / "bf16_given.st"));
+  EXPECT_NE(by_default, read_file(dir_ / "bf16_fp32_products.st"));
+}
+
 TEST_F(CliTest, PrecisionIsCheckedAndReported) {
   expect_user_error(fmt::format("train --model gpt {} --synthetic --steps 1 --precision fp16", kSmallGpt), "--precision");
   expect_user_error("train --model mlp --strategy dp --steps 1 --precision bf16", "bf16");

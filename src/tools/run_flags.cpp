@@ -69,9 +69,9 @@ void RunFlags::add(CLI::App* cmd, TrainOptions& o) {
       ->check(CLI::IsMember({"unfused", "fused"}));
   cmd->add_option("--attention-products", o.attention_products,
                   "--precision bf16 with the fused attention on the CPU: its products (QK^T, PV and their gradients) "
-                  "in fp32 on the bf16-rounded inputs as the GEMMs see them (fp32, the default) or on bf16 copies "
-                  "with fp32 sums (bf16: AVX-512 BF16 where the CPU has it, 1.2-1.35x the fp32 kernel; PyTorch "
-                  "autocast's SDPA; docs/precision.md)")
+                  "on bf16 copies with fp32 sums (bf16, the default there: AVX-512 BF16 where the CPU has it, "
+                  "1.2-1.35x the fp32 kernel; PyTorch autocast's SDPA) or in fp32 on the inputs as the GEMMs see "
+                  "them (fp32, every other run's; docs/precision.md)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->add_option("--offload-chunk-mb", offload_chunk_mb_,
                   "--offload: MiB of each state tensor per chunk (4 buffers of a chunk stay in RAM; default 4)")

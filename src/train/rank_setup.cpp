@@ -56,10 +56,15 @@ bool fused_attention_for(const TrainOptions& o) {
   return o.attention.empty() ? o.device == Device::CPU : o.attention == "fused";
 }
 
+bool bf16_attention_products_for(const TrainOptions& o) {
+  if (!o.attention_products.empty()) return o.attention_products == "bf16";
+  return o.precision == DType::BF16 && o.device == Device::CPU && fused_attention_for(o);
+}
+
 void set_attention(const TrainOptions& o, Model& model) {
   if (auto* d = dynamic_cast<Decoder*>(&model)) {
     d->set_fused_attention(fused_attention_for(o));
-    d->set_bf16_attention_products(o.attention_products == "bf16");
+    d->set_bf16_attention_products(bf16_attention_products_for(o));
   }
 }
 

@@ -51,6 +51,11 @@ std::unique_ptr<Model> build_model(const TrainOptions& o, uint64_t seed);
 // the unfused one (cuBLAS GEMMs) until the fused kernel (fp32 CUDA cores)
 // has been measured against it on a GPU (docs/gpu.md).
 bool fused_attention_for(const TrainOptions& o);
+// Whether the fused attention's products read bf16 copies: as
+// --attention-products says, and by default wherever they can (a bf16 run's
+// fused attention on the CPU), as PyTorch autocast's SDPA computes
+// (docs/precision.md, "The fused attention in bf16").
+bool bf16_attention_products_for(const TrainOptions& o);
 
 // --attention on a transformer (nothing on the MLP, whose flag check
 // refuses it).

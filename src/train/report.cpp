@@ -267,6 +267,7 @@ nlohmann::json Report::json() const {
             {"steps", r.steps}, {"batch", o.batch}, {"grad_accum", o.grad_accum},
             {"precision", precision_name(o.precision)}, {"reduce_dtype", precision_name(o.ddp.reduce_dtype)},
             {"attention", o.model == "mlp" ? "none" : fused_attention_for(o) ? "fused" : "unfused"},
+            {"attention_products", o.model == "mlp" ? "none" : bf16_attention_products_for(o) ? "bf16" : "fp32"},
             {"params", model.param_count()}, {"first_loss", r.first_loss}, {"final_loss", r.final_loss},
             {"step_ms_median", r.step_ms_median}, {"step_cpu_ms_median", r.step_cpu_ms_median},
             {"step_gemm_ms_median", r.step_gemm_ms_median},

@@ -54,9 +54,10 @@ struct TrainOptions {
   // --attention fused or unfused (models/decoder.h); empty: the default,
   // fused on the CPU and unfused on CUDA (fused_attention_for, docs/memory.md).
   std::string attention;
-  // --attention-products: fp32 (default) or bf16 (the fused attention's
-  // products on bf16 copies of their inputs; --precision bf16 on the CPU).
-  std::string attention_products = "fp32";
+  // --attention-products: fp32 or bf16 (the fused attention's products on
+  // bf16 copies of their inputs; --precision bf16 on the CPU); empty: the
+  // default, bf16 where it can run (bf16_attention_products_for).
+  std::string attention_products;
   // Compute precision (docs/precision.md): F32, or BF16 (bf16 compute copies
   // of the parameters, fp32 master weights, fp32 gradients and reductions).
   DType precision = DType::F32;
