@@ -45,10 +45,13 @@ constexpr float kGeluA = 2.0f * 0.7978845608028654f;
 constexpr float kGeluB = kGeluA * 0.044715f;
 constexpr float kGeluYA = -kGeluA * kLog2e;
 constexpr float kGeluYB = -kGeluB * kLog2e;
-// Past |x| = 20 GELU's sigmoid is 0 or 1 in fp32 (2^y is 2^+-869), and
-// clamping keeps x^3 finite (an infinite y would make vreduceps's f NaN).
+// The forwards need no clamp: past the exponent's range vscalefps gives 0
+// or infinity (an infinite y too: vreduceps gives it f = 0), so the sigmoid
+// is 1 or 0 and the output x or -0. The backwards multiply 1 - s by x z'
+// (GELU) or g (SiLU), which would be infinity x 0 far out: they read x
+// clamped where the sigmoid is already 0 or 1 in fp32 (GELU past |x| = 20,
+// where 2^y is 2^+-869; SiLU past |g| = 100, 2^+-144).
 constexpr float kGeluClamp = 20.0f;
-// SiLU's sigmoid past |g| = 100 (2^y is 2^+-144: 0 or infinity).
 constexpr float kSiluClamp = 100.0f;
 
 inline __m512 splat(float v) { return _mm512_set1_ps(v); }
@@ -72,25 +75,27 @@ inline __m512 exp2_of(__m512 y) {
   return _mm512_scalef_ps(p, y);
 }
 
-// A sigmoid 1 / (1 + e) (0 where e is infinite) and its complement 1 - s =
-// e / (1 + e), taken as e s: well conditioned where s is near 1, where 1 - s
-// would cancel. Where e is infinite e s is NaN, which vminps (returning its
-// second operand on a NaN) makes 1.
+// The sigmoid 1 / (1 + e) (0 where e is infinite).
+inline __m512 sigmoid(__m512 e) { return _mm512_rcp14_ps(_mm512_add_ps(splat(1.0f), e)); }
+
+// The sigmoid and its complement 1 - s = e / (1 + e), taken as e s: well
+// conditioned where s is near 1, where 1 - s would cancel. Where e is
+// infinite e s is NaN, which vminps (returning its second operand on a NaN)
+// makes 1.
 struct Sigmoid {
   __m512 s, one_minus_s;
 };
-inline __m512 recip(__m512 d) { return _mm512_rcp14_ps(d); }
-inline Sigmoid sigmoid_of(__m512 e) {
-  const __m512 s = recip(_mm512_add_ps(splat(1.0f), e));
+inline Sigmoid sigmoid_and_complement(__m512 e) {
+  const __m512 s = sigmoid(e);
   return {s, _mm512_min_ps(_mm512_mul_ps(e, s), splat(1.0f))};
 }
 
-// GELU's 2^y (e^-z) at a clamped x (xc) and xc^2.
-inline __m512 gelu_exp2(__m512 xc, __m512 x2) {
-  return exp2_of(_mm512_mul_ps(xc, _mm512_fmadd_ps(splat(kGeluYB), x2, splat(kGeluYA))));
+// GELU's 2^y (e^-z) at x and x^2.
+inline __m512 gelu_exp2(__m512 x, __m512 x2) {
+  return exp2_of(_mm512_mul_ps(x, _mm512_fmadd_ps(splat(kGeluYB), x2, splat(kGeluYA))));
 }
-// SiLU's 2^y (e^-g) at a clamped g.
-inline __m512 silu_exp2(__m512 gc) { return exp2_of(_mm512_mul_ps(gc, splat(-kLog2e))); }
+// SiLU's 2^y (e^-g).
+inline __m512 silu_exp2(__m512 g) { return exp2_of(_mm512_mul_ps(g, splat(-kLog2e))); }
 
 inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline void store(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
@@ -111,9 +116,7 @@ inline void for_vectors(int64_t n, Body body) {
 void gelu_forward(bf16* out, const float* inp, int64_t n) {
   for_vectors(n, [&](int64_t i, __mmask16 m) {
     const __m512 x = load(inp + i, m);
-    const __m512 xc = clamp(x, kGeluClamp);
-    const __m512 s = _mm512_rcp14_ps(_mm512_add_ps(splat(1.0f), gelu_exp2(xc, _mm512_mul_ps(xc, xc))));
-    store(out + i, m, _mm512_mul_ps(x, s));
+    store(out + i, m, _mm512_mul_ps(x, sigmoid(gelu_exp2(x, _mm512_mul_ps(x, x)))));
   });
 }
 
@@ -123,7 +126,7 @@ void gelu_backward(float* dx, bf16* dx16, float* acc, const float* dy, const flo
     const __m512 xc = clamp(load(x + i, m), kGeluClamp);
     const __m512 g = load(dy + i, m);
     const __m512 x2 = _mm512_mul_ps(xc, xc);
-    const Sigmoid sg = sigmoid_of(gelu_exp2(xc, x2));
+    const Sigmoid sg = sigmoid_and_complement(gelu_exp2(xc, x2));
     const __m512 xdz = _mm512_mul_ps(xc, _mm512_fmadd_ps(splat(3.0f * kGeluB), x2, splat(kGeluA)));
     const __m512 d = _mm512_mul_ps(g, _mm512_mul_ps(sg.s, _mm512_fmadd_ps(xdz, sg.one_minus_s, splat(1.0f))));
     if (dx) store(dx + i, m, d);
@@ -135,8 +138,7 @@ void gelu_backward(float* dx, bf16* dx16, float* acc, const float* dy, const flo
 void swiglu_forward(bf16* y, const float* g, const float* u, int64_t I) {
   for_vectors(I, [&](int64_t i, __mmask16 m) {
     const __m512 gv = load(g + i, m);
-    const __m512 s = recip(_mm512_add_ps(splat(1.0f), silu_exp2(clamp(gv, kSiluClamp))));
-    store(y + i, m, _mm512_mul_ps(_mm512_mul_ps(gv, s), load(u + i, m)));
+    store(y + i, m, _mm512_mul_ps(_mm512_mul_ps(gv, sigmoid(silu_exp2(gv))), load(u + i, m)));
   });
 }
 
@@ -146,7 +148,7 @@ void swiglu_backward(float* dg, float* du, bf16* dg16, bf16* du16, const float* 
   for_vectors(I, [&](int64_t i, __mmask16 m) {
     const __m512 gv = load(g + i, m), uv = load(u + i, m), dyv = load(dy + i, m);
     const __m512 gc = clamp(gv, kSiluClamp);
-    const Sigmoid sg = sigmoid_of(silu_exp2(gc));
+    const Sigmoid sg = sigmoid_and_complement(silu_exp2(gc));
     const __m512 ds = _mm512_mul_ps(sg.s, _mm512_fmadd_ps(gc, sg.one_minus_s, splat(1.0f)));
     const __m512 a = _mm512_mul_ps(_mm512_mul_ps(dyv, uv), ds);
     const __m512 b = _mm512_mul_ps(dyv, _mm512_mul_ps(gv, sg.s));

@@ -10,12 +10,15 @@
 // bf16 rounding is one vcvtneps2bf16 (round to nearest even as to_bf16,
 // which takes six; it reads a denormal input as zero, which to_bf16 rounds
 // to a denormal bf16). On W-GPT's 2M elements on one core GELU's bf16
-// forward runs in about half the portable path's time (docs/precision.md).
+// forward runs in under half the portable path's time (docs/performance.md,
+// "GELU and SiLU in AVX-512 BF16").
 //
 // What it costs in accuracy: an output moves by one bf16 rounding step from
-// the correctly rounded value on about 0.1% of elements (the portable path:
-// 0.02%), and the fp32 gradient the backward sums into the bias is within
-// 2e-4 of the exact one, relative (tests/test_activations_bf16.cpp).
+// the correctly rounded value on about 0.1% of elements (the portable path
+// on fewer above 0.05 in magnitude and on more below, where its 1 + tanh
+// cancels), and the fp32 gradient the backward sums into the bias is within
+// 2e-4 of the exact one, relative (tests/test_activations_bf16.cpp;
+// docs/precision.md).
 //
 // Each function handles its whole range (its tail with masked loads and
 // stores), so the bits of an element do not depend on where a thread's range
