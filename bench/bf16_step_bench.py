@@ -45,13 +45,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOAD = {"gpt": "W-GPT", "llama": "W-LLAMA"}
 
 
-def one_run(dpt, steps, tmp, precision, extra, model):
+def one_run(dpt, steps, tmp, precision="bf16", extra=(), model="gpt"):
     path = os.path.join(tmp, "summary.json")
     metrics = os.path.join(tmp, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
     cmd = [dpt, "train", "--model", model, "--precision", precision, "--synthetic", "--steps", str(steps),
-           "--threads", "1", "--quiet", "--summary-out", path, "--log-every", "1", "--metrics-out", metrics] + extra
+           "--threads", "1", "--quiet", "--summary-out", path, "--log-every", "1", "--metrics-out", metrics] + list(extra)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     s = run_and_load(f"{dpt} {WORKLOAD[model]} {precision}", cmd, path, env=env, timeout=900)
     with open(metrics) as f:
