@@ -7,6 +7,7 @@
 
 #include "core/cpu_level.h"
 #include "core/threads.h"
+#include "nn/activations_avx512.h"
 #include "nn/gemm.h"
 #include "train/rank_setup.h"
 
@@ -32,11 +33,14 @@ void Report::print() const {
     std::printf(", no evaluation (--val-fraction 0 holds no text out)");
   }
   std::printf("\nthroughput: %.0f %s (median step %.2f ms after step %zu), %.1f GFLOP/s = %.0f%% of "
-              "measured %s GEMM peak %.1f GFLOP/s%s (%d rank%s, %s; elementwise kernels %s)\n",
+              "measured %s GEMM peak %.1f GFLOP/s%s (%d rank%s, %s; elementwise kernels %s%s)\n",
               mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s", r.step_ms_median,
               skipped_steps, r.gflops, 100.0 * r.mfu, gemm_backend_name(gemm_backend()), r.gemm_gflops,
               o.precision == DType::BF16 ? " with bf16 inputs" : "", world, world == 1 ? "" : "s",
-              gemm_backend_detail().c_str(), cpu_kernel_level());
+              gemm_backend_detail().c_str(), cpu_kernel_level(),
+              o.precision == DType::BF16 && o.model != "mlp" && o.device == Device::CPU && avx512_activations::enabled()
+                  ? ", bf16 GELU/SiLU in AVX-512 BF16"
+                  : "");
   print_step_budget();
   const MemoryBytes& m = r.memory;
   std::printf("memory per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer %.1f MiB, ", m.parameters * kMiB,

@@ -16,6 +16,7 @@
 #include "nn/gemm.h"
 #include "models/decoder.h"
 #include "train/pipeline_executor.h"
+#include "train/rank_setup.h"
 #include "train/report.h"
 
 namespace dpt {
@@ -130,7 +131,11 @@ void print_header(const TrainOptions& o, const Model& model, const Strategy& str
               o.model.c_str(), model.param_count(),
               mesh.pp > 1 ? " on this stage" : mesh.tp > 1 ? " in this rank's tensor-parallel slice" : "",
               o.optimizer.name.c_str(), o.strategy.name().c_str(),
-              o.precision == DType::BF16 ? " in bf16 mixed precision" : "", world,
+              o.precision != DType::BF16 ? ""
+              : o.model == "mlp"         ? " in bf16 mixed precision"
+              : bf16_attention_products_for(o) ? " in bf16 mixed precision (attention products in bf16)"
+                                               : " in bf16 mixed precision (attention products in fp32)",
+              world,
               world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / mesh.dp),
               mesh.pp > 1 || mesh.tp > 1 || mesh.cp > 1 ? "replica" : "rank",
               o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
