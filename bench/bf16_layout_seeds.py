@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench_util import write_json
+
 WORDS = {
     "llama": "the rotary query key group gate up down norm head".split(),
     "cp": "the ring chunk keys values causal balance sum grad loss".split(),
@@ -110,9 +112,7 @@ def main():
         rows = [r for r in result["runs"] if r["lr"] == lr]
         over = sum(1 for r in rows if max(r[k] for k in r if k not in ("lr", "seed")) > args.bound)
         print(f"lr {lr}: {over} of {len(rows)} seeds past {args.bound} on some layout")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "core/dtype.h"
+
 namespace dpt::test {
 
 struct Diff {
@@ -46,13 +48,18 @@ inline bool near(double got, double want, double tol) {
   return finite_pair(got, want) && std::fabs(got - want) <= tol;
 }
 
-// Element-wise difference of got[0..n) and want[0..n) (float or double).
+// An element's value: itself, or a bf16's (exactly, as fp32).
+inline double value_of(double x) { return x; }
+inline double value_of(bf16 x) { return to_f32(x); }
+
+// Element-wise difference of got[0..n) and want[0..n) (float, double or
+// bf16).
 template <class G, class W>
 Diff diff(const G* got, const W* want, size_t n) {
   Diff d;
   d.n = n;
   for (size_t i = 0; i < n; ++i) {
-    const double g = static_cast<double>(got[i]), w = static_cast<double>(want[i]);
+    const double g = value_of(got[i]), w = value_of(want[i]);
     if (!finite_pair(g, w)) {
       if (d.nonfinite++ == 0) d.worst = i, d.got_worst = g, d.want_worst = w;
       d.max_abs = std::numeric_limits<double>::infinity();

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "compare.h"
 #include "core/dtype.h"
 #include "core/threads.h"
 #include "gradcheck.h"
@@ -55,13 +56,6 @@ double gelu_grad(double x) {
   if (off * 100 >= counted)
     return ::testing::AssertionFailure() << off << " of " << counted << " a rounding step off";
   return ::testing::AssertionSuccess();
-}
-
-bool same_bits(const std::vector<bf16>& a, const std::vector<bf16>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].bits != b[i].bits) return false;
-  return true;
 }
 
 // A grid over [-lim, lim] (the tails where the sigmoid saturates included)
@@ -133,7 +127,7 @@ TEST_P(Bf16Activations, GeluBackwardWithinARoundingStep) {
   // The copy alone (no fp32 gradient, as a bf16 run on the CPU asks): the
   // same bits.
   gelu_backward(nullptr, alone16.data(), nullptr, dy.data(), x.data(), N, OC);
-  EXPECT_TRUE(same_bits(alone16, dx16));
+  EXPECT_TRUE(test::bitwise_equal(alone16.data(), dx16.data(), dx16.size()));
 }
 
 TEST_P(Bf16Activations, SwigluWithinARoundingStep) {
@@ -168,7 +162,7 @@ TEST_P(Bf16Activations, SwigluWithinARoundingStep) {
   EXPECT_TRUE(within_a_rounding_step(dgu16, dref, dtol));
   for (int64_t i = 0; i < N * 2 * I; ++i) ASSERT_NEAR(dgu[i], dref[i], 2e-4 * std::fabs(dref[i]) + dtol[i]) << i;
   swiglu_backward(nullptr, alone16.data(), dy.data(), gu.data(), N, I);
-  EXPECT_TRUE(same_bits(alone16, dgu16));
+  EXPECT_TRUE(test::bitwise_equal(alone16.data(), dgu16.data(), dgu16.size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(ThreadsAndKernels, Bf16Activations,
@@ -191,8 +185,8 @@ TEST(Bf16ActivationsDispatch, TheAvx512KernelsRunWhereTheCpuHasThem) {
   avx512_activations::set_off(true);
   gelu_forward(portable.data(), x.data(), n);
   avx512_activations::set_off(false);
-  EXPECT_TRUE(same_bits(engine, direct));
-  EXPECT_FALSE(same_bits(portable, direct));
+  EXPECT_TRUE(test::bitwise_equal(engine.data(), direct.data(), direct.size()));
+  EXPECT_FALSE(test::bitwise_equal(portable.data(), direct.data(), direct.size()));
 }
 
 }  // namespace

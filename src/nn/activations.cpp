@@ -4,8 +4,6 @@
 #include "nn/fast_exp.h"
 #include "nn/fast_tanh.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "core/cpu_level.h"
+#include "core/threads.h"
 
 namespace dpt {
 
@@ -71,10 +70,9 @@ DPT_CPU_CLONES void gelu_forward(T* out, const float* inp, int64_t n) {
     if (avx512_activations::enabled()) {
 #pragma omp parallel
       {
-        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t per = ((n + nt - 1) / nt + 15) / 16 * 16;  // whole vectors
-        const int64_t b = std::min(n, t * per), e = std::min(n, b + per);
-        if (b < e) avx512_activations::gelu_forward(out + b, inp + b, e - b);
+        const ThreadSpan span = thread_span16(n);
+        if (span.begin < span.end)
+          avx512_activations::gelu_forward(out + span.begin, inp + span.begin, span.end - span.begin);
       }
       return;
     }
@@ -104,9 +102,7 @@ DPT_CPU_CLONES void gelu_backward(float* dinp, bf16* dinp16, float* dbias, const
   const bool avx512 = dinp16 && avx512_activations::enabled();
 #pragma omp parallel
   {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t per = ((OC + nt - 1) / nt + 15) / 16 * 16;  // whole 64-byte lines
-    const int64_t c0 = std::min(OC, t * per), c1 = std::min(OC, c0 + per);
+    const auto [c0, c1] = thread_span16(OC);  // whole 64-byte lines
     static thread_local std::vector<float> sums;
     sums.assign(static_cast<size_t>(c1 - c0), 0.0f);
     float* acc = sums.data() - c0;

@@ -1,13 +1,12 @@
 #include "nn/linear.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <type_traits>
 #include <vector>
 
 #include "core/cpu_level.h"
 #include "core/error.h"
+#include "core/threads.h"
 
 #include "nn/gemm.h"
 
@@ -57,9 +56,7 @@ DPT_CPU_CLONES void linear_backward_bias_bf16(float* dbias, bf16* dout16, const 
   // columns), each column summed from zero as linear_backward_bias sums it.
 #pragma omp parallel
   {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t per = ((OC + nt - 1) / nt + 15) / 16 * 16;
-    const int64_t c0 = std::min(OC, t * per), c1 = std::min(OC, c0 + per);
+    const auto [c0, c1] = thread_span16(OC);
     static thread_local std::vector<float> sums;
     sums.assign(static_cast<size_t>(c1 - c0), 0.0f);
     float* acc = sums.data();

@@ -126,16 +126,19 @@ void write_summary(const std::string& path, nlohmann::json j, const TrainResult&
 void print_header(const TrainOptions& o, const Model& model, const Strategy& strategy, const Mesh& mesh,
                   int64_t micro, int64_t steps, bool evaluable, const nlohmann::json& topology) {
   const int world = mesh.world;
+  // A bf16 transformer also names its attention products (docs/precision.md).
+  std::string precision;
+  if (o.precision == DType::BF16) {
+    precision = " in bf16 mixed precision";
+    if (o.model != "mlp")
+      precision += fmt::format(" (attention products in {})", bf16_attention_products_for(o) ? "bf16" : "fp32");
+  }
   std::printf("dpt train: %s, %zu parameters%s, %s, %s%s on %d rank%s, global batch %lld (%lld per %s%s), "
               "%lld steps, %d thread%s per rank\n",
               o.model.c_str(), model.param_count(),
               mesh.pp > 1 ? " on this stage" : mesh.tp > 1 ? " in this rank's tensor-parallel slice" : "",
               o.optimizer.name.c_str(), o.strategy.name().c_str(),
-              o.precision != DType::BF16 ? ""
-              : o.model == "mlp"         ? " in bf16 mixed precision"
-              : bf16_attention_products_for(o) ? " in bf16 mixed precision (attention products in bf16)"
-                                               : " in bf16 mixed precision (attention products in fp32)",
-              world,
+              precision.c_str(), world,
               world == 1 ? "" : "s", static_cast<long long>(o.batch), static_cast<long long>(o.batch / mesh.dp),
               mesh.pp > 1 || mesh.tp > 1 || mesh.cp > 1 ? "replica" : "rank",
               o.grad_accum > 1 ? fmt::format(", {} micro-batches of {}", o.grad_accum, micro).c_str() : "",
