@@ -151,72 +151,127 @@ struct Words<v16> {
 
 // An fp32's bits rounded to bf16 in the top half (to nearest, ties to
 // even; a NaN stays a quiet NaN), as core/dtype.h's to_bf16, but without
-// its branch, so the packing loops vectorize.
+// its branch, so the loops of Mode::Widen vectorize.
 inline uint32_t rounded_bits(float x) {
   const uint32_t u = std::bit_cast<uint32_t>(x);
   return (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x00400000u) : u + 0x7fffu + ((u >> 16) & 1u);
 }
-inline uint16_t round_bf16(float x) { return static_cast<uint16_t>(rounded_bits(x) >> 16); }
 inline float bf16_value(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
-// The word of the pair (a, b): a's bf16 in the low half, b's in the high.
-inline uint32_t pair_word(float a, float b) { return (rounded_bits(a) >> 16) | (rounded_bits(b) & 0xffff0000u); }
 inline const word* words(const std::vector<uint16_t>& b) { return reinterpret_cast<const word*>(b.data()); }
 
-// The bf16 packings, each rounding once: rows [0, n) of a head's slice
-// (times scale) into dst [rows][hdp] (a row's channels in pairs: A of a
-// product over channels) ...
-__attribute__((always_inline)) inline void pack_rows_bf16(uint16_t* dst, const float* src, int64_t ld, int64_t n,
-                                                          int64_t rows, int64_t hd, int64_t hdp, float scale) {
-  for (int64_t r = 0; r < n; ++r) {
-    uint16_t* d = dst + r * hdp;
-    const float* x = src + r * ld;
-#pragma omp simd
-    for (int64_t c = 0; c < hd; ++c) d[c] = round_bf16(x[c] * scale);
-    std::fill(d + hd, d + hdp, uint16_t{0});
-  }
+#if defined(DPT_FLASH_DPBF16)
+// Mode::Dp's packings, on AVX-512 BF16's own conversions: vcvtneps2bf16
+// and vcvtne2ps2bf16 round to nearest even as rounded_bits does, except
+// that a denormal becomes zero (a bf16 denormal is below 1.2e-38: nothing a
+// product of attention's values would show), 16 or 32 values an
+// instruction; and the transposes in 16 x 16 blocks of words in registers.
+// As scalar loops (rounded_bits and one store an element) the packings and
+// the rounding of P and dS were a third of the bf16 backward's time at
+// T 128 (perf). Compiled for AVX-512 BF16 alone: the tile kernels that call
+// them are (flash_tiles.h's second copy).
+#define DPT_DP_INLINE DPT_DPBF16_TARGET __attribute__((always_inline)) inline
+
+// x[c, c + 16), the lanes at or past n zero.
+DPT_DP_INLINE __m512 load16(const float* x, int64_t c, int64_t n) {
+  const int64_t left = std::clamp<int64_t>(n - c, 0, 16);
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << left) - 1u), x + c);
+}
+DPT_DP_INLINE __m256i bf16x16(__m512 x) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)); }
+// bf16s back in fp32 (exact). (Zero-masked forms under an all-ones mask:
+// the plain ones start from _mm512_undefined_epi32, which GCC 12 warns of.)
+DPT_DP_INLINE __m512 widened16(__m256i b) {
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(0xffff, b), 16));
+}
+// The 16 words of pairs (lo[j], hi[j]): lo's bf16 in the low half.
+DPT_DP_INLINE __m512i pair_words16(__m512 lo, __m512 hi) {
+  alignas(64) static constexpr uint16_t kZip[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i halves = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // lo's 16, then hi's
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kZip), halves);
+}
+
+// Rows [0, n) of a head's slice (times scale) into dst [rows][hdp] bf16s
+// (A of a product over channels); the padding zero.
+DPT_DP_INLINE void pack_rows_dp(uint16_t* dst, const float* src, int64_t ld, int64_t n, int64_t rows, int64_t hd,
+                                int64_t hdp, float scale) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < hdp; c += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + r * hdp + c),
+                          bf16x16(_mm512_mul_ps(load16(src + r * ld, c, hd), sc)));
   std::fill(dst + n * hdp, dst + rows * hdp, uint16_t{0});
 }
 
-// ... into pairs of rows, [rows / 2][hdp] words (B of a product over rows
-// or keys) ...
-__attribute__((always_inline)) inline void pack_row_pairs_bf16(uint32_t* dst, const float* src, int64_t ld,
-                                                               int64_t n, int64_t rows, int64_t hd, int64_t hdp,
-                                                               float scale) {
-  for (int64_t r = 0; r < rows; r += 2) {
-    uint32_t* d = dst + (r / 2) * hdp;
-    const float *x = src + r * ld, *y = src + (r + 1) * ld;
-    if (r + 1 < n) {
-#pragma omp simd
-      for (int64_t c = 0; c < hd; ++c) d[c] = pair_word(x[c] * scale, y[c] * scale);
-    } else if (r < n) {
-#pragma omp simd
-      for (int64_t c = 0; c < hd; ++c) d[c] = pair_word(x[c] * scale, 0.0f);
-    } else {
-      std::fill(d, d + hd, 0u);
+// The same rounded and kept in fp32 (V of the forward's P V).
+DPT_DP_INLINE void pack_rows_rounded_dp(float* dst, const float* src, int64_t ld, int64_t n, int64_t rows,
+                                        int64_t hd, int64_t hdp) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < hdp; c += 16)
+      _mm512_storeu_ps(dst + r * hdp + c, widened16(bf16x16(load16(src + r * ld, c, hd))));
+  std::fill(dst + n * hdp, dst + rows * hdp, 0.0f);
+}
+
+// Rows [0, n) into pairs of rows, [rows / 2][hdp] words (B of a product
+// over rows or keys).
+DPT_DP_INLINE void pack_row_pairs_dp(uint32_t* dst, const float* src, int64_t ld, int64_t n, int64_t rows,
+                                     int64_t hd, int64_t hdp, float scale) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t r = 0; r < rows; r += 2)
+    for (int64_t c = 0; c < hdp; c += 16) {
+      const __m512 lo = r < n ? load16(src + r * ld, c, hd) : _mm512_setzero_ps();
+      const __m512 hi = r + 1 < n ? load16(src + (r + 1) * ld, c, hd) : _mm512_setzero_ps();
+      _mm512_storeu_si512(dst + r / 2 * hdp + c, pair_words16(_mm512_mul_ps(lo, sc), _mm512_mul_ps(hi, sc)));
     }
-    std::fill(d + hd, d + hdp, 0u);
+}
+
+// 16 vectors of 16 words transposed in registers: x[i] word j -> x[j] word
+// i (zero-masked forms as widened16's).
+DPT_DP_INLINE void transpose16(__m512i* x) {
+  constexpr __mmask16 k16 = 0xffff;
+  constexpr __mmask8 k8 = 0xff;
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {  // words of row pairs
+    t[i] = _mm512_maskz_unpacklo_epi32(k16, x[i], x[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_epi32(k16, x[i], x[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + j] lane l: rows i .. i + 3 of word 4 l + j
+    u[i] = _mm512_maskz_unpacklo_epi64(k8, t[i], t[i + 2]);
+    u[i + 1] = _mm512_maskz_unpackhi_epi64(k8, t[i], t[i + 2]);
+    u[i + 2] = _mm512_maskz_unpacklo_epi64(k8, t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_maskz_unpackhi_epi64(k8, t[i + 1], t[i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {  // lanes gathered: rows 0 .. 15 of words j, 4 + j, 8 + j, 12 + j
+    const __m512i a0 = _mm512_maskz_shuffle_i32x4(k16, u[j], u[4 + j], 0x88);
+    const __m512i a1 = _mm512_maskz_shuffle_i32x4(k16, u[j], u[4 + j], 0xdd);
+    const __m512i b0 = _mm512_maskz_shuffle_i32x4(k16, u[8 + j], u[12 + j], 0x88);
+    const __m512i b1 = _mm512_maskz_shuffle_i32x4(k16, u[8 + j], u[12 + j], 0xdd);
+    x[j] = _mm512_maskz_shuffle_i32x4(k16, a0, b0, 0x88);
+    x[8 + j] = _mm512_maskz_shuffle_i32x4(k16, a0, b0, 0xdd);
+    x[4 + j] = _mm512_maskz_shuffle_i32x4(k16, a1, b1, 0x88);
+    x[12 + j] = _mm512_maskz_shuffle_i32x4(k16, a1, b1, 0xdd);
   }
 }
 
-// ... and transposed into pairs of channels, [hdp / 2][kTile] words (B of
-// a product over channels: K^T, V^T): each row rounded whole, then its
-// words (pairs of channels) spread down a column.
-__attribute__((always_inline)) inline void pack_channel_pairs_bf16(uint32_t* dst, const float* src, int64_t ld,
-                                                                   int64_t n, int64_t hd, int64_t hdp,
-                                                                   uint16_t* row) {
-  const word* pairs = reinterpret_cast<const word*>(row);
-  for (int64_t r = 0; r < kTile; ++r) {
-    if (r < n) {
-      const float* x = src + r * ld;
-#pragma omp simd
-      for (int64_t c = 0; c < hd; ++c) row[c] = round_bf16(x[c]);
-      std::fill(row + hd, row + hdp, uint16_t{0});
-    } else {
-      std::fill(row, row + hdp, uint16_t{0});
+// Rows [0, n) of a key tile transposed into pairs of channels, [hdp / 2]
+// [kTile] words (B of a product over channels: K^T, V^T); keys n.. zero.
+DPT_DP_INLINE void pack_channel_pairs_dp(uint32_t* dst, const float* src, int64_t ld, int64_t n, int64_t hd,
+                                         int64_t hdp) {
+  const int64_t pairs = hdp / 2;
+  for (int64_t r0 = 0; r0 < kTile; r0 += 16)
+    for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+      __m512i x[16];  // row r0 + i's words p0.. (channels 2 p0 ..)
+      for (int64_t i = 0; i < 16; ++i) {
+        const float* row = src + (r0 + i) * ld;
+        x[i] = r0 + i < n ? reinterpret_cast<__m512i>(
+                                _mm512_cvtne2ps_pbh(load16(row, 2 * p0 + 16, hd), load16(row, 2 * p0, hd)))
+                          : _mm512_setzero_si512();
+      }
+      transpose16(x);
+      for (int64_t j = 0; j < std::min<int64_t>(16, pairs - p0); ++j)
+        _mm512_storeu_si512(dst + (p0 + j) * kTile + r0, x[j]);
     }
-    for (int64_t c = 0; c < hdp / 2; ++c) dst[c * kTile + r] = pairs[c];
-  }
 }
+#endif
 
 // x itself (kRound false), or rounded to bf16 and kept in fp32.
 template <bool kRound>
@@ -269,7 +324,7 @@ inline int64_t live_row(int64_t i, int64_t delta, int64_t j0, int64_t nj) {
 
 struct ForwardScratch {
   std::vector<float> q, kt, v, s, o, m, l;
-  std::vector<uint16_t> qb, row;  // bf16 products: Q row-major, a row being packed
+  std::vector<uint16_t> qb;       // bf16 products: Q row-major
   std::vector<uint32_t> kt2;      // K^T in pairs of channels
 };
 
@@ -382,7 +437,7 @@ struct BackScratch {
   // rows; the key tile's K^T and V^T in pairs of channels, K in pairs of
   // rows; the tile pair's P and dS in pairs of rows, dS row-major too; each
   // query row's sum of dS's rounding (E) and key_bias_correction's sum.
-  std::vector<uint16_t> qb, dob, dsb, row;
+  std::vector<uint16_t> qb, dob, dsb;
   std::vector<uint32_t> q2, do2, kt2, vt2, k2, pt2, dst2;
   std::vector<float> E, corr;
   // Sized for Tp padded positions of hd (padded: hdp) channels; grows once.
@@ -399,7 +454,6 @@ struct BackScratch {
     for (auto* b : {&kt2, &vt2, &k2}) b->resize(static_cast<size_t>(kTile / 2 * hdp));
     for (auto* b : {&pt2, &dst2}) b->resize(static_cast<size_t>(kTile / 2 * kTile));
     dsb.resize(static_cast<size_t>(kTile * kTile));
-    row.resize(static_cast<size_t>(hdp));
     E.resize(static_cast<size_t>(Tp * kV));
     corr.resize(static_cast<size_t>(hdp));
   }
@@ -412,127 +466,6 @@ __attribute__((always_inline)) inline float dout_read(const BackScratch& w, int6
     return w.dout[static_cast<size_t>(i)];
   else
     return bf16_value(w.dob[static_cast<size_t>(i)]);
-}
-
-// A head's packed copies for its backward (Q scaled; bf16: also in pairs
-// of rows), D = rowsum(dO O) (bf16: with the dO the products read, so that
-// it matches their rowsum(P dP)), its rows' lse, and dQ and E zeroed.
-template <Mode M>
-__attribute__((always_inline)) inline void backward_head(const FlashBlock& s, const float* q, const float* dout,
-                                                         const float* out, const float* lse, int64_t h, float scale,
-                                                         BackScratch& w) {
-  const int64_t Tq = s.Tq, hd = s.hd, hdp = hd_padded(s), Tp = round_up(Tq, kTile), ldo = s.out_ld;
-  if constexpr (M != Mode::Dp) {
-    pack_rows<M == Mode::Widen>(w.q.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
-    pack_rows<M == Mode::Widen>(w.dout.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
-    if constexpr (M == Mode::Widen) std::fill(w.E.begin(), w.E.end(), 0.0f);
-  } else {
-    pack_rows_bf16(w.qb.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
-    pack_row_pairs_bf16(w.q2.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
-    pack_rows_bf16(w.dob.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
-    pack_row_pairs_bf16(w.do2.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
-    std::fill(w.E.begin(), w.E.end(), 0.0f);
-  }
-  std::fill(w.dq.begin(), w.dq.end(), 0.0f);
-  for (int64_t t = 0; t < Tq; ++t) {  // D = rowsum(dO * O)
-    const float* o = out + t * ldo + h * hd;
-    float d = 0.0f;
-    if constexpr (M == Mode::F32) {
-      for (int64_t c = 0; c < hd; ++c) d += w.dout[static_cast<size_t>(t * hdp + c)] * o[c];
-    } else {  // in lanes (see max_in_lanes; the fp32 path's serial sum keeps its bits)
-      float part[kV] = {};
-      int64_t c = 0;
-      for (; c + kV <= hd; c += kV)
-#pragma omp simd
-        for (int64_t j = 0; j < kV; ++j) part[j] += dout_read<M>(w, t * hdp + c + j) * o[c + j];
-      for (; c < hd; ++c) part[0] += dout_read<M>(w, t * hdp + c) * o[c];
-      d = fold_sum(part);
-    }
-    w.D[static_cast<size_t>(t)] = d;
-    w.L[static_cast<size_t>(t)] = lse[h * s.lse_T + t];
-  }
-}
-
-// Key tile [j0, j0 + nj) of key/value head k, v (already offset to it).
-template <Mode M>
-__attribute__((always_inline)) inline void backward_key_tile(const FlashBlock& s, const float* k, const float* v,
-                                                             int64_t j0, int64_t nj, BackScratch& w) {
-  const int64_t hd = s.hd, hdp = hd_padded(s);
-  if constexpr (M != Mode::Dp) {
-    pack_transposed<M == Mode::Widen>(w.kt.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd);
-    pack_transposed<M == Mode::Widen>(w.vt.data(), v + j0 * s.kv_ld, s.kv_ld, nj, hd);
-    pack_rows<M == Mode::Widen>(w.k.data(), k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
-  } else {
-    pack_channel_pairs_bf16(w.kt2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp, w.row.data());
-    pack_channel_pairs_bf16(w.vt2.data(), v + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp, w.row.data());
-    pack_row_pairs_bf16(w.k2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
-  }
-  std::fill(w.dk.begin(), w.dk.end(), 0.0f);
-  std::fill(w.dv.begin(), w.dv.end(), 0.0f);
-}
-
-// The tile pair's P = e^(S - lse) and dS = P (dP - D) from S and dP (in
-// w.p, w.ds), rows [0, nip) of query tile i0 (rows ni.. zero); bf16: their
-// copies in pairs of rows (P^T and dS^T of dV += P^T dO and dK += dS^T Q
-// read them so) and dS row-major (dQ += dS K), and each row's rounding of
-// dS added to E.
-template <Mode M>
-__attribute__((always_inline)) inline void backward_probabilities(const FlashBlock& s, int64_t i0, int64_t ni,
-                                                                  int64_t j0, int64_t nj, BackScratch& w) {
-  const int64_t nip = round_up(ni, kMR);
-  for (int64_t r = 0; r < nip; ++r) {
-    float *p = w.p.data() + r * kTile, *ds = w.ds.data() + r * kTile;
-    const int64_t live = r < ni ? live_row(i0 + r, s.delta, j0, nj) : 0;
-    const float lr = w.L[static_cast<size_t>(i0 + r)], Dr = w.D[static_cast<size_t>(i0 + r)];
-    if constexpr (M == Mode::F32) {
-#pragma omp simd
-      for (int64_t c = 0; c < live; ++c) {
-        p[c] = fast_exp(p[c] - lr);
-        ds[c] = p[c] * (ds[c] - Dr);
-      }
-      std::fill(p + live, p + kTile, 0.0f);
-      std::fill(ds + live, ds + kTile, 0.0f);
-    } else {  // whole vectors, the columns past live masked (see max_in_lanes)
-      for (int64_t c = 0; c < live; c += kV)
-#pragma omp simd
-        for (int64_t j = 0; j < kV; ++j) {
-          const float e = fast_exp(p[c + j] - lr);
-          const bool seen = c + j < live;
-          ds[c + j] = seen ? e * (ds[c + j] - Dr) : 0.0f;
-          p[c + j] = seen ? e : 0.0f;
-        }
-      std::fill(p + round_up(live, kV), p + kTile, 0.0f);
-      std::fill(ds + round_up(live, kV), ds + kTile, 0.0f);
-      // dS's bf16 copy (Widen: P and dS rounded in place) and dS's
-      // rounding, kept in lanes per row (E: [Tp][kV]).
-      uint16_t* dsb = w.dsb.data() + r * kTile;
-      float* part = w.E.data() + (i0 + r) * kV;
-      for (int64_t c = 0; c < kTile; c += kV)
-#pragma omp simd
-        for (int64_t j = 0; j < kV; ++j) {
-          const uint32_t b = rounded_bits(ds[c + j]);
-          const float rounded = std::bit_cast<float>(b & 0xffff0000u);
-          part[j] += rounded - ds[c + j];
-          if constexpr (M == Mode::Widen) {
-            ds[c + j] = rounded;
-            p[c + j] = as_products_read<true>(p[c + j]);
-          } else {
-            dsb[c + j] = static_cast<uint16_t>(b >> 16);
-          }
-        }
-    }
-  }
-  if constexpr (M == Mode::Dp) {
-    for (int64_t r = 0; r < nip; r += 2) {
-      const float *p = w.p.data() + r * kTile, *ds = w.ds.data() + r * kTile;
-      uint32_t *pt = w.pt2.data() + r / 2 * kTile, *dst = w.dst2.data() + r / 2 * kTile;
-#pragma omp simd
-      for (int64_t c = 0; c < kTile; ++c) {
-        pt[c] = pair_word(p[c], p[c + kTile]);
-        dst[c] = pair_word(ds[c], ds[c + kTile]);
-      }
-    }
-  }
 }
 
 // Key tile j0's dK and dV (w.dk, w.dv) into dk and dv: added (add) or

@@ -57,6 +57,140 @@ __attribute__((always_inline)) inline void block_cols_bf16(bool, int64_t nv, flo
     }
 }
 
+// A head's packed copies for its backward (Q scaled; bf16: also in pairs
+// of rows), D = rowsum(dO O) (bf16: with the dO the products read, so that
+// it matches their rowsum(P dP)), its rows' lse, and dQ and E zeroed.
+template <Mode M>
+__attribute__((always_inline)) inline void backward_head(const FlashBlock& s, const float* q, const float* dout,
+                                                         const float* out, const float* lse, int64_t h, float scale,
+                                                         BackScratch& w) {
+  const int64_t Tq = s.Tq, hd = s.hd, hdp = hd_padded(s), Tp = round_up(Tq, kTile), ldo = s.out_ld;
+  if constexpr (M != Mode::Dp) {
+    pack_rows<M == Mode::Widen>(w.q.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
+    pack_rows<M == Mode::Widen>(w.dout.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
+    if constexpr (M == Mode::Widen) std::fill(w.E.begin(), w.E.end(), 0.0f);
+  } else {
+#if defined(DPT_FLASH_DPBF16)
+    pack_rows_dp(w.qb.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
+    pack_row_pairs_dp(w.q2.data(), q + h * hd, s.q_ld, Tq, Tp, hd, hdp, scale);
+    pack_rows_dp(w.dob.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
+    pack_row_pairs_dp(w.do2.data(), dout + h * hd, ldo, Tq, Tp, hd, hdp, 1.0f);
+#endif
+    std::fill(w.E.begin(), w.E.end(), 0.0f);
+  }
+  std::fill(w.dq.begin(), w.dq.end(), 0.0f);
+  for (int64_t t = 0; t < Tq; ++t) {  // D = rowsum(dO * O)
+    const float* o = out + t * ldo + h * hd;
+    float d = 0.0f;
+    if constexpr (M == Mode::F32) {
+      for (int64_t c = 0; c < hd; ++c) d += w.dout[static_cast<size_t>(t * hdp + c)] * o[c];
+    } else {  // in lanes (see max_in_lanes; the fp32 path's serial sum keeps its bits)
+      float part[kV] = {};
+      int64_t c = 0;
+      for (; c + kV <= hd; c += kV)
+#pragma omp simd
+        for (int64_t j = 0; j < kV; ++j) part[j] += dout_read<M>(w, t * hdp + c + j) * o[c + j];
+      for (; c < hd; ++c) part[0] += dout_read<M>(w, t * hdp + c) * o[c];
+      d = fold_sum(part);
+    }
+    w.D[static_cast<size_t>(t)] = d;
+    w.L[static_cast<size_t>(t)] = lse[h * s.lse_T + t];
+  }
+}
+
+// Key tile [j0, j0 + nj) of key/value head k, v (already offset to it).
+template <Mode M>
+__attribute__((always_inline)) inline void backward_key_tile(const FlashBlock& s, const float* k, const float* v,
+                                                             int64_t j0, int64_t nj, BackScratch& w) {
+  const int64_t hd = s.hd, hdp = hd_padded(s);
+  if constexpr (M != Mode::Dp) {
+    pack_transposed<M == Mode::Widen>(w.kt.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd);
+    pack_transposed<M == Mode::Widen>(w.vt.data(), v + j0 * s.kv_ld, s.kv_ld, nj, hd);
+    pack_rows<M == Mode::Widen>(w.k.data(), k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
+  } else {
+#if defined(DPT_FLASH_DPBF16)
+    pack_channel_pairs_dp(w.kt2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp);
+    pack_channel_pairs_dp(w.vt2.data(), v + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp);
+    pack_row_pairs_dp(w.k2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);
+#endif
+  }
+  std::fill(w.dk.begin(), w.dk.end(), 0.0f);
+  std::fill(w.dv.begin(), w.dv.end(), 0.0f);
+}
+
+// The tile pair's P = e^(S - lse) and dS = P (dP - D) from S and dP (in
+// w.p, w.ds), rows [0, nip) of query tile i0 (rows ni.. zero); bf16: their
+// copies in pairs of rows (P^T and dS^T of dV += P^T dO and dK += dS^T Q
+// read them so) and dS row-major (dQ += dS K), and each row's rounding of
+// dS added to E.
+template <Mode M>
+__attribute__((always_inline)) inline void backward_probabilities(const FlashBlock& s, int64_t i0, int64_t ni,
+                                                                  int64_t j0, int64_t nj, BackScratch& w) {
+  const int64_t nip = round_up(ni, kMR);
+  for (int64_t r = 0; r < nip; ++r) {
+    float *p = w.p.data() + r * kTile, *ds = w.ds.data() + r * kTile;
+    const int64_t live = r < ni ? live_row(i0 + r, s.delta, j0, nj) : 0;
+    const float lr = w.L[static_cast<size_t>(i0 + r)], Dr = w.D[static_cast<size_t>(i0 + r)];
+    if constexpr (M == Mode::F32) {
+#pragma omp simd
+      for (int64_t c = 0; c < live; ++c) {
+        p[c] = fast_exp(p[c] - lr);
+        ds[c] = p[c] * (ds[c] - Dr);
+      }
+      std::fill(p + live, p + kTile, 0.0f);
+      std::fill(ds + live, ds + kTile, 0.0f);
+    } else {  // whole vectors, the columns past live masked (see max_in_lanes)
+      for (int64_t c = 0; c < live; c += kV)
+#pragma omp simd
+        for (int64_t j = 0; j < kV; ++j) {
+          const float e = fast_exp(p[c + j] - lr);
+          const bool seen = c + j < live;
+          ds[c + j] = seen ? e * (ds[c + j] - Dr) : 0.0f;
+          p[c + j] = seen ? e : 0.0f;
+        }
+      std::fill(p + round_up(live, kV), p + kTile, 0.0f);
+      std::fill(ds + round_up(live, kV), ds + kTile, 0.0f);
+      // dS's rounding, kept in lanes per row (E: [Tp][kV]); Widen: P and
+      // dS rounded in place (Dp: their bf16 copies, below).
+      float* part = w.E.data() + (i0 + r) * kV;
+      if constexpr (M == Mode::Widen) {
+        for (int64_t c = 0; c < kTile; c += kV)
+#pragma omp simd
+          for (int64_t j = 0; j < kV; ++j) {
+            const float rounded = as_products_read<true>(ds[c + j]);
+            part[j] += rounded - ds[c + j];
+            ds[c + j] = rounded;
+            p[c + j] = as_products_read<true>(p[c + j]);
+          }
+      } else {
+#if defined(DPT_FLASH_DPBF16)
+        __m512 e = _mm512_loadu_ps(part);
+        for (int64_t c = 0; c < kTile; c += kV) {
+          const __m512 x = _mm512_loadu_ps(ds + c);
+          const __m256i b = bf16x16(x);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.dsb.data() + r * kTile + c), b);
+          e = _mm512_add_ps(e, _mm512_sub_ps(widened16(b), x));
+        }
+        _mm512_storeu_ps(part, e);
+#endif
+      }
+    }
+  }
+#if defined(DPT_FLASH_DPBF16)
+  if constexpr (M == Mode::Dp) {  // P and dS in pairs of rows
+    for (int64_t r = 0; r < nip; r += 2) {
+      const float *p = w.p.data() + r * kTile, *ds = w.ds.data() + r * kTile;
+      for (int64_t c = 0; c < kTile; c += kV) {
+        const int64_t at = r / 2 * kTile + c;
+        _mm512_storeu_si512(w.pt2.data() + at, pair_words16(_mm512_loadu_ps(p + c), _mm512_loadu_ps(p + kTile + c)));
+        _mm512_storeu_si512(w.dst2.data() + at,
+                            pair_words16(_mm512_loadu_ps(ds + c), _mm512_loadu_ps(ds + kTile + c)));
+      }
+    }
+  }
+#endif
+}
+
 // One query tile [i0, i0 + ni) of one head (q, out: the head's slices of
 // one sequence; k, v: its key/value head's) against every key tile it sees,
 // into out's rows and lse's (lse: the head's row 0). merge: (out, lse) hold
@@ -83,9 +217,10 @@ __attribute__((always_inline)) inline void forward_tile_as(const FlashBlock& s, 
     pack_rows<M == Mode::Widen>(Q, q + i0 * s.q_ld, s.q_ld, ni, kTile, hd, hdp, scale);
   } else {
     w.qb.resize(static_cast<size_t>(kTile * hdp));
-    w.row.resize(static_cast<size_t>(hdp));
     w.kt2.resize(static_cast<size_t>(kTile / 2 * hdp));
-    pack_rows_bf16(w.qb.data(), q + i0 * s.q_ld, s.q_ld, ni, kTile, hd, hdp, scale);
+#if defined(DPT_FLASH_DPBF16)
+    pack_rows_dp(w.qb.data(), q + i0 * s.q_ld, s.q_ld, ni, kTile, hd, hdp, scale);
+#endif
   }
   const int64_t nip = round_up(ni, kMR), key_end = std::min(s.Tk, i0 + ni + delta);
   for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
@@ -97,8 +232,10 @@ __attribute__((always_inline)) inline void forward_tile_as(const FlashBlock& s, 
         block_cols(wide, round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV, S + r0 * kTile, kTile, Q + r0 * hdp,
                    hdp, 1, Kt, kTile, 0, hd, false);
     } else {
-      pack_channel_pairs_bf16(w.kt2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp, w.row.data());
-      pack_rows<true>(V, v + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp, 1.0f);  // V rounded, read in fp32
+#if defined(DPT_FLASH_DPBF16)
+      pack_channel_pairs_dp(w.kt2.data(), k + j0 * s.kv_ld, s.kv_ld, nj, hd, hdp);
+      pack_rows_rounded_dp(V, v + j0 * s.kv_ld, s.kv_ld, nj, kTile, hd, hdp);  // V rounded, read in fp32
+#endif
       for (int64_t r0 = 0; r0 < nip; r0 += kMR)
         block_cols_bf16<M>(wide, round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV, S + r0 * kTile, kTile,
                            words(w.qb) + r0 * hdp / 2, hdp / 2, 1, w.kt2.data(), kTile, 0, (hd + 1) / 2, false);
