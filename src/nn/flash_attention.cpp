@@ -171,10 +171,13 @@ inline const word* words(const std::vector<uint16_t>& b) { return reinterpret_ca
 // them are (flash_tiles.h's second copy).
 #define DPT_DP_INLINE DPT_DPBF16_TARGET __attribute__((always_inline)) inline
 
+// The lanes of [c, c + 16) below n.
+DPT_DP_INLINE __mmask16 lanes_below(int64_t n, int64_t c) {
+  return static_cast<__mmask16>((1u << std::clamp<int64_t>(n - c, 0, 16)) - 1u);
+}
 // x[c, c + 16), the lanes at or past n zero.
 DPT_DP_INLINE __m512 load16(const float* x, int64_t c, int64_t n) {
-  const int64_t left = std::clamp<int64_t>(n - c, 0, 16);
-  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << left) - 1u), x + c);
+  return _mm512_maskz_loadu_ps(lanes_below(n, c), x + c);
 }
 DPT_DP_INLINE __m256i bf16x16(__m512 x) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)); }
 // bf16s back in fp32 (exact). (Zero-masked forms under an all-ones mask:
@@ -368,41 +371,63 @@ __attribute__((always_inline)) inline float exp_sum_in_lanes(float* x, int64_t n
   return fold_sum(part);
 }
 
-// The forward's online softmax over key tile j0 (nj keys): S's rows [0, ni)
-// become P = e^(S - m), and O's rows and l are rescaled to the new maxima m.
-// lanes: the row's max and sum in lanes (the bf16 path).
-template <bool kLanes>
-__attribute__((always_inline)) inline void online_softmax(float* S, float* O, int64_t i0, int64_t ni, int64_t delta,
-                                                          int64_t j0, int64_t nj, int64_t hdp, ForwardScratch& w) {
-  for (int64_t r = 0; r < ni; ++r) {
-    float* row = S + r * kTile;
-    const int64_t live = live_row(i0 + r, delta, j0, nj);
-    if (live == 0) {  // a row before this tile's first key (its block's P V reads the row: zeros)
-      std::fill(row, row + kTile, 0.0f);
-      continue;
-    }
-    float mx = w.m[r], sum = 0.0f;
-    if constexpr (kLanes) {
-      mx = max_in_lanes(row, live, mx);
-      sum = exp_sum_in_lanes(row, live, mx);
-    } else {
-#pragma omp simd reduction(max : mx)
-      for (int64_t c = 0; c < live; ++c) mx = std::max(mx, row[c]);
-#pragma omp simd reduction(+ : sum)
-      for (int64_t c = 0; c < live; ++c) {
-        row[c] = fast_exp(row[c] - mx);
-        sum += row[c];
-      }
-    }
-    std::fill(row + live, row + kTile, 0.0f);
-    const float keep = fast_exp(w.m[r] - mx);  // 0 (e^-80) on a row's first live tile, where O and l are 0
-    float* orow = O + r * hdp;
-#pragma omp simd
-    for (int64_t d = 0; d < hdp; ++d) orow[d] *= keep;
-    w.l[r] = w.l[r] * keep + sum;
-    w.m[r] = mx;
-  }
+#if defined(DPT_FLASH_DPBF16)
+// The same row reductions with the lanes in a register and the folds as
+// shuffles (through memory, fold_max and fold_sum were a sixth of the bf16
+// forward at T 128, perf): the same operations in the same order as the
+// functions above, so the same bits. vmaxps(a, b) is a > b ? a : b, so
+// std::max(x, y) is vmaxps(y, x), NaN and signed zeros included.
+DPT_DP_INLINE __m256 half16(__m512 p, int which) {
+  return which == 0 ? _mm512_maskz_extractf32x8_ps(0xff, p, 0) : _mm512_maskz_extractf32x8_ps(0xff, p, 1);
 }
+DPT_DP_INLINE float fold_max16(__m512 p) {
+  const __m256 lo = half16(p, 0), hi = half16(p, 1);
+  const __m256 a = _mm256_max_ps(hi, lo);
+  const __m128 b = _mm_max_ps(_mm256_extractf128_ps(a, 1), _mm256_castps256_ps128(a));
+  const __m128 c = _mm_max_ps(_mm_movehl_ps(b, b), b);
+  return _mm_cvtss_f32(_mm_max_ss(_mm_movehdup_ps(c), c));
+}
+DPT_DP_INLINE float fold_sum16(__m512 p) {
+  const __m256 lo = half16(p, 0), hi = half16(p, 1);
+  const __m256 a = _mm256_add_ps(lo, hi);
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));
+}
+// fast_exp, 16 lanes: the same operations. (Here and above, zero-masked
+// forms of intrinsics as in widened16.)
+DPT_DP_INLINE __m512 fast_exp16(__m512 x) {
+  const __m512 top = _mm512_set1_ps(80.0f), bottom = _mm512_set1_ps(-80.0f);
+  x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, top, _CMP_GT_OQ), top);
+  x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, bottom, _CMP_LT_OQ), bottom);
+  const __m512 n = _mm512_maskz_roundscale_ps(0xffff, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693145751953125f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  const __m512i e = _mm512_add_epi32(_mm512_maskz_cvttps_epi32(0xffff, n), _mm512_set1_epi32(127));
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, e, 23)));
+}
+DPT_DP_INLINE float max_in_lanes_dp(const float* x, int64_t n, float init) {
+  __m512 part = _mm512_set1_ps(init);
+  const __m512 none = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t c = 0; c < n; c += kV)
+    part = _mm512_maskz_max_ps(0xffff, _mm512_mask_mov_ps(none, lanes_below(n, c), _mm512_loadu_ps(x + c)), part);
+  return fold_max16(part);
+}
+DPT_DP_INLINE float exp_sum_in_lanes_dp(float* x, int64_t n, float mx) {
+  __m512 part = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; c += kV) {
+    const __m512 e = _mm512_maskz_mov_ps(lanes_below(n, c),
+                                         fast_exp16(_mm512_sub_ps(_mm512_loadu_ps(x + c), _mm512_set1_ps(mx))));
+    _mm512_storeu_ps(x + c, e);
+    part = _mm512_add_ps(part, e);
+  }
+  return fold_sum16(part);
+}
+#endif
 
 // The query tile's rows [0, ni) from O / l into out and lse; merge as
 // forward_tile_as's.
@@ -468,18 +493,27 @@ __attribute__((always_inline)) inline float dout_read(const BackScratch& w, int6
     return bf16_value(w.dob[static_cast<size_t>(i)]);
 }
 
+// dst[0, n) = (add ? dst : 0) + src (the bits of 0 + x: a -0 becomes +0),
+// the choice made once a row so that the loop vectorizes.
+__attribute__((always_inline)) inline void add_row(float* __restrict dst, const float* __restrict src, int64_t n,
+                                                   bool add, float scale = 1.0f) {
+  if (add) {
+#pragma omp simd
+    for (int64_t d = 0; d < n; ++d) dst[d] += src[d] * scale;
+  } else {
+#pragma omp simd
+    for (int64_t d = 0; d < n; ++d) dst[d] = 0.0f + src[d] * scale;
+  }
+}
+
 // Key tile j0's dK and dV (w.dk, w.dv) into dk and dv: added (add) or
 // written.
 __attribute__((always_inline)) inline void write_key_tile(const FlashBlock& s, float* dk, float* dv, int64_t j0,
                                                           int64_t nj, bool add, BackScratch& w) {
   const int64_t hd = s.hd, hdp = hd_padded(s);
   for (int64_t c = 0; c < nj; ++c) {
-    float* dkr = dk + (j0 + c) * s.kv_ld;
-    float* dvr = dv + (j0 + c) * s.kv_ld;
-    for (int64_t d = 0; d < hd; ++d) {
-      dkr[d] = (add ? dkr[d] : 0.0f) + w.dk[static_cast<size_t>(c * hdp + d)];
-      dvr[d] = (add ? dvr[d] : 0.0f) + w.dv[static_cast<size_t>(c * hdp + d)];
-    }
+    add_row(dk + (j0 + c) * s.kv_ld, w.dk.data() + c * hdp, hd, add);
+    add_row(dv + (j0 + c) * s.kv_ld, w.dv.data() + c * hdp, hd, add);
   }
 }
 

@@ -191,6 +191,47 @@ __attribute__((always_inline)) inline void backward_probabilities(const FlashBlo
 #endif
 }
 
+// The forward's online softmax over key tile j0 (nj keys): S's rows [0, ni)
+// become P = e^(S - m), and O's rows and l are rescaled to the new maxima m.
+// The bf16 paths take the row's max and sum in lanes (Dp: in registers).
+template <Mode M>
+__attribute__((always_inline)) inline void online_softmax(float* S, float* O, int64_t i0, int64_t ni, int64_t delta,
+                                                          int64_t j0, int64_t nj, int64_t hdp, ForwardScratch& w) {
+  for (int64_t r = 0; r < ni; ++r) {
+    float* row = S + r * kTile;
+    const int64_t live = live_row(i0 + r, delta, j0, nj);
+    if (live == 0) {  // a row before this tile's first key (its block's P V reads the row: zeros)
+      std::fill(row, row + kTile, 0.0f);
+      continue;
+    }
+    float mx = w.m[r], sum = 0.0f;
+    if constexpr (M == Mode::Dp) {
+#if defined(DPT_FLASH_DPBF16)
+      mx = max_in_lanes_dp(row, live, mx);
+      sum = exp_sum_in_lanes_dp(row, live, mx);
+#endif
+    } else if constexpr (M == Mode::Widen) {
+      mx = max_in_lanes(row, live, mx);
+      sum = exp_sum_in_lanes(row, live, mx);
+    } else {
+#pragma omp simd reduction(max : mx)
+      for (int64_t c = 0; c < live; ++c) mx = std::max(mx, row[c]);
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < live; ++c) {
+        row[c] = fast_exp(row[c] - mx);
+        sum += row[c];
+      }
+    }
+    std::fill(row + live, row + kTile, 0.0f);
+    const float keep = fast_exp(w.m[r] - mx);  // 0 (e^-80) on a row's first live tile, where O and l are 0
+    float* orow = O + r * hdp;
+#pragma omp simd
+    for (int64_t d = 0; d < hdp; ++d) orow[d] *= keep;
+    w.l[r] = w.l[r] * keep + sum;
+    w.m[r] = mx;
+  }
+}
+
 // One query tile [i0, i0 + ni) of one head (q, out: the head's slices of
 // one sequence; k, v: its key/value head's) against every key tile it sees,
 // into out's rows and lse's (lse: the head's row 0). merge: (out, lse) hold
@@ -240,7 +281,7 @@ __attribute__((always_inline)) inline void forward_tile_as(const FlashBlock& s, 
         block_cols_bf16<M>(wide, round_up(live_keys(i0, r0, delta, j0, nj), kV) / kV, S + r0 * kTile, kTile,
                            words(w.qb) + r0 * hdp / 2, hdp / 2, 1, w.kt2.data(), kTile, 0, (hd + 1) / 2, false);
     }
-    online_softmax<M != Mode::F32>(S, O, i0, ni, delta, j0, nj, hdp, w);
+    online_softmax<M>(S, O, i0, ni, delta, j0, nj, hdp, w);
     for (int64_t r0 = 0; r0 < nip; r0 += kMR)  // O += P V
       block_cols(wide, nv, O + r0 * hdp, hdp, S + r0 * kTile, kTile, 1, V, hdp, 0,
                  live_keys(i0, r0, delta, j0, nj), true);
@@ -331,10 +372,6 @@ __attribute__((always_inline)) inline void backward_group_as(const FlashBlock& s
       write_key_tile(s, dk, dv, j0, nj, add, w);
     }
     if constexpr (M != Mode::F32) key_bias_correction<M>(s, w, dk);
-    for (int64_t t = 0; t < Tq; ++t) {
-      float* dqr = dq + t * s.q_ld + h * hd;
-      const float* dQ = w.dq.data() + t * hdp;
-      for (int64_t d = 0; d < hd; ++d) dqr[d] = (accumulate ? dqr[d] : 0.0f) + dQ[d] * scale;
-    }
+    for (int64_t t = 0; t < Tq; ++t) add_row(dq + t * s.q_ld + h * hd, w.dq.data() + t * hdp, hd, accumulate, scale);
   }
 }
