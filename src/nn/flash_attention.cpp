@@ -163,14 +163,14 @@ inline const word* words(const std::vector<uint16_t>& b) { return reinterpret_ca
 // cache lines each: in a training step, where a layer's activations come
 // back from memory, the hardware prefetchers left the packing loops waiting
 // on them (the same kernels ran 1.5x slower there than on cached data).
-// The loops ask for row r + kAhead as they read row r.
+// The loops ask for row r + kAhead of the n rows as they read (kWrite:
+// write) row r.
 constexpr int64_t kAhead = 8;
-template <int kWrite = 0>
-__attribute__((always_inline)) inline void prefetch_ahead(const float* x, int64_t ld, int64_t r, int64_t n,
-                                                          int64_t hd) {
+template <int kWrite = 0, typename T>
+__attribute__((always_inline)) inline void prefetch_ahead(const T* x, int64_t ld, int64_t r, int64_t n, int64_t hd) {
   if (r + kAhead >= n) return;
-  const float* row = x + (r + kAhead) * ld;
-  for (int64_t c = 0; c < hd; c += 16) __builtin_prefetch(row + c, kWrite, 3);
+  const T* row = x + (r + kAhead) * ld;
+  for (int64_t c = 0; c < hd; c += 64 / static_cast<int64_t>(sizeof(T))) __builtin_prefetch(row + c, kWrite, 3);
   __builtin_prefetch(row + hd - 1, kWrite, 3);
 }
 
@@ -315,6 +315,7 @@ template <bool kRound = false>
 __attribute__((always_inline)) inline void pack_rows(float* dst, const float* src, int64_t ld, int64_t n, int64_t rows,
                                                      int64_t hd, int64_t hdp, float scale) {
   for (int64_t r = 0; r < n; ++r) {
+    prefetch_ahead(src, ld, r, n, hd);
     float* d = dst + r * hdp;
     for (int64_t c = 0; c < hd; ++c) d[c] = as_products_read<kRound>(src[r * ld + c] * scale);
     std::fill(d + hd, d + hdp, 0.0f);
@@ -328,8 +329,10 @@ template <bool kRound = false>
 __attribute__((always_inline)) inline void pack_transposed(float* dst, const float* src, int64_t ld, int64_t n,
                                                            int64_t hd) {
   for (int64_t d = 0; d < hd; ++d) std::fill(dst + d * kTile + n, dst + (d + 1) * kTile, 0.0f);
-  for (int64_t r = 0; r < n; ++r)
+  for (int64_t r = 0; r < n; ++r) {
+    prefetch_ahead(src, ld, r, n, hd);
     for (int64_t d = 0; d < hd; ++d) dst[d * kTile + r] = as_products_read<kRound>(src[r * ld + d]);
+  }
 }
 
 // FlashBlock's layout, per head: the padded head width and the group size.
@@ -459,6 +462,7 @@ __attribute__((always_inline)) inline void finish_rows(const FlashBlock& s, floa
   const int64_t hd = s.hd, hdp = hd_padded(s);
   const float* O = w.o.data();
   for (int64_t r = 0; r < ni; ++r) {
+    prefetch_ahead<1>(out + i0 * s.out_ld, s.out_ld, r, ni, hd);
     if (w.l[r] == 0.0f) continue;  // saw no key
     float* o = out + (i0 + r) * s.out_ld;
     const float inv = 1.0f / w.l[r], blk_lse = w.m[r] + std::log(w.l[r]);
@@ -535,6 +539,8 @@ __attribute__((always_inline)) inline void write_key_tile(const FlashBlock& s, f
                                                           int64_t nj, bool add, BackScratch& w) {
   const int64_t hd = s.hd, hdp = hd_padded(s);
   for (int64_t c = 0; c < nj; ++c) {
+    prefetch_ahead<1>(dk + j0 * s.kv_ld, s.kv_ld, c, nj, hd);
+    prefetch_ahead<1>(dv + j0 * s.kv_ld, s.kv_ld, c, nj, hd);
     add_row(dk + (j0 + c) * s.kv_ld, w.dk.data() + c * hdp, hd, add);
     add_row(dv + (j0 + c) * s.kv_ld, w.dv.data() + c * hdp, hd, add);
   }
@@ -666,6 +672,7 @@ Mode mode_of(const FlashBlock& s) {
 // into its bf16 copy, while the tile has them in cache.
 void copy_rows_bf16(bf16* out16, const float* out, int64_t i0, int64_t ni, int64_t hd, int64_t ld) {
   for (int64_t r = i0; r < i0 + ni; ++r) {
+    prefetch_ahead<1>(out16 + i0 * ld, ld, r - i0, ni, hd);
     const float* o = out + r * ld;
     bf16* o16 = out16 + r * ld;
 #pragma omp simd

@@ -81,7 +81,7 @@ __attribute__((always_inline)) inline void backward_head(const FlashBlock& s, co
   std::fill(w.dq.begin(), w.dq.end(), 0.0f);
   for (int64_t t = 0; t < Tq; ++t) {  // D = rowsum(dO * O)
     const float* o = out + t * ldo + h * hd;
-    if constexpr (M == Mode::Dp) prefetch_ahead(out + h * hd, ldo, t, Tq, hd);
+    prefetch_ahead(out + h * hd, ldo, t, Tq, hd);
     float d = 0.0f;
     if constexpr (M == Mode::F32) {
       for (int64_t c = 0; c < hd; ++c) d += w.dout[static_cast<size_t>(t * hdp + c)] * o[c];
@@ -373,6 +373,9 @@ __attribute__((always_inline)) inline void backward_group_as(const FlashBlock& s
       write_key_tile(s, dk, dv, j0, nj, add, w);
     }
     if constexpr (M != Mode::F32) key_bias_correction<M>(s, w, dk);
-    for (int64_t t = 0; t < Tq; ++t) add_row(dq + t * s.q_ld + h * hd, w.dq.data() + t * hdp, hd, accumulate, scale);
+    for (int64_t t = 0; t < Tq; ++t) {
+      prefetch_ahead<1>(dq + h * hd, s.q_ld, t, Tq, hd);
+      add_row(dq + t * s.q_ld + h * hd, w.dq.data() + t * hdp, hd, accumulate, scale);
+    }
   }
 }
