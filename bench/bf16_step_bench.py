@@ -14,7 +14,7 @@ cores do not inflate) and the fastest tenth of steps (10th percentile after
 5 warm-up steps). The utilisation is given on all three. A binary whose
 summary has the step budget (step_gemm_ms_median: time inside GEMM calls,
 nn/gemm.h) also gives the GEMMs' share of the step and the rate the GEMMs
-alone ran at, against the same peak.
+alone ran at (step_gemm_gflops), against the same peak.
 
 --model llama measures W-LLAMA instead (the same figures). --extra adds
 `dpt train` flags to both (another shape: "--vocab 50257 --batch
@@ -67,7 +67,10 @@ def one_run(dpt, steps, tmp, precision="bf16", extra=(), model="gpt"):
     if gemm:
         out["step_gemm_ms"] = gemm
         out["gemm_share_of_step"] = gemm / step
-        out["gemm_alone_of_peak"] = work_gflop / (gemm * 1e-3) / peak
+        # The summary's GEMM rate counts only the GEMMs' FLOPs (a fused
+        # attention's products run outside them); older summaries lack it.
+        rate = s.get("step_gemm_gflops") or work_gflop / (gemm * 1e-3)
+        out["gemm_alone_of_peak"] = rate / peak
     return out
 
 

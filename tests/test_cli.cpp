@@ -186,6 +186,10 @@ TEST_F(CliTest, StepBudgetSplitsTheStepIntoGemmsAndTheRest) {
       const double gemm = j["step_gemm_ms_median"].get<double>(), step = j["step_ms_median"].get<double>();
       EXPECT_GT(gemm, 0.3 * step) << "W-MLP's step is mostly its GEMMs";
       EXPECT_LE(gemm, step);
+      // W-MLP's FLOPs are all GEMMs': their rate is the model's work over
+      // the time inside them (to the printed rounding).
+      const double work = j["gflops"].get<double>() * step;
+      EXPECT_NEAR(j["step_gemm_gflops"].get<double>(), work / gemm, 1e-6 * work / gemm);
     }
 }
 

@@ -78,17 +78,25 @@ void Report::print() const {
 // model's GEMM FLOPs per rank (without a fused attention's) over the GEMM
 // time, against the same measured peak as the utilisation above. A step at the peak's rate needs both: GEMMs at
 // the peak and nothing else.
+double Report::gemm_rate() const {
+  const TrainResult& r = result;
+  const StepBreakdown& b = r.breakdown;
+  if (b.step_ms <= 0 || b.gemm_ms <= 0) return 0.0;
+  // The GEMMs' share of the model's FLOPs (a fused attention's products
+  // run outside GEMM calls).
+  const double all = model.train_flops(1) + model.recompute_flops(1);
+  const double gemm_share = all > 0 ? 1.0 - model.non_gemm_flops(1) / all : 1.0;
+  const double world = static_cast<double>(ranks.size());
+  const double flops_per_rank = gemm_share * r.gflops * 1e9 * r.step_ms_median * 1e-3 / world;
+  return flops_per_rank / (b.gemm_ms * 1e-3) / 1e9;
+}
+
 void Report::print_step_budget() const {
   const TrainResult& r = result;
   const StepBreakdown& b = r.breakdown;
   if (b.step_ms <= 0 || b.gemm_ms <= 0) return;
   const auto world = static_cast<double>(ranks.size());
-  // The GEMMs' share of the model's FLOPs (a fused attention's products
-  // run outside GEMM calls).
-  const double all = model.train_flops(1) + model.recompute_flops(1);
-  const double gemm_share = all > 0 ? 1.0 - model.non_gemm_flops(1) / all : 1.0;
-  const double flops_per_rank = gemm_share * r.gflops * 1e9 * r.step_ms_median * 1e-3 / world;
-  const double gemm_rate = flops_per_rank / (b.gemm_ms * 1e-3) / 1e9, peak = r.gemm_gflops / world;
+  const double gemm_rate = this->gemm_rate(), peak = r.gemm_gflops / world;
   const double other = std::max(0.0, b.step_ms - b.gemm_ms);
   std::printf("step budget (%s median step %.2f ms): GEMMs %.2f ms (%.0f%%) at %.1f GFLOP/s = %.0f%% of the "
               "peak; everything else %.2f ms (%.0f%%)\n",
@@ -274,7 +282,7 @@ nlohmann::json Report::json() const {
             {"attention_products", o.model == "mlp" ? "none" : bf16_attention_products_for(o) ? "bf16" : "fp32"},
             {"params", model.param_count()}, {"first_loss", r.first_loss}, {"final_loss", r.final_loss},
             {"step_ms_median", r.step_ms_median}, {"step_cpu_ms_median", r.step_cpu_ms_median},
-            {"step_gemm_ms_median", r.step_gemm_ms_median},
+            {"step_gemm_ms_median", r.step_gemm_ms_median}, {"step_gemm_gflops", gemm_rate()},
             {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
             {"gemm", gemm_backend_name(gemm_backend())}, {"gemm_gflops", r.gemm_gflops}, {"mfu", r.mfu}, {"seconds", seconds},
             {"synthetic", o.synthetic}, {"ranks", per_rank},
