@@ -124,6 +124,7 @@ BENCHMARK(BM_sgemm)->Apply(thread_counts);
 struct GemmShape {
   int64_t M, N, K;
   dpt::Op op_a, op_b;
+  float beta = 0.0f;  // 1: accumulate into C, as the weight gradients do
 };
 constexpr GemmShape kGemmShapes[] = {
     {1024, 1024, 1024, dpt::Op::N, dpt::Op::T},  // the peak's shape
@@ -131,6 +132,10 @@ constexpr GemmShape kGemmShapes[] = {
     {kN, kC, 4 * kC, dpt::Op::N, dpt::Op::N},    // W-GPT c_fc input gradient, 2048x256x1024
     {kMlpBatch, kMlpHidden, kMlpIn, dpt::Op::N, dpt::Op::T},  // W-MLP fc1 forward, 256x1024x784
     {4 * kC, kC, kN, dpt::Op::T, dpt::Op::N},    // W-GPT c_fc weight gradient (dout^T inp), 1024x256x2048
+    // ... accumulated (beta 1), as linear_backward_weight runs it, and the
+    // same product were the output gradient stored transposed (NN)
+    {4 * kC, kC, kN, dpt::Op::T, dpt::Op::N, 1.0f},
+    {4 * kC, kC, kN, dpt::Op::N, dpt::Op::N, 1.0f},
 };
 
 void BM_gemm(benchmark::State& state) {
@@ -147,21 +152,21 @@ void BM_gemm(benchmark::State& state) {
   for (size_t i = 0; i < b16.size(); ++i) b16[i] = dpt::to_bf16(b.f32()[i]);
   for (auto _ : state) {
     if (bf16)
-      dpt::gemm(s.op_a, s.op_b, s.M, s.N, s.K, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f, c.f32(), s.N);
+      dpt::gemm(s.op_a, s.op_b, s.M, s.N, s.K, 1.0f, a16.data(), lda, b16.data(), ldb, s.beta, c.f32(), s.N);
     else
-      dpt::gemm(s.op_a, s.op_b, s.M, s.N, s.K, 1.0f, a.f32(), lda, b.f32(), ldb, 0.0f, c.f32(), s.N);
+      dpt::gemm(s.op_a, s.op_b, s.M, s.N, s.K, 1.0f, a.f32(), lda, b.f32(), ldb, s.beta, c.f32(), s.N);
     benchmark::DoNotOptimize(c.f32());
     benchmark::ClobberMemory();
   }
   report_flops(state, 2.0 * s.M * s.N * s.K);
-  state.SetLabel(fmt::format("{} {} {}x{}x{}{}{}", dpt::gemm_backend_name(backend), bf16 ? "bf16" : "fp32", s.M,
-                             s.N, s.K, s.op_a == dpt::Op::T ? "TN" : "",
+  state.SetLabel(fmt::format("{} {} {}x{}x{}{}{}{}", dpt::gemm_backend_name(backend), bf16 ? "bf16" : "fp32", s.M,
+                             s.N, s.K, s.op_a == dpt::Op::T ? "TN" : "", s.beta != 0.0f ? "+=" : "",
                              bf16 && !dpt::gemm_bf16_native() ? " (widened to fp32)" : ""));
   dpt::set_gemm_backend(dpt::default_gemm_backend());
 }
 BENCHMARK(BM_gemm)
     ->ArgNames({"threads", "backend", "bf16", "shape"})
-    ->ArgsProduct({{1, 2}, {0, 1}, {0, 1}, {0, 1, 2, 3, 4}})
+    ->ArgsProduct({{1, 2}, {0, 1}, {0, 1}, {0, 1, 2, 3, 4, 5, 6}})
     ->UseRealTime();
 
 // out [N, OC] = inp [N, C] @ weight [OC, C]^T + bias: one GEMM.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The GEMM layer's two backends (src/nn/gemm.h), measured.
 
-  kernels    GFLOP/s of BM_gemm (bench_kernels) at the workloads' four shapes,
+  kernels    GFLOP/s of BM_gemm (bench_kernels) at the workloads' shapes,
              per backend, fp32 and bf16, 1 and 2 threads: the median of
              --repetitions runs of each. --coretype X also runs it with
              OPENBLAS_CORETYPE=X (the environment's own value, or none, first).
@@ -67,7 +67,7 @@ def kernels(args):
             # rate is the kernel's speed while it runs, which a busy
             # neighbour on a shared machine (time-slicing) does not lower.
             if a["threads"] == "1":
-                m, n, k = (int(x) for x in shape.rstrip("TN").split("x"))
+                m, n, k = (int(x) for x in shape.rstrip("+=").rstrip("TN").split("x"))
                 cpu_ns = b["cpu_time"] * {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}[b["time_unit"]]
                 cpu_rows.setdefault(shape, {})[key] = 2.0 * m * n * k / cpu_ns
         name = core or "(unset)"
