@@ -162,7 +162,7 @@ inline const word* words(const std::vector<uint16_t>& b) { return reinterpret_ca
 // A head's rows are ld floats apart (a qkv row holds every head), a few
 // cache lines each: in a training step, where a layer's activations come
 // back from memory, the hardware prefetchers left the packing loops waiting
-// on them (the same kernels ran 1.5x slower there than on cached data).
+// on them (the same kernels took 1.5x their time on cached data there).
 // The loops ask for row r + kAhead of the n rows as they read (kWrite:
 // write) row r.
 constexpr int64_t kAhead = 8;
@@ -177,8 +177,8 @@ __attribute__((always_inline)) inline void prefetch_ahead(const T* x, int64_t ld
 #if defined(DPT_FLASH_DPBF16)
 // Mode::Dp's packings, on AVX-512 BF16's own conversions: vcvtneps2bf16
 // and vcvtne2ps2bf16 round to nearest even as rounded_bits does, except
-// that a denormal becomes zero (a bf16 denormal is below 1.2e-38: nothing a
-// product of attention's values would show), 16 or 32 values an
+// that a denormal input (below 1.2e-38: nothing a product of attention's
+// values would show) becomes zero, 16 or 32 values an
 // instruction; and the transposes in 16 x 16 blocks of words in registers.
 // As scalar loops (rounded_bits and one store an element) the packings and
 // the rounding of P and dS were a third of the bf16 backward's time at
