@@ -187,7 +187,7 @@ TEST_F(CliTest, StepBudgetSplitsTheStepIntoGemmsAndTheRest) {
       EXPECT_GT(gemm, 0.3 * step) << "W-MLP's step is mostly its GEMMs";
       EXPECT_LE(gemm, step);
       // W-MLP's FLOPs are all GEMMs': their rate is the model's work over
-      // the time inside them (to the printed rounding).
+      // the time inside them.
       const double work = j["gflops"].get<double>() * step;
       EXPECT_NEAR(j["step_gemm_gflops"].get<double>(), work / gemm, 1e-6 * work / gemm);
     }

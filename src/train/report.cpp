@@ -73,11 +73,6 @@ void Report::print() const {
   if (!o.save.empty()) std::printf("saved %s\n", o.save.c_str());
 }
 
-// Where this rank's median step went: inside GEMM calls (nn/gemm.h's
-// gemm_seconds) or anything else, and the rate the GEMMs ran at: the
-// model's GEMM FLOPs per rank (without a fused attention's) over the GEMM
-// time, against the same measured peak as the utilisation above. A step at the peak's rate needs both: GEMMs at
-// the peak and nothing else.
 double Report::gemm_rate() const {
   const TrainResult& r = result;
   const StepBreakdown& b = r.breakdown;
@@ -91,6 +86,10 @@ double Report::gemm_rate() const {
   return flops_per_rank / (b.gemm_ms * 1e-3) / 1e9;
 }
 
+// Where this rank's median step went: inside GEMM calls (nn/gemm.h's
+// gemm_seconds) or anything else, and the rate the GEMMs ran at
+// (gemm_rate), against the same measured peak as the utilisation above. A
+// step at the peak's rate needs both: GEMMs at the peak and nothing else.
 void Report::print_step_budget() const {
   const TrainResult& r = result;
   const StepBreakdown& b = r.breakdown;

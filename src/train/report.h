@@ -46,8 +46,9 @@ struct Report {
   std::string work_list() const;
   double work_balance() const;
   void print_step_budget() const;
-  // The GEMMs' rate in GFLOP/s per rank (their share of the model's FLOPs
-  // over the time inside GEMM calls); 0 without a step breakdown.
+  // The GEMMs' rate in GFLOP/s per rank: the model's GEMM FLOPs (without a
+  // fused attention's) over the time inside GEMM calls; 0 without a step
+  // breakdown.
   double gemm_rate() const;
   void print_ranks() const;
   // Under --pp: each rank's idle fraction, measured and simulated.
