@@ -565,6 +565,24 @@ TEST_F(CliTest, UnknownGemmBackend) {
   expect_user_error("eval --weights " + q(mlp_weights_) + " --gemm blas", "GEMM backend 'blas'");
 }
 
+TEST_F(CliTest, Bf16GemmModeIsCheckedAndReported) {
+  expect_user_error("train --model mlp --synthetic --steps 1 --quiet --threads 1 --bf16-gemm fast",
+                    "bf16 GEMM mode 'fast'");
+  expect_user_error("train --model mlp --synthetic --steps 1 --quiet --threads 1 --gemm openblas --bf16-gemm native",
+                    "--bf16-gemm native needs oneDNN's bf16 kernels: the openblas backend has none");
+  // Widened on request, whatever the CPU: the summary and the throughput
+  // line say so, and the bf16 run differs from fp32 only by rounding.
+  const fs::path f = dir_ / "summary_widened.json";
+  RunResult r = run(fmt::format("train --model gpt {} --synthetic --steps 3 --threads 1 --precision bf16 --gemm onednn "
+                                "--bf16-gemm widened --summary-out {}",
+                                kSmallGpt, q(f)));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(read_file(f));
+  EXPECT_EQ(j["bf16_gemm"], "widened");
+  EXPECT_NE(r.out.find("bf16 widened to fp32 (--bf16-gemm widened)"), std::string::npos) << r.out;
+  EXPECT_NE(j["gemm_detail"].get<std::string>().find("widened"), std::string::npos);
+}
+
 // ---------------------------------------------------------------- flag errors
 // A bad command line is a user error like any other: one sentence, exit 1.
 

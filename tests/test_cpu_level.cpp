@@ -42,11 +42,11 @@ TEST(CpuLevel, AvxOnlyInsideTheClonesAndEveryKernelCloned) {
   // The exceptions: code for AVX-512 BF16 (no x86-64 level holds it),
   // compiled for that target alone and called only where the CPU has it:
   // the fused attention's vdpbf16ps copies (nn/flash_attention.cpp,
-  // has_dpbf16) and the bf16 activations (nn/activations_avx512.cpp,
-  // enabled()).
+  // has_dpbf16), the bf16 activations (nn/activations_avx512.cpp,
+  // enabled()) and the probe of the dot products' rate (core/dot_rate.cpp).
   const auto dpbf16_copy = [](const std::string& f) {
     return f.find("15forward_tile_dp") != std::string::npos || f.find("17backward_group_dp") != std::string::npos ||
-           f.find("18avx512_activations") != std::string::npos;
+           f.find("18avx512_activations") != std::string::npos || f.find("dot_rate_probe_") != std::string::npos;
   };
   for (const std::string& f : fns)
     EXPECT_TRUE(f.find(".arch_x86_64_v4") != std::string::npos || dpbf16_copy(f))

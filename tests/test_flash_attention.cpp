@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/dot_rate.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "forwarding_kernels.h"
 #include "nn/flash_attention.h"
+#include "nn/gemm.h"
 #include "nn/gqa_attention.h"
 #include "decoder_step.h"
 #include "models/decoder.h"
@@ -154,7 +156,12 @@ TEST(FlashAttentionBf16, MatchesFp32FusedAndUnfusedWithinBf16Tolerance) {
 // across a bf16 rounding boundary it rounds the other way (2^-9 of it), so
 // within 1e-4 per tensor (measured at most 1.6e-6).
 TEST(FlashAttentionBf16, FmaPathsMatchTheDpbf16Path) {
-  if (!flash_attention_dpbf16()) GTEST_SKIP() << "this CPU has no AVX-512 BF16: only the FMA path runs here";
+  // vdpbf16ps wherever the CPU has it, also where auto would widen.
+  set_bf16_gemm(Bf16Gemm::Native);
+  const bool dp = flash_attention_dpbf16();
+  set_bf16_gemm(Bf16Gemm::Auto);
+  if (!dp) GTEST_SKIP() << "this CPU has no AVX-512 BF16: only the FMA path runs here";
+  set_bf16_gemm(Bf16Gemm::Native);
   set_threads(1);
   for (const Case& c : kBf16Cases) {
     SCOPED_TRACE(::testing::Message() << "T " << c.T << " heads " << c.NH << "/" << c.NKV << " of " << c.hd);
@@ -178,6 +185,30 @@ TEST(FlashAttentionBf16, FmaPathsMatchTheDpbf16Path) {
                 static_cast<long long>(c.T), static_cast<long long>(c.hd), rel_diff(fma.dqkv, dp.dqkv),
                 rel_diff(narrow.dqkv, dp.dqkv));
   }
+  set_bf16_gemm(Bf16Gemm::Auto);
+}
+
+// The bf16 setting (nn/gemm.h) picks the products' path: widened runs the
+// FMA path bit for bit, native vdpbf16ps where the CPU has it, auto the
+// first where the dot products are slow here and the second elsewhere.
+TEST(FlashAttentionBf16, TheBf16SettingPicksThePath) {
+  set_threads(1);
+  const Case& c = kBf16Cases[2];  // T 64, grouped heads
+  Rng rng(5);
+  const auto qkv = random_vector(static_cast<size_t>(c.B * c.T * (c.NH + 2 * c.NKV) * c.hd), rng);
+  const auto dout = random_vector(static_cast<size_t>(c.B * c.T * c.NH * c.hd), rng);
+  set_flash_attention_no_dpbf16_for_testing(true);
+  const Attended fma = fused(c, qkv, dout, FlashProducts::BF16);
+  set_flash_attention_no_dpbf16_for_testing(false);
+  set_bf16_gemm(Bf16Gemm::Widened);
+  EXPECT_FALSE(flash_attention_dpbf16());
+  const Attended widened = fused(c, qkv, dout, FlashProducts::BF16);
+  EXPECT_EQ(widened.out, fma.out);
+  EXPECT_EQ(widened.dqkv, fma.dqkv);
+  set_bf16_gemm(Bf16Gemm::Native);
+  const bool has = flash_attention_dpbf16();
+  set_bf16_gemm(Bf16Gemm::Auto);
+  EXPECT_EQ(flash_attention_dpbf16(), has && !auto_widens_bf16_gemm(bf16_dot_over_fma(), false));
 }
 
 // The output's bf16 copy (a bf16 run's operand for the output projection)
@@ -187,6 +218,7 @@ TEST(FlashAttentionBf16, FmaPathsMatchTheDpbf16Path) {
 // 129, 1000) with grouped heads; a NaN in q stays a NaN in the copy.
 TEST(FlashAttention, Bf16CopyOfTheOutputIsItsConversion) {
   set_threads(2);
+  set_bf16_gemm(Bf16Gemm::Native);  // path 0: vdpbf16ps where the CPU has it
   for (const Case& c : kBf16Cases) {
     SCOPED_TRACE(::testing::Message() << "T " << c.T << " heads " << c.NH << "/" << c.NKV << " of " << c.hd);
     Rng rng(static_cast<uint64_t>(c.T * 3 + c.hd));
@@ -212,6 +244,7 @@ TEST(FlashAttention, Bf16CopyOfTheOutputIsItsConversion) {
     set_flash_attention_narrow_for_testing(false);
     set_flash_attention_no_dpbf16_for_testing(false);
   }
+  set_bf16_gemm(Bf16Gemm::Auto);
 }
 
 void matches_the_unfused_layer();

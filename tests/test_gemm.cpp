@@ -19,6 +19,7 @@
 // beta misses it by orders of magnitude, and a NaN never passes (compare.h).
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +30,7 @@
 #include <gtest/gtest.h>
 
 #include "compare.h"
+#include "core/dot_rate.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/threads.h"
@@ -326,6 +328,92 @@ TEST(GemmBackendNames, ParseAndPrint) {
     EXPECT_EQ(parse_gemm_backend(gemm_backend_name(b)), b);
   EXPECT_THROW(parse_gemm_backend("foo"), InputError);
   EXPECT_THROW(parse_gemm_backend("OneDNN"), InputError);
+}
+
+// How bf16 GEMMs run (nn/gemm.h, --bf16-gemm). Widened is exactly the fp32
+// GEMM of the widened values, on either backend and whatever the CPU has;
+// native (where oneDNN has bf16 kernels) the same products summed in the
+// bf16 kernel's order, within the fp32 bound of each other.
+class Bf16GemmModes : public ::testing::TestWithParam<GemmBackend> {
+ protected:
+  void SetUp() override {
+    set_gemm_backend(GetParam());
+    set_threads(1);
+  }
+  void TearDown() override { set_bf16_gemm(Bf16Gemm::Auto); }
+};
+
+TEST_P(Bf16GemmModes, WidenedIsTheFp32GemmOfTheWidenedValues) {
+  const Case c{96, 200, 130, Op::T, Op::N, 0.5f, 1.0f};
+  Rng rng(11);
+  const float sentinel = -1.0f;
+  Operand a(c.K, c.M, 3, 1, rng, sentinel), b(c.K, c.N, 0, 0, rng, sentinel);
+  const std::vector<bf16> a16 = a.as_bf16(), b16 = b.as_bf16();
+  a.round_to_bf16();
+  b.round_to_bf16();
+  std::vector<float> widened(static_cast<size_t>(c.M * c.N), 7.0f), fp32 = widened;
+  set_bf16_gemm(Bf16Gemm::Widened);
+  EXPECT_FALSE(gemm_bf16_native());
+  gemm(c.op_a, c.op_b, c.M, c.N, c.K, 0.5f, a16.data() + a.offset, a.ld, b16.data(), b.ld, 1.0f, widened.data(), c.N);
+  gemm(c.op_a, c.op_b, c.M, c.N, c.K, 0.5f, a.data(), a.ld, b.data(), b.ld, 1.0f, fp32.data(), c.N);
+  EXPECT_TRUE(test::bitwise_equal(widened.data(), fp32.data(), fp32.size()));
+  if (!gemm_bf16_kernels()) return;
+  std::vector<float> native(widened.size(), 7.0f);
+  set_bf16_gemm(Bf16Gemm::Native);
+  EXPECT_TRUE(gemm_bf16_native());
+  gemm(c.op_a, c.op_b, c.M, c.N, c.K, 0.5f, a16.data() + a.offset, a.ld, b16.data(), b.ld, 1.0f, native.data(), c.N);
+  Operand c0(c.M, c.N, 0, 0, rng, sentinel);
+  std::fill(c0.buf.begin(), c0.buf.end(), 7.0f);
+  const Reference r = reference(c, a, b, c0);
+  for (size_t e = 0; e < native.size(); ++e) ASSERT_LE(std::fabs(native[e] - r.want[e]), r.bound[e]) << e;
+}
+
+TEST_P(Bf16GemmModes, AutoIsTheRuleOnThisCpu) {
+  set_bf16_gemm(Bf16Gemm::Auto);
+  if (!gemm_bf16_kernels()) {
+    EXPECT_FALSE(gemm_bf16_native());  // nothing to choose: widened
+    return;
+  }
+  // This CPU has AVX-512 BF16 (oneDNN's bf16 kernels need it), so the probe
+  // measured a rate, and auto follows the rule on it.
+  EXPECT_GT(bf16_dot_over_fma(), 0.0);
+  EXPECT_EQ(gemm_bf16_native(), !auto_widens_bf16_gemm(bf16_dot_over_fma(), false) ||
+                                    gemm_backend_detail().find("amx") != std::string::npos);
+  EXPECT_NE(gemm_backend_detail().find(gemm_bf16_native() ? "bf16 kernels" : "bf16 widened to fp32: its AVX-512 BF16"),
+            std::string::npos)
+      << gemm_backend_detail();
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Bf16GemmModes, ::testing::Values(GemmBackend::OpenBlas, GemmBackend::OneDnn),
+                         [](const auto& info) { return std::string(gemm_backend_name(info.param)); });
+
+TEST(Bf16GemmRule, WidensWhereDotProductsAreSlowAndNoAmx) {
+  EXPECT_TRUE(auto_widens_bf16_gemm(0.5, false));    // Sapphire/Emerald Rapids, AMX hidden
+  EXPECT_FALSE(auto_widens_bf16_gemm(0.5, true));    // the same cores with AMX
+  EXPECT_FALSE(auto_widens_bf16_gemm(2.0, false));   // Zen 4 and 5
+  EXPECT_FALSE(auto_widens_bf16_gemm(0.0, false));   // no AVX-512 BF16: nothing measured
+  EXPECT_FALSE(auto_widens_bf16_gemm(0.75, false));  // the boundary stays native
+  EXPECT_TRUE(auto_widens_bf16_gemm(0.74, false));
+}
+
+TEST(Bf16GemmRule, DotRateProbeIsAFlopRatioOrZero) {
+  const double r = bf16_dot_over_fma();
+  if (!__builtin_cpu_supports("avx512bf16")) {
+    EXPECT_EQ(r, 0.0);
+    return;
+  }
+  // One vdpbf16ps is at least a quarter and at most four times an FMA's
+  // FLOPs per cycle on any core that has both.
+  EXPECT_GT(r, 0.25);
+  EXPECT_LT(r, 4.0);
+  EXPECT_EQ(bf16_dot_over_fma(), r);  // measured once
+}
+
+TEST(Bf16GemmRule, ParseAndPrint) {
+  for (Bf16Gemm b : {Bf16Gemm::Auto, Bf16Gemm::Native, Bf16Gemm::Widened})
+    EXPECT_EQ(parse_bf16_gemm(bf16_gemm_name(b)), b);
+  EXPECT_THROW(parse_bf16_gemm("fast"), InputError);
+  EXPECT_THROW(parse_bf16_gemm("Native"), InputError);
 }
 
 TEST(Bf16, RoundsToNearestEven) {

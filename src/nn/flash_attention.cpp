@@ -11,6 +11,7 @@
 #include "core/cpu_level.h"
 #include "core/error.h"
 #include "nn/fast_exp.h"
+#include "nn/gemm.h"
 
 // AVX-512 BF16's vdpbf16ps, compiled for that target alone (no x86-64
 // level includes it) and run where the CPU has it (flash_attention_dpbf16);
@@ -654,7 +655,8 @@ bool has_dpbf16() {
 #if defined(DPT_FLASH_DPBF16)
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-  return has && !force_narrow.load(std::memory_order_relaxed) && !force_no_dpbf16.load(std::memory_order_relaxed);
+  return has && bf16_dot_products_pay() && !force_narrow.load(std::memory_order_relaxed) &&
+         !force_no_dpbf16.load(std::memory_order_relaxed);
 #else
   return false;
 #endif

@@ -90,7 +90,9 @@ void set_flash_attention_narrow_for_testing(bool on);
 // runs on a CPU without AVX-512 BF16) even where vdpbf16ps would run.
 void set_flash_attention_no_dpbf16_for_testing(bool on);
 // Whether FlashProducts::BF16 runs on AVX-512 BF16's vdpbf16ps here (the
-// CPU has it, this build holds the code, no test switched it off).
+// CPU has it, this build holds the code, the bf16 GEMM setting does not
+// widen the products (nn/gemm.h, bf16_dot_products_pay), no test switched
+// it off).
 bool flash_attention_dpbf16();
 
 }  // namespace dpt

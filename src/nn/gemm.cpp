@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "core/dot_rate.h"
 #include "core/error.h"
 #include "core/gemm_peak.h"
 #ifdef DPT_HAVE_ONEDNN
@@ -30,6 +31,26 @@ GemmBackend initial_backend() {
 std::atomic<GemmBackend>& backend_var() {
   static std::atomic<GemmBackend> b{initial_backend()};
   return b;
+}
+
+Bf16Gemm initial_bf16_gemm() {
+  const char* env = std::getenv("DPT_BF16_GEMM");
+  return env && *env ? parse_bf16_gemm(env) : Bf16Gemm::Auto;
+}
+
+std::atomic<Bf16Gemm>& bf16_gemm_var() {
+  static std::atomic<Bf16Gemm> b{initial_bf16_gemm()};
+  return b;
+}
+
+// auto's choice on this CPU, made once per process.
+bool auto_widens() {
+#ifdef DPT_HAVE_ONEDNN
+  static const bool widen = auto_widens_bf16_gemm(bf16_dot_over_fma(), onednn::amx());
+  return widen;
+#else
+  return false;
+#endif
 }
 
 // The time GEMM calls take, for the run summary's step budget: counted by
@@ -66,6 +87,7 @@ CBLAS_TRANSPOSE cblas_op(Op op) { return op == Op::N ? CblasNoTrans : CblasTrans
 // The [rows, cols] block of a row-major operand with leading dimension ld,
 // widened to fp32 into dst (dense: ld = cols).
 void widen(float* dst, const bf16* src, int64_t rows, int64_t cols, int64_t ld) {
+  if (ld == cols) return convert(dst, src, static_cast<size_t>(rows * cols));  // the AVX-512 copy where there is one
   // On the engine's threads (serial when called from a parallel region).
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r)
@@ -93,6 +115,27 @@ GemmBackend parse_gemm_backend(const std::string& name) {
 }
 
 const char* gemm_backend_name(GemmBackend b) { return b == GemmBackend::OpenBlas ? "openblas" : "onednn"; }
+
+Bf16Gemm parse_bf16_gemm(const std::string& name) {
+  if (name == "auto") return Bf16Gemm::Auto;
+  if (name == "native") return Bf16Gemm::Native;
+  if (name == "widened") return Bf16Gemm::Widened;
+  throw InputError(fmt::format("unknown bf16 GEMM mode '{}' (expected auto, native or widened)", name));
+}
+
+const char* bf16_gemm_name(Bf16Gemm b) {
+  return b == Bf16Gemm::Native ? "native" : b == Bf16Gemm::Widened ? "widened" : "auto";
+}
+
+bool auto_widens_bf16_gemm(double dot_over_fma, bool amx) {
+  // AMX's tiles outrun any fp32 GEMM; without them the dot products' rate
+  // decides. 0.75 lies between the cores measured (0.5 and 2), and under it
+  // the fp32 GEMM's FLOP rate pays for widening both operands.
+  return !amx && dot_over_fma > 0 && dot_over_fma < 0.75;
+}
+
+Bf16Gemm bf16_gemm_setting() { return bf16_gemm_var().load(std::memory_order_relaxed); }
+void set_bf16_gemm(Bf16Gemm b) { bf16_gemm_var().store(b, std::memory_order_relaxed); }
 
 GemmBackend gemm_backend() { return backend_var().load(std::memory_order_relaxed); }
 void set_gemm_backend(GemmBackend b) { backend_var().store(b, std::memory_order_relaxed); }
@@ -172,18 +215,48 @@ void gemm_bias(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const bf16* A,
 double gemm_seconds() { return 1e-9 * static_cast<double>(gemm_ns.load(std::memory_order_relaxed)); }
 
 #ifdef DPT_HAVE_ONEDNN
-bool gemm_bf16_native() { return gemm_backend() == GemmBackend::OneDnn && onednn::bf16_supported(); }
+bool gemm_bf16_kernels() { return gemm_backend() == GemmBackend::OneDnn && onednn::bf16_supported(); }
 GemmCacheStats gemm_cache_stats() { return onednn::stats(); }
 #else
 // Without oneDNN the backend is always OpenBLAS (parse refuses onednn): no
 // native bf16 kernel, no primitive cache.
-bool gemm_bf16_native() { return false; }
+bool gemm_bf16_kernels() { return false; }
 GemmCacheStats gemm_cache_stats() { return {}; }
 #endif
 
+bool bf16_dot_products_pay() {
+  switch (bf16_gemm_setting()) {
+    case Bf16Gemm::Native: return true;
+    case Bf16Gemm::Widened: return false;
+    case Bf16Gemm::Auto: break;
+  }
+  static const bool pay = !auto_widens_bf16_gemm(bf16_dot_over_fma(), false);
+  return pay;
+}
+
+bool gemm_bf16_native() {
+  if (!gemm_bf16_kernels()) return false;
+  switch (bf16_gemm_setting()) {
+    case Bf16Gemm::Native: return true;
+    case Bf16Gemm::Widened: return false;
+    case Bf16Gemm::Auto: break;
+  }
+  return !auto_widens();
+}
+
 std::string gemm_backend_detail() {
 #ifdef DPT_HAVE_ONEDNN
-  if (gemm_backend() == GemmBackend::OneDnn) return onednn::describe();
+  if (gemm_backend() == GemmBackend::OneDnn) {
+    std::string bf16 = "bf16 via fp32";
+    if (gemm_bf16_native())
+      bf16 = "bf16 kernels";
+    else if (gemm_bf16_kernels() && bf16_gemm_setting() == Bf16Gemm::Widened)
+      bf16 = "bf16 widened to fp32 (--bf16-gemm widened)";
+    else if (gemm_bf16_kernels())
+      bf16 = fmt::format("bf16 widened to fp32: its AVX-512 BF16 dot products at {:.2f}x the fp32 FMA rate",
+                         bf16_dot_over_fma());
+    return onednn::describe(bf16);
+  }
 #endif
   return fmt::format("OpenBLAS ({} kernels)", blas_core());
 }

@@ -17,7 +17,9 @@
 // with AVX512-BF16 or AMX; elsewhere (and on OpenBLAS, which Debian builds
 // without sbgemm) both operands are widened into per-thread fp32 scratch and
 // the fp32 path runs (widening is exact: an fp32 GEMM of the bf16 values, no
-// speed-up). gemm_bf16_native() says which.
+// speed-up). The widened path also runs where the CPU has bf16 kernels that
+// are slower than its fp32 ones (set_bf16_gemm below). gemm_bf16_native()
+// says which.
 //
 // Threads: a call outside a parallel region uses the engine's pool
 // (set_threads); a call from inside an `omp parallel` region (attention runs
@@ -70,12 +72,49 @@ void gemm_bias(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const bf16* A,
 // step).
 double gemm_seconds();
 
+// How bf16 GEMMs run where oneDNN has bf16 kernels for this CPU:
+//   native   on those kernels
+//   widened  as the fp32 GEMM of the widened values (exact widening, fp32
+//            FMAs; the products are the same, their sums' order is oneDNN's
+//            fp32 kernel's)
+//   auto     widened where the CPU has no AMX and its AVX-512 BF16 dot
+//            products run under 0.75 of its fp32 FMAs' FLOP rate
+//            (core/dot_rate.h: 0.5 on Intel's Sapphire and Emerald Rapids
+//            with AMX hidden, where widened W-GPT bf16 runs 1.4-1.5x
+//            faster), native elsewhere
+// Process-wide; starts as DPT_BF16_GEMM from the environment if set, else
+// auto. Every rank of a run on one host measures the same core, so they
+// choose alike. Where oneDNN has no bf16 kernels (or the backend is
+// OpenBLAS) bf16 GEMMs are widened whatever the setting.
+enum class Bf16Gemm { Auto, Native, Widened };
+// "auto" / "native" / "widened" <-> the enum; parse throws InputError on
+// anything else.
+Bf16Gemm parse_bf16_gemm(const std::string& name);
+const char* bf16_gemm_name(Bf16Gemm b);
+Bf16Gemm bf16_gemm_setting();
+void set_bf16_gemm(Bf16Gemm b);
+// auto's rule: widen where a core without AMX runs AVX-512 BF16 dot products
+// (dot_over_fma > 0) at under 0.75 of its fp32 FMAs' FLOP rate.
+bool auto_widens_bf16_gemm(double dot_over_fma, bool amx);
+// The same setting for the engine's own bf16 products (the fused attention's
+// tiles, nn/flash_attention.h), which have no AMX path: whether to run them
+// on vdpbf16ps (native; auto: where dot products run at 0.75 of the FMAs'
+// rate or more) or as fp32 FMAs on the bf16 values (widened). The CPU must
+// have AVX-512 BF16 for the first either way.
+bool bf16_dot_products_pay();
+
 // Whether bf16 GEMMs on the current backend run on bf16 kernels (oneDNN on a
-// CPU that has them) rather than through fp32 scratch.
+// CPU that has them, unless the setting above widens them) rather than
+// through fp32 scratch.
 bool gemm_bf16_native();
+// Whether oneDNN has bf16 kernels for this CPU (what --bf16-gemm native
+// needs), on the current backend.
+bool gemm_bf16_kernels();
 
 // The backend and what it runs, for reports: "OpenBLAS 0.3.21 (Haswell
-// kernels)", "oneDNN 2.6.3 (avx2)".
+// kernels)", "oneDNN 2.6.3 (avx2, bf16 via fp32)", "oneDNN 2.6.3
+// (avx512_core_bf16, bf16 widened to fp32: its AVX-512 BF16 dot products at
+// 0.49x the fp32 FMA rate)".
 std::string gemm_backend_detail();
 
 // GFLOP/s of a 1024^3 GEMM with fp32 (or bf16) inputs on the current backend

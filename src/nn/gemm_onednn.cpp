@@ -168,7 +168,13 @@ bool avx512() {
   return (isa & core) == core;
 }
 
-std::string describe() {
+bool amx() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+  return (isa & amx) == amx;
+}
+
+std::string describe(const std::string& bf16) {
   const dnnl_version_t* v = dnnl_version();
   const char* isa = "unknown";
   switch (dnnl::get_effective_cpu_isa()) {
@@ -182,8 +188,7 @@ std::string describe() {
     case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
     default: break;
   }
-  return fmt::format("oneDNN {}.{}.{} ({}{})", v->major, v->minor, v->patch, isa,
-                     bf16_supported() ? ", bf16 kernels" : ", bf16 via fp32");
+  return fmt::format("oneDNN {}.{}.{} ({}, {})", v->major, v->minor, v->patch, isa, bf16);
 }
 
 GemmCacheStats stats() { return {g_created.load(), g_hits.load()}; }

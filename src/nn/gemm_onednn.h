@@ -22,8 +22,12 @@ bool bf16_supported();
 
 // Whether oneDNN runs AVX-512 (or newer) kernels on this CPU.
 bool avx512();
+// Whether it runs AMX kernels (bf16 tiles) on this CPU.
+bool amx();
 
-std::string describe();  // "oneDNN 2.6.3 (avx2)"
+// "oneDNN 2.6.3 (avx2, <bf16>)", bf16 saying how bf16 GEMMs run (gemm.cpp
+// decides).
+std::string describe(const std::string& bf16);
 GemmCacheStats stats();
 
 }  // namespace dpt::onednn

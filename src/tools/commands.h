@@ -28,11 +28,16 @@ struct ModelFlags {
   std::string kind() const;  // mlp, gpt or llama (a preset's family), or "" when --model is not given
 };
 
-// --gemm onednn|openblas on train and eval: the GEMM backend (nn/gemm.h).
-// Left empty, the default (or DPT_GEMM) stands; anything else is an
-// InputError from set_gemm_flag.
-void add_gemm_flag(CLI::App* cmd, std::string& gemm);
-void set_gemm_flag(const std::string& gemm);
+// --gemm onednn|openblas: the GEMM backend, and --bf16-gemm
+// auto|native|widened: how bf16 GEMMs run (nn/gemm.h), on every command
+// that multiplies. Left empty, the defaults (or DPT_GEMM, DPT_BF16_GEMM)
+// stand; anything else is an InputError from set_gemm_flag, as is native
+// where oneDNN has no bf16 kernels for this CPU.
+struct GemmFlags {
+  std::string backend, bf16;
+};
+void add_gemm_flag(CLI::App* cmd, GemmFlags& gemm);
+void set_gemm_flag(const GemmFlags& gemm);
 // --precision fp32|bf16, parsed by parse_precision (core/dtype.h) for the
 // engine's one-sentence error.
 void add_precision_flag(CLI::App* cmd, std::string& precision);
@@ -59,7 +64,8 @@ class TrainCommand {
   RunFlags run_flags_;  // the flags train shares with plan
   std::string strategy_, prefetch_ = "both", offload_;
   double memory_budget_mb_ = 0.0;
-  std::string comm_algo_, transport_, gemm_, precision_ = "fp32", device_ = "cpu";
+  GemmFlags gemm_;
+  std::string comm_algo_, transport_, precision_ = "fp32", device_ = "cpu";
 };
 
 class EvalCommand {
@@ -74,7 +80,8 @@ class EvalCommand {
   std::string weights_, data_, format_, load_format_, logits_out_;
   int64_t batch_ = 0;
   int threads_ = 0;
-  std::string gemm_, precision_ = "fp32", device_ = "cpu";
+  GemmFlags gemm_;
+  std::string precision_ = "fp32", device_ = "cpu";
 };
 
 // `dpt generate`: text from saved weights over the decoder's key/value
@@ -100,7 +107,8 @@ class GenerateCommand {
   uint64_t seed_ = 1337;
   bool ignore_eos_ = false, no_cache_ = false;
   int threads_ = 0;
-  std::string gemm_, precision_ = "fp32";
+  GemmFlags gemm_;
+  std::string precision_ = "fp32";
 };
 
 // `dpt tokens`: llm.c-format shards from text or uint16 tokens.
@@ -153,7 +161,8 @@ class PlanCommand {
   TrainOptions opts_;  // batch, micro-batches, optimizer: as train fills them
   RunFlags run_flags_;  // the flags plan shares with train
   int ranks_ = 1, ranks_per_host_ = 0, threads_ = 0;
-  std::string memory_, gemm_;
+  GemmFlags gemm_;
+  std::string memory_;
   std::vector<std::string> strategies_;
   double gemm_gflops_ = 0, copy_gbs_ = 0, disk_gbs_ = 0;
   std::string offload_dir_ = "/var/tmp";

@@ -2,6 +2,7 @@
 #include "tools/commands.h"
 #include "tools/flag_checks.h"
 
+#include "core/error.h"
 #include "nn/gemm.h"
 
 namespace dpt {
@@ -57,13 +58,17 @@ std::string ModelFlags::kind() const {
   return preset ? preset->at("dpt.model") : model;
 }
 
-void add_gemm_flag(CLI::App* cmd, std::string& gemm) {
+void add_gemm_flag(CLI::App* cmd, GemmFlags& gemm) {
   // Checked by set_gemm_flag, not CLI11, so a bad name is the engine's usual
   // one-sentence error with exit code 1.
-  cmd->add_option("--gemm", gemm,
+  cmd->add_option("--gemm", gemm.backend,
                   fmt::format("GEMM backend: onednn or openblas (default: onednn on CPUs with AVX-512, openblas "
                               "otherwise; here {})",
                               gemm_backend_name(default_gemm_backend())));
+  cmd->add_option("--bf16-gemm", gemm.bf16,
+                  "how bf16 GEMMs run where oneDNN has bf16 kernels: native, widened (the fp32 GEMM of the bf16 "
+                  "values), or auto (default: widened where this CPU's AVX-512 BF16 dot products run under 0.75 "
+                  "of its fp32 FMA rate and it has no AMX)");
 }
 
 void add_precision_flag(CLI::App* cmd, std::string& precision) {
@@ -77,8 +82,15 @@ void add_device_flag(CLI::App* cmd, std::string& device) {
                   "cpu (default), or cuda: the GPT's buffers and passes on this rank's GPU (docs/gpu.md)");
 }
 
-void set_gemm_flag(const std::string& gemm) {
-  if (!gemm.empty()) set_gemm_backend(parse_gemm_backend(gemm));
+void set_gemm_flag(const GemmFlags& gemm) {
+  if (!gemm.backend.empty()) set_gemm_backend(parse_gemm_backend(gemm.backend));
+  if (gemm.bf16.empty()) return;
+  const Bf16Gemm mode = parse_bf16_gemm(gemm.bf16);
+  if (mode == Bf16Gemm::Native && !gemm_bf16_kernels())
+    throw InputError(fmt::format("--bf16-gemm native needs oneDNN's bf16 kernels: {}",
+                                 gemm_backend() == GemmBackend::OneDnn ? "oneDNN has none for this CPU"
+                                                                       : "the openblas backend has none"));
+  set_bf16_gemm(mode);
 }
 
 CLI::App* bench_subcommand(CLI::App& app) {

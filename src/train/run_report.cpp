@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/cpu_level.h"
+#include "core/dot_rate.h"
 #include "core/error.h"
 #include "core/gemm_peak.h"
 #include "core/memory.h"
@@ -113,6 +114,10 @@ void write_summary(const std::string& path, nlohmann::json j, const TrainResult&
                         {"resume_s", r.resume_s}, {"resume_bytes", r.resume_bytes}};
   j["blas_core"] = blas_core();
   j["gemm_detail"] = gemm_backend_detail();
+  // How this run's bf16 GEMMs ran (nn/gemm.h): on bf16 kernels or widened
+  // to fp32, and the measured rate auto decides by.
+  j["bf16_gemm"] = gemm_bf16_native() ? "native" : "widened";
+  j["bf16_dot_over_fma"] = bf16_dot_over_fma();
   j["cpu_kernels"] = cpu_kernel_level();
   if (evaluated) {
     j[mlp ? "test_loss" : "val_loss"] = r.eval_loss;
