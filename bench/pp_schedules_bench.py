@@ -81,12 +81,6 @@ def main():
                 s = run_and_load(name, command(a.dpt, w, summary, a.steps, extra), summary, timeout=900)
                 runs[name].append(s)
                 print(f"{name:24s} {s['tokens_per_s']:9.0f} tokens/s", flush=True)
-        for s in SCHEDULES:
-            trace = os.path.join(a.traces, f"pp_trace_{s}_m{M}.json")
-            cmd = command(a.dpt, "W-GPT", summary, 4,
-                          ["--pp", "2", "--pp-schedule", s, "--micro-batches", str(M), "--trace-out", trace,
-                           "--trace-steps", "2"])
-            run_and_load(f"trace {s}", cmd, summary, timeout=600)
     rows = {}
     for name, w, extra in configs():
         ss = runs[name]
@@ -135,6 +129,16 @@ def main():
                      f"of DDP(1-sim), x{row['vs_ddp_micro_times_1_minus_predicted']:.2f} of DDP m{M // 2}(1-sim)")
         print(f"{name:24s} {row['tokens_per_s']:9.0f} tokens/s  x{row['vs_ddp']:.2f} DDP{extra}")
     print(f"wrote {a.out}")
+    # The traces last, so a failing one cannot cost the measured rounds.
+    os.makedirs(a.traces, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = os.path.join(tmp, "summary.json")
+        for s in SCHEDULES:
+            trace = os.path.join(a.traces, f"pp_trace_{s}_m{M}.json")
+            cmd = command(a.dpt, "W-GPT", summary, 4,
+                          ["--pp", "2", "--pp-schedule", s, "--micro-batches", str(M), "--trace-out", trace,
+                           "--trace-steps", "2"])
+            run_and_load(f"trace {s}", cmd, summary, timeout=600)
 
 
 if __name__ == "__main__":
