@@ -379,7 +379,7 @@ TEST_P(Bf16GemmModes, AutoIsTheRuleOnThisCpu) {
   EXPECT_GT(bf16_dot_over_fma(), 0.0);
   EXPECT_EQ(gemm_bf16_native(), !auto_widens_bf16_gemm(bf16_dot_over_fma(), false) ||
                                     gemm_backend_detail().find("amx") != std::string::npos);
-  EXPECT_NE(gemm_backend_detail().find(gemm_bf16_native() ? "bf16 kernels" : "bf16 widened to fp32: its AVX-512 BF16"),
+  EXPECT_NE(gemm_backend_detail().find(gemm_bf16_native() ? "bf16 kernels" : "bf16 widened to fp32: this CPU's AVX-512 BF16"),
             std::string::npos)
       << gemm_backend_detail();
 }

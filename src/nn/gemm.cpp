@@ -255,7 +255,7 @@ std::string gemm_backend_detail() {
     else if (gemm_bf16_kernels() && bf16_gemm_setting() == Bf16Gemm::Widened)
       bf16 = "bf16 widened to fp32 (--bf16-gemm widened)";
     else if (gemm_bf16_kernels())
-      bf16 = fmt::format("bf16 widened to fp32: its AVX-512 BF16 dot products at {:.2f}x the fp32 FMA rate",
+      bf16 = fmt::format("bf16 widened to fp32: this CPU's AVX-512 BF16 dot products at {:.2f}x its fp32 FMA rate",
                          bf16_dot_over_fma());
     return onednn::describe(bf16);
   }

@@ -113,8 +113,8 @@ bool gemm_bf16_kernels();
 
 // The backend and what it runs, for reports: "OpenBLAS 0.3.21 (Haswell
 // kernels)", "oneDNN 2.6.3 (avx2, bf16 via fp32)", "oneDNN 2.6.3
-// (avx512_core_bf16, bf16 widened to fp32: its AVX-512 BF16 dot products at
-// 0.49x the fp32 FMA rate)".
+// (avx512_core_bf16, bf16 widened to fp32: this CPU's AVX-512 BF16 dot
+// products at 0.49x its fp32 FMA rate)".
 std::string gemm_backend_detail();
 
 // GFLOP/s of a 1024^3 GEMM with fp32 (or bf16) inputs on the current backend

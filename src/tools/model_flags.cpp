@@ -66,9 +66,10 @@ void add_gemm_flag(CLI::App* cmd, GemmFlags& gemm) {
                               "otherwise; here {})",
                               gemm_backend_name(default_gemm_backend())));
   cmd->add_option("--bf16-gemm", gemm.bf16,
-                  "how bf16 GEMMs run where oneDNN has bf16 kernels: native, widened (the fp32 GEMM of the bf16 "
-                  "values), or auto (default: widened where this CPU's AVX-512 BF16 dot products run under 0.75 "
-                  "of its fp32 FMA rate and it has no AMX)");
+                  "how bf16 products run where the CPU has bf16 instructions: native (oneDNN's bf16 kernels, the "
+                  "fused attention on vdpbf16ps), widened (fp32 GEMMs and FMAs on the bf16 values), or auto "
+                  "(default: widened where this CPU's AVX-512 BF16 dot products run under 0.75 of its fp32 FMA "
+                  "rate; the GEMMs stay native where it has AMX)");
 }
 
 void add_precision_flag(CLI::App* cmd, std::string& precision) {
