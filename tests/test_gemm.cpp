@@ -368,6 +368,29 @@ TEST_P(Bf16GemmModes, WidenedIsTheFp32GemmOfTheWidenedValues) {
   for (size_t e = 0; e < native.size(); ++e) ASSERT_LE(std::fabs(native[e] - r.want[e]), r.bound[e]) << e;
 }
 
+// A bf16 linear's backward under widened GEMMs widens its output gradient
+// once for both products: the same bits as the two products asked apart.
+TEST_P(Bf16GemmModes, WidenedLinearBackwardIsItsTwoProducts) {
+  const int64_t N = 37, C = 24, OC = 50;
+  Rng rng(13);
+  auto bf16s = [&](int64_t n) {
+    std::vector<bf16> v(static_cast<size_t>(n));
+    for (bf16& x : v) x = to_bf16(rng.normal());
+    return v;
+  };
+  const std::vector<bf16> dout = bf16s(N * OC), inp = bf16s(N * C), weight = bf16s(OC * C);
+  set_bf16_gemm(Bf16Gemm::Widened);
+  std::vector<float> dinp(static_cast<size_t>(N * C)), dweight(static_cast<size_t>(OC * C), 0.25f);
+  std::vector<float> dinp2 = dinp, dweight2 = dweight;
+  const double before = gemm_seconds();
+  linear_backward(dinp.data(), dweight.data(), nullptr, dout.data(), inp.data(), weight.data(), N, C, OC);
+  EXPECT_GT(gemm_seconds(), before);
+  linear_backward_input(dinp2.data(), dout.data(), weight.data(), N, C, OC);
+  linear_backward_weight(dweight2.data(), dout.data(), inp.data(), N, C, OC, 0, OC);
+  EXPECT_TRUE(test::bitwise_equal(dinp.data(), dinp2.data(), dinp.size()));
+  EXPECT_TRUE(test::bitwise_equal(dweight.data(), dweight2.data(), dweight.size()));
+}
+
 TEST_P(Bf16GemmModes, AutoIsTheRuleOnThisCpu) {
   set_bf16_gemm(Bf16Gemm::Auto);
   if (!gemm_bf16_kernels()) {

@@ -184,6 +184,11 @@ void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const 
   gemm(op_a, op_b, M, N, K, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, C, ldc);
 }
 
+void gemm_widen(float* dst, const bf16* src, size_t n) {
+  const GemmClock clock;
+  convert(dst, src, n);
+}
+
 namespace {
 template <typename T>
 void gemm_bias_rows(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,

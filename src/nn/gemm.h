@@ -27,6 +27,7 @@
 // both backends. Results are deterministic for a given thread count.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -56,6 +57,11 @@ void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const 
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const bf16* A, int64_t lda,
           const bf16* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// dst[0, n) = the n bf16 values of src widened to fp32, timed as GEMM work
+// (gemm_seconds): what the widened path does to its operands, for a caller
+// that widens an operand once for several GEMMs (nn/linear.cpp).
+void gemm_widen(float* dst, const bf16* src, size_t n);
 
 // C = op(A) op(B) + bias, the bias (N values) added to every row of C; C's
 // old contents are not read. oneDNN adds the bias as it writes C; OpenBLAS

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/cpu_level.h"
@@ -78,6 +79,21 @@ void linear_backward(float* dinp, float* dweight, float* dbias, const T* dout, c
                      int64_t N, int64_t C, int64_t OC, const float* dout_bias) {
   // A split backward (models/decoder_split.cpp) asks for the input's
   // gradient alone (no dweight) or the parameters' alone (no dinp).
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (dinp && dweight && !gemm_bf16_native()) {
+      // Both GEMMs widen the output gradient (nn/gemm.h): widen it once
+      // and run the same fp32 GEMMs on the same values (the same bits).
+      static thread_local std::vector<float> d32, w32, x32;
+      for (auto [v, n] : {std::pair{&d32, N * OC}, std::pair{&w32, OC * C}, std::pair{&x32, N * C}})
+        if (v->size() < static_cast<size_t>(n)) v->resize(static_cast<size_t>(n));
+      gemm_widen(d32.data(), dout, static_cast<size_t>(N * OC));
+      gemm_widen(w32.data(), weight, static_cast<size_t>(OC * C));
+      gemm_widen(x32.data(), inp, static_cast<size_t>(N * C));
+      linear_backward_input(dinp, d32.data(), w32.data(), N, C, OC);
+      linear_backward_weight(dweight, d32.data(), x32.data(), N, C, OC, 0, OC);
+      dinp = dweight = nullptr;
+    }
+  }
   if (dinp) linear_backward_input(dinp, dout, weight, N, C, OC);
   if (dweight) linear_backward_weight(dweight, dout, inp, N, C, OC, 0, OC);
   if (!dbias) return;
