@@ -2,8 +2,9 @@
 //
 // A bf16 GEMM on the CPU runs on vdpbf16ps (two bf16 products and their sum
 // into each fp32 lane) unless the CPU has AMX. Whether that beats an fp32
-// GEMM of the same values depends on the core, not on the ISA: AMD's Zen 4
-// and Zen 5 issue vdpbf16ps as often as an FMA, twice the FLOPs; Intel's
+// GEMM of the same values depends on the core, not on the ISA: on AMD's
+// Zen 4 and Zen 5 bf16 GEMMs ran at twice the fp32 rate (the earlier
+// sessions' hosts; this probe not yet run there); Intel's
 // Sapphire and Emerald Rapids (as a VM sees them, AMX hidden) issue it every
 // other cycle, so a bf16 GEMM runs at half the fp32 rate there (measured: 82
 // against 169 GFLOP/s of instructions, oneDNN 74-82 against 116-157). The

@@ -129,8 +129,10 @@ const char* bf16_gemm_name(Bf16Gemm b) {
 
 bool auto_widens_bf16_gemm(double dot_over_fma, bool amx) {
   // AMX's tiles outrun any fp32 GEMM; without them the dot products' rate
-  // decides. 0.75 lies between the cores measured (0.5 and 2), and under it
-  // the fp32 GEMM's FLOP rate pays for widening both operands.
+  // decides. 0.75 lies between the cores met so far (0.5 measured on
+  // Emerald Rapids; about 2 on Zen 4 and 5, where bf16 GEMMs ran at twice
+  // fp32's rate), and under it the fp32 GEMM's FLOP rate pays for widening
+  // both operands.
   return !amx && dot_over_fma > 0 && dot_over_fma < 0.75;
 }
 
