@@ -43,14 +43,15 @@ std::atomic<Bf16Gemm>& bf16_gemm_var() {
   return b;
 }
 
-// auto's choice on this CPU, made once per process.
-bool auto_widens() {
-#ifdef DPT_HAVE_ONEDNN
-  static const bool widen = auto_widens_bf16_gemm(bf16_dot_over_fma(), onednn::amx());
-  return widen;
-#else
-  return false;
-#endif
+// Whether the setting widens bf16 products; amx: whether they would run on
+// AMX tiles (the GEMMs where oneDNN has them; never the engine's own).
+bool widens(bool amx) {
+  switch (bf16_gemm_setting()) {
+    case Bf16Gemm::Native: return false;
+    case Bf16Gemm::Widened: return true;
+    case Bf16Gemm::Auto: break;
+  }
+  return auto_widens_bf16_gemm(bf16_dot_over_fma(), amx);
 }
 
 // The time GEMM calls take, for the run summary's step budget: counted by
@@ -175,7 +176,7 @@ void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const 
   // transposed or not) into this thread's scratch and run the fp32 path.
   // Widening is exact, so the result is the fp32 GEMM of the bf16 values.
   // The scratch only grows (resizing a vector up to a larger call's size
-  // would zero what the widening then overwrites: 3% of a widened step).
+  // would zero what the widening then overwrites).
   static thread_local std::vector<float> a32, b32;
   const int64_t a_rows = op_a == Op::N ? M : K, a_cols = op_a == Op::N ? K : M;
   const int64_t b_rows = op_b == Op::N ? K : N, b_cols = op_b == Op::N ? N : K;
@@ -233,24 +234,15 @@ bool gemm_bf16_kernels() { return false; }
 GemmCacheStats gemm_cache_stats() { return {}; }
 #endif
 
-bool bf16_dot_products_pay() {
-  switch (bf16_gemm_setting()) {
-    case Bf16Gemm::Native: return true;
-    case Bf16Gemm::Widened: return false;
-    case Bf16Gemm::Auto: break;
-  }
-  static const bool pay = !auto_widens_bf16_gemm(bf16_dot_over_fma(), false);
-  return pay;
-}
+bool bf16_dot_products_pay() { return !widens(false); }
 
 bool gemm_bf16_native() {
-  if (!gemm_bf16_kernels()) return false;
-  switch (bf16_gemm_setting()) {
-    case Bf16Gemm::Native: return true;
-    case Bf16Gemm::Widened: return false;
-    case Bf16Gemm::Auto: break;
-  }
-  return !auto_widens();
+#ifdef DPT_HAVE_ONEDNN
+  static const bool amx = onednn::amx();
+  return gemm_bf16_kernels() && !widens(amx);
+#else
+  return false;
+#endif
 }
 
 std::string gemm_backend_detail() {
