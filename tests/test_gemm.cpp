@@ -357,6 +357,13 @@ TEST_P(Bf16GemmModes, WidenedIsTheFp32GemmOfTheWidenedValues) {
   gemm(c.op_a, c.op_b, c.M, c.N, c.K, 0.5f, a16.data() + a.offset, a.ld, b16.data(), b.ld, 1.0f, widened.data(), c.N);
   gemm(c.op_a, c.op_b, c.M, c.N, c.K, 0.5f, a.data(), a.ld, b.data(), b.ld, 1.0f, fp32.data(), c.N);
   EXPECT_TRUE(test::bitwise_equal(widened.data(), fp32.data(), fp32.size()));
+  // With a bias too (added as the fp32 path adds it: fused where oneDNN runs).
+  std::vector<float> bias(static_cast<size_t>(c.N));
+  for (float& x : bias) x = rng.normal();
+  gemm_bias(c.op_a, c.op_b, c.M, c.N, c.K, a16.data() + a.offset, a.ld, b16.data(), b.ld, bias.data(), widened.data(),
+            c.N);
+  gemm_bias(c.op_a, c.op_b, c.M, c.N, c.K, a.data(), a.ld, b.data(), b.ld, bias.data(), fp32.data(), c.N);
+  EXPECT_TRUE(test::bitwise_equal(widened.data(), fp32.data(), fp32.size()));
   if (!gemm_bf16_kernels()) return;
   std::vector<float> native(widened.size(), 7.0f);
   set_bf16_gemm(Bf16Gemm::Native);

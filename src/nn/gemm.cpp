@@ -95,6 +95,34 @@ void widen(float* dst, const bf16* src, int64_t rows, int64_t cols, int64_t ld) 
     for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = to_f32(src[r * ld + c]);
 }
 
+// No bf16 kernel (or widened on purpose): both operands (as stored,
+// transposed or not) widened into this thread's scratch for the fp32 path.
+// Widening is exact, so the result is the fp32 GEMM of the bf16 values. The
+// scratch only grows (resizing a vector up to a larger call's size would
+// zero what the widening then overwrites).
+struct Widened {
+  const float* a;
+  const float* b;
+  int64_t lda, ldb;
+
+  Widened(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const bf16* A, int64_t lda_in, const bf16* B,
+          int64_t ldb_in) {
+    static thread_local std::vector<float> a32, b32;
+    const int64_t a_rows = op_a == Op::N ? M : K, b_rows = op_b == Op::N ? K : N;
+    lda = op_a == Op::N ? K : M;
+    ldb = op_b == Op::N ? N : K;
+    a = into(a32, A, a_rows, lda, lda_in);
+    b = into(b32, B, b_rows, ldb, ldb_in);
+  }
+
+ private:
+  static const float* into(std::vector<float>& dst, const bf16* src, int64_t rows, int64_t cols, int64_t ld) {
+    if (dst.size() < static_cast<size_t>(rows * cols)) dst.resize(static_cast<size_t>(rows * cols));
+    widen(dst.data(), src, rows, cols, ld);
+    return dst.data();
+  }
+};
+
 }  // namespace
 
 GemmBackend default_gemm_backend() {
@@ -172,19 +200,8 @@ void gemm(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, float alpha, const 
     return;
   }
 #endif
-  // No bf16 kernel (or widened on purpose): widen both operands (as stored,
-  // transposed or not) into this thread's scratch and run the fp32 path.
-  // Widening is exact, so the result is the fp32 GEMM of the bf16 values.
-  // The scratch only grows (resizing a vector up to a larger call's size
-  // would zero what the widening then overwrites).
-  static thread_local std::vector<float> a32, b32;
-  const int64_t a_rows = op_a == Op::N ? M : K, a_cols = op_a == Op::N ? K : M;
-  const int64_t b_rows = op_b == Op::N ? K : N, b_cols = op_b == Op::N ? N : K;
-  if (a32.size() < static_cast<size_t>(a_rows * a_cols)) a32.resize(static_cast<size_t>(a_rows * a_cols));
-  if (b32.size() < static_cast<size_t>(b_rows * b_cols)) b32.resize(static_cast<size_t>(b_rows * b_cols));
-  widen(a32.data(), A, a_rows, a_cols, lda);
-  widen(b32.data(), B, b_rows, b_cols, ldb);
-  gemm(op_a, op_b, M, N, K, alpha, a32.data(), a_cols, b32.data(), b_cols, beta, C, ldc);
+  const Widened w(op_a, op_b, M, N, K, A, lda, B, ldb);
+  gemm(op_a, op_b, M, N, K, alpha, w.a, w.lda, w.b, w.ldb, beta, C, ldc);
 }
 
 void gemm_widen(float* dst, const bf16* src, size_t n) {
@@ -198,9 +215,14 @@ void gemm_bias_rows(Op op_a, Op op_b, int64_t M, int64_t N, int64_t K, const T* 
                     int64_t ldb, const float* bias, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   const GemmClock clock;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (!gemm_bf16_native()) {  // widened: the fp32 path's bias handling too (oneDNN's fused bias)
+      const Widened w(op_a, op_b, M, N, K, A, lda, B, ldb);
+      return gemm_bias_rows(op_a, op_b, M, N, K, w.a, w.lda, w.b, w.ldb, bias, C, ldc);
+    }
+  }
 #ifdef DPT_HAVE_ONEDNN
-  const bool onednn = std::is_same_v<T, float> ? gemm_backend() == GemmBackend::OneDnn : gemm_bf16_native();
-  if (onednn) {
+  if (std::is_same_v<T, bf16> || gemm_backend() == GemmBackend::OneDnn) {  // bf16 here: native
     DPT_CHECK(K > 0, "gemm with K = {}", K);
     onednn::matmul(op_a, op_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, std::is_same_v<T, bf16>, bias);
     return;
