@@ -284,24 +284,28 @@ std::string gemm_backend_detail() {
   return fmt::format("OpenBLAS ({} kernels)", blas_core());
 }
 
-double measure_gemm_gflops(DType inputs) {
+double measure_gemm_gflops(DType inputs, double budget_s) {
   if (inputs == DType::BF16) {
     std::vector<bf16> a16, b16;
-    return measure_gflops([&](int n, const float* a, const float* b, float* c) {
-      const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
-      if (a16.size() != nn) {  // the untimed first run converts
-        a16.resize(nn);
-        b16.resize(nn);
-        convert(a16.data(), a, nn);
-        convert(b16.data(), b, nn);
-      }
-      gemm(Op::N, Op::T, n, n, n, 1.0f, a16.data(), n, b16.data(), n, 0.0f, c, n);
-    });
+    return measure_gflops(
+        [&](int n, const float* a, const float* b, float* c) {
+          const size_t nn = static_cast<size_t>(n) * static_cast<size_t>(n);
+          if (a16.size() != nn) {  // the untimed first run converts
+            a16.resize(nn);
+            b16.resize(nn);
+            convert(a16.data(), a, nn);
+            convert(b16.data(), b, nn);
+          }
+          gemm(Op::N, Op::T, n, n, n, 1.0f, a16.data(), n, b16.data(), n, 0.0f, c, n);
+        },
+        budget_s);
   }
-  if (gemm_backend() == GemmBackend::OpenBlas) return measure_sgemm_gflops();
-  return measure_gflops([](int n, const float* a, const float* b, float* c) {
-    gemm(Op::N, Op::T, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-  });
+  if (gemm_backend() == GemmBackend::OpenBlas) return measure_sgemm_gflops(budget_s);
+  return measure_gflops(
+      [](int n, const float* a, const float* b, float* c) {
+        gemm(Op::N, Op::T, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+      },
+      budget_s);
 }
 
 }  // namespace dpt

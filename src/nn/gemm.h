@@ -127,7 +127,8 @@ std::string gemm_backend_detail();
 // and thread count: the peak that model FLOP utilisation is reported against
 // (a bf16 run against the bf16 peak: on a CPU with bf16 kernels about twice
 // the fp32 one; elsewhere the widened, slower path the run also takes).
-double measure_gemm_gflops(DType inputs = DType::F32);
+// budget_s: core/gemm_peak.h's (more runs, a truer best).
+double measure_gemm_gflops(DType inputs = DType::F32, double budget_s = 0.0);
 
 // oneDNN primitive cache, summed over threads: primitives created (one per
 // distinct shape, strides, transposes, dtype, alpha, beta, thread count and

@@ -80,10 +80,11 @@ MachineRates measure_machine(int threads, int ranks_here) {
   m.threads = std::max(1, threads);
   const int before = dpt::threads();
   set_threads(m.threads);
-  m.gemm_gflops = measure_gemm_gflops();
+  // 0.15 s each: enough runs that a host's passing sag seldom sets the peak.
+  m.gemm_gflops = measure_gemm_gflops(DType::F32, 0.15);
   // bf16 inputs, on the backend in use: widened to fp32 where the CPU has no
   // bf16 kernels (slower than fp32), native where it has (faster).
-  m.gemm_bf16_gflops = measure_gemm_gflops(DType::BF16);
+  m.gemm_bf16_gflops = measure_gemm_gflops(DType::BF16, 0.15);
   set_threads(before);
   // The host's ranks copy at once (their collectives, their optimizer
   // steps): each gets its share of what that many threads copy together.
