@@ -19,11 +19,24 @@ spread: a rank waits whenever the operation it waits for runs long, and
 means do not see that. What the replay itself leaves out is the time
 between the end of an operation and the start of the next one on another
 rank that it feeds (the transfer, the receiving rank's wake-up).
+
+After the steps, the means over them (the first step left out, as the
+summary leaves it) and two replays of the lists alone: "means", every
+operation at its kind and chunk's mean over the steps (what the summary's
+simulator reads, less the transfers); "spread", the mean over --trials runs
+in which every operation takes that mean times a factor drawn at random
+from its rank's relative durations (each operation's over its kind and
+chunk's mean in the same step). Where "spread" lands on the replayed
+figure, independent jitter of the operations explains the gap; where it
+does not, something else does (jitter that is not independent, or the
+order the operations meet the host).
 """
 
 import argparse
 import collections
 import json
+import random
+import statistics
 import sys
 
 
@@ -89,12 +102,38 @@ def replay(ops, chunks):
     return busy, max(free.values())
 
 
+def steady_means(steps):
+    """The means over the steps of the lists alone: (means, spread) idle per
+    rank, as the docstring says; steps: [{rank: ops}] after the first."""
+    durs, ratios = collections.defaultdict(list), collections.defaultdict(list)
+    for ops in steps:
+        for r, o in ops.items():
+            per = collections.defaultdict(list)
+            for kind, c, _, d in o:
+                per[(kind, c)].append(d)
+                durs[(kind, c)].append(d)
+            for kind, c, _, d in o:
+                if len(per[(kind, c)]) > 1:
+                    ratios[r].append(d / statistics.mean(per[(kind, c)]))
+    mean = {k: statistics.mean(v) for k, v in durs.items()}
+    lists = steps[0]
+    chunks = 1 + max(c for o in lists.values() for _, c, _, _ in o)
+
+    def idle(cost):
+        ops = {r: [(kind, c, m, cost(r, kind, c)) for kind, c, m, _ in o] for r, o in lists.items()}
+        busy, total = replay(ops, chunks)
+        return [1 - busy[r] / total for r in sorted(ops)]
+
+    return idle, mean, ratios
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace")
     ap.add_argument("--json", help="write the per-step figures here")
+    ap.add_argument("--trials", type=int, default=200, help="runs of the spread replay (default 200)")
     a = ap.parse_args()
-    rows = []
+    rows, kept = [], []
     for step, ranks in sorted(load_steps(a.trace).items()):
         ops = {r: operations(spans) for r, spans in ranks.items()}
         if not all(ops.values()):
@@ -109,11 +148,27 @@ def main():
         row = {"step": step, "idle_measured": [measured[r] for r in sorted(ops)],
                "idle_replayed": [1 - busy[r] / total for r in sorted(ops)]}
         rows.append(row)
+        kept.append(ops)
         print(f"step {step}: idle measured " + " / ".join(f"{100 * x:.1f}%" for x in row["idle_measured"]) +
               ", replayed " + " / ".join(f"{100 * x:.1f}%" for x in row["idle_replayed"]))
+    out = {"trace": a.trace, "steps": rows}
+    if len(rows) > 1:
+        idle, mean, ratios = steady_means(kept[1:])
+        rng = random.Random(0)
+        trials = [idle(lambda r, kind, c: mean[(kind, c)] * rng.choice(ratios[r]) if ratios[r] else mean[(kind, c)])
+                  for _ in range(a.trials)]
+        out["steady"] = {
+            "idle_measured": [statistics.mean(x) for x in zip(*(w["idle_measured"] for w in rows[1:]))],
+            "idle_replayed": [statistics.mean(x) for x in zip(*(w["idle_replayed"] for w in rows[1:]))],
+            "idle_means": idle(lambda r, kind, c: mean[(kind, c)]),
+            "idle_spread": [statistics.mean(x) for x in zip(*trials)],
+            "relative_duration_sd": [statistics.pstdev(ratios[r]) if ratios[r] else 0.0 for r in sorted(ratios)]}
+        print("steps after the first, idle per rank: " + "; ".join(
+            f"{k[5:]} " + " / ".join(f"{100 * x:.1f}%" for x in out["steady"][k])
+            for k in ("idle_measured", "idle_replayed", "idle_means", "idle_spread")))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"trace": a.trace, "steps": rows}, f, indent=1)
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":
