@@ -26,7 +26,9 @@ operation at its kind and chunk's mean over the steps (what the summary's
 simulator reads, less the transfers); "spread", the mean over --trials runs
 in which every operation takes that mean times a factor drawn at random
 from its rank's relative durations (each operation's over its kind and
-chunk's mean in the same step). Where "spread" lands on the replayed
+chunk's mean in the same step); and "positions", every operation at its
+own mean over the steps (the same place in the same rank's list). Where
+"spread" lands on the replayed
 figure, independent jitter of the operations explains the gap; where it
 does not, something else does (jitter that is not independent, or the
 order the operations meet the host).
@@ -103,11 +105,16 @@ def replay(ops, chunks):
 
 
 def steady_means(steps):
-    """The means over the steps of the lists alone: (means, spread) idle per
-    rank, as the docstring says; steps: [{rank: ops}] after the first."""
+    """For the replays of the lists alone (the docstring's): a function from
+    a cost rule (rank, index, kind, chunk) -> us to each rank's idle; the
+    kinds' means; each operation's own mean; each rank's relative durations.
+    steps: [{rank: ops}], the first step left out."""
     durs, ratios = collections.defaultdict(list), collections.defaultdict(list)
+    at = collections.defaultdict(list)  # (rank, index in its list): durations
     for ops in steps:
         for r, o in ops.items():
+            for i, op in enumerate(o):
+                at[(r, i)].append(op[3])
             per = collections.defaultdict(list)
             for kind, c, _, d in o:
                 per[(kind, c)].append(d)
@@ -116,15 +123,16 @@ def steady_means(steps):
                 if len(per[(kind, c)]) > 1:
                     ratios[r].append(d / statistics.mean(per[(kind, c)]))
     mean = {k: statistics.mean(v) for k, v in durs.items()}
+    own = {k: statistics.mean(v) for k, v in at.items()}
     lists = steps[0]
     chunks = 1 + max(c for o in lists.values() for _, c, _, _ in o)
 
     def idle(cost):
-        ops = {r: [(kind, c, m, cost(r, kind, c)) for kind, c, m, _ in o] for r, o in lists.items()}
+        ops = {r: [(kind, c, m, cost(r, i, kind, c)) for i, (kind, c, m, _) in enumerate(o)] for r, o in lists.items()}
         busy, total = replay(ops, chunks)
         return [1 - busy[r] / total for r in sorted(ops)]
 
-    return idle, mean, ratios
+    return idle, mean, own, ratios
 
 
 def main():
@@ -153,19 +161,20 @@ def main():
               ", replayed " + " / ".join(f"{100 * x:.1f}%" for x in row["idle_replayed"]))
     out = {"trace": a.trace, "steps": rows}
     if len(rows) > 1:
-        idle, mean, ratios = steady_means(kept[1:])
+        idle, mean, own, ratios = steady_means(kept[1:])
         rng = random.Random(0)
-        trials = [idle(lambda r, kind, c: mean[(kind, c)] * rng.choice(ratios[r]) if ratios[r] else mean[(kind, c)])
+        trials = [idle(lambda r, i, kind, c: mean[(kind, c)] * (rng.choice(ratios[r]) if ratios[r] else 1.0))
                   for _ in range(a.trials)]
         out["steady"] = {
             "idle_measured": [statistics.mean(x) for x in zip(*(w["idle_measured"] for w in rows[1:]))],
             "idle_replayed": [statistics.mean(x) for x in zip(*(w["idle_replayed"] for w in rows[1:]))],
-            "idle_means": idle(lambda r, kind, c: mean[(kind, c)]),
+            "idle_means": idle(lambda r, i, kind, c: mean[(kind, c)]),
             "idle_spread": [statistics.mean(x) for x in zip(*trials)],
+            "idle_positions": idle(lambda r, i, kind, c: own[(r, i)]),
             "relative_duration_sd": [statistics.pstdev(ratios[r]) if ratios[r] else 0.0 for r in sorted(ratios)]}
         print("steps after the first, idle per rank: " + "; ".join(
             f"{k[5:]} " + " / ".join(f"{100 * x:.1f}%" for x in out["steady"][k])
-            for k in ("idle_measured", "idle_replayed", "idle_means", "idle_spread")))
+            for k in ("idle_measured", "idle_replayed", "idle_means", "idle_spread", "idle_positions")))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
