@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "gpu_or_skip.h"
+#include "device/gemm_rate.h"
 #include "device/kernels.h"
 
 namespace {
@@ -369,6 +370,20 @@ TEST_F(CudaKernels, OptimizersAndNorms) {
   float* gsx = up(g);
   gk().scale(gsx, n, 0.3f);
   expect_within(down(gsx, n), s, 0.0, "scale");
+}
+
+// The peak a GPU run's MFU is against (device/gemm_rate.h): measured on the
+// GPU's own GEMMs, bf16 above fp32 (no TF32) on every GPU this engine runs
+// on, and its operands' device memory given back.
+TEST_F(CudaKernels, GemmRateIsTheGpusOwn) {
+  const size_t before = dpt::device_memory(Device::CUDA).in_use;
+  const double fp32 = dpt::measure_device_gemm_gflops(Device::CUDA, dpt::DType::F32);
+  const double bf16 = dpt::measure_device_gemm_gflops(Device::CUDA, dpt::DType::BF16);
+  EXPECT_GT(fp32, 0.0);
+  EXPECT_GT(bf16, fp32);
+  EXPECT_GT(bf16, 10 * dpt::measure_device_gemm_gflops(Device::CPU, dpt::DType::BF16)) << "a CPU's rate?";
+  EXPECT_EQ(dpt::device_memory(Device::CUDA).in_use, before);
+  EXPECT_STREQ(dpt::device_gemm_name(Device::CUDA), "cuda");
 }
 
 }  // namespace

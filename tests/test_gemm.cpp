@@ -20,10 +20,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -31,9 +33,11 @@
 
 #include "compare.h"
 #include "core/dot_rate.h"
+#include "core/gemm_peak.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "device/gemm_rate.h"
 #include "nn/attention.h"
 #include "nn/gemm.h"
 #include "nn/linear.h"
@@ -458,4 +462,44 @@ TEST(Bf16, RoundsToNearestEven) {
 }
 
 }  // namespace
+// The peak's measurement (core/gemm_peak.h): a warm-up and three timed runs
+// with no budget; more, to at most 64, until the budget has passed; the
+// best run's rate.
+TEST(GemmPeak, RunsUntilTheBudgetAndKeepsTheBest) {
+  int calls = 0;
+  auto counted = [&](int, const float*, const float*, float*) { ++calls; };
+  measure_gflops(counted, 0.0);
+  EXPECT_EQ(calls, 4);
+  calls = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  measure_gflops(
+      [&](int n, const float* a, const float* b, float* c) {
+        counted(n, a, b, c);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      },
+      0.05);
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.05);
+  EXPECT_GT(calls, 4);
+  calls = 0;
+  measure_gflops(counted, 1e9);  // a budget no run reaches: 64 runs
+  EXPECT_EQ(calls, 64);
+  // The best: one run of the three fast ones is the rate reported.
+  calls = 0;
+  const double rate = measure_gflops(
+      [&](int, const float*, const float*, float*) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(++calls == 3 ? 2 : 20));
+      },
+      0.0);
+  const double fast = 2.0 * 1024 * 1024 * 1024 / 2e-3 / 1e9;
+  EXPECT_GT(rate, 0.5 * fast);  // the 2 ms run's rate, give or take the sleep's overshoot
+  EXPECT_LE(rate, fast);
+}
+
+// The CPU's peak is the GEMM backend's, named as the backend.
+TEST(GemmPeak, TheCpuDeviceIsItsGemmBackend) {
+  set_threads(1);
+  EXPECT_GT(measure_device_gemm_gflops(Device::CPU, DType::F32), 0.0);
+  EXPECT_STREQ(device_gemm_name(Device::CPU), gemm_backend_name(gemm_backend()));
+}
+
 }  // namespace dpt

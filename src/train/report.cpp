@@ -7,6 +7,7 @@
 
 #include "core/cpu_level.h"
 #include "core/threads.h"
+#include "device/gemm_rate.h"
 #include "nn/activations_avx512.h"
 #include "nn/gemm.h"
 #include "train/rank_setup.h"
@@ -35,7 +36,7 @@ void Report::print() const {
   std::printf("\nthroughput: %.0f %s (median step %.2f ms after step %zu), %.1f GFLOP/s = %.0f%% of "
               "measured %s GEMM peak %.1f GFLOP/s%s (%d rank%s, %s; elementwise kernels %s%s)\n",
               mlp ? r.samples_per_s : r.tokens_per_s, mlp ? "samples/s" : "tokens/s", r.step_ms_median,
-              skipped_steps, r.gflops, 100.0 * r.mfu, gemm_backend_name(gemm_backend()), r.gemm_gflops,
+              skipped_steps, r.gflops, 100.0 * r.mfu, device_gemm_name(o.device), r.gemm_gflops,
               o.precision == DType::BF16 ? " with bf16 inputs" : "", world, world == 1 ? "" : "s",
               gemm_backend_detail().c_str(), cpu_kernel_level(),
               o.precision == DType::BF16 && o.model != "mlp" && o.device == Device::CPU && avx512_activations::enabled()
@@ -283,7 +284,7 @@ nlohmann::json Report::json() const {
             {"step_ms_median", r.step_ms_median}, {"step_cpu_ms_median", r.step_cpu_ms_median},
             {"step_gemm_ms_median", r.step_gemm_ms_median}, {"step_gemm_gflops", gemm_rate()},
             {"samples_per_s", r.samples_per_s}, {"gflops", r.gflops},
-            {"gemm", gemm_backend_name(gemm_backend())}, {"gemm_gflops", r.gemm_gflops}, {"mfu", r.mfu}, {"seconds", seconds},
+            {"gemm", device_gemm_name(o.device)}, {"gemm_gflops", r.gemm_gflops}, {"mfu", r.mfu}, {"seconds", seconds},
             {"synthetic", o.synthetic}, {"ranks", per_rank},
             {"comm_bytes_per_step", r.comm_bytes_per_step},
             {"planned_comm_bytes_per_step", r.planned_comm_bytes_per_step}, {"comm_formula", r.comm_formula}, {"comm_bytes_per_phase", r.comm_bytes_per_phase},

@@ -12,6 +12,7 @@
 #include "core/gemm_peak.h"
 #include "core/memory.h"
 #include "core/threads.h"
+#include "device/gemm_rate.h"
 #include "io/atomic_file.h"
 #include "io/read_checks.h"
 #include "nn/gemm.h"
@@ -85,8 +86,11 @@ std::vector<RankTimes> gather_ranks(comm::ProcessGroup& pg, TrainResult& r, cons
   if (baseline > 0) r.scaling_efficiency = r.samples_per_s / (pg.size() * baseline);
   // The peak's runs may take 2% of the run's time, at most 0.5 s: a short
   // test run measures as before, a benchmark's run long enough to see past
-  // a passing sag (core/gemm_peak.h).
-  r.gemm_gflops = measure_gemm_gflops(o.precision, std::min(0.5, 0.02 * total_s)) * pg.size();
+  // a passing sag; and the higher of that and the sample after the first
+  // step (core/gemm_peak.h).
+  r.gemm_gflops =
+      std::max(r.early_gemm_gflops, measure_device_gemm_gflops(o.device, o.precision, std::min(0.5, 0.02 * total_s))) *
+      pg.size();
   r.mfu = r.gemm_gflops > 0 ? r.gflops / r.gemm_gflops : 0.0;
   return ranks;
 }

@@ -5,6 +5,7 @@
 // shows and writes (run_report.h).
 #include "train/train.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include "io/atomic_file.h"
 #include "models/weights.h"
+#include "device/gemm_rate.h"
 #include "parallel/catalog.h"
 #include "train/metrics_file.h"
 #include "train/naive_dp.h"
@@ -81,6 +83,15 @@ bool stopped_after(const TrainOptions& o, RankSetup& run, comm::ProcessGroup& pg
   return true;
 }
 
+// The GEMM peak's first sample, after the first step (core/gemm_peak.h):
+// for up to 1% of the run still to come as the first step's time foretells
+// it (at most 0.25 s), and none where that is under 2.5 s (a test's short
+// run measures only at the end, as before).
+double sample_gemm_peak(Device d, DType precision, double first_step_ms, int64_t steps_left) {
+  const double rest_s = 1e-3 * first_step_ms * static_cast<double>(steps_left);
+  return rest_s < 2.5 ? 0.0 : measure_device_gemm_gflops(d, precision, std::min(0.25, 0.01 * rest_s));
+}
+
 }  // namespace
 
 SaveOptions save_options(const TrainOptions& o) {
@@ -123,7 +134,10 @@ TrainResult run_training(TrainOptions o, comm::ProcessGroup& pg) {
     if (log_step || ev)
       loss = log_step_out(run.groups->dp(), out.progress, out.metrics.get(), mlp,
                           {step + 1, s.loss, s.lr, s.grad_norm, s.t, ev}, per_step * 1000.0 / s.t.step_ms);
-    if (step == run.start) r.first_loss = loss;
+    if (step == run.start) {
+      r.first_loss = loss;
+      r.early_gemm_gflops = sample_gemm_peak(o.device, o.precision, s.t.step_ms, run.steps - run.start - 1);
+    }
     r.final_loss = loss;
     if (out.signals && stopped_after(o, run, pg, step + 1, out, r)) return r;
   }

@@ -189,6 +189,11 @@ struct TrainResult {
   double samples_per_s = 0.0;   // images (mlp) or sequences (gpt)
   double tokens_per_s = 0.0;    // gpt
   double gflops = 0.0, mfu = 0.0, gemm_gflops = 0.0;  // the GEMM backend's peak, measured
+  // This rank's GEMM rate sampled after the first step of a run expected to
+  // last a few seconds (0: not sampled): the summary's peak is the higher
+  // of it and the one measured at the end, two moments apart, so one sag
+  // of a shared host does not set it (core/gemm_peak.h).
+  double early_gemm_gflops = 0.0;
   double scaling_efficiency = 0.0;  // with a baseline, else 0
   size_t peak_rss = 0;
   size_t huge_pages = 0;    // of it, on transparent huge pages at the end (core/host_alloc.h)
