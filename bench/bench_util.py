@@ -32,15 +32,19 @@ def run_and_load(name, cmd, summary_path, env=None, timeout=None):
                        f"--- stderr ---\n{proc.stderr.rstrip()}") from e
 
 
-def write_json(path, obj):
-    """Writes obj as indented JSON, creating the folder if needed; atomically
-    (a temporary name, fsynced, renamed), so a killed benchmark never leaves
-    half a result behind."""
+def write_text(path, text):
+    """Writes text to path, creating the folder if needed; atomically (a
+    temporary name, fsynced, renamed), so a killed benchmark or plot never
+    leaves half a file behind."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_json(path, obj):
+    """Writes obj as indented JSON (write_text's way)."""
+    write_text(path, json.dumps(obj, indent=2) + "\n")

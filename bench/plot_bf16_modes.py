@@ -18,6 +18,9 @@ import os
 import sys
 from xml.sax.saxutils import escape
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_util import write_text  # noqa: E402
+
 WIDTH, LEFT, RIGHT, TOP, ROW_H, ROW_GAP = 940, 150, 300, 62, 26, 12
 WAYS = [("fp32", "fp32"), ("native", "bf16, bf16 kernels"), ("widened", "bf16, widened"), ("auto", "bf16, auto")]
 PARTS = [("GEMM calls (widening included)", "#4c78a8"), ("everything else", "#f58518")]
@@ -85,12 +88,7 @@ def main():
         svg = draw(result, args.title or f"{result.get('workload', '')}: one step, fp32 and bf16's ways")
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"plot_bf16_modes: cannot read {args.result} as a bf16_modes_bench.py result: {e}")
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(svg)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, args.out)
+    write_text(args.out, svg)
     print(f"wrote {args.out}")
 
 

@@ -28,6 +28,9 @@ import os
 import sys
 from xml.sax.saxutils import escape
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_util import write_text  # noqa: E402
+
 # The comm wait is drawn in its two parts (the lock-step split,
 # src/train/lockstep.h): waiting for a slower rank's forward and backward,
 # and communicating.
@@ -118,12 +121,7 @@ def main():
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"plot_step_budget: cannot read a summary: {e}")
     svg = draw(single, ddp, args.title or f"{ddp.get('model', '')}: where a step's time goes")
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(svg)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, args.out)
+    write_text(args.out, svg)
     print(f"wrote {args.out}")
 
 

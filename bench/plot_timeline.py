@@ -17,8 +17,12 @@ https://ui.perfetto.dev opens it too.
 
 import argparse
 import json
+import os
 import sys
 from xml.sax.saxutils import escape
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_util import write_text  # noqa: E402
 
 COLOURS = {
     "data": "#9e9e9e",
@@ -123,11 +127,7 @@ def main():
     except (OSError, ValueError, KeyError) as e:
         sys.exit(f"plot_timeline: cannot read {args.trace}: {e}")
     svg = draw(spans, args.title or args.trace)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(svg)
-    import os
-    os.replace(tmp, args.out)
+    write_text(args.out, svg)
     print(f"wrote {args.out} ({len(spans)} spans)")
 
 
