@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <new>
+#include <vector>
 
 #include "device/kernels.h"
 #include "nn/gemm.h"
@@ -42,7 +43,21 @@ struct SquareOperands {
 
 double measure_gpu(const Kernels& k, DType inputs, double budget_s, int64_t n) {
   const bool bf = inputs == DType::BF16;
-  const SquareOperands m(k, n, bf ? sizeof(bf16) : sizeof(float));  // zero-filled: the values do not matter
+  const SquareOperands m(k, n, bf ? sizeof(bf16) : sizeof(float));
+  // Values of both signs, not the allocation's zeros: a GPU draws less
+  // power multiplying zeros and may clock higher than a real step lets it.
+  const auto count = static_cast<size_t>(n * n);
+  std::vector<float> host(count);
+  for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(static_cast<int>(i % 251) - 125) / 125.0f;
+  if (bf) {
+    std::vector<bf16> host16(count);
+    convert(host16.data(), host.data(), count);
+    k.upload(m.a, host16.data(), count * sizeof(bf16));
+    k.upload(m.b, host16.data(), count * sizeof(bf16));
+  } else {
+    k.upload(m.a, host.data(), count * sizeof(float));
+    k.upload(m.b, host.data(), count * sizeof(float));
+  }
   auto product = [&] {
     if (bf)
       k.linear_forward(m.c, static_cast<const bf16*>(m.a), static_cast<const bf16*>(m.b), nullptr, n, n, n);

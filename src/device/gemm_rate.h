@@ -12,8 +12,8 @@ namespace dpt {
 // out). On the CPU: nn/gemm.h's measure_gemm_gflops (n 1024, the backend
 // and bf16 path in use). On a GPU: its linear_forward (cuBLASLt; fp32
 // without TF32) at n 8192, where a product is long enough (1.1 TFLOP) that
-// the launch does not count; device memory for three such matrices (768
-// MiB in fp32) is held only while it runs (4096 or 2048 where the run
+// the launch does not count, on values of both signs; device memory for
+// three such matrices (768 MiB in fp32) is held only while it runs (4096 or 2048 where the run
 // left no room for them; 0 where nothing fits). Best of three runs after a
 // warm-up, then of more until budget_s has passed (core/gemm_peak.h says
 // why).
