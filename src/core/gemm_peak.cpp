@@ -8,19 +8,24 @@
 
 namespace dpt {
 
+double best_gflops(const std::function<void()>& run, double flops, double budget_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  double best = 0.0;
+  for (int rep = 0; rep < 64 && (rep < 4 || std::chrono::duration<double>(Clock::now() - start).count() < budget_s);
+       ++rep) {
+    const auto t0 = Clock::now();
+    run();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (rep > 0) best = std::max(best, flops / s / 1e9);  // rep 0 warms up
+  }
+  return best;
+}
+
 double measure_gflops(const SquareGemm& gemm, double budget_s) {
   const int n = 1024;
   std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a);
-  const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
-  double best = 0.0;
-  for (int rep = 0; rep < 64 && (rep < 4 || elapsed() < budget_s); ++rep) {
-    auto t0 = std::chrono::steady_clock::now();
-    gemm(n, a.data(), b.data(), c.data());
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (rep > 0) best = std::max(best, 2.0 * n * n * n / s / 1e9);  // rep 0 warms up
-  }
-  return best;
+  return best_gflops([&] { gemm(n, a.data(), b.data(), c.data()); }, 2.0 * n * n * n, budget_s);
 }
 
 double measure_sgemm_gflops(double budget_s) {

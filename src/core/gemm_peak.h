@@ -18,6 +18,11 @@ using SquareGemm = std::function<void(int n, const float* a, const float* b, flo
 // inside a sag would put a run's MFU above what it is.
 double measure_gflops(const SquareGemm& gemm, double budget_s = 0.0);
 
+// The rule under it, for any product of `flops` FLOPs that `run` completes
+// (device/gemm_rate.h's on a GPU): a warm-up run, then the best rate of
+// three, and of more until budget_s has passed (at most 64 runs in all).
+double best_gflops(const std::function<void()>& run, double flops, double budget_s);
+
 // The same for OpenBLAS's cblas_sgemm (nn/gemm.h's measure_gemm_gflops
 // measures whichever backend is in use).
 double measure_sgemm_gflops(double budget_s = 0.0);

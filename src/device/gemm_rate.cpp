@@ -1,10 +1,9 @@
 #include "device/gemm_rate.h"
 
-#include <algorithm>
-#include <chrono>
 #include <new>
 #include <vector>
 
+#include "core/gemm_peak.h"
 #include "device/kernels.h"
 #include "nn/gemm.h"
 
@@ -65,17 +64,8 @@ double measure_gpu(const Kernels& k, DType inputs, double budget_s, int64_t n) {
       k.linear_forward(m.c, static_cast<const float*>(m.a), static_cast<const float*>(m.b), nullptr, n, n, n);
     k.synchronize();
   };
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  double best = 0.0;
-  for (int rep = 0; rep < 64 && (rep < 4 || std::chrono::duration<double>(Clock::now() - start).count() < budget_s);
-       ++rep) {
-    const auto t0 = Clock::now();
-    product();
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (rep > 0) best = std::max(best, 2.0 * static_cast<double>(n) * n * n / s / 1e9);  // rep 0 warms up
-  }
-  return best;
+  return best_gflops(product, 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n),
+                     budget_s);
 }
 
 }  // namespace
