@@ -51,7 +51,7 @@ void Report::print() const {
   std::printf("activations %.1f MiB, peak RSS %.1f MiB (%.1f MiB on huge pages at the end)\n",
               r.activation_bytes * kMiB, r.peak_rss * kMiB, r.huge_pages * kMiB);
   if (o.device != Device::CPU) {
-    const DeviceMemory dm = device_memory(o.device);
+    const DeviceMemory& dm = r.device_bytes;
     std::printf("device memory (%s): %.1f MiB allocated, peak %.1f MiB\n", device_name(o.device), dm.in_use * kMiB,
                 dm.peak * kMiB);
   }
@@ -303,7 +303,7 @@ nlohmann::json Report::json() const {
   if (r.scaling_efficiency > 0) j["scaling_efficiency"] = r.scaling_efficiency;
   j["device"] = device_name(o.device);
   if (o.device != Device::CPU) {
-    const DeviceMemory dm = device_memory(o.device);
+    const DeviceMemory& dm = r.device_bytes;
     j["device_bytes"] = {{"in_use", dm.in_use}, {"peak", dm.peak}};
   }
   if (auto d = strategy.offload_detail(); !d.is_null()) j["offload"] = std::move(d);

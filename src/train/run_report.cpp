@@ -194,6 +194,7 @@ void report_run(const TrainOptions& o, comm::ProcessGroup& pg, const Model& mode
                 Executor& executor, bool evaluated, const StepTimes& times, double baseline, double total_s,
                 bool quiet, TrainResult& r) {
   r.peak_rss = peak_rss_bytes();
+  r.device_bytes = device_memory(o.device);  // before gather_ranks measures the GEMM peak there
   r.huge_pages = huge_page_bytes();
   r.memory = strategy.bytes();
   r.activation_bytes = executor.activation_bytes();

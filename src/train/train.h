@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/process_group.h"
+#include "device/device.h"
 #include "models/model.h"
 #include "models/weights.h"
 #include "optim/optimizer.h"
@@ -189,13 +190,16 @@ struct TrainResult {
   double samples_per_s = 0.0;   // images (mlp) or sequences (gpt)
   double tokens_per_s = 0.0;    // gpt
   double gflops = 0.0, mfu = 0.0, gemm_gflops = 0.0;  // the GEMM backend's peak, measured
-  // This rank's GEMM rate sampled after the first step of a run expected to
-  // last a few seconds (0: not sampled): the summary's peak is the higher
+  // This rank's GEMM rate sampled after the first step of a CPU run expected
+  // to last a few seconds (0: not sampled): the summary's peak is the higher
   // of it and the one measured at the end, two moments apart, so one sag
   // of a shared host does not set it (core/gemm_peak.h).
   double early_gemm_gflops = 0.0;
   double scaling_efficiency = 0.0;  // with a baseline, else 0
   size_t peak_rss = 0;
+  // A GPU run's device memory (zeros on the CPU), read before the GEMM
+  // peak's measurement allocates its operands on the device.
+  DeviceMemory device_bytes;
   size_t huge_pages = 0;    // of it, on transparent huge pages at the end (core/host_alloc.h)
   double ring_wait_ms = 0;  // --cp: this rank's mean wait per step for ring attention's transfers
   MemoryBytes memory;          // this rank, as the strategy accounts it
