@@ -6,62 +6,35 @@
 #include "core/gemm_peak.h"
 #include "device/kernels.h"
 #include "nn/gemm.h"
+#include "tensor/flat_buffer.h"
 
 namespace dpt {
 
 namespace {
 
-// n x n operands on the device (fp32 or bf16 inputs, fp32 out), freed on
-// every way out.
-struct SquareOperands {
-  const Kernels& k;
-  void *a, *b;
-  float* c;
-  SquareOperands(const Kernels& kernels, int64_t n, size_t in_bytes)
-      : k(kernels), a(nullptr), b(nullptr), c(nullptr) {
-    const auto count = static_cast<size_t>(n * n);
-    try {
-      a = k.alloc(count * in_bytes);
-      b = k.alloc(count * in_bytes);
-      c = static_cast<float*>(k.alloc(count * sizeof(float)));
-    } catch (...) {
-      release();
-      throw;
-    }
-  }
-  ~SquareOperands() { release(); }
-  void release() {
-    k.free(a);
-    k.free(b);
-    k.free(c);
-    a = b = c = nullptr;
-  }
-  SquareOperands(const SquareOperands&) = delete;
-  SquareOperands& operator=(const SquareOperands&) = delete;
-};
-
-double measure_gpu(const Kernels& k, DType inputs, double budget_s, int64_t n) {
-  const bool bf = inputs == DType::BF16;
-  const SquareOperands m(k, n, bf ? sizeof(bf16) : sizeof(float));
+double measure_gpu(Device d, DType inputs, double budget_s, int64_t n) {
+  const Kernels& k = kernels(d);
+  const auto count = static_cast<size_t>(n * n);
+  FlatBuffer a(count, inputs, d), b(count, inputs, d), c(count, DType::F32, d);  // freed on every way out
   // Values of both signs, not the allocation's zeros: a GPU draws less
   // power multiplying zeros and may clock higher than a real step lets it.
-  const auto count = static_cast<size_t>(n * n);
-  std::vector<float> host(count);
-  for (size_t i = 0; i < count; ++i) host[i] = static_cast<float>(static_cast<int>(i % 251) - 125) / 125.0f;
+  std::vector<float> values(count);
+  for (size_t i = 0; i < count; ++i) values[i] = static_cast<float>(static_cast<int>(i % 251) - 125) / 125.0f;
+  const bool bf = inputs == DType::BF16;
   if (bf) {
-    std::vector<bf16> host16(count);
-    convert(host16.data(), host.data(), count);
-    k.upload(m.a, host16.data(), count * sizeof(bf16));
-    k.upload(m.b, host16.data(), count * sizeof(bf16));
+    std::vector<bf16> values16(count);
+    convert(values16.data(), values.data(), count);
+    k.upload(a.b16(), values16.data(), a.bytes());
+    k.upload(b.b16(), values16.data(), b.bytes());
   } else {
-    k.upload(m.a, host.data(), count * sizeof(float));
-    k.upload(m.b, host.data(), count * sizeof(float));
+    k.upload(a.f32(), values.data(), a.bytes());
+    k.upload(b.f32(), values.data(), b.bytes());
   }
   auto product = [&] {
     if (bf)
-      k.linear_forward(m.c, static_cast<const bf16*>(m.a), static_cast<const bf16*>(m.b), nullptr, n, n, n);
+      k.linear_forward(c.f32(), a.b16(), b.b16(), nullptr, n, n, n);
     else
-      k.linear_forward(m.c, static_cast<const float*>(m.a), static_cast<const float*>(m.b), nullptr, n, n, n);
+      k.linear_forward(c.f32(), a.f32(), b.f32(), nullptr, n, n, n);
     k.synchronize();
   };
   return best_gflops(product, 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n),
@@ -77,7 +50,7 @@ double measure_device_gemm_gflops(Device d, DType inputs, double budget_s) {
   // higher MFU), and none (0: no MFU) where even 2048^2 does not fit.
   for (int64_t n : {8192, 4096, 2048}) {
     try {
-      return measure_gpu(kernels(d), inputs, budget_s, n);
+      return measure_gpu(d, inputs, budget_s, n);
     } catch (const std::bad_alloc&) {
     }
   }
