@@ -13,7 +13,7 @@
 
 #include "core/dtype.h"
 #include "gpu_or_skip.h"
-#include "device/gemm_rate.h"
+#include "train/gemm_rate.h"
 #include "device/kernels.h"
 
 namespace {
@@ -372,7 +372,7 @@ TEST_F(CudaKernels, OptimizersAndNorms) {
   expect_within(down(gsx, n), s, 0.0, "scale");
 }
 
-// The peak a GPU run's MFU is against (device/gemm_rate.h): measured on the
+// The peak a GPU run's MFU is against (train/gemm_rate.h): measured on the
 // GPU's own GEMMs, bf16 above fp32 (no TF32) on every GPU this engine runs
 // on, and its operands' device memory given back.
 TEST_F(CudaKernels, GemmRateIsTheGpusOwn) {

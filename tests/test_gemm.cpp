@@ -37,7 +37,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/threads.h"
-#include "device/gemm_rate.h"
+#include "train/gemm_rate.h"
 #include "nn/attention.h"
 #include "nn/gemm.h"
 #include "nn/linear.h"

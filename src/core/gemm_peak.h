@@ -19,7 +19,7 @@ using SquareGemm = std::function<void(int n, const float* a, const float* b, flo
 double measure_gflops(const SquareGemm& gemm, double budget_s = 0.0);
 
 // The rule under it, for any product of `flops` FLOPs that `run` completes
-// (device/gemm_rate.h's on a GPU): a warm-up run, then the best rate of
+// (train/gemm_rate.h's on a GPU): a warm-up run, then the best rate of
 // three, and of more until budget_s has passed (at most 64 runs in all).
 double best_gflops(const std::function<void()>& run, double flops, double budget_s);
 

@@ -7,7 +7,7 @@
 
 #include "core/cpu_level.h"
 #include "core/threads.h"
-#include "device/gemm_rate.h"
+#include "train/gemm_rate.h"
 #include "nn/activations_avx512.h"
 #include "nn/gemm.h"
 #include "train/rank_setup.h"

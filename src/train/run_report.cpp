@@ -12,7 +12,7 @@
 #include "core/gemm_peak.h"
 #include "core/memory.h"
 #include "core/threads.h"
-#include "device/gemm_rate.h"
+#include "train/gemm_rate.h"
 #include "io/atomic_file.h"
 #include "io/read_checks.h"
 #include "nn/gemm.h"

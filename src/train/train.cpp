@@ -13,7 +13,7 @@
 
 #include "io/atomic_file.h"
 #include "models/weights.h"
-#include "device/gemm_rate.h"
+#include "train/gemm_rate.h"
 #include "parallel/catalog.h"
 #include "train/metrics_file.h"
 #include "train/naive_dp.h"

@@ -1,4 +1,4 @@
-#include "device/gemm_rate.h"
+#include "train/gemm_rate.h"
 
 #include <new>
 #include <vector>
