@@ -18,6 +18,8 @@ class ForwardingKernels : public Kernels {
   void upload(void* dst, const void* host_src, size_t bytes) const override { inner_.upload(dst, host_src, bytes); }
   void download(void* host_dst, const void* src, size_t bytes) const override { inner_.download(host_dst, src, bytes); }
   void synchronize() const override { inner_.synchronize(); }
+  void* pinned_alloc(size_t bytes) const override { return inner_.pinned_alloc(bytes); }
+  void pinned_free(void* p) const override { inner_.pinned_free(p); }
   void convert(bf16* out, const float* in, size_t n) const override { inner_.convert(out, in, n); }
   void convert(float* out, const bf16* in, size_t n) const override { inner_.convert(out, in, n); }
   void linear_forward(float* out, const float* inp, const float* weight, const float* bias, int64_t N, int64_t C,

@@ -1,26 +1,32 @@
 #!/bin/bash
-# The GPU routine of issue 17, run on a lent GPU machine from the repository
-# root (docs/gpu.md): scripts/device/gpu.sh OUT [STAGE...]
+# The GPU routine (issues 17 and 34), run on a lent GPU machine from the
+# repository root (docs/gpu.md): scripts/device/gpu.sh OUT [STAGE...]
 #   build       configure and build (Ninja, no oneDNN: the image lacks it)
-#   kernels     every CUDA op against the CPU op (test_cuda_kernels)
+#   kernels     every CUDA op against the CPU op (test_cuda_kernels), the GPU's GEMM peak
+#   trajectory  W-GPT 50 steps fp32 on the GPU against the CPU (tests/gpu/trajectory.py)
+#   gpt2        GPT-2 124M bf16 throughput and device memory (dpt)
+#   torch       PyTorch 2.x on the same workload, eager and torch.compile
+#   ddp         DDP and ZeRO-3 on two ranks sharing the GPU against one rank (host-staged)
+#   hfeval      PyTorch GPT-2 weights evaluated on the GPU against PyTorch's loss
+#   ckpt        checkpoints on the GPU: resumed bitwise on the GPU (fp32, bf16), and
+#               within 1e-5 across devices (tests/gpu/checkpoint.py)
 #   flash       the fused attention (test_cuda_flash_attention), compute-sanitizer's
 #               memcheck, racecheck and synccheck on a fused training step, and
 #               fused against unfused step times (W-LLAMA, GPT-2 124M)
-#   trajectory  W-GPT 50 steps fp32 on the GPU against the CPU (tests/gpu/trajectory.py)
-#   ddp         DDP and ZeRO-3 on two ranks sharing the GPU against one rank (host-staged)
-#   hfeval      PyTorch GPT-2 weights evaluated on the GPU against PyTorch's loss
-#   gpt2        GPT-2 124M bf16 throughput and device memory (dpt)
 #   sanitizer   compute-sanitizer memcheck on a short training run
-#   torch       PyTorch 2.x on the same workload, eager and torch.compile
-# Each stage writes its results into OUT as it finishes, so a run cut off by
-# its time limit still reports the stages before.
+#   xl          the W-GPT-XL lab (1.0 B parameters) on the one GPU, with and without
+#               activation checkpointing: step time and device memory
+# The default order is the issue's: the stages that resolve it first (kernels through
+# ckpt), so a machine withdrawn early has already given those. Each stage writes its
+# results into OUT as it finishes, so a run cut off by its time limit still reports
+# the stages before.
 set -u
 # Here a GPU is expected: its absence, a backend that does not load or a
 # driver that does not answer fails the GPU tests instead of skipping them.
 export DPT_REQUIRE_GPU=1
 OUT=${1:?usage: gpu.sh OUT [STAGE...]}
 shift
-STAGES=${*:-build kernels flash trajectory ddp hfeval gpt2 sanitizer torch}
+STAGES=${*:-build kernels trajectory gpt2 torch ddp hfeval ckpt flash sanitizer xl}
 B=build-gpu
 BATCH=${GPT2_BATCH:-16}
 mkdir -p "$OUT"
@@ -74,6 +80,21 @@ PY
     gpt2)
       $B/dpt train --model gpt2 --synthetic --device cuda --precision bf16 --batch "$BATCH" --steps 30 \
         --optimizer adamw --lr 6e-4 --clip 1.0 --log-every 10 --summary-out "$OUT/gpt2_dpt.json" 2>&1 | tail -8 ;;
+    ckpt)
+      for precision in fp32 bf16; do
+        python3 tests/gpu/checkpoint.py $B/dpt /tmp/ckpt_$precision --precision $precision &&
+          cp /tmp/ckpt_$precision/checkpoint.json "$OUT/checkpoint_$precision.json"
+        echo "ckpt $precision rc $?"
+      done ;;
+    xl)
+      # shared/WORKLOADS.md's W-GPT-XL, 2 sequences, AdamW fp32, 3 steps, synthetic.
+      for extra in "" "--checkpoint-activations"; do
+        tag=xl${extra:+_ckpt}
+        $B/dpt train --model gpt --layers 20 --heads 16 --width 2048 --context 128 --batch 2 --steps 3 \
+          --optimizer adamw --synthetic --device cuda --log-every 1 $extra --summary-out "$OUT/$tag.json" \
+          >"$OUT/$tag.txt" 2>&1
+        echo "$tag rc $?"; tail -4 "$OUT/$tag.txt"
+      done ;;
     sanitizer)
       compute-sanitizer --tool memcheck --leak-check full $B/dpt train --model gpt --synthetic --device cuda \
         --steps 2 --batch 2 --optimizer adamw --log-every 1 >"$OUT/sanitizer.txt" 2>&1

@@ -646,6 +646,19 @@ class CudaKernels final : public Kernels {
     bind();
     CK(cudaStreamSynchronize(stream_));
   }
+  void* pinned_alloc(size_t bytes) const override {
+    if (bytes == 0) return nullptr;
+    bind();
+    void* p = nullptr;
+    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::bad_alloc();
+    }
+    return p;
+  }
+  void pinned_free(void* p) const override {
+    if (p) cudaFreeHost(p);
+  }
 
   void convert(bf16* out, const float* in, size_t n) const override {
     if (!n) return;

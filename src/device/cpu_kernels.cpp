@@ -46,6 +46,8 @@ class CpuKernels final : public Kernels {
   void upload(void* dst, const void* src, size_t bytes) const override { copy(dst, src, bytes); }
   void download(void* dst, const void* src, size_t bytes) const override { copy(dst, src, bytes); }
   void synchronize() const override {}
+  void* pinned_alloc(size_t bytes) const override { return host_alloc(bytes); }
+  void pinned_free(void* p) const override { host_free(p); }
 
   void convert(bf16* out, const float* in, size_t n) const override { dpt::convert(out, in, n); }
   void convert(float* out, const bf16* in, size_t n) const override { dpt::convert(out, in, n); }

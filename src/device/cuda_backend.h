@@ -50,7 +50,7 @@ class NcclComm {
 };
 
 // Bumped whenever the table changes, so an old library is refused.
-constexpr int kBackendAbi = 5;  // 5: Backend lost nccl_version, flash_attention_*forward took out16 (4: Kernels::flash_attention_bf16_*)
+constexpr int kBackendAbi = 6;  // 6: Kernels::pinned_alloc/pinned_free (5: Backend lost nccl_version, flash_attention_*forward took out16; 4: Kernels::flash_attention_bf16_*)
 
 struct Backend {
   int abi = kBackendAbi;

@@ -42,6 +42,12 @@ class Kernels {
   virtual void upload(void* dst, const void* host_src, size_t bytes) const = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) const = 0;
   virtual void synchronize() const = 0;
+  // Host memory the device copies to and from directly (not zeroed;
+  // throws std::bad_alloc): page-locked on a GPU, where a download into it
+  // is one DMA instead of a trip through the driver's bounce buffer
+  // (device/host_staging.h); ordinary aligned memory on the CPU.
+  virtual void* pinned_alloc(size_t bytes) const = 0;
+  virtual void pinned_free(void* p) const = 0;
 
   // Rounding to bf16 (round to nearest even) and widening (exact).
   virtual void convert(bf16* out, const float* in, size_t n) const = 0;

@@ -13,6 +13,7 @@
 #include "comm/agree.h"
 #include "core/error.h"
 #include "core/fault.h"
+#include "device/host_staging.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 
@@ -101,8 +102,9 @@ struct FileCrcs {
   std::vector<uint32_t> pieces;
 };
 
-FileCrcs write_rank_file(const std::string& path, const std::vector<Piece>& pieces, const Layout& layout,
+FileCrcs write_rank_file(const std::string& path, const std::vector<Piece>& pieces, const Model& model,
                          const std::vector<std::string>& state, const std::map<std::string, std::string>& meta) {
+  const Layout& layout = model.layout();
   std::vector<TensorSpec> specs;
   for (const Piece& p : pieces)
     specs.push_back({fmt::format("{}/{}/{}", kind_name(p.kind, state), layout.slots()[static_cast<size_t>(p.slot)].name,
@@ -111,25 +113,22 @@ FileCrcs write_rank_file(const std::string& path, const std::vector<Piece>& piec
   SafetensorsWriter file(path, std::move(specs), meta);
   FileCrcs crcs;
   crcs.file = crc_update(0, nullptr, 0);
-  // Optimizer state (and offloaded masters) come out of the tier through a
-  // bounded buffer.
-  constexpr size_t kStaged = size_t{1} << 20;
-  std::vector<float> staged;
+  // Everything reaches the file through one bounded host buffer (pinned on
+  // a GPU): parameters downloaded from the model's device, optimizer state
+  // (and offloaded masters) read out of its tier.
+  HostStaging staged(model.k(), size_t{1} << 20);
   for (const Piece& p : pieces) {
     uint32_t c = crc_update(0, nullptr, 0);
-    if (p.data) {
-      file.write(p.data, p.n);
-      c = crc_update(c, p.data, p.n * sizeof(float));
-    } else {
-      staged.resize(std::min(p.n, kStaged));
-      for (size_t done = 0; done < p.n;) {
-        const size_t m = std::min(staged.size(), p.n - done);
-        p.optimizer->read_state(p.tensor(), p.at + done, m, staged.data());
-        file.write(staged.data(), m);
-        c = crc_update(c, staged.data(), m * sizeof(float));
-        done += m;
-      }
-    }
+    auto write = [&](const float* chunk, size_t k) {
+      file.write(chunk, k);
+      c = crc_update(c, chunk, k * sizeof(float));
+    };
+    if (p.data)
+      staged.download(p.data, p.n, write);
+    else
+      staged.pass(
+          p.n, [&](size_t done, size_t k, float* chunk) { p.optimizer->read_state(p.tensor(), p.at + done, k, chunk); },
+          write);
     crcs.pieces.push_back(c);
     crcs.file = static_cast<uint32_t>(crc32_combine(crcs.file, c, static_cast<z_off_t>(p.n * sizeof(float))));
   }
@@ -290,7 +289,7 @@ WrittenCheckpoint write_checkpoint(const std::string& dir, const CheckpointInfo&
   FileCrcs crcs;
   if (writer) try {
       const auto pieces = pieces_of(strategy.state_spans(), model.layout(), state.size(), replicated);
-      crcs = write_rank_file((tmp / name).string(), pieces, model.layout(), state,
+      crcs = write_rank_file((tmp / name).string(), pieces, model, state,
                             {{"dpt.checkpoint.step", std::to_string(info.step)},
                              {"dpt.checkpoint.rank", std::to_string(index)},
                              {"dpt.checkpoint.world", std::to_string(files_n)}});
@@ -412,6 +411,7 @@ std::vector<std::string> check_matches_run(const std::string& manifest_path, con
 // model's parameter names (another pipeline stage's are skipped), the state
 // tensors' names, and the pieces of this rank's spans to fill.
 struct ReadPlan {
+  const Kernels& k;  // the model's device: parameters are uploaded to it
   const Layout& layout;
   std::map<std::string, int> slot_index;
   std::set<std::string> listed;
@@ -463,8 +463,7 @@ size_t read_piece(const SafetensorsReader& reader, size_t ti, uint32_t crc, cons
       loaded = true;
     }
     if (t.data)
-      std::copy(piece.begin() + static_cast<long>(lo - start), piece.begin() + static_cast<long>(hi - start),
-                t.data + (lo - t.start));
+      plan.k.upload(t.data + (lo - t.start), piece.data() + (lo - start), (hi - lo) * sizeof(float));
     else
       t.optimizer->write_state(t.tensor(), t.at + (lo - t.start), hi - lo, piece.data() + (lo - start));
     read += hi - lo;
@@ -479,7 +478,7 @@ uint64_t load_checkpoint(const std::string& checkpoint, const CheckpointInfo& in
   const fs::path dir(checkpoint);
   const std::string manifest_path = (dir / "manifest.json").string();
   const std::vector<std::string> state = check_matches_run(manifest_path, info, strategy, model);
-  ReadPlan plan{model.layout(), {}, {}, state, {}};
+  ReadPlan plan{model.k(), model.layout(), {}, {}, state, {}};
   json files;
   {
     std::ifstream in(manifest_path);

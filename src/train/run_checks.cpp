@@ -215,8 +215,6 @@ void check_placement(const TrainOptions& o) {
     throw InputError("--device cuda: --strategy dp (threads over one process) runs on the CPU only");
   if (o.ddp.reduce_dtype != DType::F32)
     throw InputError("--device cuda: --reduce-dtype bf16 is not built for GPU runs yet");
-  if (!o.checkpoint_dir.empty() || !o.resume.empty())
-    throw InputError("--device cuda: --checkpoint-dir and --resume are not built for GPU runs yet (--save is)");
 }
 
 }  // namespace
