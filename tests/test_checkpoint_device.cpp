@@ -78,7 +78,9 @@ TEST(CheckpointOnADevice, ParametersLeaveAndReturnThroughTheModelsKernels) {
   model.use_kernels(spy);
   StrategyOptions so;
   so.optimizer.name = "adamw";
-  auto strategy = make_strategy(resolve_options(so, *pg), model, *pg, {.seed = 5});
+  StrategyInit init;
+  init.seed = 5;
+  auto strategy = make_strategy(resolve_options(so, *pg), model, *pg, init);
   const std::vector<float> saved(model.params(), model.params() + model.param_count());
   const size_t bytes = saved.size() * sizeof(float);
 

@@ -239,6 +239,25 @@ TEST_F(CliTest, DeviceAndHsdpAreChecked) {
 // A bf16 run's fused attention on the CPU takes bf16 products unless told
 // otherwise (the same run as --attention-products bf16, bit for bit, and
 // not the fp32 products' run); every other run fp32; the summary says which.
+// What a GPU run's checkpoints and offload take (docs/gpu.md): refused in
+// one sentence where not built; elsewhere what stops them here is the
+// missing GPU, not the flags.
+TEST_F(CliTest, GpuCheckpointsAndOffloadAreRefusedOnlyWhereNotBuilt) {
+  const std::string gpu = fmt::format("train --model gpt {} --synthetic --steps 1 --device cuda", kSmallGpt);
+  expect_user_error(gpu + " --precision bf16 --strategy zero1 --offload params", "--offload params is not built");
+  expect_user_error(gpu + " --strategy zero3 --offload optimizer", "runs under local and ddp; zero3 is not built");
+  const std::string dir = (dir_ / "gpu_ck").string();
+  for (const std::string& flags : {std::string(" --offload optimizer"), " --checkpoint-dir " + dir,
+                                   " --resume " + dir}) {
+    SCOPED_TRACE(flags);
+    const RunResult r = run(gpu + flags);
+    if (r.code == 0) continue;  // a GPU is here
+    EXPECT_TRUE(r.err.find("no CUDA device") != std::string::npos || r.err.find("without CUDA") != std::string::npos ||
+                r.err.find("no such checkpoint directory") != std::string::npos)
+        << r.err;
+  }
+}
+
 TEST_F(CliTest, AttentionProductsAreBf16WhereTheyCanRun) {
   const auto products = [&](const std::string& name, const std::string& flags) {
     const fs::path summary = dir_ / (name + ".json"), weights = dir_ / (name + ".st");

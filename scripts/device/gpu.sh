@@ -10,6 +10,9 @@
 #   hfeval      PyTorch GPT-2 weights evaluated on the GPU against PyTorch's loss
 #   ckpt        checkpoints on the GPU: resumed bitwise on the GPU (fp32, bf16), and
 #               within 1e-5 across devices (tests/gpu/checkpoint.py)
+#   offload     --offload optimizer (the update on the host): W-GPT within 1e-5 of the run
+#               without it (tests/gpu/trajectory.py --mode offload), and GPT-2 124M bf16's
+#               step time and device memory with and without it
 #   flash       the fused attention (test_cuda_flash_attention), compute-sanitizer's
 #               memcheck, racecheck and synccheck on a fused training step, and
 #               fused against unfused step times (W-LLAMA, GPT-2 124M)
@@ -26,7 +29,7 @@ set -u
 export DPT_REQUIRE_GPU=1
 OUT=${1:?usage: gpu.sh OUT [STAGE...]}
 shift
-STAGES=${*:-build kernels trajectory gpt2 torch ddp hfeval ckpt flash sanitizer xl}
+STAGES=${*:-build kernels trajectory gpt2 torch ddp hfeval ckpt offload flash sanitizer xl}
 B=build-gpu
 BATCH=${GPT2_BATCH:-16}
 mkdir -p "$OUT"
@@ -85,6 +88,16 @@ PY
         python3 tests/gpu/checkpoint.py $B/dpt /tmp/ckpt_$precision --precision $precision &&
           cp /tmp/ckpt_$precision/checkpoint.json "$OUT/checkpoint_$precision.json"
         echo "ckpt $precision rc $?"
+      done ;;
+    offload)
+      python3 tests/gpu/trajectory.py $B/dpt /tmp/offload --mode offload --steps 20 --tol 1e-5 &&
+        cp /tmp/offload/trajectory.json "$OUT/offload_trajectory.json"
+      echo "offload trajectory rc $?"
+      for extra in "" "--offload optimizer"; do
+        tag=gpt2_offload${extra:+_on}
+        $B/dpt train --model gpt2 --synthetic --device cuda --precision bf16 --batch 8 --steps 10 --optimizer adamw \
+          --log-every 5 $extra --summary-out "$OUT/$tag.json" >"$OUT/$tag.txt" 2>&1
+        echo "$tag rc $?"; grep -E "throughput|memory|offload" "$OUT/$tag.txt"
       done ;;
     xl)
       # shared/WORKLOADS.md's W-GPT-XL, 2 sequences, AdamW fp32, 3 steps, synthetic.

@@ -3,13 +3,35 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "device/kernels.h"
 #include "optim/file_tier.h"
 
 namespace dpt {
 
+namespace {
+
+// numel zeroed floats of host memory page-locked for `gpu`, freed with it.
+FlatBuffer pinned_buffer(Device gpu, size_t numel) {
+  const Kernels& k = kernels(gpu);
+  void* p = k.pinned_alloc(numel * sizeof(float));
+  std::memset(p, 0, numel * sizeof(float));
+  return FlatBuffer(std::shared_ptr<void>(p, [&k](void* q) { k.pinned_free(q); }), numel);
+}
+
+}  // namespace
+
+std::unique_ptr<RamTier> RamTier::pinned_for(Device gpu) {
+  auto t = std::make_unique<RamTier>(Device::CPU);
+  t->pinned_for_ = gpu;
+  return t;
+}
+
 int RamTier::add_region(size_t tensors, size_t n) {
   DPT_CHECK(tensors <= kMaxTensors, "a region of {} tensors (at most {})", tensors, kMaxTensors);
-  regions_.push_back({tensors, n, tensors > 0 ? FlatBuffer(tensors * n, DType::F32, device_) : FlatBuffer()});
+  FlatBuffer buf;
+  if (tensors > 0)
+    buf = pinned_for_ != Device::CPU ? pinned_buffer(pinned_for_, tensors * n) : FlatBuffer(tensors * n, DType::F32, device_);
+  regions_.push_back({tensors, n, std::move(buf)});
   return static_cast<int>(regions_.size() - 1);
 }
 
@@ -43,6 +65,11 @@ size_t RamTier::ram_bytes() const {
   return b;
 }
 
+nlohmann::json RamTier::detail() const {
+  if (pinned_for_ == Device::CPU) return nullptr;
+  return {{"pinned_for", device_name(pinned_for_)}, {"ram_bytes", ram_bytes()}};
+}
+
 Offload parse_offload(const std::string& s) {
   if (s.empty() || s == "none") return Offload::None;
   if (s == "optimizer") return Offload::Optimizer;
@@ -52,8 +79,7 @@ Offload parse_offload(const std::string& s) {
 
 std::unique_ptr<StateTier> make_state_tier(const OffloadOptions& options, int rank, Device device) {
   if (options.what == Offload::None) return std::make_unique<RamTier>(device);
-  if (device != Device::CPU)
-    throw InputError("--offload optimizer with --device cuda: offload from GPU memory is not built yet");
+  if (device != Device::CPU && options.dir.empty()) return RamTier::pinned_for(device);
   // "params": the optimizers keep the master weights as one more tensor.
   return std::make_unique<FileTier>(options.dir, rank, options.chunk_bytes);
 }

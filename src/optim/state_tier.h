@@ -13,8 +13,11 @@
 //             streamed through a few chunk buffers, reads and writes
 //             overlapped with the update (ZeRO-Infinity's NVMe offload).
 //
-// A GPU engine would add a host-memory tier under the same interface; fp32
-// master weights (`--offload params`) are one more tensor per region.
+//   RamTier   pinned for a GPU: in page-locked host memory, the state of a
+//             GPU run's `--offload optimizer` (parallel/host_update.h runs
+//             its update on the CPU cores).
+//
+// fp32 master weights (`--offload params`) are one more tensor per region.
 #pragma once
 
 #include <cstddef>
@@ -76,16 +79,21 @@ class RamTier : public StateTier {
  public:
   // The state in the memory of `device` (a GPU's for --device cuda).
   explicit RamTier(Device device = Device::CPU) : device_(device) {}
+  // The state in host memory page-locked for `gpu` (Kernels::pinned_alloc):
+  // a GPU run's state offloaded to the host. Its device() is the CPU.
+  static std::unique_ptr<RamTier> pinned_for(Device gpu);
   int add_region(size_t tensors, size_t n) override;
   void stream(const Job* jobs, size_t count) override;
   void read(int region, size_t tensor, size_t at, size_t n, float* out) override;
   void write(int region, size_t tensor, size_t at, size_t n, const float* in) override;
   float* data(int region, size_t tensor) override;
   size_t ram_bytes() const override;
+  nlohmann::json detail() const override;
   Device device() const override { return device_; }
 
  private:
   Device device_;
+  Device pinned_for_ = Device::CPU;  // CPU: ordinary memory of device_
   struct Region {
     size_t tensors, n;
     FlatBuffer buf;
@@ -106,8 +114,9 @@ struct OffloadOptions {
   size_t chunk_bytes = 4u << 20;  // per tensor per chunk (--offload-chunk-mb)
 };
 
-// The tier for a rank: a RamTier on `device`, or a FileTier in options.dir
-// (its file named for the rank; CPU runs only).
+// The tier for a rank: a RamTier on `device`; with --offload, a FileTier in
+// options.dir (its file named for the rank), or for a GPU run without a
+// directory a RamTier pinned for the GPU.
 std::unique_ptr<StateTier> make_state_tier(const OffloadOptions& options, int rank, Device device);
 
 }  // namespace dpt

@@ -28,6 +28,8 @@ LocalStrategy::LocalStrategy(const StrategyOptions& options, Model& model, comm:
   model_.set_store(nullptr);
   tier_ = make_state_tier(options_.offload, pg_.rank(), model_.device());
   opt_ = make_optimizer(options_.optimizer, model_.layout(), 0, model_.param_count(), tier_.get());
+  if (tier_->device() != model_.device())
+    host_ = std::make_unique<HostUpdate>(model_.k(), model_.param_count(), model_.precision() == DType::BF16);
 }
 
 std::string LocalStrategy::describe() const { return "local: one process holds everything"; }
@@ -49,7 +51,10 @@ void LocalStrategy::scale_grads(float factor) { model_.k().scale(model_.grads(),
 // next opens.
 void LocalStrategy::step(float lr) {
   bf16* copy = model_.params16_for_update();
-  opt_->step(model_.params(), model_.grads(), lr, GradsAfter::Zeroed, copy);
+  if (host_)
+    host_->step(*opt_, model_.params(), model_.grads(), copy, lr);
+  else
+    opt_->step(model_.params(), model_.grads(), lr, GradsAfter::Zeroed, copy);
   if (copy) model_.params16_written();
   grads_zero_ = true;
 }
@@ -63,7 +68,19 @@ std::vector<StateSpan> LocalStrategy::state_spans() {
   return {{.begin = 0, .n = model_.param_count(), .params = model_.params(), .optimizer = opt_.get(), .at = 0}};
 }
 
-void LocalStrategy::restored(int64_t optimizer_steps) { opt_->set_steps(optimizer_steps); }
+void LocalStrategy::restored(int64_t optimizer_steps) {
+  opt_->set_steps(optimizer_steps);
+  if (host_) host_->stale();
+}
+
+nlohmann::json LocalStrategy::offload_detail() const {
+  nlohmann::json d = tier_->detail();
+  if (host_) {
+    if (d.is_null()) d = nlohmann::json::object();
+    d["host_update"] = host_->detail();
+  }
+  return d;
+}
 
 MemoryBytes LocalStrategy::bytes() const {
   const size_t p = model_.param_count() * sizeof(float);
@@ -71,6 +88,9 @@ MemoryBytes LocalStrategy::bytes() const {
   // buffer the master weights, counted with the optimizer state (in RAM:
   // --offload optimizer moves only the state).
   const bool mixed = model_.precision() == DType::BF16;
+  if (host_)  // on the GPU: the parameters (fp32, and a bf16 run's copy) and the gradients; the rest on the host
+    return {.parameters = p + (mixed ? model_.param_count() * sizeof(bf16) : 0), .gradients = p,
+            .offloaded = tier_->ram_bytes() + tier_->offloaded_bytes() + host_->host_bytes()};
   return {.parameters = mixed ? model_.param_count() * sizeof(bf16) : p, .gradients = p,
           .optimizer = tier_->ram_bytes() + (mixed ? p : 0), .offloaded = tier_->offloaded_bytes()};
 }
@@ -120,6 +140,7 @@ std::vector<StateSpan> DdpStrategy::state_spans() {
 
 void DdpStrategy::restored(int64_t optimizer_steps) {
   opt_->set_steps(optimizer_steps);
+  if (host_) host_->stale();
   const size_t n = model_.param_count();
   pg_.all_gather(model_.params(), n, DType::F32);
   gather_optimizer_state(*opt_, pg_);

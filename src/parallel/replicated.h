@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "parallel/host_update.h"
 #include "parallel/reducer.h"
 #include "parallel/strategy.h"
 
@@ -28,7 +29,7 @@ class LocalStrategy : public Strategy {
   std::vector<StateSpan> state_spans() override;
   void restored(int64_t optimizer_steps) override;
   MemoryBytes bytes() const override;
-  nlohmann::json offload_detail() const override { return tier_->detail(); }
+  nlohmann::json offload_detail() const override;
 
  protected:
   StrategyOptions options_;
@@ -36,6 +37,8 @@ class LocalStrategy : public Strategy {
   comm::ProcessGroup& pg_;
   std::unique_ptr<StateTier> tier_;  // the optimizer's state: RAM or a file (before opt_: outlives it)
   std::unique_ptr<Optimizer> opt_;
+  // A GPU model's update on the host (--offload optimizer); else none.
+  std::unique_ptr<HostUpdate> host_;
   bool grads_zero_ = false;  // the last step left the gradients zero (begin_step)
 };
 

@@ -224,13 +224,31 @@ std::string Report::mesh_traffic() const {
 void Report::print_offload() const {
   const nlohmann::json d = strategy.offload_detail();
   if (d.is_null()) return;
+  if (d.contains("host_update")) print_host_update(d);
+  if (!d.contains("dir")) return;
   const double steps = std::max(1.0, d["streams"].get<double>());
   std::printf("offload: %.1f MiB of optimizer state per rank in %s (%s), through %zu buffers of %.0f KiB; per "
               "step %.1f MiB read, %.1f MiB written, %.3f s waited\n",
-              result.memory.offloaded * kMiB, d["dir"].get<std::string>().c_str(),
+              (d.contains("host_update") ? d["file_bytes"].get<double>() : static_cast<double>(result.memory.offloaded)) *
+                  kMiB,
+              d["dir"].get<std::string>().c_str(),
               d["direct_io"].get<bool>() ? "direct I/O" : "buffered, pages dropped", d["buffers"].get<size_t>(),
               d["chunk_bytes"].get<double>() / 1024.0, d["read_bytes"].get<double>() / steps * kMiB,
               d["written_bytes"].get<double>() / steps * kMiB, d["wait_s"].get<double>() / steps);
+}
+
+// A GPU run's update on the host (parallel/host_update.h): where its
+// state is, what it holds in host memory and what a step moves.
+void Report::print_host_update(const nlohmann::json& d) const {
+  const nlohmann::json& h = d["host_update"];
+  const std::string where = d.contains("dir") ? "in the offload file (below)"
+                                              : fmt::format("{:.1f} MiB in pinned host memory",
+                                                            d["ram_bytes"].get<double>() * kMiB);
+  std::printf("offload: the update on the host: optimizer state %s, fp32 parameters and gradients %.1f MiB pinned; "
+              "per step %.1f MiB down, %.1f MiB up, %.3f s down, %.3f s updating, %.3f s up\n",
+              where.c_str(), h["host_bytes"].get<double>() * kMiB, h["down_bytes"].get<double>() * kMiB,
+              h["up_bytes"].get<double>() * kMiB, h["down_s"].get<double>(), h["update_s"].get<double>(),
+              h["up_s"].get<double>());
 }
 
 nlohmann::json topology_json(comm::ProcessGroup& pg) {

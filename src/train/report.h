@@ -42,6 +42,7 @@ struct Report {
 
  private:
   void print_offload() const;
+  void print_host_update(const nlohmann::json& detail) const;
   void print_context() const;
   std::string work_list() const;
   double work_balance() const;

@@ -90,6 +90,8 @@ void check_offload(const TrainOptions& o, const StrategyOptions& so, const Model
       throw InputError(fmt::format("--offload params needs a sharded strategy (zero1, zero2, zero3, hsdp), not {}",
                                    so.strategy.name()));
   }
+  // A GPU run without a directory keeps the state in the host's memory.
+  if (o.device != Device::CPU && o.offload_dir.empty()) return;
   // Every rank checks the directory it sees (ranks on other hosts see other
   // disks); any rank's refusal ends the run on every rank.
   std::string problem;
@@ -215,6 +217,12 @@ void check_placement(const TrainOptions& o) {
     throw InputError("--device cuda: --strategy dp (threads over one process) runs on the CPU only");
   if (o.ddp.reduce_dtype != DType::F32)
     throw InputError("--device cuda: --reduce-dtype bf16 is not built for GPU runs yet");
+  if (o.offload == Offload::Params)
+    throw InputError("--device cuda: --offload params is not built for GPU runs yet (--offload optimizer is)");
+  if (o.offload == Offload::Optimizer && o.strategy->zero_stage > 0)
+    throw InputError(fmt::format("--device cuda: --offload optimizer runs under local and ddp; {} is not built for it "
+                                 "yet",
+                                 o.strategy.name()));
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+#include "parallel/host_update.h"
+
+#include <chrono>
+
+namespace dpt {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+template <typename T>
+T* HostUpdate::pinned(size_t count) {
+  return static_cast<T*>(k_.pinned_alloc(count * sizeof(T)));
+}
+
+HostUpdate::HostUpdate(const Kernels& k, size_t n, bool bf16_copy) : k_(k), n_(n) {
+  params_ = pinned<float>(n);
+  grads_ = pinned<float>(n);
+  if (bf16_copy) copy16_ = pinned<bf16>(n);
+}
+
+HostUpdate::~HostUpdate() {
+  k_.pinned_free(params_);
+  k_.pinned_free(grads_);
+  k_.pinned_free(copy16_);
+}
+
+void HostUpdate::step(Optimizer& opt, float* params, float* grads, bf16* copy16, float lr) {
+  auto t0 = std::chrono::steady_clock::now();
+  if (!synced_) {
+    k_.download(params_, params, n_ * sizeof(float));
+    down_bytes_ += n_ * sizeof(float);
+    synced_ = true;
+  }
+  k_.download(grads_, grads, n_ * sizeof(float));  // waits for the backward's kernels
+  down_bytes_ += n_ * sizeof(float);
+  down_s_ += seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  // The host's gradients are overwritten next step: no need to zero them.
+  opt.step(params_, grads_, lr, GradsAfter::Kept, copy16 ? copy16_ : nullptr);
+  update_s_ += seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  k_.upload(params, params_, n_ * sizeof(float));
+  up_bytes_ += n_ * sizeof(float);
+  if (copy16) {
+    k_.upload(copy16, copy16_, n_ * sizeof(bf16));
+    up_bytes_ += n_ * sizeof(bf16);
+  }
+  k_.zero(grads, n_ * sizeof(float));
+  up_s_ += seconds_since(t0);
+  ++steps_;
+}
+
+size_t HostUpdate::host_bytes() const { return n_ * (2 * sizeof(float) + (copy16_ ? sizeof(bf16) : 0)); }
+
+nlohmann::json HostUpdate::detail() const {
+  const double s = steps_ > 0 ? steps_ : 1;
+  return {{"host_bytes", host_bytes()},   {"steps", steps_},
+          {"down_bytes", down_bytes_ / s}, {"up_bytes", up_bytes_ / s},
+          {"down_s", down_s_ / s},         {"update_s", update_s_ / s},
+          {"up_s", up_s_ / s}};
+}
+
+}  // namespace dpt
