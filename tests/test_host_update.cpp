@@ -50,7 +50,7 @@ TEST(HostUpdate, GivesTheInPlaceUpdateBitForBitAndCountsItsCopies) {
   auto in_place = make_optimizer(config, layout, 0, n, nullptr);
   auto on_host = make_optimizer(config, layout, 0, n, nullptr);
   CopySpy spy(cpu_kernels());
-  HostUpdate host(spy, n, /*bf16_copy=*/true);
+  HostUpdate host(spy, n);
 
   std::vector<float> ref = random_values(n, 1, 0.5f), dev = ref;
   std::vector<bf16> ref16(n), dev16(n);

@@ -11,41 +11,33 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 template <typename T>
-T* HostUpdate::pinned(size_t count) {
-  return static_cast<T*>(k_.pinned_alloc(count * sizeof(T)));
+HostUpdate::Pinned<T> HostUpdate::pinned(size_t count) const {
+  return Pinned<T>(static_cast<T*>(k_.pinned_alloc(count * sizeof(T))), Free{&k_});
 }
 
-HostUpdate::HostUpdate(const Kernels& k, size_t n, bool bf16_copy) : k_(k), n_(n) {
-  params_ = pinned<float>(n);
-  grads_ = pinned<float>(n);
-  if (bf16_copy) copy16_ = pinned<bf16>(n);
-}
-
-HostUpdate::~HostUpdate() {
-  k_.pinned_free(params_);
-  k_.pinned_free(grads_);
-  k_.pinned_free(copy16_);
-}
+HostUpdate::HostUpdate(const Kernels& k, size_t n)
+    : k_(k), n_(n), params_(pinned<float>(n)), grads_(pinned<float>(n)), copy16_(nullptr, Free{&k}) {}
 
 void HostUpdate::step(Optimizer& opt, float* params, float* grads, bf16* copy16, float lr) {
   auto t0 = std::chrono::steady_clock::now();
   if (!synced_) {
-    k_.download(params_, params, n_ * sizeof(float));
+    k_.download(params_.get(), params, n_ * sizeof(float));
     down_bytes_ += n_ * sizeof(float);
     synced_ = true;
   }
-  k_.download(grads_, grads, n_ * sizeof(float));  // waits for the backward's kernels
+  k_.download(grads_.get(), grads, n_ * sizeof(float));  // waits for the backward's kernels
   down_bytes_ += n_ * sizeof(float);
   down_s_ += seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   // The host's gradients are overwritten next step: no need to zero them.
-  opt.step(params_, grads_, lr, GradsAfter::Kept, copy16 ? copy16_ : nullptr);
+  if (copy16 && !copy16_) copy16_ = pinned<bf16>(n_);
+  opt.step(params_.get(), grads_.get(), lr, GradsAfter::Kept, copy16 ? copy16_.get() : nullptr);
   update_s_ += seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
-  k_.upload(params, params_, n_ * sizeof(float));
+  k_.upload(params, params_.get(), n_ * sizeof(float));
   up_bytes_ += n_ * sizeof(float);
   if (copy16) {
-    k_.upload(copy16, copy16_, n_ * sizeof(bf16));
+    k_.upload(copy16, copy16_.get(), n_ * sizeof(bf16));
     up_bytes_ += n_ * sizeof(bf16);
   }
   k_.zero(grads, n_ * sizeof(float));

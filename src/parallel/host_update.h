@@ -22,12 +22,10 @@ namespace dpt {
 class HostUpdate {
  public:
   // For an optimizer over n parameters of a model whose buffers are on the
-  // device `k` computes on; with `bf16_copy`, a bf16 run's compute copy is
-  // written too. Host buffers are pinned for the device (Kernels::pinned_alloc).
-  HostUpdate(const Kernels& k, size_t n, bool bf16_copy);
-  ~HostUpdate();
-  HostUpdate(const HostUpdate&) = delete;
-  HostUpdate& operator=(const HostUpdate&) = delete;
+  // device `k` computes on. Host buffers are pinned for the device
+  // (Kernels::pinned_alloc); the bf16 copy's at the first step that asks
+  // for one.
+  HostUpdate(const Kernels& k, size_t n);
 
   // One update of the n device parameters at `params` from the device
   // gradients `grads` (left zero, as GradsAfter::Zeroed leaves them),
@@ -45,14 +43,20 @@ class HostUpdate {
   nlohmann::json detail() const;
 
  private:
+  struct Free {
+    const Kernels* k;
+    void operator()(void* p) const { k->pinned_free(p); }
+  };
   template <typename T>
-  T* pinned(size_t count);
+  using Pinned = std::unique_ptr<T[], Free>;
+  template <typename T>
+  Pinned<T> pinned(size_t count) const;
 
   const Kernels& k_;
   size_t n_;
-  float* params_ = nullptr;  // the fp32 parameters the update writes
-  float* grads_ = nullptr;
-  bf16* copy16_ = nullptr;
+  Pinned<float> params_;  // the fp32 parameters the update writes
+  Pinned<float> grads_;
+  Pinned<bf16> copy16_;
   bool synced_ = false;  // params_ holds the device's parameters
   double down_s_ = 0, update_s_ = 0, up_s_ = 0;
   size_t down_bytes_ = 0, up_bytes_ = 0;

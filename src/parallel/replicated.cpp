@@ -29,7 +29,7 @@ LocalStrategy::LocalStrategy(const StrategyOptions& options, Model& model, comm:
   tier_ = make_state_tier(options_.offload, pg_.rank(), model_.device());
   opt_ = make_optimizer(options_.optimizer, model_.layout(), 0, model_.param_count(), tier_.get());
   if (tier_->device() != model_.device())
-    host_ = std::make_unique<HostUpdate>(model_.k(), model_.param_count(), model_.precision() == DType::BF16);
+    host_ = std::make_unique<HostUpdate>(model_.k(), model_.param_count());
 }
 
 std::string LocalStrategy::describe() const { return "local: one process holds everything"; }
