@@ -2,8 +2,9 @@
 # The GPU routine (issues 17 and 34), run on a lent GPU machine from the
 # repository root (docs/gpu.md): scripts/device/gpu.sh OUT [STAGE...]
 #   build       configure and build (Ninja, no oneDNN: the image lacks it)
-#   kernels     every CUDA op against the CPU op (test_cuda_kernels), the GPU's GEMM peak
-#   trajectory  W-GPT 50 steps fp32 on the GPU against the CPU (tests/gpu/trajectory.py)
+#   kernels     every CUDA op against the CPU op (test_cuda_kernels; the Llama family's in
+#               test_decoder_layers), the GPU's GEMM peak
+#   trajectory  W-GPT and W-LLAMA, 50 steps fp32 on the GPU against the CPU (tests/gpu/trajectory.py)
 #   gpt2        GPT-2 124M bf16 throughput and device memory (dpt)
 #   torch       PyTorch 2.x on the same workload, eager and torch.compile
 #   ddp         DDP and ZeRO-3 on two ranks sharing the GPU against one rank (host-staged)
@@ -38,7 +39,8 @@ for stage in $STAGES; do
   case $stage in
     build)
       { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDPT_ONEDNN=OFF -DDPT_OPENBLAS_ANY=ON \
-          -DDPT_BUILD_BENCH=OFF && ninja -C $B dpt test_cuda_kernels test_cuda_comm test_cuda_flash_attention; } >"$OUT/build.log" 2>&1
+          -DDPT_BUILD_BENCH=OFF && ninja -C $B dpt test_cuda_kernels test_cuda_comm test_decoder_layers \
+          test_cuda_flash_attention; } >"$OUT/build.log" 2>&1
       rc=$?
       grep -E "CUDA backend|error|warning" "$OUT/build.log" | head -40
       echo "build rc $rc"
@@ -46,6 +48,9 @@ for stage in $STAGES; do
     kernels)
       $B/tests/test_cuda_kernels --gtest_output=json:"$OUT/cuda_kernels.json" 2>&1 | grep -vE "^\[ +(RUN|OK) " | tail -60
       $B/tests/test_cuda_comm 2>&1 | tail -12
+      # The Llama family's kernels (RMSNorm, rotary, SwiGLU, GQA attention) on the GPU against the CPU.
+      $B/tests/test_decoder_layers --gtest_filter='DecoderLayerKernels.*' --gtest_output=json:"$OUT/cuda_decoder_layers.json" \
+        2>&1 | tail -6
       grep -c '"result": "SKIPPED"' "$OUT/cuda_kernels.json" | sed 's/^/kernel tests skipped: /' ;;
     flash)
       $B/tests/test_cuda_flash_attention --gtest_output=json:"$OUT/cuda_flash.json" 2>&1 | grep -vE "^\[ +(RUN|OK) " | tail -40
@@ -72,7 +77,10 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "flash_*_*.json"))):
 PY
       ;;
     trajectory)
-      python3 tests/gpu/trajectory.py $B/dpt /tmp/trajectory --steps 50 && cp /tmp/trajectory/trajectory.json "$OUT/" ;;
+      for model in gpt llama; do
+        python3 tests/gpu/trajectory.py $B/dpt /tmp/trajectory_$model --model $model --steps 50 &&
+          cp /tmp/trajectory_$model/trajectory.json "$OUT/trajectory_$model.json"
+      done ;;
     ddp)
       for mode in ddp zero3; do
         OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 python3 tests/gpu/trajectory.py $B/dpt /tmp/$mode \

@@ -2,9 +2,9 @@
 """GPU training follows the CPU: issue 17's trajectory check.
 
 Usage: trajectory.py DPT WORKDIR [--steps 50] [--precision fp32] [--tol 1e-4]
-                     [--mode device|ddp|zero3|offload]
+                     [--mode device|ddp|zero3|offload] [--model gpt|llama]
 
-Trains W-GPT (synthetic batches, AdamW, clipping) for --steps steps twice
+Trains W-GPT (--model llama: W-LLAMA; synthetic batches, AdamW, clipping) for --steps steps twice
 from the same seed, then checks that every step's loss and every saved
 parameter tensor agree "within r": max|b - a| <= r * max|a| per tensor (and
 per step's loss). --mode device (default): `--device cpu` (a) against
@@ -54,6 +54,7 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--model", choices=["gpt", "llama"], default="gpt", help="W-GPT or W-LLAMA")
     ap.add_argument("--mode", choices=["device", "ddp", "zero3", "offload"], default="device")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
@@ -67,7 +68,7 @@ def main():
     # The GPU run first: where there is none, the skip costs nothing.
     for tag, device, strategy, ranks in reversed(pair):
         w = os.path.join(args.workdir, tag)
-        cmd = [args.dpt, "train", "--model", "gpt", "--synthetic", "--steps", str(args.steps), "--batch", "8",
+        cmd = [args.dpt, "train", "--model", args.model, "--synthetic", "--steps", str(args.steps), "--batch", "8",
                "--optimizer", "adamw", "--lr", "1e-3", "--clip", "1.0", "--seed", "7", "--log-every", "1",
                "--precision", args.precision, "--device", device, "--strategy", strategy,
                "--metrics-out", w + ".jsonl", "--save", w + ".safetensors"]
@@ -95,7 +96,7 @@ def main():
         scale = max(abs(x) for x in c) or 1.0
         param_ratio[name] = max(abs(x - y) for x, y in zip(c, g)) / scale
     worst = max(param_ratio, key=param_ratio.get)
-    result = {"mode": args.mode, "runs": [p[1:] for p in pair], "steps": args.steps, "precision": args.precision,
+    result = {"mode": args.mode, "model": args.model, "runs": [p[1:] for p in pair], "steps": args.steps, "precision": args.precision,
               "tol": args.tol, "loss_max_ratio": loss_ratio, "param_max_ratio": param_ratio[worst],
               "param_worst": worst, "a_losses": lc, "b_losses": lg}
     with open(os.path.join(args.workdir, "trajectory.json"), "w") as f:
