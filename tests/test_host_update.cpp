@@ -64,7 +64,7 @@ TEST(HostUpdate, GivesTheInPlaceUpdateBitForBitAndCountsItsCopies) {
     std::vector<float> g = random_values(n, 100 + static_cast<uint64_t>(step), 0.01f), dev_g = g;
     spy.downloaded = spy.uploaded = 0;
     in_place->step(ref.data(), g.data(), 1e-2f, GradsAfter::Zeroed, ref16.data());
-    host.step(*on_host, dev.data(), dev_g.data(), dev16.data(), 1e-2f);
+    host.step(*on_host, dev.data(), dev_g.data(), dev16.data(), 1e-2f, GradsAfter::Zeroed);
     EXPECT_EQ(0, std::memcmp(dev.data(), ref.data(), n * sizeof(float)));
     EXPECT_EQ(0, std::memcmp(dev16.data(), ref16.data(), n * sizeof(bf16)));
     EXPECT_EQ(dev_g, std::vector<float>(n, 0.0f)) << "the device's gradients are left zero";

@@ -11,8 +11,9 @@
 #   hfeval      PyTorch GPT-2 weights evaluated on the GPU against PyTorch's loss
 #   ckpt        checkpoints on the GPU: resumed bitwise on the GPU (fp32, bf16), and
 #               within 1e-5 across devices (tests/gpu/checkpoint.py)
-#   offload     --offload optimizer (the update on the host): W-GPT within 1e-5 of the run
-#               without it (tests/gpu/trajectory.py --mode offload), and GPT-2 124M bf16's
+#   offload     --offload optimizer (the update on the host): W-GPT within 1e-5 of one GPU rank
+#               without it, on one rank and under ZeRO-3 on two (tests/gpu/trajectory.py
+#               --offload), and GPT-2 124M bf16's
 #               step time and device memory with and without it
 #   flash       the fused attention (test_cuda_flash_attention), compute-sanitizer's
 #               memcheck, racecheck and synccheck on a fused training step, and
@@ -98,9 +99,12 @@ PY
         echo "ckpt $precision rc $?"
       done ;;
     offload)
-      python3 tests/gpu/trajectory.py $B/dpt /tmp/offload --mode offload --steps 20 --tol 1e-5 &&
-        cp /tmp/offload/trajectory.json "$OUT/offload_trajectory.json"
-      echo "offload trajectory rc $?"
+      for mode in local zero3; do
+        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 python3 tests/gpu/trajectory.py $B/dpt \
+          /tmp/offload_$mode --mode $mode --offload --steps 20 --tol 1e-5 &&
+          cp /tmp/offload_$mode/trajectory.json "$OUT/offload_$mode.json"
+        echo "offload $mode rc $?"
+      done
       for extra in "" "--offload optimizer"; do
         tag=gpt2_offload${extra:+_on}
         $B/dpt train --model gpt2 --synthetic --device cuda --precision bf16 --batch 8 --steps 10 --optimizer adamw \

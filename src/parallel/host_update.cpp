@@ -18,7 +18,7 @@ HostUpdate::Pinned<T> HostUpdate::pinned(size_t count) const {
 HostUpdate::HostUpdate(const Kernels& k, size_t n)
     : k_(k), n_(n), params_(pinned<float>(n)), grads_(pinned<float>(n)), copy16_(nullptr, Free{&k}) {}
 
-void HostUpdate::step(Optimizer& opt, float* params, float* grads, bf16* copy16, float lr) {
+void HostUpdate::step(Optimizer& opt, float* params, float* grads, bf16* copy16, float lr, GradsAfter after) {
   auto t0 = std::chrono::steady_clock::now();
   if (!synced_) {
     k_.download(params_.get(), params, n_ * sizeof(float));
@@ -40,7 +40,7 @@ void HostUpdate::step(Optimizer& opt, float* params, float* grads, bf16* copy16,
     k_.upload(copy16, copy16_.get(), n_ * sizeof(bf16));
     up_bytes_ += n_ * sizeof(bf16);
   }
-  k_.zero(grads, n_ * sizeof(float));
+  if (after == GradsAfter::Zeroed) k_.zero(grads, n_ * sizeof(float));
   up_s_ += seconds_since(t0);
   ++steps_;
 }

@@ -28,10 +28,9 @@ class HostUpdate {
   HostUpdate(const Kernels& k, size_t n);
 
   // One update of the n device parameters at `params` from the device
-  // gradients `grads` (left zero, as GradsAfter::Zeroed leaves them),
-  // writing the device bf16 copy `copy16` when given. `opt`'s tier is on
-  // the host.
-  void step(Optimizer& opt, float* params, float* grads, bf16* copy16, float lr);
+  // gradients `grads` (zeroed after it with GradsAfter::Zeroed), writing
+  // the device bf16 copy `copy16` when given. `opt`'s tier is on the host.
+  void step(Optimizer& opt, float* params, float* grads, bf16* copy16, float lr, GradsAfter after);
   // The device parameters were written outside the update (a checkpoint
   // read, a broadcast): the next step reads them down again first.
   void stale() { synced_ = false; }

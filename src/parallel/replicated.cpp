@@ -52,7 +52,7 @@ void LocalStrategy::scale_grads(float factor) { model_.k().scale(model_.grads(),
 void LocalStrategy::step(float lr) {
   bf16* copy = model_.params16_for_update();
   if (host_)
-    host_->step(*opt_, model_.params(), model_.grads(), copy, lr);
+    host_->step(*opt_, model_.params(), model_.grads(), copy, lr, GradsAfter::Zeroed);
   else
     opt_->step(model_.params(), model_.grads(), lr, GradsAfter::Zeroed, copy);
   if (copy) model_.params16_written();

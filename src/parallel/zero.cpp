@@ -100,6 +100,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     shard_numel_ += r.size;
     opts_.push_back(
         make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size, tier_.get(), masters_offloaded()));
+    if (tier_->device() != model_.device()) hosts_.push_back(std::make_unique<HostUpdate>(model_.k(), r.size));
   }
   const size_t U = layout_.units().size();
   grads_.resize(U);
@@ -358,17 +359,24 @@ void ZeroStrategy::scale_grads(float factor) {
   for (size_t u = 0; u < shards_.size(); ++u) model_.k().scale(grad_shard(static_cast<int>(u)), shards_[u].n, factor);
 }
 
-void ZeroStrategy::step(float lr) {
+void ZeroStrategy::update_shards(float lr) {
   for (size_t u = 0; u < shards_.size(); ++u) {
     const int ui = static_cast<int>(u);
     // bf16: each chunk's copy is written by the update as it writes the
     // masters (from the tier when offloaded), no conversion pass after.
-    if (masters_offloaded())
+    if (!hosts_.empty())  // a GPU's shard, updated on the host
+      hosts_[u]->step(*opts_[u], param_shard(ui), grad_shard(ui), mixed_ ? compute_chunk(ui) : nullptr, lr,
+                      GradsAfter::Kept);
+    else if (masters_offloaded())
       opts_[u]->prepare(nullptr, grad_shard(ui), lr, compute_chunk(ui));
     else
       opts_[u]->prepare(param_shard(ui), grad_shard(ui), lr, mixed_ ? compute_chunk(ui) : nullptr);
   }
-  step_prepared(opts_);  // one pass of the tier: an offloaded unit's state is read while the last is updated
+  if (hosts_.empty()) step_prepared(opts_);  // one pass of the tier: an offloaded unit's state is read while the last is updated
+}
+
+void ZeroStrategy::step(float lr) {
+  update_shards(lr);
   if (masters_offloaded() || mixed_)
     for (size_t u = 0; u < shards_.size(); ++u) start_param_gather(static_cast<int>(u));
   if (stage_ == 3 || mixed_) return;
@@ -422,6 +430,7 @@ std::vector<StateSpan> ZeroStrategy::state_spans() {
 
 void ZeroStrategy::restored(int64_t optimizer_steps) {
   for (auto& o : opts_) o->set_steps(optimizer_steps);
+  for (auto& h : hosts_) h->stale();
   if (mixed_) {  // the bf16 copies follow the masters just read
     std::vector<float> unit_masters;  // --offload params: a unit's masters at a time, out of the tier
     for (size_t u = 0; u < shards_.size(); ++u) {
@@ -450,9 +459,28 @@ MemoryBytes ZeroStrategy::bytes() const {
   // (--offload params: the masters are in the tier's file, counted offloaded.)
   b.optimizer = tier_->ram_bytes() + (mixed_ && !masters_offloaded() ? shard : 0);
   b.offloaded = tier_->offloaded_bytes();
+  if (!hosts_.empty()) {  // on the GPU: the fp32 shard stays (the parameters); the state is the host's
+    b.parameters += mixed_ ? shard : 0;
+    b.optimizer = 0;
+    b.offloaded += tier_->ram_bytes();
+    for (const auto& h : hosts_) b.offloaded += h->host_bytes();
+  }
   b.gathered = gather_pool_.bytes();
   b.scratch = grad_pool_.bytes() + wire_pool_.bytes() + (reducer_ ? reducer_->wire_bytes() : 0);
   return b;
+}
+
+nlohmann::json ZeroStrategy::offload_detail() const {
+  nlohmann::json d = tier_->detail();
+  if (hosts_.empty()) return d;
+  if (d.is_null()) d = nlohmann::json::object();
+  // The shards' updates as one: bytes and seconds per step summed.
+  nlohmann::json sum = hosts_.front()->detail();
+  for (size_t u = 1; u < hosts_.size(); ++u)
+    for (const char* k : {"host_bytes", "down_bytes", "up_bytes", "down_s", "update_s", "up_s"})
+      sum[k] = sum[k].get<double>() + hosts_[u]->detail()[k].get<double>();
+  d["host_update"] = sum;
+  return d;
 }
 
 // ---------------------------------------------------------------- the model's units

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/host_update.h"
 #include "parallel/strategy.h"
 #include "core/timeline.h"
 
@@ -87,7 +88,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   bool writes_state() const override { return !replica_group_ || replica_group_->rank() == 0; }
   void restored(int64_t optimizer_steps) override;
   MemoryBytes bytes() const override;
-  nlohmann::json offload_detail() const override { return tier_->detail(); }
+  nlohmann::json offload_detail() const override;
   double take_gather_wait() override;
   void trace(Timeline& tl, int64_t step) const override;
   size_t trace_spans() const override { return 4 * layout_.units().size() + 4; }
@@ -99,6 +100,8 @@ class ZeroStrategy : public Strategy, private UnitStore {
   };
 
  private:
+  // Every shard's update: in place, through the tier, or on the host.
+  void update_shards(float lr);
   // UnitStore: what the model sees.
   void begin_pass(Pass pass, int part) override;
   const float* acquire(int unit) override;
@@ -158,6 +161,9 @@ class ZeroStrategy : public Strategy, private UnitStore {
   size_t shard_numel_ = 0;
   std::unique_ptr<StateTier> tier_;               // their state: RAM or a file (outlives opts_)
   std::vector<std::unique_ptr<Optimizer>> opts_;  // one per unit's shard
+  // A GPU model's shards updated on the host (--offload optimizer), one per
+  // unit; else empty.
+  std::vector<std::unique_ptr<HostUpdate>> hosts_;
   FlatBuffer param_shard_, grad_shard_;           // stage 3 or mixed; stages 2 and 3
   FlatBuffer params16_{0, DType::BF16};           // mixed: full (stages 1, 2) or the shard (stage 3)
 

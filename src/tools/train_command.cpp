@@ -155,9 +155,9 @@ void TrainCommand::add_parallel_flags() {
                    "optimizer: keep the optimizer state (AdamW's m and v, SGD's momentum) in a file per rank under "
                    "--offload-dir, streamed through RAM in chunks during the optimizer step (same results, less "
                    "memory, one read and one write of the state per step); params: the fp32 master weights too "
-                   "(--precision bf16 and a ZeRO strategy: RAM keeps only their bf16 copies). With --device cuda "
-                   "(local, ddp): optimizer keeps the state in pinned host memory (or the --offload-dir file) and "
-                   "runs the update on the CPU cores")
+                   "(--precision bf16 and a ZeRO strategy: RAM keeps only their bf16 copies). With --device cuda: "
+                   "optimizer keeps the state in pinned host memory (or the --offload-dir file) and runs the update "
+                   "on the CPU cores")
       ->check(CLI::IsMember({"optimizer", "params"}));
   cmd_->add_option("--offload-dir", o.offload_dir,
                    "--offload: an existing directory on a local disk (not tmpfs) with room for the state; the file "

@@ -219,10 +219,6 @@ void check_placement(const TrainOptions& o) {
     throw InputError("--device cuda: --reduce-dtype bf16 is not built for GPU runs yet");
   if (o.offload == Offload::Params)
     throw InputError("--device cuda: --offload params is not built for GPU runs yet (--offload optimizer is)");
-  if (o.offload == Offload::Optimizer && o.strategy->zero_stage > 0)
-    throw InputError(fmt::format("--device cuda: --offload optimizer runs under local and ddp; {} is not built for it "
-                                 "yet",
-                                 o.strategy.name()));
 }
 
 }  // namespace

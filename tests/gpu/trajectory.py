@@ -2,7 +2,7 @@
 """GPU training follows the CPU: issue 17's trajectory check.
 
 Usage: trajectory.py DPT WORKDIR [--steps 50] [--precision fp32] [--tol 1e-4]
-                     [--mode device|ddp|zero3|offload] [--model gpt|llama]
+                     [--mode device|local|ddp|zero3] [--offload] [--model gpt|llama]
 
 Trains W-GPT (--model llama: W-LLAMA; synthetic batches, AdamW, clipping) for --steps steps twice
 from the same seed, then checks that every step's loss and every saved
@@ -10,9 +10,9 @@ parameter tensor agree "within r": max|b - a| <= r * max|a| per tensor (and
 per step's loss). --mode device (default): `--device cpu` (a) against
 `--device cuda` (b). --mode ddp / zero3: one GPU rank (a) against DDP / ZeRO-3
 on two ranks sharing the GPU (b, host-staged collectives), the same global
---batch. --mode offload: one GPU rank (a) against one with `--offload
-optimizer` (b: the update on the host's cores; the arithmetic differs from
-the GPU's only in rounding).
+--batch. --mode local: one GPU rank against one GPU rank. --offload adds
+`--offload optimizer` to run b (the update on the host's cores; its
+arithmetic differs from the GPU's only in rounding).
 Prints the largest ratios and writes them to WORKDIR/trajectory.json.
 Exit 0: within; 1: not; 77: no GPU here (CTest counts that as skipped;
 with DPT_REQUIRE_GPU=1, as on the GPU machine, a missing GPU is 1).
@@ -55,12 +55,13 @@ def main():
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--model", choices=["gpt", "llama"], default="gpt", help="W-GPT or W-LLAMA")
-    ap.add_argument("--mode", choices=["device", "ddp", "zero3", "offload"], default="device")
+    ap.add_argument("--mode", choices=["device", "local", "ddp", "zero3"], default="device")
+    ap.add_argument("--offload", action="store_true", help="run b with --offload optimizer")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     if args.mode == "device":
         pair = [("a", "cpu", "local", 1), ("b", "cuda", "local", 1)]
-    elif args.mode == "offload":
+    elif args.mode == "local":
         pair = [("a", "cuda", "local", 1), ("b", "cuda", "local", 1)]
     else:
         pair = [("a", "cuda", "local", 1), ("b", "cuda", args.mode, 2)]
@@ -72,7 +73,7 @@ def main():
                "--optimizer", "adamw", "--lr", "1e-3", "--clip", "1.0", "--seed", "7", "--log-every", "1",
                "--precision", args.precision, "--device", device, "--strategy", strategy,
                "--metrics-out", w + ".jsonl", "--save", w + ".safetensors"]
-        if args.mode == "offload" and tag == "b":
+        if args.offload and tag == "b":
             cmd += ["--offload", "optimizer", "--summary-out", w + ".json"]
         if ranks > 1:
             cmd = [args.dpt, "launch", "-n", str(ranks), "--"] + cmd
@@ -96,7 +97,7 @@ def main():
         scale = max(abs(x) for x in c) or 1.0
         param_ratio[name] = max(abs(x - y) for x, y in zip(c, g)) / scale
     worst = max(param_ratio, key=param_ratio.get)
-    result = {"mode": args.mode, "model": args.model, "runs": [p[1:] for p in pair], "steps": args.steps, "precision": args.precision,
+    result = {"mode": args.mode, "offload": args.offload, "model": args.model, "runs": [p[1:] for p in pair], "steps": args.steps, "precision": args.precision,
               "tol": args.tol, "loss_max_ratio": loss_ratio, "param_max_ratio": param_ratio[worst],
               "param_worst": worst, "a_losses": lc, "b_losses": lg}
     with open(os.path.join(args.workdir, "trajectory.json"), "w") as f:
