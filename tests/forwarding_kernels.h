@@ -2,6 +2,8 @@
 // watch what a model calls (override the ops to watch; Model::use_kernels).
 #pragma once
 
+#include <algorithm>
+
 #include "device/kernels.h"
 
 namespace dpt::test {
@@ -186,6 +188,34 @@ class ForwardingKernels : public Kernels {
 
  protected:
   const Kernels& inner_;
+};
+
+// Forwarding kernels that count the bytes copied between host and device
+// and the pinned host buffers taken and given back (checkpoints' and the
+// host update's copies; tests/test_checkpoint_device.cpp, test_host_update.cpp).
+class CopySpy : public ForwardingKernels {
+ public:
+  using ForwardingKernels::ForwardingKernels;
+  void upload(void* dst, const void* src, size_t bytes) const override {
+    uploaded += bytes;
+    ForwardingKernels::upload(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, size_t bytes) const override {
+    downloaded += bytes;
+    largest_download = std::max(largest_download, bytes);
+    ForwardingKernels::download(dst, src, bytes);
+  }
+  void* pinned_alloc(size_t bytes) const override {
+    ++pinned;
+    pinned_bytes += bytes;
+    return ForwardingKernels::pinned_alloc(bytes);
+  }
+  void pinned_free(void* p) const override {
+    if (p) ++pinned_freed;
+    ForwardingKernels::pinned_free(p);
+  }
+  mutable size_t uploaded = 0, downloaded = 0, largest_download = 0, pinned_bytes = 0;
+  mutable int pinned = 0, pinned_freed = 0;
 };
 
 }  // namespace dpt::test

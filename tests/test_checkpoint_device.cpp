@@ -21,30 +21,7 @@
 namespace dpt {
 namespace {
 
-class CopySpy : public test::ForwardingKernels {
- public:
-  using ForwardingKernels::ForwardingKernels;
-  void upload(void* dst, const void* src, size_t bytes) const override {
-    uploaded += bytes;
-    ForwardingKernels::upload(dst, src, bytes);
-  }
-  void download(void* dst, const void* src, size_t bytes) const override {
-    downloaded += bytes;
-    largest_download = std::max(largest_download, bytes);
-    ForwardingKernels::download(dst, src, bytes);
-  }
-  void* pinned_alloc(size_t bytes) const override {
-    ++pinned;
-    pinned_bytes += bytes;
-    return ForwardingKernels::pinned_alloc(bytes);
-  }
-  void pinned_free(void* p) const override {
-    if (p) ++pinned_freed;
-    ForwardingKernels::pinned_free(p);
-  }
-  mutable size_t uploaded = 0, downloaded = 0, largest_download = 0, pinned_bytes = 0;
-  mutable int pinned = 0, pinned_freed = 0;
-};
+using test::CopySpy;
 
 TEST(HostStaging, PassesDeviceMemoryInBoundedChunksInOrder) {
   CopySpy spy(cpu_kernels());

@@ -18,19 +18,7 @@
 namespace dpt {
 namespace {
 
-class CopySpy : public test::ForwardingKernels {
- public:
-  using ForwardingKernels::ForwardingKernels;
-  void upload(void* dst, const void* src, size_t bytes) const override {
-    uploaded += bytes;
-    ForwardingKernels::upload(dst, src, bytes);
-  }
-  void download(void* dst, const void* src, size_t bytes) const override {
-    downloaded += bytes;
-    ForwardingKernels::download(dst, src, bytes);
-  }
-  mutable size_t uploaded = 0, downloaded = 0;
-};
+using test::CopySpy;
 
 std::vector<float> random_values(size_t n, uint64_t seed, float scale) {
   std::mt19937 rng(static_cast<uint32_t>(seed));
