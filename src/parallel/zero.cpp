@@ -94,14 +94,7 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
   tier_ = make_state_tier(options_.offload, rank_, model_.device());
   for (BufferPool* p : {&gather_pool_, &grad_pool_, &wire_pool_}) p->place(model_.device());
   for (FlatBuffer* b : {&param_shard_, &grad_shard_, &params16_}) b->place(model_.device());
-  for (const Unit& u : layout_.units()) {
-    const comm::Range r = comm::chunk_range(u.numel, world_, rank_);
-    shards_.push_back({r.begin, r.size, shard_numel_});
-    shard_numel_ += r.size;
-    opts_.push_back(
-        make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size, tier_.get(), masters_offloaded()));
-    if (tier_->device() != model_.device()) hosts_.push_back(std::make_unique<HostUpdate>(model_.k(), r.size));
-  }
+  make_shards();
   const size_t U = layout_.units().size();
   grads_.resize(U);
   gathered_.resize(U);
@@ -158,6 +151,19 @@ ZeroStrategy::ZeroStrategy(const StrategyOptions& options, Model& model, comm::P
     }
   }
   verify(0);
+}
+
+// This rank's shard of each unit, its optimizer, and for a GPU run whose
+// state is on the host (--offload optimizer) its update there.
+void ZeroStrategy::make_shards() {
+  for (const Unit& u : layout_.units()) {
+    const comm::Range r = comm::chunk_range(u.numel, world_, rank_);
+    shards_.push_back({r.begin, r.size, shard_numel_});
+    shard_numel_ += r.size;
+    opts_.push_back(
+        make_optimizer(options_.optimizer, layout_, u.offset + r.begin, r.size, tier_.get(), masters_offloaded()));
+    if (tier_->device() != model_.device()) hosts_.push_back(std::make_unique<HostUpdate>(model_.k(), r.size));
+  }
 }
 
 ZeroStrategy::~ZeroStrategy() {

@@ -100,6 +100,7 @@ class ZeroStrategy : public Strategy, private UnitStore {
   };
 
  private:
+  void make_shards();
   // Every shard's update: in place, through the tier, or on the host.
   void update_shards(float lr);
   // UnitStore: what the model sees.
