@@ -62,6 +62,11 @@ TEST(HostUpdate, GivesTheInPlaceUpdateBitForBitAndCountsItsCopies) {
   }
   EXPECT_EQ(host.host_bytes(), n * (2 * sizeof(float) + sizeof(bf16)));
   EXPECT_EQ(host.detail()["steps"], 4);
+  // A strategy's detail: the tier's, with the updates summed (a ZeRO rank's shards).
+  EXPECT_TRUE(with_host_updates(nullptr, {nullptr}).is_null());
+  const nlohmann::json two = with_host_updates(nlohmann::json{{"pinned_for", "cuda"}}, {&host, nullptr, &host});
+  EXPECT_EQ(two["pinned_for"], "cuda");
+  EXPECT_EQ(two["host_update"]["host_bytes"].get<double>(), 2.0 * static_cast<double>(host.host_bytes()));
 }
 
 }  // namespace

@@ -187,6 +187,7 @@ size_t FileTier::offloaded_bytes() const {
 
 nlohmann::json FileTier::detail() const {
   return {{"dir", dir_}, {"file", path_}, {"direct_io", direct_}, {"file_bytes", file_bytes_},
+          {"state_bytes", offloaded_bytes()},
           {"chunk_bytes", chunk_cap_ * sizeof(float)}, {"buffers", nbuf_}, {"ram_bytes", ram_bytes()},
           {"read_bytes", read_bytes_}, {"written_bytes", written_bytes_}, {"wait_s", wait_s_},
           {"streams", streams_}};

@@ -55,4 +55,22 @@ nlohmann::json HostUpdate::detail() const {
           {"up_s", up_s_ / s}};
 }
 
+nlohmann::json with_host_updates(nlohmann::json tier_detail, const std::vector<const HostUpdate*>& hosts) {
+  nlohmann::json sum;
+  for (const HostUpdate* h : hosts) {
+    if (!h) continue;
+    const nlohmann::json d = h->detail();
+    if (sum.is_null()) {
+      sum = d;
+      continue;
+    }
+    for (const char* k : {"host_bytes", "down_bytes", "up_bytes", "down_s", "update_s", "up_s"})
+      sum[k] = sum[k].get<double>() + d[k].get<double>();
+  }
+  if (sum.is_null()) return tier_detail;
+  if (tier_detail.is_null()) tier_detail = nlohmann::json::object();
+  tier_detail["host_update"] = std::move(sum);
+  return tier_detail;
+}
+
 }  // namespace dpt

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -61,5 +62,11 @@ class HostUpdate {
   size_t down_bytes_ = 0, up_bytes_ = 0;
   int steps_ = 0;
 };
+
+// A strategy's offload detail (the summary's `offload`): its tier's, with
+// the host updates' under "host_update" (bytes and seconds per step, summed
+// over them: a ZeRO rank has one per shard); null pointers are skipped, and
+// without any update it is the tier's alone.
+nlohmann::json with_host_updates(nlohmann::json tier_detail, const std::vector<const HostUpdate*>& hosts);
 
 }  // namespace dpt

@@ -73,14 +73,7 @@ void LocalStrategy::restored(int64_t optimizer_steps) {
   if (host_) host_->stale();
 }
 
-nlohmann::json LocalStrategy::offload_detail() const {
-  nlohmann::json d = tier_->detail();
-  if (host_) {
-    if (d.is_null()) d = nlohmann::json::object();
-    d["host_update"] = host_->detail();
-  }
-  return d;
-}
+nlohmann::json LocalStrategy::offload_detail() const { return with_host_updates(tier_->detail(), {host_.get()}); }
 
 MemoryBytes LocalStrategy::bytes() const {
   const size_t p = model_.param_count() * sizeof(float);

@@ -477,16 +477,9 @@ MemoryBytes ZeroStrategy::bytes() const {
 }
 
 nlohmann::json ZeroStrategy::offload_detail() const {
-  nlohmann::json d = tier_->detail();
-  if (hosts_.empty()) return d;
-  if (d.is_null()) d = nlohmann::json::object();
-  // The shards' updates as one: bytes and seconds per step summed.
-  nlohmann::json sum = hosts_.front()->detail();
-  for (size_t u = 1; u < hosts_.size(); ++u)
-    for (const char* k : {"host_bytes", "down_bytes", "up_bytes", "down_s", "update_s", "up_s"})
-      sum[k] = sum[k].get<double>() + hosts_[u]->detail()[k].get<double>();
-  d["host_update"] = sum;
-  return d;
+  std::vector<const HostUpdate*> hosts;
+  for (const auto& h : hosts_) hosts.push_back(h.get());
+  return with_host_updates(tier_->detail(), hosts);
 }
 
 // ---------------------------------------------------------------- the model's units

@@ -7,9 +7,9 @@
 
 #include "core/cpu_level.h"
 #include "core/threads.h"
-#include "train/gemm_rate.h"
 #include "nn/activations_avx512.h"
 #include "nn/gemm.h"
+#include "train/gemm_rate.h"
 #include "train/rank_setup.h"
 
 namespace dpt {
@@ -229,9 +229,7 @@ void Report::print_offload() const {
   const double steps = std::max(1.0, d["streams"].get<double>());
   std::printf("offload: %.1f MiB of optimizer state per rank in %s (%s), through %zu buffers of %.0f KiB; per "
               "step %.1f MiB read, %.1f MiB written, %.3f s waited\n",
-              (d.contains("host_update") ? d["file_bytes"].get<double>() : static_cast<double>(result.memory.offloaded)) *
-                  kMiB,
-              d["dir"].get<std::string>().c_str(),
+              d["state_bytes"].get<double>() * kMiB, d["dir"].get<std::string>().c_str(),
               d["direct_io"].get<bool>() ? "direct I/O" : "buffered, pages dropped", d["buffers"].get<size_t>(),
               d["chunk_bytes"].get<double>() / 1024.0, d["read_bytes"].get<double>() / steps * kMiB,
               d["written_bytes"].get<double>() / steps * kMiB, d["wait_s"].get<double>() / steps);

@@ -13,8 +13,8 @@
 
 #include "io/atomic_file.h"
 #include "models/weights.h"
-#include "train/gemm_rate.h"
 #include "parallel/catalog.h"
+#include "train/gemm_rate.h"
 #include "train/metrics_file.h"
 #include "train/naive_dp.h"
 #include "train/progress.h"
