@@ -34,14 +34,50 @@ shift
 STAGES=${*:-build kernels trajectory gpt2 torch ddp hfeval ckpt offload flash sanitizer xl}
 B=build-gpu
 BATCH=${GPT2_BATCH:-16}
+# The carried bundle's environment, where an earlier call's build stage unpacked it.
+[ -f $B/bundle_env.sh ] && source $B/bundle_env.sh
 mkdir -p "$OUT"
+
+# Unpacks scripts/device/bundle.sh's archive under /tmp/dptb, puts its programs in $B
+# and points the loader, Open MPI and PMIx at its libraries; CUDA's libraries are the
+# image's (PyTorch's copies first, so both use one cuBLAS and NCCL). Fails where
+# anything stays unresolved or mpirun cannot start two processes.
+use_bundle() {
+  local R=/tmp/dptb L=usr/lib/x86_64-linux-gnu cuda="" name found
+  rm -rf $R && mkdir -p $R $B/tests && tar -xJf "$1" -C $R || return 1
+  cp $R/bin/dpt $R/bin/libdpt_cuda.so $B/ && cp $R/bin/tests/* $B/tests/ || return 1
+  ln -sf orterun $R/root/usr/bin/mpirun && ln -sf orterun $R/root/usr/bin/mpiexec
+  for name in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    found=$(find /opt /usr/local /usr/lib /usr/lib64 -name $name -not -path "$R/*" 2>/dev/null | sort | awk '/site-packages/{print; exit} {k=k?k:$0} END{if(k)print k}' | head -1)
+    [ -n "$found" ] && cuda="$cuda:$(dirname "$found")"
+  done
+  export LD_LIBRARY_PATH=$R/lib:$R/root/$L:$R/root/$L/openmpi/lib:$R/root/$L/pmix2/lib$cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export OPAL_PREFIX=$R/root/usr OPAL_SYSCONFDIR=$R/root/etc/openmpi OPAL_LIBDIR=$R/root/$L/openmpi/lib \
+    OPAL_PKGLIBDIR=$R/root/$L/openmpi/lib/openmpi3 OPAL_PKGDATADIR=$R/root/usr/share/openmpi \
+    PMIX_INSTALL_PREFIX=$R/root/$L/pmix2 PMIX_MCA_mca_base_component_path=$R/root/$L/pmix2/lib/pmix \
+    PATH=$R/root/usr/bin:$PATH DPT_CUDA_MODULE=$PWD/$B/libdpt_cuda.so
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  ldd $B/dpt $B/libdpt_cuda.so | grep -E "not found|cuda|cublas|nccl"
+  ! ldd $B/dpt $B/libdpt_cuda.so $B/tests/* | grep -q "not found" || return 1
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 60 $R/root/usr/bin/orterun -n 2 --oversubscribe hostname || return 1
+  $B/dpt train --model mlp --synthetic --steps 1 --log-every 1 | tail -1 || return 1
+  # Later stages, each its own gpu.sh call (scripts/device/lease.sh), read these.
+  export -p | grep -E " (LD_LIBRARY_PATH|OPAL_[A-Z]+|PMIX_[A-Za-z_]+|PATH|DPT_CUDA_MODULE)=" >$B/bundle_env.sh
+}
 for stage in $STAGES; do
   echo "== $stage ($(date +%T))"
   case $stage in
     build)
+      # The archive scripts/device/bundle.sh made here (carried as .devbundle) when it
+      # loads on this machine; else a build from source, where the image has the libraries.
+      if [ -f .devbundle/bundle.tar.xz ] && use_bundle .devbundle/bundle.tar.xz >"$OUT/build.log" 2>&1; then
+        echo "build: the carried bundle of $(cat .devbundle/commit 2>/dev/null), built here at $(git rev-parse HEAD 2>/dev/null)"
+        continue
+      fi
+      [ -f .devbundle/bundle.tar.xz ] && { echo "the carried bundle does not load:"; tail -15 "$OUT/build.log"; }
       { cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DDPT_ONEDNN=OFF -DDPT_OPENBLAS_ANY=ON \
           -DDPT_BUILD_BENCH=OFF && ninja -C $B dpt test_cuda_kernels test_cuda_comm test_decoder_layers \
-          test_cuda_flash_attention; } >"$OUT/build.log" 2>&1
+          test_cuda_flash_attention; } >>"$OUT/build.log" 2>&1
       rc=$?
       grep -E "CUDA backend|error|warning" "$OUT/build.log" | head -40
       echo "build rc $rc"
