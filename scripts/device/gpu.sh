@@ -91,12 +91,6 @@ for stage in $STAGES; do
       grep -c '"result": "SKIPPED"' "$OUT/cuda_kernels.json" | sed 's/^/kernel tests skipped: /' ;;
     flash)
       $B/tests/test_cuda_flash_attention --gtest_output=json:"$OUT/cuda_flash.json" 2>&1 | grep -vE "^\[ +(RUN|OK) " | tail -40
-      for tool in memcheck racecheck synccheck; do
-        compute-sanitizer --tool $tool --error-exitcode 9 $B/dpt train --model llama \
-          --synthetic --device cuda --attention fused --steps 1 --batch 2 --context 96 --log-every 1 \
-          >"$OUT/flash_$tool.txt" 2>&1
-        echo "flash $tool rc $?"; tail -3 "$OUT/flash_$tool.txt"
-      done
       # Step times, fused against unfused (the default on CUDA until these say otherwise).
       for run in "llama 512 8" "llama 2048 2" "gpt2 1024 8"; do
         set -- $run
@@ -112,34 +106,56 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "flash_*_*.json"))):
     d = json.load(open(f))
     print(f"{os.path.basename(f):32s} step {d['step_ms_median']:9.2f} ms  {d['tokens_per_s']:10.0f} tok/s")
 PY
+      # The sanitizers last (racecheck is the slowest), each on one fused training step.
+      for tool in memcheck synccheck racecheck; do
+        compute-sanitizer --tool $tool --error-exitcode 9 $B/dpt train --model llama \
+          --synthetic --device cuda --attention fused --steps 1 --batch 1 --context 64 --log-every 1 \
+          >"$OUT/flash_$tool.txt" 2>&1
+        echo "flash $tool rc $?"; tail -3 "$OUT/flash_$tool.txt"
+      done
       ;;
     trajectory)
+      # SGD holds parameters and losses to the bar; AdamW the losses (tests/gpu/trajectory.py says why).
       for model in gpt llama; do
-        python3 tests/gpu/trajectory.py $B/dpt /tmp/trajectory_$model --model $model --steps 50 &&
-          cp /tmp/trajectory_$model/trajectory.json "$OUT/trajectory_$model.json"
+        for opt in "sgd" "adamw --loss-only"; do
+          tag=trajectory_${model}_${opt%% *}
+          python3 tests/gpu/trajectory.py $B/dpt /tmp/$tag --model $model --steps 50 --optimizer $opt &&
+            cp /tmp/$tag/trajectory.json "$OUT/$tag.json"
+        done
       done ;;
     ddp)
       for mode in ddp zero3; do
-        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 python3 tests/gpu/trajectory.py $B/dpt /tmp/$mode \
-          --mode $mode --steps 20 --tol 1e-5 && cp /tmp/$mode/trajectory.json "$OUT/$mode.json"
+        for opt in "sgd" "adamw --loss-only"; do
+          tag=${mode}_${opt%% *}
+          OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 python3 tests/gpu/trajectory.py $B/dpt /tmp/$tag \
+            --mode $mode --steps 20 --tol 1e-5 --optimizer $opt && cp /tmp/$tag/trajectory.json "$OUT/$tag.json"
+        done
       done ;;
     hfeval)
       bash tests/gpu/hf_eval.sh $B/dpt /tmp/hfeval ;;
     gpt2)
       $B/dpt train --model gpt2 --synthetic --device cuda --precision bf16 --batch "$BATCH" --steps 30 \
-        --optimizer adamw --lr 6e-4 --clip 1.0 --log-every 10 --summary-out "$OUT/gpt2_dpt.json" 2>&1 | tail -8 ;;
+        --optimizer adamw --lr 6e-4 --clip 1.0 --log-every 10 --summary-out "$OUT/gpt2_dpt.json" 2>&1 | tail -8
+      # Device memory with activation checkpointing (the arena holds one block's activations).
+      $B/dpt train --model gpt2 --synthetic --device cuda --precision bf16 --batch "$BATCH" --steps 10 \
+        --optimizer adamw --lr 6e-4 --clip 1.0 --log-every 10 --checkpoint-activations \
+        --summary-out "$OUT/gpt2_dpt_ckpt.json" 2>&1 | tail -4 ;;
     ckpt)
-      for precision in fp32 bf16; do
-        python3 tests/gpu/checkpoint.py $B/dpt /tmp/ckpt_$precision --precision $precision &&
-          cp /tmp/ckpt_$precision/checkpoint.json "$OUT/checkpoint_$precision.json"
-        echo "ckpt $precision rc $?"
+      for run in "fp32 adamw" "bf16 adamw" "fp32 sgd --across"; do
+        set -- $run
+        python3 tests/gpu/checkpoint.py $B/dpt /tmp/ckpt_$1_$2 --precision $1 --optimizer $2 ${3:-} &&
+          cp /tmp/ckpt_$1_$2/checkpoint.json "$OUT/checkpoint_$1_$2.json"
+        echo "ckpt $run rc $?"
       done ;;
     offload)
       for mode in local zero3; do
-        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 python3 tests/gpu/trajectory.py $B/dpt \
-          /tmp/offload_$mode --mode $mode --offload --steps 20 --tol 1e-5 &&
-          cp /tmp/offload_$mode/trajectory.json "$OUT/offload_$mode.json"
-        echo "offload $mode rc $?"
+        for opt in "sgd" "adamw --loss-only"; do
+          tag=offload_${mode}_${opt%% *}
+          OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 python3 tests/gpu/trajectory.py $B/dpt \
+            /tmp/$tag --mode $mode --offload --steps 20 --tol 1e-5 --optimizer $opt &&
+            cp /tmp/$tag/trajectory.json "$OUT/$tag.json"
+          echo "$tag rc $?"
+        done
       done
       for extra in "" "--offload optimizer"; do
         tag=gpt2_offload${extra:+_on}

@@ -14,13 +14,15 @@
 //   stores them is cuda/flash_attention.cu's (--attention fused).
 // - Reductions over rows (bias, LayerNorm and position-embedding gradients,
 //   sums of squares) are two-stage with a fixed order: deterministic. The
-//   token-embedding gradient adds rows with atomics (a token may repeat):
-//   not bitwise reproducible, within fp32 rounding of the CPU's sum.
+//   token-embedding gradient sorts the positions by token (CUB's stable
+//   radix sort) and adds each token's rows in position order, the CPU's
+//   order, so a run repeats to the bit (a checkpoint resumes bitwise).
 // - Scratch (cuBLASLt workspace, reduction partials, attention's gradient
 //   block, pack/unpack rows) is allocated once and grown only when a larger
 //   size is first needed; nothing is allocated per step after the first.
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cub/device/device_radix_sort.cuh>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -167,10 +169,22 @@ __global__ void embedding_kernel(float* out, const int32_t* ids, const T* table,
     out[i] = load(table[static_cast<int64_t>(ids[n]) * C + c]);
   }
 }
-__global__ void embedding_backward_kernel(float* dtable, const float* dout, const int32_t* ids, int64_t N, int64_t C) {
+__global__ void iota_kernel(int32_t* out, int64_t n) {
+  GRID_LOOP(i, n) out[i] = static_cast<int32_t>(i);
+}
+// sorted: the ids in order, positions: where each came from (ascending within
+// one id: the sort is stable). The first entry of each id's run adds the run's
+// rows to its table row, in position order, as nn/embedding.cpp does.
+__global__ void embedding_backward_kernel(float* dtable, const float* dout, const int32_t* sorted,
+                                          const int32_t* positions, int64_t N, int64_t C) {
   GRID_LOOP(i, N * C) {
-    const int64_t n = i / C, c = i % C;
-    atomicAdd(dtable + static_cast<int64_t>(ids[n]) * C + c, dout[i]);
+    const int64_t j = i / C, c = i % C;
+    const int32_t id = sorted[j];
+    if (j > 0 && sorted[j - 1] == id) continue;
+    float* d = dtable + static_cast<int64_t>(id) * C + c;
+    float s = *d;
+    for (int64_t k = j; k < N && sorted[k] == id; ++k) s += dout[static_cast<int64_t>(positions[k]) * C + c];
+    *d = s;
   }
 }
 template <typename T>
@@ -899,7 +913,21 @@ class CudaKernels final : public Kernels {
   }
   void embedding_backward(float* dtable, const float* dout, const int32_t* ids, int64_t N,
                           int64_t C) const override {
-    embedding_backward_kernel<<<blocks_for(N * C), kThreads, 0, stream_>>>(dtable, dout, ids, N, C);
+    if (N == 0) return;
+    // Scratch: the sorted ids, the positions before and after the sort, CUB's temporary storage.
+    const int n = static_cast<int>(N);
+    size_t temp = 0;
+    CK(cub::DeviceRadixSort::SortPairs(nullptr, temp, ids, static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+                                       static_cast<int32_t*>(nullptr), n, 0, 32, stream_));
+    const size_t ints = 3 * ((static_cast<size_t>(N) + 63) / 64 * 64);
+    auto* base = static_cast<int32_t*>(sorting_.get(ints * sizeof(int32_t) + temp, *this));
+    int32_t* sorted = base;
+    int32_t* before = base + ints / 3;
+    int32_t* after = base + 2 * (ints / 3);
+    iota_kernel<<<blocks_for(N), kThreads, 0, stream_>>>(before, N);
+    LAUNCHED();
+    CK(cub::DeviceRadixSort::SortPairs(base + ints, temp, ids, sorted, before, after, n, 0, 32, stream_));
+    embedding_backward_kernel<<<blocks_for(N * C), kThreads, 0, stream_>>>(dtable, dout, sorted, after, N, C);
     LAUNCHED();
   }
   void position_embedding_forward(float* out, const float* pos, int64_t B, int64_t T, int64_t C) const override {
@@ -1161,7 +1189,7 @@ class CudaKernels final : public Kernels {
   mutable std::mutex result_mu_;
   mutable std::mutex plans_mu_;
   mutable std::map<PlanKey, Plan> plans_;
-  mutable Scratch datt_, rows_, squares_, columns_, rows_moved_, flash_rows_;
+  mutable Scratch datt_, rows_, squares_, columns_, rows_moved_, flash_rows_, sorting_;
   mutable std::mutex mu_;
   mutable std::unordered_map<void*, size_t> sizes_;
   mutable size_t in_use_ = 0, peak_ = 0;
