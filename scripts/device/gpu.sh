@@ -21,6 +21,8 @@
 #   sanitizer   compute-sanitizer memcheck on a short training run
 #   xl          the W-GPT-XL lab (1.0 B parameters) on the one GPU, with and without
 #               activation checkpointing: step time and device memory
+#   profile     GPT-2 124M bf16's second step kernel by kernel (Nsight Compute, runs of 1 and
+#               2 steps differenced: bench/gpu_kernel_profile.py)
 # The default order is the issue's: the stages that resolve it first (kernels through
 # ckpt), so a machine withdrawn early has already given those. Each stage writes its
 # results into OUT as it finishes, so a run cut off by its time limit still reports
@@ -31,7 +33,7 @@ set -u
 export DPT_REQUIRE_GPU=1
 OUT=${1:?usage: gpu.sh OUT [STAGE...]}
 shift
-STAGES=${*:-build kernels trajectory gpt2 torch ddp hfeval ckpt offload flash sanitizer xl}
+STAGES=${*:-build kernels trajectory gpt2 torch ddp hfeval ckpt offload flash sanitizer xl profile}
 B=build-gpu
 BATCH=${GPT2_BATCH:-16}
 # The carried bundle's environment, where an earlier call's build stage unpacked it.
@@ -172,6 +174,16 @@ PY
           >"$OUT/$tag.txt" 2>&1
         echo "$tag rc $?"; tail -4 "$OUT/$tag.txt"
       done ;;
+    profile)
+      # ncu serialises the kernels and times each; the two runs differ by one step's kernels.
+      for steps in 1 2; do
+        ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+          --print-kernel-base function $B/dpt train --model gpt2 --synthetic --device cuda --precision bf16 \
+          --batch "$BATCH" --steps $steps --optimizer adamw --log-every 100 >"$OUT/ncu_steps$steps.csv" 2>&1
+        echo "ncu steps $steps rc $?"
+      done
+      python3 bench/gpu_kernel_profile.py --one "$OUT/ncu_steps1.csv" --two "$OUT/ncu_steps2.csv" \
+        --json "$OUT/gpt2_kernels.json" ;;
     sanitizer)
       compute-sanitizer --tool memcheck --leak-check full $B/dpt train --model gpt --synthetic --device cuda \
         --steps 2 --batch 2 --optimizer adamw --log-every 1 >"$OUT/sanitizer.txt" 2>&1
