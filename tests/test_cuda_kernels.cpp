@@ -342,6 +342,22 @@ TEST_F(CudaKernels, CrossEntropyAndPaddedRows) {
   }
 }
 
+// pack_rows and unpack_rows past the backend's 64 MiB of scratch for them:
+// 700 rows of 24,064 floats move in two blocks (697 rows, then 3), up to
+// pack and down to unpack, exactly as the CPU moves them.
+TEST_F(CudaKernels, PaddedRowsMoveInBlocks) {
+  const int64_t N = 700, V = 24000, Vp = 24064;
+  const auto x = random(N * Vp);
+  std::vector<float> c = x;
+  cpu().pack_rows(c.data(), N, V, Vp);
+  float* g = up(x);
+  gk().pack_rows(g, N, V, Vp);
+  expect_within(down(g, N * V), std::vector<float>(c.begin(), c.begin() + N * V), 0.0, "pack_rows in blocks");
+  cpu().unpack_rows(c.data(), N, V, Vp);
+  gk().unpack_rows(g, N, V, Vp);
+  expect_within(down(g, N * Vp), c, 0.0, "unpack_rows in blocks");
+}
+
 TEST_F(CudaKernels, OptimizersAndNorms) {
   const size_t n = 100003;
   const auto p0 = random(n), g = random(n), m0 = random(n, -0.1f, 0.1f), v0 = random(n, 0.0f, 0.01f);

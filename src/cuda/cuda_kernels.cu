@@ -1076,6 +1076,7 @@ class CudaKernels final : public Kernels {
 
  private:
   static constexpr size_t kWorkspace = 32u << 20;
+  static constexpr int64_t kMoveRowsBytes = int64_t{64} << 20;  // move_rows' scratch at most
 
   template <typename T>
   void linear_forward_as(float* out, const T* inp, const T* w, const float* b, int64_t N, int64_t C, int64_t OC,
@@ -1168,13 +1169,25 @@ class CudaKernels final : public Kernels {
     LAUNCHED();
   }
   // Rows of `width` values from a matrix of leading dimension src_ld to one
-  // of dst_ld, in place through scratch (zeros past width).
+  // of dst_ld, in place (zeros past width), through at most kMoveRowsBytes
+  // of scratch a block of rows at a time, not a copy of the whole matrix
+  // (GPT-2's logits: 3 GiB at 16 x 1,024 tokens). Packing (dst_ld < src_ld)
+  // goes up from row 0: a block's destination ends at or before the next
+  // block's source. Unpacking goes down from the last row, the mirror case.
   void move_rows(float* x, int64_t N, int64_t width, int64_t src_ld, int64_t dst_ld) const {
-    if (src_ld == dst_ld) return;
-    float* tmp = static_cast<float*>(rows_moved_.get(static_cast<size_t>(N * src_ld) * sizeof(float), *this));
-    copy(tmp, x, static_cast<size_t>(N * src_ld) * sizeof(float));
-    gather_rows_kernel<<<blocks_for(N * dst_ld), kThreads, 0, stream_>>>(x, tmp, N, width, src_ld, dst_ld);
-    LAUNCHED();
+    if (src_ld == dst_ld || N == 0) return;
+    const int64_t row_bytes = src_ld * static_cast<int64_t>(sizeof(float));
+    const int64_t rows = std::clamp<int64_t>(kMoveRowsBytes / row_bytes, 1, N);
+    float* tmp = static_cast<float*>(rows_moved_.get(static_cast<size_t>(rows * row_bytes), *this));
+    const bool up = dst_ld < src_ld;
+    for (int64_t done = 0; done < N; done += rows) {
+      const int64_t n = std::min(rows, N - done);
+      const int64_t first = up ? done : N - done - n;
+      copy(tmp, x + first * src_ld, static_cast<size_t>(n * row_bytes));
+      gather_rows_kernel<<<blocks_for(n * dst_ld), kThreads, 0, stream_>>>(x + first * dst_ld, tmp, n, width, src_ld,
+                                                                          dst_ld);
+      LAUNCHED();
+    }
   }
 
   int device_ = 0;
