@@ -353,6 +353,11 @@ TEST_F(CudaKernels, PaddedRowsMoveInBlocks) {
   float* g = up(x);
   gk().pack_rows(g, N, V, Vp);
   expect_within(down(g, N * V), std::vector<float>(c.begin(), c.begin() + N * V), 0.0, "pack_rows in blocks");
+  // The summary's device memory names the scratch: a block of 697 rows here,
+  // the backend's other scratch from earlier tests being small.
+  const size_t scratch = dpt::device_memory(Device::CUDA).scratch;
+  EXPECT_GE(scratch, size_t{697} * Vp * sizeof(float));
+  EXPECT_LE(scratch, size_t{80} << 20);
   cpu().unpack_rows(c.data(), N, V, Vp);
   gk().unpack_rows(g, N, V, Vp);
   expect_within(down(g, N * Vp), c, 0.0, "unpack_rows in blocks");

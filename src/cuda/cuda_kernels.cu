@@ -1073,6 +1073,12 @@ class CudaKernels final : public Kernels {
     std::lock_guard<std::mutex> lock(mu_);
     return peak_;
   }
+  // The scratch buffers' bytes (allocated through alloc, so inside in_use).
+  size_t scratch_bytes() const {
+    size_t n = 0;
+    for (const Scratch* s : {&datt_, &rows_, &squares_, &columns_, &rows_moved_, &flash_rows_, &sorting_}) n += s->bytes;
+    return n;
+  }
 
  private:
   static constexpr size_t kWorkspace = 32u << 20;
@@ -1237,5 +1243,6 @@ void download_after(void* host, const void* dev, size_t bytes, void* ready) {
 }
 void upload_copy(void* dev, const void* host, size_t bytes) { instance().upload_copy(dev, host, bytes); }
 size_t peak_allocated_bytes() { return instance().peak(); }
+size_t scratch_bytes() { return instance().scratch_bytes(); }
 
 }  // namespace dpt::cuda

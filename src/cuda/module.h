@@ -12,6 +12,7 @@ namespace dpt::cuda {
 const Kernels& kernels();  // cuda_kernels.cu
 size_t allocated_bytes();
 size_t peak_allocated_bytes();
+size_t scratch_bytes();
 bool is_device_pointer(const void* p);  // pointer.cpp
 void nccl_id(char id[NcclComm::kIdBytes]);  // nccl_comm.cpp
 std::unique_ptr<NcclComm> nccl_comm(const char id[NcclComm::kIdBytes], int size, int rank);

@@ -50,7 +50,7 @@ class NcclComm {
 };
 
 // Bumped whenever the table changes, so an old library is refused.
-constexpr int kBackendAbi = 6;  // 6: Kernels::pinned_alloc/pinned_free (5: Backend lost nccl_version, flash_attention_*forward took out16; 4: Kernels::flash_attention_bf16_*)
+constexpr int kBackendAbi = 7;  // 7: Backend::scratch_bytes; 6: Kernels::pinned_alloc/pinned_free (5: Backend lost nccl_version, flash_attention_*forward took out16; 4: Kernels::flash_attention_bf16_*)
 
 struct Backend {
   int abi = kBackendAbi;
@@ -58,9 +58,11 @@ struct Backend {
   // rank modulo the GPUs, else 0). Throws InputError "no CUDA device: ..."
   // when none can be used.
   const Kernels& (*kernels)();
-  // Bytes the GPU allocations hold now and held at most.
+  // Bytes the GPU allocations hold now and held at most, and how many of
+  // those now are the backend's own scratch (grown on demand, kept).
   size_t (*allocated_bytes)();
   size_t (*peak_allocated_bytes)();
+  size_t (*scratch_bytes)();
   bool (*is_device_pointer)(const void* p);
   // NCCL: a unique id (on one rank), a communicator from it, this GPU's UUID
   // (16 bytes: ranks sharing a GPU cannot share an NCCL communicator).

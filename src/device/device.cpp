@@ -43,7 +43,7 @@ std::atomic<bool> cuda_used{false};
 
 DeviceMemory device_memory(Device d) {
   if (d == Device::CUDA && cuda_used.load(std::memory_order_relaxed))
-    return {cuda::backend().allocated_bytes(), cuda::backend().peak_allocated_bytes()};
+    return {cuda::backend().allocated_bytes(), cuda::backend().peak_allocated_bytes(), cuda::backend().scratch_bytes()};
   return {};
 }
 

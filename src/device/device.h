@@ -19,9 +19,10 @@ Device parse_device(const std::string& name, const char* flag = "--device");
 bool cuda_built();
 
 // Bytes a device's allocations (Kernels::alloc) hold now and held at most
-// since the process started; zeros for the CPU, whose figure is the RSS.
+// since the process started, and the part of in_use that is the backend's
+// own scratch; zeros for the CPU, whose figure is the RSS.
 struct DeviceMemory {
-  size_t in_use = 0, peak = 0;
+  size_t in_use = 0, peak = 0, scratch = 0;
 };
 DeviceMemory device_memory(Device d);
 

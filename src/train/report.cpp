@@ -52,8 +52,8 @@ void Report::print() const {
               r.activation_bytes * kMiB, r.peak_rss * kMiB, r.huge_pages * kMiB);
   if (o.device != Device::CPU) {
     const DeviceMemory& dm = r.device_bytes;
-    std::printf("device memory (%s): %.1f MiB allocated, peak %.1f MiB\n", device_name(o.device), dm.in_use * kMiB,
-                dm.peak * kMiB);
+    std::printf("device memory (%s): %.1f MiB allocated (%.1f MiB of it the backend's scratch), peak %.1f MiB\n",
+                device_name(o.device), dm.in_use * kMiB, dm.scratch * kMiB, dm.peak * kMiB);
   }
   print_offload();
   if (r.checkpoints > 0)
@@ -320,7 +320,7 @@ nlohmann::json Report::json() const {
   j["device"] = device_name(o.device);
   if (o.device != Device::CPU) {
     const DeviceMemory& dm = r.device_bytes;
-    j["device_bytes"] = {{"in_use", dm.in_use}, {"peak", dm.peak}};
+    j["device_bytes"] = {{"in_use", dm.in_use}, {"peak", dm.peak}, {"scratch", dm.scratch}};
   }
   if (auto d = strategy.offload_detail(); !d.is_null()) j["offload"] = std::move(d);
   if (!pipeline.is_null()) j["pipeline"] = pipeline;
