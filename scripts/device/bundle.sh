@@ -6,11 +6,16 @@
 # stage unpacks it, checks that everything loads, and builds from source
 # there only when it does not (docs/gpu.md, "The routine's time").
 # Usage: scripts/device/bundle.sh BUILD_DIR [OUT_DIR]
-# BUILD_DIR is configured as gpu.sh's build is (Ninja, Release, no oneDNN).
+# BUILD_DIR is configured here, where it is not yet, as gpu.sh's build is
+# (Ninja, Release, no oneDNN, no benchmarks); then the targets are built.
 set -euo pipefail
 B=${1:?usage: bundle.sh BUILD_DIR [OUT_DIR]}
 D=${2:-.devbundle}
 TARGETS="test_cuda_kernels test_cuda_comm test_decoder_layers test_cuda_flash_attention"
+if [ ! -f "$B/build.ninja" ]; then
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDPT_ONEDNN=OFF -DDPT_OPENBLAS_ANY=ON \
+    -DDPT_BUILD_BENCH=OFF >/dev/null
+fi
 ninja -C "$B" dpt dpt_cuda $TARGETS >/dev/null
 S=$(mktemp -d)
 trap 'rm -rf "$S"' EXIT
