@@ -50,7 +50,8 @@ use_bundle() {
   cp $R/bin/dpt $R/bin/libdpt_cuda.so $B/ && cp $R/bin/tests/* $B/tests/ || return 1
   ln -sf orterun $R/root/usr/bin/mpirun && ln -sf orterun $R/root/usr/bin/mpiexec
   for name in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
-    found=$(find /opt /usr/local /usr/lib /usr/lib64 -name $name -not -path "$R/*" 2>/dev/null | sort | awk '/site-packages/{print; exit} {k=k?k:$0} END{if(k)print k}' | head -1)
+    found=$(find /opt /usr/local /usr/lib /usr/lib64 -name $name 2>/dev/null | sort)
+    found=$(grep -m1 site-packages <<<"$found" || head -1 <<<"$found")
     [ -n "$found" ] && cuda="$cuda:$(dirname "$found")"
   done
   export LD_LIBRARY_PATH=$R/lib:$R/root/$L:$R/root/$L/openmpi/lib:$R/root/$L/pmix2/lib$cuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

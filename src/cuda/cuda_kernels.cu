@@ -919,14 +919,13 @@ class CudaKernels final : public Kernels {
     size_t temp = 0;
     CK(cub::DeviceRadixSort::SortPairs(nullptr, temp, ids, static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
                                        static_cast<int32_t*>(nullptr), n, 0, 32, stream_));
-    const size_t ints = 3 * ((static_cast<size_t>(N) + 63) / 64 * 64);
-    auto* base = static_cast<int32_t*>(sorting_.get(ints * sizeof(int32_t) + temp, *this));
-    int32_t* sorted = base;
-    int32_t* before = base + ints / 3;
-    int32_t* after = base + 2 * (ints / 3);
+    const size_t stride = (static_cast<size_t>(N) + 63) / 64 * 64;  // 256-byte aligned arrays
+    auto* sorted = static_cast<int32_t*>(sorting_.get(3 * stride * sizeof(int32_t) + temp, *this));
+    int32_t* before = sorted + stride;
+    int32_t* after = sorted + 2 * stride;
     iota_kernel<<<blocks_for(N), kThreads, 0, stream_>>>(before, N);
     LAUNCHED();
-    CK(cub::DeviceRadixSort::SortPairs(base + ints, temp, ids, sorted, before, after, n, 0, 32, stream_));
+    CK(cub::DeviceRadixSort::SortPairs(sorted + 3 * stride, temp, ids, sorted, before, after, n, 0, 32, stream_));
     embedding_backward_kernel<<<blocks_for(N * C), kThreads, 0, stream_>>>(dtable, dout, sorted, after, N, C);
     LAUNCHED();
   }

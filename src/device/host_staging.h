@@ -9,16 +9,15 @@
 #include <cstddef>
 
 #include "device/kernels.h"
+#include "device/pinned.h"
 
 namespace dpt {
 
 class HostStaging {
  public:
   // Room for `floats` floats, allocated at the first chunk.
-  HostStaging(const Kernels& k, size_t floats) : k_(k), size_(std::max<size_t>(floats, 1)) {}
-  ~HostStaging() { k_.pinned_free(data_); }
-  HostStaging(const HostStaging&) = delete;
-  HostStaging& operator=(const HostStaging&) = delete;
+  HostStaging(const Kernels& k, size_t floats)
+      : k_(k), size_(std::max<size_t>(floats, 1)), data_(pinned<float>(k, 0)) {}
 
   // n floats, a chunk at a time: fill(done, k, chunk) puts
   // elements [done, done + k) into the host chunk, then use(chunk, k) reads
@@ -26,10 +25,10 @@ class HostStaging {
   template <typename Fill, typename Use>
   void pass(size_t n, Fill fill, Use use) {
     for (size_t done = 0; done < n;) {
-      if (!data_) data_ = static_cast<float*>(k_.pinned_alloc(size_ * sizeof(float)));
+      if (!data_) data_ = pinned<float>(k_, size_);
       const size_t k = std::min(size_, n - done);
-      fill(done, k, data_);
-      use(static_cast<const float*>(data_), k);
+      fill(done, k, data_.get());
+      use(static_cast<const float*>(data_.get()), k);
       done += k;
     }
   }
@@ -42,7 +41,7 @@ class HostStaging {
  private:
   const Kernels& k_;
   size_t size_;
-  float* data_ = nullptr;
+  Pinned<float> data_;
 };
 
 }  // namespace dpt

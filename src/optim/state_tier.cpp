@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "device/kernels.h"
+#include "device/pinned.h"
 #include "optim/file_tier.h"
 
 namespace dpt {
@@ -12,10 +12,9 @@ namespace {
 
 // numel zeroed floats of host memory page-locked for `gpu`, freed with it.
 FlatBuffer pinned_buffer(Device gpu, size_t numel) {
-  const Kernels& k = kernels(gpu);
-  void* p = k.pinned_alloc(numel * sizeof(float));
-  std::memset(p, 0, numel * sizeof(float));
-  return FlatBuffer(std::shared_ptr<void>(p, [&k](void* q) { k.pinned_free(q); }), numel);
+  Pinned<float> p = pinned<float>(kernels(gpu), numel);
+  std::memset(p.get(), 0, numel * sizeof(float));
+  return FlatBuffer(std::shared_ptr<void>(std::move(p)), numel);
 }
 
 }  // namespace
@@ -29,8 +28,10 @@ std::unique_ptr<RamTier> RamTier::pinned_for(Device gpu) {
 int RamTier::add_region(size_t tensors, size_t n) {
   DPT_CHECK(tensors <= kMaxTensors, "a region of {} tensors (at most {})", tensors, kMaxTensors);
   FlatBuffer buf;
-  if (tensors > 0)
-    buf = pinned_for_ != Device::CPU ? pinned_buffer(pinned_for_, tensors * n) : FlatBuffer(tensors * n, DType::F32, device_);
+  if (tensors > 0 && pinned_for_ != Device::CPU)
+    buf = pinned_buffer(pinned_for_, tensors * n);
+  else if (tensors > 0)
+    buf = FlatBuffer(tensors * n, DType::F32, device_);
   regions_.push_back({tensors, n, std::move(buf)});
   return static_cast<int>(regions_.size() - 1);
 }

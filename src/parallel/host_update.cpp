@@ -10,13 +10,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-template <typename T>
-HostUpdate::Pinned<T> HostUpdate::pinned(size_t count) const {
-  return Pinned<T>(static_cast<T*>(k_.pinned_alloc(count * sizeof(T))), Free{&k_});
-}
-
 HostUpdate::HostUpdate(const Kernels& k, size_t n)
-    : k_(k), n_(n), params_(pinned<float>(n)), grads_(pinned<float>(n)), copy16_(nullptr, Free{&k}) {}
+    : k_(k), n_(n), params_(pinned<float>(k, n)), grads_(pinned<float>(k, n)), copy16_(pinned<bf16>(k, 0)) {}
 
 void HostUpdate::step(Optimizer& opt, float* params, float* grads, bf16* copy16, float lr, GradsAfter after) {
   auto t0 = std::chrono::steady_clock::now();
@@ -30,7 +25,7 @@ void HostUpdate::step(Optimizer& opt, float* params, float* grads, bf16* copy16,
   down_s_ += seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   // The host's gradients are overwritten next step: no need to zero them.
-  if (copy16 && !copy16_) copy16_ = pinned<bf16>(n_);
+  if (copy16 && !copy16_) copy16_ = pinned<bf16>(k_, n_);
   opt.step(params_.get(), grads_.get(), lr, GradsAfter::Kept, copy16 ? copy16_.get() : nullptr);
   update_s_ += seconds_since(t0);
   t0 = std::chrono::steady_clock::now();

@@ -9,13 +9,13 @@
 #pragma once
 
 #include <cstddef>
-#include <memory>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
 #include "device/kernels.h"
+#include "device/pinned.h"
 #include "optim/optimizer.h"
 
 namespace dpt {
@@ -43,15 +43,6 @@ class HostUpdate {
   nlohmann::json detail() const;
 
  private:
-  struct Free {
-    const Kernels* k;
-    void operator()(void* p) const { k->pinned_free(p); }
-  };
-  template <typename T>
-  using Pinned = std::unique_ptr<T[], Free>;
-  template <typename T>
-  Pinned<T> pinned(size_t count) const;
-
   const Kernels& k_;
   size_t n_;
   Pinned<float> params_;  // the fp32 parameters the update writes
