@@ -13,6 +13,7 @@ packages=(
   iproute2 util-linux  # ip netns and unshare: two hosts on one machine (scripts/two_hosts.sh)
   dataset-fashion-mnist fortunes
   python3 python3-numpy python3-torch
+  ninja-build xz-utils  # scripts/device/bundle.sh: the GPU machine's build (Ninja) and its archive
 )
 
 missing=()

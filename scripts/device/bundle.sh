@@ -10,6 +10,7 @@
 # (Ninja, Release, no oneDNN, no benchmarks); then the targets are built.
 set -euo pipefail
 B=${1:?usage: bundle.sh BUILD_DIR [OUT_DIR]}
+command -v nvcc >/dev/null || { echo "bundle.sh: nvcc is not on the PATH: the GPU targets need the CUDA toolkit" >&2; exit 1; }
 D=${2:-.devbundle}
 TARGETS="test_cuda_kernels test_cuda_comm test_decoder_layers test_cuda_flash_attention"
 if [ ! -f "$B/build.ninja" ]; then
