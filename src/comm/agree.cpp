@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/dot_rate.h"
+
 namespace dpt::comm {
 
 namespace {
@@ -24,6 +26,13 @@ std::string agreed_error(ProcessGroup& pg, const std::string& problem) {
     if (*m) return r == pg.rank() ? problem : std::string(m, strnlen(m, kMessageBytes));
   }
   return "";
+}
+
+void agree_on_bf16_dot_rate(ProcessGroup& pg) {
+  if (pg.size() == 1) return;
+  double ratio = pg.rank() == 0 ? bf16_dot_over_fma() : 0.0;
+  pg.broadcast(&ratio, sizeof(double) / sizeof(float), DType::F32, 0);  // a double as two floats' bytes
+  set_bf16_dot_over_fma(ratio);
 }
 
 }  // namespace dpt::comm

@@ -1,6 +1,7 @@
 #include "core/dot_rate.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 
 namespace dpt {
@@ -58,7 +59,7 @@ double measure() {
   constexpr long kIters = 4000;
   double fma = 1e9, dot = 1e9;
   dot_rate_probe_fma(kIters);  // wake the 512-bit units first
-  for (int round = 0; round < 7; ++round) {
+  for (int round = 0; round < 21; ++round) {
     fma = std::min(fma, seconds([] { dot_rate_probe_fma(kIters); }));
     dot = std::min(dot, seconds([] { dot_rate_probe_dpbf16(kIters); }));
   }
@@ -71,9 +72,14 @@ double measure() { return 0.0; }
 
 }  // namespace
 
-double bf16_dot_over_fma() {
-  static const double ratio = measure();
+namespace {
+std::atomic<double>& ratio_var() {
+  static std::atomic<double> ratio{measure()};
   return ratio;
 }
+}  // namespace
+
+double bf16_dot_over_fma() { return ratio_var().load(std::memory_order_relaxed); }
+void set_bf16_dot_over_fma(double ratio) { ratio_var().store(ratio, std::memory_order_relaxed); }
 
 }  // namespace dpt

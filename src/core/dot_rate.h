@@ -17,8 +17,12 @@ namespace dpt {
 // the calling core, each over independent accumulators (throughput, not
 // latency): about 2 where dot products are full rate, 0.5 where they issue
 // every other cycle. 0 where the CPU has no AVX-512 BF16. Measured once per
-// process (about 1 ms: the fastest of 7 alternating timings of each loop,
-// so a time slice lost to another process does not move it).
+// process (about 1 ms: the fastest of 21 alternating timings of each loop, so
+// a time slice lost to another process does not move it), unless set below.
 double bf16_dot_over_fma();
+
+// Replaces this process's figure. The ranks of a job take rank 0's
+// (comm/agree.h): --bf16-gemm auto then takes one path on every rank.
+void set_bf16_dot_over_fma(double ratio);
 
 }  // namespace dpt

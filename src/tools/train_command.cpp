@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "comm/agree.h"
 #include "comm/process_group.h"
 #include "io/safetensors.h"
 #include "models/hf_gpt2.h"
@@ -217,6 +218,7 @@ int TrainCommand::run() {
     return 0;
   }
   auto pg = comm::ProcessGroup::create(config);
+  comm::agree_on_bf16_dot_rate(*pg);  // one bf16 GEMM path on every rank
   // Threads per rank: all cores for one process; with several ranks on a
   // host, the launcher's OMP_NUM_THREADS (dpt launch sets cores / ranks).
   set_threads(threads_ > 0 ? threads_ : (pg->size() > 1 ? omp_threads_from_env() : 0));

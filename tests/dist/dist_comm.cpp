@@ -33,7 +33,9 @@
 
 #include <fmt/format.h>
 
+#include "comm/agree.h"
 #include "comm/process_group.h"
+#include "core/dot_rate.h"
 
 namespace {
 
@@ -142,6 +144,17 @@ TEST(Group, RanksHostsTransports) {
       EXPECT_EQ(pg().transport_to(p), want) << "peer " << p;
     }
   }
+}
+
+// Each rank times its own core for --bf16-gemm auto; a job takes rank 0's
+// figure, so every rank widens its bf16 GEMMs or none does (here each rank
+// is first given another figure, as cores timed apart would give).
+TEST(Group, EveryRankTakesRankZerosBf16DotRate) {
+  const double own = dpt::bf16_dot_over_fma();
+  dpt::set_bf16_dot_over_fma(0.5 + me());
+  dpt::comm::agree_on_bf16_dot_rate(pg());
+  EXPECT_EQ(dpt::bf16_dot_over_fma(), 0.5);
+  dpt::set_bf16_dot_over_fma(own);
 }
 
 // ------------------------------------------------- collectives over all sizes

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "comm/agree.h"
 #include "comm/process_group.h"
 
 namespace dpt::test {
@@ -40,6 +41,7 @@ inline int run_all_ranks(int argc, char** argv, comm::ProcessGroup& group, const
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(group.rank()));
   }
+  comm::agree_on_bf16_dot_rate(group);  // one bf16 GEMM path on every rank, as dpt train takes
   const int rc = RUN_ALL_TESTS();
   float failed = rc != 0 ? 1.0f : 0.0f;
   try {
