@@ -32,7 +32,9 @@ void agree_on_bf16_dot_rate(ProcessGroup& pg) {
   if (pg.size() == 1) return;
   double ratio = pg.rank() == 0 ? bf16_dot_over_fma() : 0.0;
   pg.broadcast(&ratio, sizeof(double) / sizeof(float), DType::F32, 0);  // a double as two floats' bytes
-  set_bf16_dot_over_fma(ratio);
+  // A core without AVX-512 BF16 (0) has one path whatever the others
+  // timed, and its figure says nothing of theirs: only timings are shared.
+  if (ratio > 0 && bf16_dot_over_fma() > 0) set_bf16_dot_over_fma(ratio);
 }
 
 }  // namespace dpt::comm

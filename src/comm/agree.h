@@ -22,9 +22,9 @@ void agree_on_error(ProcessGroup& pg, const std::string& problem) {
 }
 
 // Collective: every rank's bf16_dot_over_fma() (core/dot_rate.h) becomes
-// rank 0's. The figure times each rank's own core, and --bf16-gemm auto
-// widens bf16 GEMMs by it: ranks that chose differently would compute
-// their gradients with different roundings.
+// rank 0's (where both cores have AVX-512 BF16). The figure times each
+// rank's own core, and --bf16-gemm auto widens bf16 GEMMs by it: ranks that
+// chose differently would compute their gradients with different roundings.
 void agree_on_bf16_dot_rate(ProcessGroup& pg);
 
 }  // namespace dpt::comm
