@@ -70,13 +70,12 @@ double measure() {
 double measure() { return 0.0; }
 #endif
 
-}  // namespace
-
-namespace {
+// Measured at the first read or set (set_bf16_dot_over_fma may replace it).
 std::atomic<double>& ratio_var() {
   static std::atomic<double> ratio{measure()};
   return ratio;
 }
+
 }  // namespace
 
 double bf16_dot_over_fma() { return ratio_var().load(std::memory_order_relaxed); }
