@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "device/device.h"
 #include "io/safetensors.h"
 
 namespace dpt::test {
@@ -28,6 +29,11 @@ namespace dpt::test {
 // The binary under test (every target that includes this file defines
 // DPT_BINARY_DIR, the build folder).
 inline std::string dpt_bin() { return std::string(DPT_BINARY_DIR) + "/dpt"; }
+
+// What a --device cuda run that the other flags rule out says: `built`
+// where this dpt has CUDA; a build without it (a machine without the CUDA
+// toolkit, as a fresh Debian machine is) refuses the device first.
+inline std::string cuda_refusal(const std::string& built) { return cuda_built() ? built : "built without CUDA"; }
 
 struct RunResult {
   int code = -1;  // exit status; 128 + signal if killed

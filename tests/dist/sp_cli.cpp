@@ -190,7 +190,7 @@ TEST_F(SpCliTest, ImpossibleLayoutsAreRefused) {
       {3, gpt + " --tp 3 --sequence-parallel",
        "--sequence-parallel splits a micro-batch's 64 rows (batch x context) over --tp 3, which does not divide them"},
       {4, gpt + " --tp 2 --pp 2 --sequence-parallel", "--sequence-parallel is not built with --pp yet"},
-      {2, gpt + " --tp 2 --sequence-parallel --device cuda", "is not built with --tp 2"},
+      {2, gpt + " --tp 2 --sequence-parallel --device cuda", test::cuda_refusal("is not built with --tp 2")},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.args);
